@@ -1,0 +1,808 @@
+//! Plugin configuration: JSON in, typed rules out, validated once at configure time.
+//!
+//! The JSON is walked by hand rather than through serde derive so that every error names the
+//! field path it is about (`rules[0].rate_limit.unit: ...`) in words a user can act on, and so
+//! that all errors are reported at once, not just the first.
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// The default number of client keys tracked at once. See the README ("capacity") for the
+/// memory this costs: about 5 MiB of Envoy memory at most for the whole table.
+pub const DEFAULT_CAPACITY: u32 = 16_384;
+/// The largest `capacity` accepted: about 300 MiB of Envoy memory if every slot fills.
+pub const MAX_CAPACITY: u32 = 1 << 20;
+/// The longest rule name accepted.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A validated plugin configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Rules in configuration order; every matching rule is applied to a request.
+    pub rules: Vec<Rule>,
+    /// How limited and allowed responses look.
+    pub response: ResponseConfig,
+    /// What to do when the store cannot decide.
+    pub failure_mode: FailureMode,
+    /// How many client keys are tracked at once.
+    pub capacity: u32,
+}
+
+/// One rate limit rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Unique name, `[A-Za-z0-9_.-]{1,64}`; used in headers, metrics and logs.
+    pub name: String,
+    /// Which requests the rule applies to.
+    pub matcher: Match,
+    /// The parts joined into the client key; empty means one counter for the whole rule.
+    pub key: Vec<KeyPart>,
+    /// How many requests per unit of time one key may make.
+    pub quota: Quota,
+}
+
+/// Conditions a request must all meet for a rule to apply. The default matches every request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Match {
+    /// The path (without query) starts with this.
+    pub path_prefix: Option<String>,
+    /// The path (without query) equals this.
+    pub path: Option<String>,
+    /// The method is one of these (empty: any method).
+    pub methods: Vec<String>,
+    /// The authority (`:authority`/`Host`) equals this, compared case-insensitively; stored
+    /// lower-case.
+    pub authority: Option<String>,
+    /// Header conditions.
+    pub headers: Vec<HeaderMatch>,
+}
+
+/// A condition on one request header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderMatch {
+    /// Lower-case header name.
+    pub name: String,
+    /// What the header must satisfy.
+    pub condition: HeaderCondition,
+}
+
+/// What a matched header must satisfy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeaderCondition {
+    /// The header's value equals this exactly.
+    Equals(String),
+    /// The header is present (`true`) or absent (`false`).
+    Present(bool),
+}
+
+/// One part of a client key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The downstream address without the port (Envoy's `source.address`).
+    RemoteAddress,
+    /// A request header's value (lower-case name).
+    Header(String),
+    /// A query parameter's raw (not percent-decoded) value.
+    Query(String),
+    /// The path without the query string.
+    Path,
+    /// The request method.
+    Method,
+    /// The authority, lower-cased.
+    Authority,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::RemoteAddress => f.write_str("remote_address"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Authority => f.write_str("authority"),
+        }
+    }
+}
+
+/// A limit: `requests_per_unit` requests per `unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Requests allowed per window (≥ 1).
+    pub requests_per_unit: u32,
+    /// The window.
+    pub unit: Unit,
+}
+
+impl Quota {
+    /// The window length in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.unit.seconds() * 1000
+    }
+}
+
+/// The time unit of a quota, as in envoyproxy/ratelimit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3600 seconds.
+    Hour,
+    /// 86400 seconds.
+    Day,
+}
+
+impl Unit {
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+        }
+    }
+}
+
+/// How limited (and optionally allowed) responses are decorated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseConfig {
+    /// Status of the local reply for a limited request (400–599).
+    pub status: u16,
+    /// Which rate-limit header fields to send.
+    pub headers: HeaderStyle,
+    /// Whether allowed responses carry the headers too.
+    pub on_allowed: bool,
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        ResponseConfig {
+            status: 429,
+            headers: HeaderStyle::Both,
+            on_allowed: true,
+        }
+    }
+}
+
+/// Which rate-limit header fields to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (and `-Retry-After` when limited).
+    XRateLimit,
+    /// Both of the above.
+    Both,
+    /// None (a limited reply still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    /// Whether the IETF fields are sent.
+    pub fn ietf(self) -> bool {
+        matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+    /// Whether the X-RateLimit fields are sent.
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, HeaderStyle::XRateLimit | HeaderStyle::Both)
+    }
+}
+
+/// What to do when the store cannot decide (CAS retries exhausted, shared data failing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Let the request through (fail open).
+    Allow,
+    /// Reject the request with the configured status (fail closed).
+    Deny,
+}
+
+/// One configuration error: the field it is about and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field path, e.g. `rules[0].rate_limit.unit`; `config` for the document as a whole.
+    pub path: String,
+    /// What is wrong, in words a user can act on.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// Every error found in one configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Parses and validates a plugin configuration. All errors are returned, each naming its
+    /// field; the function never panics, whatever the bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigErrors> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ConfigErrors(vec![ConfigError {
+                path: "config".into(),
+                reason: "the plugin configuration is empty (expected a JSON object with \"rules\")"
+                    .into(),
+            }]));
+        }
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: "config".into(),
+                reason: format!("invalid JSON: {e}"),
+            }])
+        })?;
+        let mut v = Validator::default();
+        let config = v.config(&value);
+        match config {
+            Some(c) if v.errors.is_empty() => Ok(c),
+            _ => Err(ConfigErrors(v.errors)),
+        }
+    }
+}
+
+/// Collects errors while walking the JSON tree.
+#[derive(Default)]
+struct Validator {
+    errors: Vec<ConfigError>,
+}
+
+fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// Describes a JSON value for an error message: its type, and the value itself if short.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) if s.chars().count() <= 40 => format!("string {s:?}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+fn is_tchar(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
+}
+
+impl Validator {
+    fn error(&mut self, path: &str, reason: impl Into<String>) {
+        self.errors.push(ConfigError {
+            path: if path.is_empty() {
+                "config".into()
+            } else {
+                path.into()
+            },
+            reason: reason.into(),
+        });
+    }
+
+    /// Checks that `v` is an object with only `allowed` fields.
+    fn object<'a>(
+        &mut self,
+        v: &'a Value,
+        path: &str,
+        allowed: &[&str],
+    ) -> Option<&'a Map<String, Value>> {
+        let Value::Object(map) = v else {
+            self.error(path, format!("expected an object, found {}", describe(v)));
+            return None;
+        };
+        for field in map.keys() {
+            if !allowed.contains(&field.as_str()) {
+                self.error(
+                    &join(path, field),
+                    format!("unknown field (expected one of {})", allowed.join(", ")),
+                );
+            }
+        }
+        Some(map)
+    }
+
+    fn string<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
+        match v {
+            Value::String(s) => Some(s),
+            other => {
+                self.error(path, format!("expected a string, found {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, v: &Value, path: &str) -> Option<bool> {
+        match v {
+            Value::Bool(b) => Some(*b),
+            other => {
+                self.error(
+                    path,
+                    format!("expected true or false, found {}", describe(other)),
+                );
+                None
+            }
+        }
+    }
+
+    /// An integer in `min..=max`.
+    fn integer(&mut self, v: &Value, path: &str, min: u64, max: u64) -> Option<u64> {
+        match v.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Some(n),
+            _ => {
+                self.error(
+                    path,
+                    format!(
+                        "expected an integer from {min} to {max}, found {}",
+                        describe(v)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn array<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a [Value]> {
+        match v {
+            Value::Array(items) => Some(items),
+            other => {
+                self.error(
+                    path,
+                    format!("expected an array, found {}", describe(other)),
+                );
+                None
+            }
+        }
+    }
+
+    /// One of `choices`, by name.
+    fn choice<T: Copy>(
+        &mut self,
+        v: &Value,
+        path: &str,
+        what: &str,
+        choices: &[(&str, T)],
+    ) -> Option<T> {
+        let s = self.string(v, path)?;
+        let found = choices.iter().find(|(name, _)| *name == s).map(|(_, t)| *t);
+        if found.is_none() {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            self.error(
+                path,
+                format!("unknown {what} {s:?} (expected {})", names.join(", ")),
+            );
+        }
+        found
+    }
+
+    fn config(&mut self, v: &Value) -> Option<Config> {
+        let map = self.object(v, "", &["rules", "response", "failure_mode", "capacity"])?;
+        let rules = match map.get("rules") {
+            Some(r) => self.rules(r, "rules"),
+            None => {
+                self.error("rules", "required field is missing");
+                None
+            }
+        };
+        let response = match map.get("response") {
+            Some(r) => self.response(r, "response"),
+            None => Some(ResponseConfig::default()),
+        };
+        let failure_mode = match map.get("failure_mode") {
+            Some(f) => self.choice(
+                f,
+                "failure_mode",
+                "failure mode",
+                &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny)],
+            ),
+            None => Some(FailureMode::Allow),
+        };
+        let capacity = match map.get("capacity") {
+            Some(c) => self
+                .integer(c, "capacity", 1, u64::from(MAX_CAPACITY))
+                .and_then(|n| u32::try_from(n).ok()),
+            None => Some(DEFAULT_CAPACITY),
+        };
+        Some(Config {
+            rules: rules?,
+            response: response?,
+            failure_mode: failure_mode?,
+            capacity: capacity?,
+        })
+    }
+
+    fn rules(&mut self, v: &Value, path: &str) -> Option<Vec<Rule>> {
+        let items = self.array(v, path)?;
+        if items.is_empty() {
+            self.error(path, "at least one rule is required");
+            return None;
+        }
+        let mut rules = Vec::with_capacity(items.len());
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            match self.rule(item, &p) {
+                Some(rule) => {
+                    if rules.iter().any(|r: &Rule| r.name == rule.name) {
+                        self.error(
+                            &join(&p, "name"),
+                            format!("duplicate rule name {:?}", rule.name),
+                        );
+                        ok = false;
+                    }
+                    rules.push(rule);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(rules)
+    }
+
+    fn rule(&mut self, v: &Value, path: &str) -> Option<Rule> {
+        let map = self.object(v, path, &["name", "match", "key", "rate_limit"])?;
+        let name = match map.get("name") {
+            Some(n) => self.rule_name(n, &join(path, "name")),
+            None => {
+                self.error(&join(path, "name"), "required field is missing");
+                None
+            }
+        };
+        let matcher = match map.get("match") {
+            Some(m) => self.matcher(m, &join(path, "match")),
+            None => Some(Match::default()),
+        };
+        let key = match map.get("key") {
+            Some(k) => self.key(k, &join(path, "key")),
+            None => Some(Vec::new()),
+        };
+        let quota = match map.get("rate_limit") {
+            Some(q) => self.quota(q, &join(path, "rate_limit")),
+            None => {
+                self.error(&join(path, "rate_limit"), "required field is missing");
+                None
+            }
+        };
+        Some(Rule {
+            name: name?,
+            matcher: matcher?,
+            key: key?,
+            quota: quota?,
+        })
+    }
+
+    fn rule_name(&mut self, v: &Value, path: &str) -> Option<String> {
+        let s = self.string(v, path)?;
+        let valid = !s.is_empty()
+            && s.len() <= MAX_NAME_LEN
+            && s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            self.error(
+                path,
+                format!("invalid rule name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"),
+            );
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    fn header_name(&mut self, s: &str, path: &str) -> Option<String> {
+        if s.is_empty() || !s.chars().all(is_tchar) {
+            self.error(path, format!("invalid header name {s:?}"));
+            return None;
+        }
+        Some(s.to_ascii_lowercase())
+    }
+
+    fn http_path(&mut self, v: &Value, path: &str) -> Option<String> {
+        let s = self.string(v, path)?;
+        if !s.starts_with('/') {
+            self.error(path, format!("must start with \"/\", found {s:?}"));
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    fn matcher(&mut self, v: &Value, path: &str) -> Option<Match> {
+        let map = self.object(
+            v,
+            path,
+            &["path_prefix", "path", "methods", "authority", "headers"],
+        )?;
+        let mut m = Match::default();
+        let mut ok = true;
+        if let Some(p) = map.get("path_prefix") {
+            m.path_prefix = self.http_path(p, &join(path, "path_prefix"));
+            ok &= m.path_prefix.is_some();
+        }
+        if let Some(p) = map.get("path") {
+            m.path = self.http_path(p, &join(path, "path"));
+            ok &= m.path.is_some();
+        }
+        if let Some(a) = map.get("authority") {
+            let p = join(path, "authority");
+            match self.string(a, &p) {
+                Some("") => {
+                    self.error(&p, "must not be empty");
+                    ok = false;
+                }
+                Some(s) => m.authority = Some(s.to_ascii_lowercase()),
+                None => ok = false,
+            }
+        }
+        if let Some(methods) = map.get("methods") {
+            let p = join(path, "methods");
+            match self.array(methods, &p) {
+                Some(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        let ip = format!("{p}[{i}]");
+                        match self.string(item, &ip) {
+                            Some(s)
+                                if !s.is_empty()
+                                    && s.chars().all(is_tchar)
+                                    && !s.chars().any(|c| c.is_ascii_lowercase()) =>
+                            {
+                                m.methods.push(s.to_string())
+                            }
+                            Some(s) => {
+                                self.error(
+                                    &ip,
+                                    format!("invalid method {s:?} (expected an upper-case method such as GET)"),
+                                );
+                                ok = false;
+                            }
+                            None => ok = false,
+                        }
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        if let Some(headers) = map.get("headers") {
+            let p = join(path, "headers");
+            match self.array(headers, &p) {
+                Some(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        match self.header_match(item, &format!("{p}[{i}]")) {
+                            Some(h) => m.headers.push(h),
+                            None => ok = false,
+                        }
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(m)
+    }
+
+    fn header_match(&mut self, v: &Value, path: &str) -> Option<HeaderMatch> {
+        let map = self.object(v, path, &["name", "value", "present"])?;
+        let name = match map.get("name") {
+            Some(n) => {
+                let p = join(path, "name");
+                self.string(n, &p).and_then(|s| self.header_name(s, &p))
+            }
+            None => {
+                self.error(&join(path, "name"), "required field is missing");
+                None
+            }
+        };
+        let condition = match (map.get("value"), map.get("present")) {
+            (Some(value), None) => self
+                .string(value, &join(path, "value"))
+                .map(|s| HeaderCondition::Equals(s.to_string())),
+            (None, Some(present)) => self
+                .boolean(present, &join(path, "present"))
+                .map(HeaderCondition::Present),
+            _ => {
+                self.error(path, "exactly one of \"value\" or \"present\" is required");
+                None
+            }
+        };
+        Some(HeaderMatch {
+            name: name?,
+            condition: condition?,
+        })
+    }
+
+    fn key(&mut self, v: &Value, path: &str) -> Option<Vec<KeyPart>> {
+        let items = self.array(v, path)?;
+        let mut parts = Vec::with_capacity(items.len());
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            let Some(s) = self.string(item, &p) else {
+                ok = false;
+                continue;
+            };
+            let part = match s {
+                "remote_address" => Some(KeyPart::RemoteAddress),
+                "path" => Some(KeyPart::Path),
+                "method" => Some(KeyPart::Method),
+                "authority" => Some(KeyPart::Authority),
+                _ => {
+                    if let Some(name) = s.strip_prefix("header:") {
+                        self.header_name(name, &p).map(KeyPart::Header)
+                    } else if let Some(name) = s.strip_prefix("query:") {
+                        if name.is_empty() {
+                            self.error(&p, "empty query parameter name in \"query:\"");
+                            None
+                        } else {
+                            Some(KeyPart::Query(name.to_string()))
+                        }
+                    } else {
+                        self.error(
+                            &p,
+                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority)"),
+                        );
+                        None
+                    }
+                }
+            };
+            match part {
+                Some(part) if parts.contains(&part) => {
+                    self.error(&p, format!("duplicate key part {s:?}"));
+                    ok = false;
+                }
+                Some(part) => parts.push(part),
+                None => ok = false,
+            }
+        }
+        ok.then_some(parts)
+    }
+
+    fn quota(&mut self, v: &Value, path: &str) -> Option<Quota> {
+        let map = self.object(v, path, &["requests_per_unit", "unit"])?;
+        let rpu = match map.get("requests_per_unit") {
+            Some(n) => self
+                .integer(
+                    n,
+                    &join(path, "requests_per_unit"),
+                    1,
+                    u64::from(u32::MAX),
+                )
+                .and_then(|n| u32::try_from(n).ok()),
+            None => {
+                self.error(&join(path, "requests_per_unit"), "required field is missing");
+                None
+            }
+        };
+        let unit = match map.get("unit") {
+            Some(u) => self.choice(
+                u,
+                &join(path, "unit"),
+                "unit",
+                &[
+                    ("second", Unit::Second),
+                    ("minute", Unit::Minute),
+                    ("hour", Unit::Hour),
+                    ("day", Unit::Day),
+                ],
+            ),
+            None => {
+                self.error(&join(path, "unit"), "required field is missing");
+                None
+            }
+        };
+        Some(Quota {
+            requests_per_unit: rpu?,
+            unit: unit?,
+        })
+    }
+
+    fn response(&mut self, v: &Value, path: &str) -> Option<ResponseConfig> {
+        let map = self.object(v, path, &["status", "headers", "on_allowed"])?;
+        let mut r = ResponseConfig::default();
+        let mut ok = true;
+        if let Some(s) = map.get("status") {
+            match self.integer(s, &join(path, "status"), 400, 599) {
+                Some(n) => r.status = u16::try_from(n).unwrap_or(429),
+                None => ok = false,
+            }
+        }
+        if let Some(h) = map.get("headers") {
+            match self.choice(
+                h,
+                &join(path, "headers"),
+                "header style",
+                &[
+                    ("ietf", HeaderStyle::Ietf),
+                    ("x-ratelimit", HeaderStyle::XRateLimit),
+                    ("both", HeaderStyle::Both),
+                    ("none", HeaderStyle::None),
+                ],
+            ) {
+                Some(style) => r.headers = style,
+                None => ok = false,
+            }
+        }
+        if let Some(b) = map.get("on_allowed") {
+            match self.boolean(b, &join(path, "on_allowed")) {
+                Some(b) => r.on_allowed = b,
+                None => ok = false,
+            }
+        }
+        ok.then_some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_example_parses_with_defaults() {
+        let c = Config::parse(
+            br#"{"rules":[{"name":"per-client",
+                "match":{"path_prefix":"/api/","methods":["GET","POST"],
+                         "headers":[{"name":"X-Tier","value":"free"},{"name":"x-api-key","present":true}]},
+                "key":["remote_address","header:X-Api-Key"],
+                "rate_limit":{"requests_per_unit":100,"unit":"minute"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.capacity, DEFAULT_CAPACITY);
+        assert_eq!(c.failure_mode, FailureMode::Allow);
+        assert_eq!(c.response, ResponseConfig::default());
+        let r = &c.rules[0];
+        assert_eq!(r.name, "per-client");
+        assert_eq!(
+            r.key,
+            vec![KeyPart::RemoteAddress, KeyPart::Header("x-api-key".into())]
+        );
+        assert_eq!(r.matcher.headers[0].name, "x-tier");
+        assert_eq!(r.quota.window_ms(), 60_000);
+    }
+
+    #[test]
+    fn all_errors_are_reported_together() {
+        let err = Config::parse(
+            br#"{"rules":[{"name":"a","rate_limit":{"requests_per_unit":0,"unit":"fortnight"}}],"capacity":0}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        assert_eq!(
+            err.to_string(),
+            "rules[0].rate_limit.requests_per_unit: expected an integer from 1 to 4294967295, found number 0; \
+             rules[0].rate_limit.unit: unknown unit \"fortnight\" (expected second, minute, hour, day); \
+             capacity: expected an integer from 1 to 1048576, found number 0"
+        );
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..400usize {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let alphabet = b"{}[]\":,0123 aeflnrstu\\-";
+                    alphabet[(seed % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            let _ = Config::parse(&bytes);
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The host calls this filter makes, declared against the proxy-wasm ABI 0.2.1 directly.
+//!
+//! The SDK's `hostcalls` wrappers (proxy-wasm 0.2.5) `panic!` on any status they do not
+//! expect, and a panic kills the VM with every request on its worker. These wrappers return
+//! the status instead, so each caller decides what an error means.
+
+use std::ptr::{null, null_mut};
+
+/// A proxy-wasm status other than `Ok`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status(pub u32);
+
+/// `NotFound`.
+pub const NOT_FOUND: Status = Status(1);
+/// `CasMismatch`.
+pub const CAS_MISMATCH: Status = Status(8);
+
+/// Header maps.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum Map {
+    /// Request headers.
+    RequestHeaders = 0,
+    /// Response headers.
+    ResponseHeaders = 2,
+}
+
+/// Log levels of the ABI.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum Level {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message: *const u8, size: usize) -> u32;
+    fn proxy_get_current_time_nanoseconds(out: *mut u64) -> u32;
+    fn proxy_get_buffer_bytes(
+        kind: u32,
+        start: usize,
+        max: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+    ) -> u32;
+    fn proxy_add_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path: *const u8,
+        path_size: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_shared_data(
+        key: *const u8,
+        key_size: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+        out_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key: *const u8,
+        key_size: usize,
+        value: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status: u32,
+        details: *const u8,
+        details_size: usize,
+        body: *const u8,
+        body_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, out_id: *mut u32) -> u32;
+    fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+}
+
+fn check(status: u32) -> Result<(), Status> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(Status(status))
+    }
+}
+
+/// Takes ownership of a buffer the host allocated through the SDK's `proxy_on_memory_allocate`
+/// (a `Vec<u8>` of exactly `size` capacity, leaked).
+///
+/// # Safety
+/// `ptr` must be null or come from that allocator with `size` bytes.
+unsafe fn owned(ptr: *mut u8, size: usize) -> Option<Vec<u8>> {
+    if ptr.is_null() {
+        None
+    } else {
+        Some(Vec::from_raw_parts(ptr, size, size))
+    }
+}
+
+/// Writes a log line at `level`.
+pub fn log(level: Level, message: &str) -> Result<(), Status> {
+    check(unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) })
+}
+
+/// Envoy's wall clock in milliseconds since the epoch.
+pub fn now_ms() -> Result<u64, Status> {
+    let mut ns = 0u64;
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(ns / 1_000_000)
+}
+
+/// The plugin configuration bytes (`None` when there is none).
+pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, Status> {
+    const PLUGIN_CONFIGURATION: u32 = 7;
+    let (mut ptr, mut len) = (null_mut(), 0usize);
+    match check(unsafe { proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, size, &mut ptr, &mut len) })
+    {
+        Ok(()) => Ok(unsafe { owned(ptr, len) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(s) => Err(s),
+    }
+}
+
+/// A header's value, as bytes.
+pub fn header(map: Map, name: &str) -> Result<Option<Vec<u8>>, Status> {
+    let (mut ptr, mut len) = (null_mut(), 0usize);
+    match check(unsafe {
+        proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut ptr, &mut len)
+    }) {
+        Ok(()) => Ok(unsafe { owned(ptr, len) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(s) => Err(s),
+    }
+}
+
+/// Adds a header line (keeps existing lines of the same name).
+pub fn add_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
+    check(unsafe {
+        proxy_add_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// Sets a header, replacing existing lines of the same name.
+pub fn replace_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
+    check(unsafe {
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// A property such as `["source", "address"]`.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    let mut encoded = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for part in path {
+        encoded.extend_from_slice(part.as_bytes());
+        encoded.push(0);
+    }
+    let (mut ptr, mut len) = (null_mut(), 0usize);
+    match check(unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut ptr, &mut len) })
+    {
+        Ok(()) => Ok(unsafe { owned(ptr, len) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(s) => Err(s),
+    }
+}
+
+/// A shared-data value and its CAS; `(None, None)` for a key never written.
+pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+    let (mut ptr, mut len, mut cas) = (null_mut(), 0usize, 0u32);
+    match check(unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut len, &mut cas) })
+    {
+        Ok(()) => Ok((unsafe { owned(ptr, len) }, (cas != 0).then_some(cas))),
+        Err(NOT_FOUND) => Ok((None, None)),
+        Err(s) => Err(s),
+    }
+}
+
+/// Writes shared data if its CAS still equals `cas` (0: unconditionally).
+pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
+    check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
+}
+
+/// Serializes headers in the proxy-wasm map format.
+fn serialize(headers: &[(&str, &str)]) -> Vec<u8> {
+    let size = 4 + headers.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+    for (k, v) in headers {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in headers {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Sends a local reply instead of forwarding the request.
+pub fn send_local_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), Status> {
+    let map = serialize(headers);
+    check(unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            -1,
+        )
+    })
+}
+
+/// Defines (or finds) a counter by name.
+pub fn define_counter(name: &str) -> Result<u32, Status> {
+    let mut id = 0u32;
+    check(unsafe { proxy_define_metric(0, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Adds `n` (> 0) to a counter.
+pub fn increment(id: u32, n: u64) -> Result<(), Status> {
+    check(unsafe { proxy_increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX)) })
+}
+
+/// A `log` backend writing through [`log`], never panicking.
+pub struct HostLogger;
+
+impl log::Log for HostLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        let level = match record.level() {
+            log::Level::Trace => Level::Trace,
+            log::Level::Debug => Level::Debug,
+            log::Level::Info => Level::Info,
+            log::Level::Warn => Level::Warn,
+            log::Level::Error => Level::Error,
+        };
+        let _ = log(level, &record.args().to_string());
+    }
+
+    fn flush(&self) {}
+}

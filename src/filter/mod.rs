@@ -1,0 +1,387 @@
+//! The proxy-wasm layer: Envoy's callbacks in, host calls out. No decisions are made here; see
+//! [`crate::limiter::decide`].
+
+mod host;
+
+use crate::config::{Config, FailureMode, HeaderStyle};
+use crate::hash::Seed;
+use crate::headers;
+use crate::key::{self, Attributes};
+use crate::limiter::{self, Check, Verdict};
+use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::table;
+use host::{Level, Map};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+use std::cell::Cell;
+use std::rc::Rc;
+
+static LOGGER: host::HostLogger = host::HostLogger;
+
+proxy_wasm::main! {{
+    // The SDK's own logger and panic hook unwrap host statuses; ours never panic.
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(log::LevelFilter::Trace);
+    std::panic::set_hook(Box::new(|info| {
+        let _ = host::log(Level::Critical, &format!("wasm-ratelimit: panic: {info}"));
+    }));
+    let _ = LogLevel::Trace; // Envoy filters by its own `wasm` log level.
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix><n>`.
+struct SharedData {
+    prefix: String,
+}
+
+impl Store for SharedData {
+    fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        host::get_shared(&format!("{}{slot}", self.prefix))
+            .map_err(|s| StoreError::Unavailable(format!("get_shared_data status {}", s.0)))
+    }
+
+    fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        match host::set_shared(&format!("{}{slot}", self.prefix), value, cas) {
+            Ok(()) => Ok(()),
+            Err(host::CAS_MISMATCH) => Err(StoreError::Conflict),
+            Err(s) => Err(StoreError::Unavailable(format!(
+                "set_shared_data status {}",
+                s.0
+            ))),
+        }
+    }
+}
+
+/// Counter ids of one rule (`None` where defining the metric failed).
+#[derive(Default)]
+struct RuleMetrics {
+    allowed: Option<u32>,
+    limited: Option<u32>,
+    failed_open: Option<u32>,
+    failed_closed: Option<u32>,
+    store_retries: Option<u32>,
+    slot_evictions: Option<u32>,
+}
+
+fn bump(id: Option<u32>, n: u64) {
+    if let (Some(id), true) = (id, n > 0) {
+        let _ = host::increment(id, n);
+    }
+}
+
+/// A rule ready to serve: its fingerprint and metrics.
+struct CompiledRule {
+    fingerprint: u64,
+    metrics: RuleMetrics,
+}
+
+/// Everything a request needs, built once per configuration.
+struct Runtime {
+    config: Config,
+    rules: Vec<CompiledRule>,
+    seed: Seed,
+    buckets: u32,
+    store: SharedData,
+}
+
+/// The metric name prefix; the README documents the names.
+fn metric_name(plugin: &str, rule: &str, counter: &str) -> String {
+    format!("wasm_ratelimit.{plugin}.{rule}.{counter}")
+}
+
+fn property_string(path: &[&str]) -> Option<String> {
+    host::property(path)
+        .ok()
+        .flatten()
+        .and_then(|b| String::from_utf8(b).ok())
+}
+
+/// Reads the table's hash seed from shared data, creating it if this is the first VM.
+fn shared_seed(key: &str) -> Result<Seed, String> {
+    for _ in 0..limiter::MAX_ATTEMPTS {
+        let (bytes, _) = host::get_shared(key).map_err(|s| format!("reading the seed: status {}", s.0))?;
+        if let Some(seed) = bytes.as_deref().and_then(Seed::from_bytes) {
+            return Ok(seed);
+        }
+        let fresh = Seed::random();
+        // CREATE_CAS: if another VM created the seed meanwhile, this write is refused and the
+        // loop reads theirs.
+        match host::set_shared(key, &fresh.to_bytes(), CREATE_CAS) {
+            Ok(()) => return Ok(fresh),
+            Err(host::CAS_MISMATCH) => continue,
+            Err(s) => return Err(format!("writing the seed: status {}", s.0)),
+        }
+    }
+    Err("could not agree on a seed with the other VMs".into())
+}
+
+/// The root context of one VM (one per worker thread, plus the main thread's).
+#[derive(Default)]
+struct Root {
+    runtime: Option<Rc<Runtime>>,
+}
+
+impl Root {
+    fn build(&self, size: usize) -> Result<Runtime, String> {
+        let bytes = host::plugin_configuration(size)
+            .map_err(|s| format!("config: could not read the plugin configuration (status {})", s.0))?
+            .unwrap_or_default();
+        let config = Config::parse(&bytes).map_err(|e| e.to_string())?;
+        // Istio sets no vm_id, so every plugin on a proxy shares one shared-data namespace:
+        // keys carry the plugin's root id.
+        let root_id = property_string(&["plugin_root_id"]).unwrap_or_default();
+        let plugin = property_string(&["plugin_name"])
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let prefix = format!("wasm-ratelimit/{root_id}/");
+        let seed = shared_seed(&format!("{prefix}seed"))?;
+        let rules = config
+            .rules
+            .iter()
+            .map(|rule| {
+                let define = |counter: &str| {
+                    host::define_counter(&metric_name(&plugin, &rule.name, counter)).ok()
+                };
+                CompiledRule {
+                    fingerprint: key::rule_fingerprint(seed, &rule.name, &rule.key),
+                    metrics: RuleMetrics {
+                        allowed: define("allowed"),
+                        limited: define("limited"),
+                        failed_open: define("failed_open"),
+                        failed_closed: define("failed_closed"),
+                        store_retries: define("store_retries"),
+                        slot_evictions: define("slot_evictions"),
+                    },
+                }
+            })
+            .collect();
+        Ok(Runtime {
+            buckets: table::buckets_for(config.capacity),
+            config,
+            rules,
+            seed,
+            store: SharedData {
+                prefix: format!("{prefix}b/"),
+            },
+        })
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, size: usize) -> bool {
+        match self.build(size) {
+            Ok(runtime) => {
+                log::info!(
+                    "wasm-ratelimit: configured {} rule(s), capacity {} keys",
+                    runtime.config.rules.len(),
+                    runtime.buckets as usize * table::WAYS
+                );
+                self.runtime = Some(Rc::new(runtime));
+                true
+            }
+            Err(e) => {
+                log::error!("wasm-ratelimit: invalid configuration: {e}");
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            runtime: self.runtime.clone(),
+            response_headers: Vec::new(),
+            local_reply: false,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// Request attributes read from the host, each at most once per request.
+#[derive(Default)]
+struct HostAttributes {
+    source: Option<Option<String>>,
+    path: Option<Option<String>>,
+    method: Option<Option<String>>,
+    authority: Option<Option<String>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+fn request_header_string(name: &str) -> Option<String> {
+    host::header(Map::RequestHeaders, name)
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+impl Attributes for HostAttributes {
+    fn source_address(&mut self) -> Option<&str> {
+        self.source
+            .get_or_insert_with(|| property_string(&["source", "address"]))
+            .as_deref()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.path
+            .get_or_insert_with(|| request_header_string(":path"))
+            .as_deref()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.method
+            .get_or_insert_with(|| request_header_string(":method"))
+            .as_deref()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.authority
+            .get_or_insert_with(|| request_header_string(":authority"))
+            .as_deref()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        let i = match self.headers.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                let value = host::header(Map::RequestHeaders, name).ok().flatten();
+                self.headers.push((name.to_string(), value));
+                self.headers.len() - 1
+            }
+        };
+        self.headers.get(i).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+thread_local! {
+    /// When this worker last logged a store failure (ms), to keep failures from flooding logs.
+    static LAST_FAILURE_LOG: Cell<u64> = const { Cell::new(0) };
+}
+
+/// One HTTP stream.
+struct Request {
+    runtime: Option<Rc<Runtime>>,
+    /// Headers to add to the upstream's response.
+    response_headers: Vec<(&'static str, String)>,
+    /// Whether this filter sent a local reply (which passes through our response hook too).
+    local_reply: bool,
+}
+
+impl Request {
+    fn limit(&mut self, rt: &Runtime) -> Action {
+        let mut attrs = HostAttributes::default();
+        let mut checks = Vec::new();
+        let mut applied = Vec::new();
+        for (rule, compiled) in rt.config.rules.iter().zip(&rt.rules) {
+            if !key::matches(&rule.matcher, &mut attrs) {
+                continue;
+            }
+            let Some(hash) = key::client_key(rt.seed, compiled.fingerprint, &rule.key, &mut attrs)
+            else {
+                continue;
+            };
+            checks.push(Check {
+                slot: table::bucket_of(hash, rt.buckets),
+                fingerprint: table::fingerprint_of(hash),
+                quota: rule.quota,
+            });
+            applied.push((rule, compiled, hash));
+        }
+        if checks.is_empty() {
+            return Action::Continue;
+        }
+        // A failing clock reads as 0, which the algorithm clamps to each key's last time.
+        let now = host::now_ms().unwrap_or(0);
+        let outcome = limiter::decide(&rt.store, &checks, now, 1, rt.config.failure_mode);
+
+        let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(applied.len());
+        for ((rule, compiled, hash), out) in applied.iter().zip(&outcome.rules) {
+            let m = &compiled.metrics;
+            bump(m.store_retries, u64::from(out.retries));
+            bump(m.slot_evictions, u64::from(out.evicted));
+            if let Some(failure) = &out.failure {
+                match rt.config.failure_mode {
+                    FailureMode::Allow => bump(m.failed_open, 1),
+                    FailureMode::Deny => bump(m.failed_closed, 1),
+                }
+                let last = LAST_FAILURE_LOG.with(Cell::get);
+                if now >= last.saturating_add(1000) {
+                    LAST_FAILURE_LOG.with(|c| c.set(now));
+                    log::warn!(
+                        "wasm-ratelimit: rule {} could not be decided ({failure:?}); failure_mode {:?} applied",
+                        rule.name,
+                        rt.config.failure_mode
+                    );
+                }
+            }
+            if let Some(v) = out.verdict {
+                if !v.allowed {
+                    bump(m.limited, 1);
+                    log::debug!(
+                        "wasm-ratelimit: limited rule={} key={:08x} limit={} window={}s retry_after={}ms",
+                        rule.name,
+                        hash >> 32,
+                        v.limit,
+                        v.window_s,
+                        v.retry_after_ms
+                    );
+                } else if outcome.allowed {
+                    bump(m.allowed, 1);
+                }
+                reported.push((rule.name.as_str(), v));
+            }
+        }
+
+        let response = rt.config.response;
+        if outcome.allowed {
+            if response.on_allowed && response.headers != HeaderStyle::None {
+                self.response_headers =
+                    headers::rate_limit_headers(response.headers, &reported, false);
+            }
+            return Action::Continue;
+        }
+        let retry_after = headers::retry_after_seconds(&reported);
+        let retry_after_s = retry_after.to_string();
+        let body = headers::problem_body(response.status, &reported, retry_after);
+        let fields = headers::rate_limit_headers(response.headers, &reported, true);
+        let mut all: Vec<(&str, &str)> = Vec::with_capacity(fields.len() + 2);
+        all.push(("content-type", "application/problem+json"));
+        all.push(("retry-after", &retry_after_s));
+        all.extend(fields.iter().map(|(k, v)| (*k, v.as_str())));
+        match host::send_local_response(response.status, &all, body.as_bytes()) {
+            Ok(()) => {
+                self.local_reply = true;
+                Action::Pause
+            }
+            Err(s) => {
+                log::warn!("wasm-ratelimit: could not send the limited reply (status {})", s.0);
+                Action::Continue
+            }
+        }
+    }
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        match self.runtime.clone() {
+            Some(rt) => self.limit(&rt),
+            None => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.local_reply {
+            return Action::Continue; // our own reply already carries the headers
+        }
+        for (name, value) in std::mem::take(&mut self.response_headers) {
+            // The IETF fields are lists: an upstream's own policies stay beside ours.
+            let _ = if name.starts_with("ratelimit") {
+                host::add_header(Map::ResponseHeaders, name, &value)
+            } else {
+                host::replace_header(Map::ResponseHeaders, name, &value)
+            };
+        }
+        Action::Continue
+    }
+}

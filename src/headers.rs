@@ -1,0 +1,178 @@
+//! What the client is told: rate-limit header fields and the body of a limited reply.
+//!
+//! IETF fields follow draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and
+//! `RateLimit` are structured-field Lists whose items are the policy names as sf-strings, with
+//! integer parameters `q` (quota), `w` (window, s), `r` (remaining) and `t` (seconds until more
+//! quota is available). Every applied rule is reported there; the X-RateLimit fields report the
+//! most restrictive one. Rule names are limited to `[A-Za-z0-9_.-]`, so they never need escaping
+//! inside an sf-string or a JSON string.
+
+use crate::config::HeaderStyle;
+use crate::limiter::Verdict;
+use std::fmt::Write;
+
+/// The problem type of the IETF draft for a request over quota.
+pub const PROBLEM_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Whole seconds, rounded up, so a client never comes back before the time it was given.
+pub fn ceil_seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// The `Retry-After` value in seconds for a refused request: the latest retry time of the rules
+/// that refused it, at least 1.
+pub fn retry_after_seconds(rules: &[(&str, Verdict)]) -> u64 {
+    rules
+        .iter()
+        .filter(|(_, v)| !v.allowed)
+        .map(|(_, v)| ceil_seconds(v.retry_after_ms))
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The rule the X-RateLimit fields report: a refusing rule first, else the one with the least
+/// remaining quota, then the longest wait.
+pub fn most_restrictive<'a>(rules: &'a [(&'a str, Verdict)]) -> Option<&'a (&'a str, Verdict)> {
+    rules
+        .iter()
+        .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms))
+}
+
+/// The rate-limit header fields for a response. `limited` adds `X-RateLimit-Retry-After`;
+/// `Retry-After` itself is added by the caller of a limited reply whatever the style.
+pub fn rate_limit_headers(
+    style: HeaderStyle,
+    rules: &[(&str, Verdict)],
+    limited: bool,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(5);
+    if rules.is_empty() {
+        return out;
+    }
+    if style.ietf() {
+        let mut policy = String::new();
+        let mut state = String::new();
+        for (i, (name, v)) in rules.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(policy, "{sep}\"{name}\";q={};w={}", v.limit, v.window_s);
+            let _ = write!(
+                state,
+                "{sep}\"{name}\";r={};t={}",
+                v.remaining,
+                ceil_seconds(v.reset_ms)
+            );
+        }
+        out.push(("ratelimit-policy", policy));
+        out.push(("ratelimit", state));
+    }
+    if style.x_ratelimit() {
+        if let Some((_, v)) = most_restrictive(rules) {
+            out.push(("x-ratelimit-limit", v.limit.to_string()));
+            out.push(("x-ratelimit-remaining", v.remaining.to_string()));
+            out.push(("x-ratelimit-reset", ceil_seconds(v.reset_ms).to_string()));
+            if limited {
+                out.push((
+                    "x-ratelimit-retry-after",
+                    retry_after_seconds(rules).to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The `application/problem+json` body of a limited reply.
+pub fn problem_body(status: u16, rules: &[(&str, Verdict)], retry_after_s: u64) -> String {
+    let refused: Vec<&(&str, Verdict)> = rules.iter().filter(|(_, v)| !v.allowed).collect();
+    let mut names = String::new();
+    for (i, (name, _)) in refused.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(names, "{sep}\"{name}\"");
+    }
+    let detail = match refused.first() {
+        Some((name, v)) => format!(
+            "Rate limit \\\"{name}\\\" of {} requests per {} s exceeded; retry in {retry_after_s} s.",
+            v.limit, v.window_s
+        ),
+        None => format!("The rate limiter could not decide; retry in {retry_after_s} s."),
+    };
+    format!(
+        "{{\"type\":\"{PROBLEM_TYPE}\",\"title\":\"Quota Exceeded\",\"status\":{status},\
+         \"detail\":\"{detail}\",\"violated-policies\":[{names}],\"retry-after\":{retry_after_s}}}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry: u64) -> Verdict {
+        Verdict {
+            allowed,
+            limit,
+            window_s: 60,
+            remaining,
+            reset_ms,
+            retry_after_ms: retry,
+        }
+    }
+
+    #[test]
+    fn ietf_and_x_fields_for_two_rules() {
+        let rules = [
+            ("per-client", v(true, 100, 42, 16_200, 0)),
+            ("global", v(true, 1000, 7, 3_000, 0)),
+        ];
+        let h = rate_limit_headers(HeaderStyle::Both, &rules, false);
+        assert_eq!(
+            h,
+            vec![
+                (
+                    "ratelimit-policy",
+                    "\"per-client\";q=100;w=60, \"global\";q=1000;w=60".to_string()
+                ),
+                (
+                    "ratelimit",
+                    "\"per-client\";r=42;t=17, \"global\";r=7;t=3".to_string()
+                ),
+                ("x-ratelimit-limit", "1000".to_string()),
+                ("x-ratelimit-remaining", "7".to_string()),
+                ("x-ratelimit-reset", "3".to_string()),
+            ]
+        );
+        assert_eq!(rate_limit_headers(HeaderStyle::None, &rules, false), vec![]);
+        assert_eq!(rate_limit_headers(HeaderStyle::Ietf, &rules, false).len(), 2);
+    }
+
+    #[test]
+    fn limited_reply() {
+        let rules = [
+            ("a", v(true, 100, 0, 1_000, 0)),
+            ("b", v(false, 5, 0, 41_001, 41_001)),
+        ];
+        assert_eq!(retry_after_seconds(&rules), 42);
+        let h = rate_limit_headers(HeaderStyle::XRateLimit, &rules, true);
+        assert_eq!(
+            h,
+            vec![
+                ("x-ratelimit-limit", "5".to_string()),
+                ("x-ratelimit-remaining", "0".to_string()),
+                ("x-ratelimit-reset", "42".to_string()),
+                ("x-ratelimit-retry-after", "42".to_string()),
+            ]
+        );
+        let body = problem_body(429, &rules, 42);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["type"], PROBLEM_TYPE);
+        assert_eq!(json["status"], 429);
+        assert_eq!(json["violated-policies"], serde_json::json!(["b"]));
+        assert_eq!(json["retry-after"], 42);
+        assert_eq!(
+            json["detail"],
+            "Rate limit \"b\" of 5 requests per 60 s exceeded; retry in 42 s."
+        );
+        // Never less than a second, even when the wait is shorter.
+        assert_eq!(retry_after_seconds(&[("c", v(false, 1, 0, 1, 1))]), 1);
+    }
+}

@@ -1,0 +1,307 @@
+//! From a request to a rule's verdict inputs: does the rule match, and which client is this?
+//!
+//! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
+//! calls (each attribute read at most once per request) and tests implement with a plain struct.
+
+use crate::config::{HeaderCondition, KeyPart, Match};
+use crate::hash::{Seed, SipHasher13};
+
+/// Read access to the request attributes rules look at.
+pub trait Attributes {
+    /// Envoy's `source.address` (`ip:port`, `[ipv6]:port`, or a pipe path).
+    fn source_address(&mut self) -> Option<&str>;
+    /// The `:path` pseudo-header, query string included.
+    fn path(&mut self) -> Option<&str>;
+    /// The `:method` pseudo-header.
+    fn method(&mut self) -> Option<&str>;
+    /// The `:authority` pseudo-header (`Host` in HTTP/1.1).
+    fn authority(&mut self) -> Option<&str>;
+    /// A request header's value by lower-case name; values may hold any bytes.
+    fn header(&mut self, name: &str) -> Option<&[u8]>;
+}
+
+/// The address part of `ip:port` / `[ip]:port`; other forms (pipes) are returned whole.
+pub fn strip_port(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        if let Some((ip, _port)) = rest.split_once(']') {
+            return ip;
+        }
+        return address;
+    }
+    match address.rsplit_once(':') {
+        // Exactly one colon: IPv4 with port. More colons would be a bare IPv6 address.
+        Some((ip, port)) if !ip.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => ip,
+        _ => address,
+    }
+}
+
+/// Splits `:path` into the path and the query string (without `?`).
+pub fn split_path(full: &str) -> (&str, Option<&str>) {
+    // A fragment should never reach a proxy, but if one does it is not part of the query.
+    let full = full.split_once('#').map_or(full, |(p, _)| p);
+    match full.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (full, None),
+    }
+}
+
+/// The raw value of the first query parameter called `name` (`a` alone counts as `a=`).
+pub fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+/// Whether every condition of `m` holds for the request.
+pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
+    if m.path.is_some() || m.path_prefix.is_some() {
+        let Some(full) = req.path() else { return false };
+        let (path, _) = split_path(full);
+        if m.path.as_deref().is_some_and(|p| p != path) {
+            return false;
+        }
+        if m.path_prefix.as_deref().is_some_and(|p| !path.starts_with(p)) {
+            return false;
+        }
+    }
+    if !m.methods.is_empty() {
+        let Some(method) = req.method() else {
+            return false;
+        };
+        if !m.methods.iter().any(|x| x == method) {
+            return false;
+        }
+    }
+    if let Some(want) = &m.authority {
+        match req.authority() {
+            Some(a) if a.eq_ignore_ascii_case(want) => {}
+            _ => return false,
+        }
+    }
+    m.headers.iter().all(|h| {
+        let value = req.header(&h.name);
+        match &h.condition {
+            HeaderCondition::Present(present) => value.is_some() == *present,
+            HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
+        }
+    })
+}
+
+/// The fingerprint of one rule, mixed into every key hash so rules never share a counter.
+/// Rules keep their fingerprint (and so their counters) across config reloads as long as their
+/// name and key parts stay the same.
+pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart]) -> u64 {
+    let mut h = SipHasher13::new(seed);
+    h.write_field(name.as_bytes());
+    for part in key {
+        h.write_field(part.to_string().as_bytes());
+    }
+    h.finish()
+}
+
+/// The 64-bit hash of the client key of a rule for this request, or `None` when a key part is
+/// missing from the request (the rule then does not apply). The raw key is never kept.
+pub fn client_key(
+    seed: Seed,
+    rule_fingerprint: u64,
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+) -> Option<u64> {
+    let mut h = SipHasher13::new(seed);
+    h.write_u64(rule_fingerprint);
+    for part in parts {
+        let value: &[u8] = match part {
+            KeyPart::RemoteAddress => strip_port(req.source_address()?).as_bytes(),
+            KeyPart::Header(name) => req.header(name)?,
+            KeyPart::Query(name) => {
+                let (_, query) = split_path(req.path()?);
+                query_param(query?, name)?.as_bytes()
+            }
+            KeyPart::Path => split_path(req.path()?).0.as_bytes(),
+            KeyPart::Method => req.method()?.as_bytes(),
+            KeyPart::Authority => {
+                // Lower-cased without allocating: hash byte by byte.
+                let a = req.authority()?;
+                h.write_u64(a.len() as u64);
+                for b in a.bytes() {
+                    h.write(&[b.to_ascii_lowercase()]);
+                }
+                continue;
+            }
+        };
+        h.write_field(value);
+    }
+    Some(h.finish())
+}
+
+/// A request made of plain fields, for tests and the config-check tooling.
+#[derive(Clone, Debug, Default)]
+pub struct FakeRequest {
+    /// `source.address`.
+    pub source_address: Option<String>,
+    /// `:path`.
+    pub path: Option<String>,
+    /// `:method`.
+    pub method: Option<String>,
+    /// `:authority`.
+    pub authority: Option<String>,
+    /// Lower-case header names and values.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Attributes for FakeRequest {
+    fn source_address(&mut self) -> Option<&str> {
+        self.source_address.as_deref()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.path.as_deref()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.method.as_deref()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.authority.as_deref()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HeaderMatch;
+
+    fn req(addr: &str, path: &str) -> FakeRequest {
+        FakeRequest {
+            source_address: Some(addr.into()),
+            path: Some(path.into()),
+            method: Some("GET".into()),
+            authority: Some("Example.COM".into()),
+            headers: vec![("x-api-key".into(), b"k1".to_vec())],
+        }
+    }
+
+    #[test]
+    fn strips_ports() {
+        assert_eq!(strip_port("127.0.0.1:42122"), "127.0.0.1");
+        assert_eq!(strip_port("[::1]:8080"), "::1");
+        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("/tmp/sock"), "/tmp/sock");
+        assert_eq!(strip_port("[broken"), "[broken");
+    }
+
+    #[test]
+    fn query_params() {
+        assert_eq!(query_param("a=1&b=2&a=3", "a"), Some("1"));
+        assert_eq!(query_param("flag&b=2", "flag"), Some(""));
+        assert_eq!(query_param("ab=1", "a"), None);
+        assert_eq!(split_path("/x?y=1#frag"), ("/x", Some("y=1")));
+        assert_eq!(split_path("/x"), ("/x", None));
+    }
+
+    #[test]
+    fn matching() {
+        let mut m = Match {
+            path_prefix: Some("/api/".into()),
+            methods: vec!["GET".into(), "POST".into()],
+            authority: Some("example.com".into()),
+            headers: vec![
+                HeaderMatch {
+                    name: "x-api-key".into(),
+                    condition: HeaderCondition::Present(true),
+                },
+                HeaderMatch {
+                    name: "x-debug".into(),
+                    condition: HeaderCondition::Present(false),
+                },
+            ],
+            ..Match::default()
+        };
+        assert!(matches(&m, &mut req("1.2.3.4:1", "/api/v1?q=/x")));
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/apix")));
+        // The query is not part of the path.
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/other?/api/")));
+        let mut r = req("1.2.3.4:1", "/api/");
+        r.method = Some("DELETE".into());
+        assert!(!matches(&m, &mut r));
+        let mut r = req("1.2.3.4:1", "/api/");
+        r.headers.push(("x-debug".into(), b"1".to_vec()));
+        assert!(!matches(&m, &mut r));
+        m.headers = vec![HeaderMatch {
+            name: "x-api-key".into(),
+            condition: HeaderCondition::Equals("k2".into()),
+        }];
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/api/")));
+        m.path_prefix = None;
+        m.path = Some("/login".into());
+        m.headers.clear();
+        assert!(matches(&m, &mut req("1.2.3.4:1", "/login?next=/")));
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/login/x")));
+        assert!(matches(&Match::default(), &mut FakeRequest::default()));
+    }
+
+    #[test]
+    fn keys_separate_clients_and_rules() {
+        let seed = Seed([3, 4]);
+        let parts = [KeyPart::RemoteAddress, KeyPart::Header("x-api-key".into())];
+        let fp = rule_fingerprint(seed, "r", &parts);
+        let k = |r: &mut FakeRequest| client_key(seed, fp, &parts, r);
+        // Same address, other port: same client.
+        assert_eq!(
+            k(&mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.1:2", "/a"))
+        );
+        assert_ne!(
+            k(&mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.2:1", "/"))
+        );
+        let mut other_key = req("10.0.0.1:1", "/");
+        other_key.headers[0].1 = b"k2".to_vec();
+        assert_ne!(k(&mut req("10.0.0.1:1", "/")), k(&mut other_key));
+        // A missing part: the rule does not apply.
+        let mut no_key = req("10.0.0.1:1", "/");
+        no_key.headers.clear();
+        assert_eq!(k(&mut no_key), None);
+        // Another rule with the same parts never shares a counter.
+        let fp2 = rule_fingerprint(seed, "r2", &parts);
+        assert_ne!(
+            client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.1:1", "/"))
+        );
+        // Non-UTF-8 header bytes are fine.
+        let mut binary = req("10.0.0.1:1", "/");
+        binary.headers[0].1 = vec![0xff, 0x00, 0x80];
+        assert!(k(&mut binary).is_some());
+    }
+
+    #[test]
+    fn key_parts_read_the_right_attribute() {
+        let seed = Seed([5, 6]);
+        let one = |part: KeyPart, r: &mut FakeRequest| {
+            let parts = [part];
+            client_key(seed, 0, &parts, r)
+        };
+        let a = &mut req("1.1.1.1:1", "/p?user=alice&x=1");
+        let b = &mut req("1.1.1.1:1", "/p?user=bob&x=1");
+        assert_ne!(
+            one(KeyPart::Query("user".into()), a),
+            one(KeyPart::Query("user".into()), b)
+        );
+        assert_eq!(one(KeyPart::Path, a), one(KeyPart::Path, b));
+        assert_eq!(one(KeyPart::Query("nope".into()), a), None);
+        let mut upper = req("1.1.1.1:1", "/");
+        upper.authority = Some("EXAMPLE.com".into());
+        assert_eq!(
+            one(KeyPart::Authority, &mut upper),
+            one(KeyPart::Authority, a)
+        );
+        let mut post = req("1.1.1.1:1", "/");
+        post.method = Some("POST".into());
+        assert_ne!(one(KeyPart::Method, &mut post), one(KeyPart::Method, a));
+    }
+}
