@@ -326,7 +326,10 @@ impl Validator {
         match v {
             Value::String(s) => Some(s),
             other => {
-                self.error(path, format!("expected a string, found {}", describe(other)));
+                self.error(
+                    path,
+                    format!("expected a string, found {}", describe(other)),
+                );
                 None
             }
         }
@@ -494,13 +497,14 @@ impl Validator {
         let s = self.string(v, path)?;
         let valid = !s.is_empty()
             && s.len() <= MAX_NAME_LEN
-            && s
-                .chars()
+            && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
         if !valid {
             self.error(
                 path,
-                format!("invalid rule name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"),
+                format!(
+                    "invalid rule name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"
+                ),
             );
             return None;
         }
@@ -676,15 +680,13 @@ impl Validator {
         let map = self.object(v, path, &["requests_per_unit", "unit"])?;
         let rpu = match map.get("requests_per_unit") {
             Some(n) => self
-                .integer(
-                    n,
-                    &join(path, "requests_per_unit"),
-                    1,
-                    u64::from(u32::MAX),
-                )
+                .integer(n, &join(path, "requests_per_unit"), 1, u64::from(u32::MAX))
                 .and_then(|n| u32::try_from(n).ok()),
             None => {
-                self.error(&join(path, "requests_per_unit"), "required field is missing");
+                self.error(
+                    &join(path, "requests_per_unit"),
+                    "required field is missing",
+                );
                 None
             }
         };

@@ -154,7 +154,14 @@ mod tests {
     /// std's `DefaultHasher::new()` is SipHash-1-3 with a zero key: our output must match it.
     #[test]
     fn matches_std_siphash13_with_zero_key() {
-        let inputs: [&[u8]; 6] = [b"", b"a", b"abcdefg", b"abcdefgh", b"abcdefghi", &[0xff; 37]];
+        let inputs: [&[u8]; 6] = [
+            b"",
+            b"a",
+            b"abcdefg",
+            b"abcdefgh",
+            b"abcdefghi",
+            &[0xff; 37],
+        ];
         for input in inputs {
             let mut ours = SipHasher13::new(Seed([0, 0]));
             ours.write(input);

@@ -142,7 +142,10 @@ mod tests {
             ]
         );
         assert_eq!(rate_limit_headers(HeaderStyle::None, &rules, false), vec![]);
-        assert_eq!(rate_limit_headers(HeaderStyle::Ietf, &rules, false).len(), 2);
+        assert_eq!(
+            rate_limit_headers(HeaderStyle::Ietf, &rules, false).len(),
+            2
+        );
     }
 
     #[test]

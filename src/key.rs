@@ -61,7 +61,10 @@ pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
         if m.path.as_deref().is_some_and(|p| p != path) {
             return false;
         }
-        if m.path_prefix.as_deref().is_some_and(|p| !path.starts_with(p)) {
+        if m.path_prefix
+            .as_deref()
+            .is_some_and(|p| !path.starts_with(p))
+        {
             return false;
         }
     }

@@ -63,8 +63,7 @@ impl Bucket {
     /// Decodes a slot's bytes; a missing or empty slot is an empty bucket.
     pub fn decode(bytes: Option<&[u8]>) -> Result<Bucket, Corrupt> {
         let bytes = match bytes {
-            None => return Ok(Bucket::default()),
-            Some(b) if b.is_empty() => return Ok(Bucket::default()),
+            None | Some([]) => return Ok(Bucket::default()),
             Some(b) => b,
         };
         let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;

@@ -140,8 +140,9 @@ pub fn now_ms() -> Result<u64, Status> {
 pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, Status> {
     const PLUGIN_CONFIGURATION: u32 = 7;
     let (mut ptr, mut len) = (null_mut(), 0usize);
-    match check(unsafe { proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, size, &mut ptr, &mut len) })
-    {
+    match check(unsafe {
+        proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, size, &mut ptr, &mut len)
+    }) {
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
@@ -205,8 +206,9 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 /// A shared-data value and its CAS; `(None, None)` for a key never written.
 pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
     let (mut ptr, mut len, mut cas) = (null_mut(), 0usize, 0u32);
-    match check(unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut len, &mut cas) })
-    {
+    match check(unsafe {
+        proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut len, &mut cas)
+    }) {
         Ok(()) => Ok((unsafe { owned(ptr, len) }, (cas != 0).then_some(cas))),
         Err(NOT_FOUND) => Ok((None, None)),
         Err(s) => Err(s),
@@ -215,12 +217,17 @@ pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
 
 /// Writes shared data if its CAS still equals `cas` (0: unconditionally).
 pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
-    check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
+    check(unsafe {
+        proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
 }
 
 /// Serializes headers in the proxy-wasm map format.
 fn serialize(headers: &[(&str, &str)]) -> Vec<u8> {
-    let size = 4 + headers.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
+    let size = 4 + headers
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 10)
+        .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
     for (k, v) in headers {
@@ -237,7 +244,11 @@ fn serialize(headers: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// Sends a local reply instead of forwarding the request.
-pub fn send_local_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), Status> {
+pub fn send_local_response(
+    status: u16,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(), Status> {
     let map = serialize(headers);
     check(unsafe {
         proxy_send_local_response(

@@ -23,7 +23,7 @@ proxy_wasm::main! {{
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(log::LevelFilter::Trace);
     std::panic::set_hook(Box::new(|info| {
-        let _ = host::log(Level::Critical, &format!("wasm-ratelimit: panic: {info}"));
+        let _ = host::log(Level::Critical, &format!("panic: {info}"));
     }));
     let _ = LogLevel::Trace; // Envoy filters by its own `wasm` log level.
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
@@ -99,7 +99,8 @@ fn property_string(path: &[&str]) -> Option<String> {
 /// Reads the table's hash seed from shared data, creating it if this is the first VM.
 fn shared_seed(key: &str) -> Result<Seed, String> {
     for _ in 0..limiter::MAX_ATTEMPTS {
-        let (bytes, _) = host::get_shared(key).map_err(|s| format!("reading the seed: status {}", s.0))?;
+        let (bytes, _) =
+            host::get_shared(key).map_err(|s| format!("reading the seed: status {}", s.0))?;
         if let Some(seed) = bytes.as_deref().and_then(Seed::from_bytes) {
             return Ok(seed);
         }
@@ -124,7 +125,12 @@ struct Root {
 impl Root {
     fn build(&self, size: usize) -> Result<Runtime, String> {
         let bytes = host::plugin_configuration(size)
-            .map_err(|s| format!("config: could not read the plugin configuration (status {})", s.0))?
+            .map_err(|s| {
+                format!(
+                    "config: could not read the plugin configuration (status {})",
+                    s.0
+                )
+            })?
             .unwrap_or_default();
         let config = Config::parse(&bytes).map_err(|e| e.to_string())?;
         // Istio sets no vm_id, so every plugin on a proxy shares one shared-data namespace:
@@ -174,7 +180,7 @@ impl RootContext for Root {
         match self.build(size) {
             Ok(runtime) => {
                 log::info!(
-                    "wasm-ratelimit: configured {} rule(s), capacity {} keys",
+                    "configured {} rule(s), capacity {} keys",
                     runtime.config.rules.len(),
                     runtime.buckets as usize * table::WAYS
                 );
@@ -182,7 +188,7 @@ impl RootContext for Root {
                 true
             }
             Err(e) => {
-                log::error!("wasm-ratelimit: invalid configuration: {e}");
+                log::error!("invalid configuration: {e}");
                 false
             }
         }
@@ -307,7 +313,7 @@ impl Request {
                 if now >= last.saturating_add(1000) {
                     LAST_FAILURE_LOG.with(|c| c.set(now));
                     log::warn!(
-                        "wasm-ratelimit: rule {} could not be decided ({failure:?}); failure_mode {:?} applied",
+                        "rule {} could not be decided ({failure:?}); failure_mode {:?} applied",
                         rule.name,
                         rt.config.failure_mode
                     );
@@ -317,7 +323,7 @@ impl Request {
                 if !v.allowed {
                     bump(m.limited, 1);
                     log::debug!(
-                        "wasm-ratelimit: limited rule={} key={:08x} limit={} window={}s retry_after={}ms",
+                        "limited rule={} key={:08x} limit={} window={}s retry_after={}ms",
                         rule.name,
                         hash >> 32,
                         v.limit,
@@ -353,7 +359,7 @@ impl Request {
                 Action::Pause
             }
             Err(s) => {
-                log::warn!("wasm-ratelimit: could not send the limited reply (status {})", s.0);
+                log::warn!("could not send the limited reply (status {})", s.0);
                 Action::Continue
             }
         }

