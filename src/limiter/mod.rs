@@ -112,16 +112,14 @@ pub fn decide(
     let mut rules: Vec<RuleOutcome> = vec![RuleOutcome::default(); checks.len()];
     // Phase 1: read and decide every rule; nothing is written.
     let mut pending: Vec<Option<(Read, State)>> = Vec::with_capacity(checks.len());
+    // The state each rule's key had before this request, to report it if the request is refused.
+    let mut before: Vec<Option<State>> = vec![None; checks.len()];
     let mut refused = false;
-    for (check, out) in checks.iter().zip(rules.iter_mut()) {
+    for ((check, out), seen) in checks.iter().zip(rules.iter_mut()).zip(before.iter_mut()) {
         match read(store, check.slot) {
             Ok(r) => {
-                let (verdict, state) = sliding_window::decide(
-                    r.bucket.find(check.fingerprint),
-                    now_ms,
-                    &check.quota,
-                    cost,
-                );
+                *seen = r.bucket.find(check.fingerprint);
+                let (verdict, state) = sliding_window::decide(*seen, now_ms, &check.quota, cost);
                 refused |= !verdict.allowed;
                 out.verdict = Some(verdict);
                 pending.push(state.map(|s| (r, s)));
@@ -134,7 +132,7 @@ pub fn decide(
         }
     }
     if refused {
-        return refused_outcome(rules, cost);
+        return refused_outcome(rules, checks, &before, now_ms);
     }
     // Phase 2: commit each rule with CAS, re-deciding a rule whose bucket changed meanwhile.
     let mut committed: Vec<(usize, State)> = Vec::with_capacity(checks.len());
@@ -180,7 +178,7 @@ pub fn decide(
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
                     refund(store, checks, &committed, cost);
-                    return refused_outcome(rules, cost);
+                    return refused_outcome(rules, checks, &before, now_ms);
                 }
             }
         }
@@ -191,7 +189,7 @@ pub fn decide(
             out.verdict = None;
             if failure_mode == FailureMode::Deny {
                 refund(store, checks, &committed, cost);
-                return refused_outcome(rules, cost);
+                return refused_outcome(rules, checks, &before, now_ms);
             }
         }
     }
@@ -201,12 +199,17 @@ pub fn decide(
     }
 }
 
-/// A refused request: rules that would have admitted it report the quota left now, which the
-/// request did not consume.
-fn refused_outcome(mut rules: Vec<RuleOutcome>, cost: u32) -> Outcome {
-    for v in rules.iter_mut().filter_map(|r| r.verdict.as_mut()) {
-        if v.allowed {
-            v.remaining = v.remaining.saturating_add(u64::from(cost)).min(v.limit);
+/// A refused request: rules that would have admitted it report the quota as it is without
+/// this request, which consumed nothing.
+fn refused_outcome(
+    mut rules: Vec<RuleOutcome>,
+    checks: &[Check],
+    before: &[Option<State>],
+    now_ms: u64,
+) -> Outcome {
+    for ((out, check), seen) in rules.iter_mut().zip(checks).zip(before) {
+        if let Some(v) = out.verdict.as_mut().filter(|v| v.allowed) {
+            *v = sliding_window::decide(*seen, now_ms, &check.quota, 0).0;
         }
     }
     Outcome {
@@ -270,6 +273,14 @@ mod tests {
         let o = decide(&store, &checks, 1_000, 1, FailureMode::Allow);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 3);
         assert!(!o.rules[1].verdict.unwrap().allowed);
+        // A rule whose key was never counted reports its whole quota, available now.
+        let fresh = [check(2, 11, 7, Unit::Minute), checks[1]];
+        let o = decide(&store, &fresh, 1_000, 1, FailureMode::Allow);
+        let v = o.rules[0].verdict.unwrap();
+        assert_eq!(
+            (o.allowed, v.allowed, v.remaining, v.reset_ms),
+            (false, true, 7, 0)
+        );
         // Rule 0 counted only the two admitted requests: 3 left for a request rule 1 skips.
         let only_first = [checks[0]];
         let o = decide(&store, &only_first, 1_000, 1, FailureMode::Allow);
