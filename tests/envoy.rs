@@ -62,12 +62,16 @@ fn limit_is_hit_exactly_and_headers_are_exact() {
         assert_eq!(r.header_count("ratelimit"), 1, "headers added once");
         assert_eq!(r.body_str(), "ok\n");
     }
+    let mut last_retry = u64::MAX;
     for _ in 0..3 {
         let r = c.get("/").unwrap();
         assert_eq!(r.status, 429);
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
         let retry = r.header_u64("retry-after").unwrap();
         assert!(retry >= 1);
+        // Refused requests consume nothing: the wait never grows.
+        assert!(retry <= last_retry, "retry-after grew to {retry}");
+        last_retry = retry;
         assert_eq!(r.header_u64("x-ratelimit-retry-after"), Some(retry));
         assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(0));
         assert_eq!(r.header_u64("x-ratelimit-reset"), Some(retry));
