@@ -10,7 +10,7 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build run test unit integration lint envoy target clean
+.PHONY: build run test unit integration lint envoy target clean bench bench-tools
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -43,6 +43,15 @@ lint: target
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(TARGET) --lib -- -D warnings
+
+bench-tools: build envoy
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	cargo build --release --target $(TARGET) --manifest-path bench/noop/Cargo.toml
+	cargo build --release --manifest-path bench/loadgen/Cargo.toml
+
+# Writes BENCHMARKS.md and bench/results.json (about 6 minutes; BENCH_ARGS=--quick for a smoke run).
+bench: bench-tools
+	python3 bench/bench.py $(BENCH_ARGS)
 
 clean:
 	cargo clean
