@@ -32,16 +32,35 @@ proxy_wasm::main! {{
 /// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix><n>`.
 struct SharedData {
     prefix: String,
+    /// The key being built, reused so the hot path does not allocate or use `core::fmt`.
+    key: std::cell::RefCell<String>,
+}
+
+impl SharedData {
+    fn new(prefix: String) -> Self {
+        SharedData {
+            key: std::cell::RefCell::new(String::with_capacity(prefix.len() + 10)),
+            prefix,
+        }
+    }
+
+    fn with_key<T>(&self, slot: u32, f: impl FnOnce(&str) -> T) -> T {
+        let mut key = self.key.borrow_mut();
+        key.clear();
+        key.push_str(&self.prefix);
+        headers::push_u64(&mut key, u64::from(slot));
+        f(&key)
+    }
 }
 
 impl Store for SharedData {
     fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        host::get_shared(&format!("{}{slot}", self.prefix))
+        self.with_key(slot, host::get_shared)
             .map_err(|s| StoreError::Unavailable(format!("get_shared_data status {}", s.0)))
     }
 
     fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        match host::set_shared(&format!("{}{slot}", self.prefix), value, cas) {
+        match self.with_key(slot, |key| host::set_shared(key, value, cas)) {
             Ok(()) => Ok(()),
             Err(host::CAS_MISMATCH) => Err(StoreError::Conflict),
             Err(s) => Err(StoreError::Unavailable(format!(
@@ -52,20 +71,52 @@ impl Store for SharedData {
     }
 }
 
-/// Counter ids of one rule (`None` where defining the metric failed).
-#[derive(Default)]
-struct RuleMetrics {
-    allowed: Option<u32>,
-    limited: Option<u32>,
-    failed_open: Option<u32>,
-    failed_closed: Option<u32>,
-    store_retries: Option<u32>,
-    slot_evictions: Option<u32>,
+/// The counters of one rule, in the order of [`COUNTERS`].
+#[derive(Clone, Copy)]
+enum Counter {
+    Allowed,
+    Limited,
+    FailedOpen,
+    FailedClosed,
+    StoreRetries,
+    SlotEvictions,
 }
 
-fn bump(id: Option<u32>, n: u64) {
-    if let (Some(id), true) = (id, n > 0) {
-        let _ = host::increment(id, n);
+/// How often each worker publishes its counters.
+const METRICS_PERIOD_MS: u32 = 1000;
+
+/// Counter names, as they appear in the metric names.
+const COUNTERS: [&str; 6] = [
+    "allowed",
+    "limited",
+    "failed_open",
+    "failed_closed",
+    "store_retries",
+    "slot_evictions",
+];
+
+/// One rule's counters. A host call per increment costs ~1 µs, so requests add to `pending`
+/// and the root context publishes the sums on its tick, once a second per worker.
+#[derive(Default)]
+struct RuleMetrics {
+    ids: [Option<u32>; 6],
+    pending: [Cell<u64>; 6],
+}
+
+impl RuleMetrics {
+    fn add(&self, counter: Counter, n: u64) {
+        if let Some(c) = self.pending.get(counter as usize) {
+            c.set(c.get().saturating_add(n));
+        }
+    }
+
+    fn publish(&self) {
+        for (id, pending) in self.ids.iter().zip(&self.pending) {
+            let n = pending.take();
+            if let (Some(id), true) = (id, n > 0) {
+                let _ = host::increment(*id, n);
+            }
+        }
     }
 }
 
@@ -145,19 +196,13 @@ impl Root {
             .rules
             .iter()
             .map(|rule| {
-                let define = |counter: &str| {
-                    host::define_counter(&metric_name(&plugin, &rule.name, counter)).ok()
-                };
+                let mut metrics = RuleMetrics::default();
+                for (id, counter) in metrics.ids.iter_mut().zip(COUNTERS) {
+                    *id = host::define_counter(&metric_name(&plugin, &rule.name, counter)).ok();
+                }
                 CompiledRule {
                     fingerprint: key::rule_fingerprint(seed, &rule.name, &rule.key),
-                    metrics: RuleMetrics {
-                        allowed: define("allowed"),
-                        limited: define("limited"),
-                        failed_open: define("failed_open"),
-                        failed_closed: define("failed_closed"),
-                        store_retries: define("store_retries"),
-                        slot_evictions: define("slot_evictions"),
-                    },
+                    metrics,
                 }
             })
             .collect();
@@ -166,10 +211,18 @@ impl Root {
             config,
             rules,
             seed,
-            store: SharedData {
-                prefix: format!("{prefix}b/"),
-            },
+            store: SharedData::new(format!("{prefix}b/")),
         })
+    }
+}
+
+impl Root {
+    fn publish_metrics(&self) {
+        if let Some(rt) = &self.runtime {
+            for rule in &rt.rules {
+                rule.metrics.publish();
+            }
+        }
     }
 }
 
@@ -177,6 +230,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
+        self.publish_metrics();
         match self.build(size) {
             Ok(runtime) => {
                 log::info!(
@@ -185,6 +239,9 @@ impl RootContext for Root {
                     runtime.buckets as usize * table::WAYS
                 );
                 self.runtime = Some(Rc::new(runtime));
+                if let Err(s) = host::set_tick_period(METRICS_PERIOD_MS) {
+                    log::warn!("no tick timer (status {}): metrics will not be published", s.0);
+                }
                 true
             }
             Err(e) => {
@@ -192,6 +249,10 @@ impl RootContext for Root {
                 false
             }
         }
+    }
+
+    fn on_tick(&mut self) {
+        self.publish_metrics();
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -302,12 +363,12 @@ impl Request {
         let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(applied.len());
         for ((rule, compiled, hash), out) in applied.iter().zip(&outcome.rules) {
             let m = &compiled.metrics;
-            bump(m.store_retries, u64::from(out.retries));
-            bump(m.slot_evictions, u64::from(out.evicted));
+            m.add(Counter::StoreRetries, u64::from(out.retries));
+            m.add(Counter::SlotEvictions, u64::from(out.evicted));
             if let Some(failure) = &out.failure {
                 match rt.config.failure_mode {
-                    FailureMode::Allow => bump(m.failed_open, 1),
-                    FailureMode::Deny => bump(m.failed_closed, 1),
+                    FailureMode::Allow => m.add(Counter::FailedOpen, 1),
+                    FailureMode::Deny => m.add(Counter::FailedClosed, 1),
                 }
                 let last = LAST_FAILURE_LOG.with(Cell::get);
                 if now >= last.saturating_add(1000) {
@@ -321,7 +382,7 @@ impl Request {
             }
             if let Some(v) = out.verdict {
                 if !v.allowed {
-                    bump(m.limited, 1);
+                    m.add(Counter::Limited, 1);
                     log::debug!(
                         "limited rule={} key={:08x} limit={} window={}s retry_after={}ms",
                         rule.name,
@@ -331,7 +392,7 @@ impl Request {
                         v.retry_after_ms
                     );
                 } else if outcome.allowed {
-                    bump(m.allowed, 1);
+                    m.add(Counter::Allowed, 1);
                 }
                 reported.push((rule.name.as_str(), v));
             }
