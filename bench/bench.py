@@ -221,15 +221,29 @@ def summarize(runs):
         max(sum(r["requests"] for r in runs), 1)}
 
 
-def interleaved(envoys, rounds, seconds, connections, lua, keys=None, label=""):
-    runs = {e.name: [] for e in envoys}
+def interleaved(envoy_bin, specs, rounds, measure, workdir, label=""):
+    """Runs `measure(envoy)` for every (name, filters) spec, interleaved over `rounds`. Each
+    round starts a fresh Envoy per variant: instances of one build differ by up to ~10% (V8
+    tiering, memory layout), so a variant's median must span several processes."""
+    runs = {name: [] for name, _ in specs}
     for rnd in range(rounds):
-        order = envoys[rnd % len(envoys):] + envoys[:rnd % len(envoys)]
-        for e in order:
-            k = (keys or {}).get(e.name, 1)
-            runs[e.name].append(wrk(e, seconds, connections, k, lua))
+        envoys = []
+        try:
+            envoys = [Envoy(envoy_bin, name, filters, workdir) for name, filters in specs]
+            k = rnd % len(envoys)
+            for e in envoys[k:] + envoys[:k]:
+                runs[e.name].append(measure(e))
+        finally:
+            for e in envoys:
+                e.stop()
         print(f"  {label} round {rnd + 1}/{rounds}: " + ", ".join(
-            f"{e.name} {runs[e.name][-1]['rps']:.0f} rps" for e in envoys), flush=True)
+            f"{name} {r[-1].get('rps', 0):.0f} rps" for name, r in runs.items()), flush=True)
+    return runs
+
+
+def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label=""):
+    measure = lambda e: wrk(e, args.seconds, args.connections, (keys or {}).get(e.name, 1), lua)
+    runs = interleaved(envoy_bin, specs, rounds, measure, workdir, label)
     return {name: summarize(r) for name, r in runs.items()}
 
 
@@ -265,65 +279,48 @@ def main():
         ("saturated", ours([rule("tiny", ["remote_address"], n=10)]),
          "6. this filter, limit exceeded (429s)"),
     ]
-    envoys = []
+    print(f"Envoy {envoy_version}; {args.rounds} rounds of {args.seconds} s, "
+          f"{args.connections} connections; scratch {work}", flush=True)
+    specs = [(name, filters) for name, filters, _ in variants]
+    main_runs = closed_loop(args.envoy, specs, args.rounds, args, lua, work, label="variants")
+
+    # The cost curve: number of matching rules, number of distinct client keys.
+    curve_rounds = max(1, (args.rounds + 1) // 2)
+    rules_specs = [(f"rules-{n}", ours([rule(f"r{i}", ["remote_address"]) for i in range(n)]))
+                   for n in (1, 3, 10)]
+    rules_runs = closed_loop(args.envoy, rules_specs, curve_rounds, args, lua, work,
+                             label="rules")
+    key_counts = {"keys-1": 1, "keys-10k": 10_000, "keys-1M": 1_000_000}
+    keys_specs = [(name, ours([rule("per-user", ["header:x-user"])], capacity=1_048_576))
+                  for name in key_counts]
+    keys_runs = closed_loop(args.envoy, keys_specs, curve_rounds, args, lua, work,
+                            keys=key_counts, label="keys")
+
+    # Memory per tracked key, at a configured capacity: fill every bucket, then keep going.
+    capacity = 65_536
+    mem_env = Envoy(args.envoy, "memory", ours([rule("per-user", ["header:x-user"])],
+                                               capacity=capacity), work)
     try:
-        print(f"Envoy {envoy_version}; {args.rounds} rounds of {args.seconds} s, "
-              f"{args.connections} connections; scratch {work}", flush=True)
-        envoys = [Envoy(args.envoy, name, filters, work) for name, filters, _ in variants]
-        main_runs = interleaved(envoys, args.rounds, args.seconds, args.connections, lua,
-                                label="variants")
-        for e in envoys:
-            e.stop()
-
-        # The cost curve: number of matching rules, number of distinct client keys.
-        curve_rounds = max(1, (args.rounds + 1) // 2)
-        rules_env = [Envoy(args.envoy, f"rules-{n}", ours(
-            [rule(f"r{i}", ["remote_address"]) for i in range(n)]), work) for n in (1, 3, 10)]
-        rules_runs = interleaved(rules_env, curve_rounds, args.seconds, args.connections, lua,
-                                 label="rules")
-        for e in rules_env:
-            e.stop()
-        key_counts = {"keys-1": 1, "keys-10k": 10_000, "keys-1M": 1_000_000}
-        keys_env = [Envoy(args.envoy, name, ours([rule("per-user", ["header:x-user"])],
-                                                 capacity=1_048_576), work)
-                    for name in key_counts]
-        keys_runs = interleaved(keys_env, curve_rounds, args.seconds, args.connections, lua,
-                                keys=key_counts, label="keys")
-        for e in keys_env:
-            e.stop()
-
-        # Memory per tracked key, at a configured capacity: fill every bucket, then keep going.
-        capacity = 65_536
-        mem_env = Envoy(args.envoy, "memory", ours([rule("per-user", ["header:x-user"])],
-                                                   capacity=capacity), work)
         base = mem_env.memory()
         fill_seconds = 2 if args.quick else 10
         wrk(mem_env, fill_seconds, args.connections, 50_000_000, lua)
         full = mem_env.memory()
-        wrk(mem_env, fill_seconds // 2, args.connections, 50_000_000, lua)
+        wrk(mem_env, max(1, fill_seconds // 2), args.connections, 50_000_000, lua)
         later = mem_env.memory()
-        mem_env.stop()
-        memory = {"capacity": capacity, "before": base, "after_fill": full, "after_more": later,
-                  "bytes_per_key": (full - base) / capacity, "growth_after_full": later - full}
-
-        # Latency added at half the no-filter saturation rate (open loop).
-        half = int(main_runs["no-filter"]["rps"] / 2)
-        lat_names = ["no-filter", "native", "noop-wasm", "one-rule"]
-        envoys = [Envoy(args.envoy, name, filters, work)
-                  for name, filters, _ in variants if name in lat_names]
-        lat_runs = {e.name: [] for e in envoys}
-        for rnd in range(curve_rounds):
-            for e in envoys:
-                lat_runs[e.name].append(loadgen(e, half, args.seconds))
-        latency = {name: {f: statistics.median(r[f] for r in runs)
-                          for f in ("rps", "p50_us", "p99_us", "p999_us")}
-                   for name, runs in lat_runs.items()}
-        for e in envoys:
-            e.stop()
-        envoys = []
     finally:
-        for e in envoys:
-            e.stop()
+        mem_env.stop()
+    memory = {"capacity": capacity, "before": base, "after_fill": full, "after_more": later,
+              "bytes_per_key": (full - base) / capacity, "growth_after_full": later - full}
+
+    # Latency added at half the no-filter saturation rate (open loop).
+    half = int(main_runs["no-filter"]["rps"] / 2)
+    lat_specs = [(name, filters) for name, filters in specs
+                 if name in ("no-filter", "native", "noop-wasm", "one-rule")]
+    lat_runs = interleaved(args.envoy, lat_specs, curve_rounds,
+                           lambda e: loadgen(e, half, args.seconds), work, label="latency")
+    latency = {name: {f: statistics.median(r[f] for r in runs)
+                      for f in ("rps", "p50_us", "p99_us", "p999_us")}
+               for name, runs in lat_runs.items()}
 
     results = {
         "envoy": envoy_version, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

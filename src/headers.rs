@@ -31,12 +31,6 @@ pub fn push_u64(out: &mut String, mut n: u64) {
     }
 }
 
-fn number(n: u64) -> String {
-    let mut s = String::with_capacity(20);
-    push_u64(&mut s, n);
-    s
-}
-
 /// The problem type of the IETF draft for a request over quota.
 pub const PROBLEM_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
@@ -65,49 +59,89 @@ pub fn most_restrictive<'a>(rules: &'a [(&'a str, Verdict)]) -> Option<&'a (&'a 
         .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms))
 }
 
+/// Up to six header fields whose values share one buffer: a single allocation per response.
+#[derive(Clone, Debug, Default)]
+pub struct Fields {
+    buf: String,
+    fields: [(&'static str, usize, usize); 6],
+    len: usize,
+}
+
+impl Fields {
+    /// Adds a field whose value `write` appends to the buffer.
+    fn push(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
+        let start = self.buf.len();
+        write(&mut self.buf);
+        if let Some(slot) = self.fields.get_mut(self.len) {
+            *slot = (name, start, self.buf.len());
+            self.len += 1;
+        }
+    }
+
+    /// The fields, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.fields
+            .iter()
+            .take(self.len)
+            .map(|(name, start, end)| (*name, self.buf.get(*start..*end).unwrap_or("")))
+    }
+
+    /// Whether there are no fields.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// The rate-limit header fields for a response. `limited` adds `X-RateLimit-Retry-After`;
 /// `Retry-After` itself is added by the caller of a limited reply whatever the style.
-pub fn rate_limit_headers(
-    style: HeaderStyle,
-    rules: &[(&str, Verdict)],
-    limited: bool,
-) -> Vec<(&'static str, String)> {
-    let mut out = Vec::with_capacity(5);
+pub fn rate_limit_headers(style: HeaderStyle, rules: &[(&str, Verdict)], limited: bool) -> Fields {
+    let mut out = Fields {
+        buf: String::with_capacity(64 * rules.len() + 48),
+        ..Fields::default()
+    };
     if rules.is_empty() {
         return out;
     }
     if style.ietf() {
-        let mut policy = String::with_capacity(32 * rules.len());
-        let mut state = String::with_capacity(32 * rules.len());
-        for (i, (name, v)) in rules.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                state.push_str(", ");
+        let list = |buf: &mut String, item: &dyn Fn(&mut String, &Verdict)| {
+            for (i, (name, v)) in rules.iter().enumerate() {
+                if i > 0 {
+                    buf.push_str(", ");
+                }
+                buf.push('"');
+                buf.push_str(name);
+                buf.push('"');
+                item(buf, v);
             }
-            for field in [&mut policy, &mut state] {
-                field.push('"');
-                field.push_str(name);
-                field.push('"');
-            }
-            policy.push_str(";q=");
-            push_u64(&mut policy, v.limit);
-            policy.push_str(";w=");
-            push_u64(&mut policy, v.window_s);
-            state.push_str(";r=");
-            push_u64(&mut state, v.remaining);
-            state.push_str(";t=");
-            push_u64(&mut state, ceil_seconds(v.reset_ms));
-        }
-        out.push(("ratelimit-policy", policy));
-        out.push(("ratelimit", state));
+        };
+        out.push("ratelimit-policy", |buf| {
+            list(buf, &|buf, v| {
+                buf.push_str(";q=");
+                push_u64(buf, v.limit);
+                buf.push_str(";w=");
+                push_u64(buf, v.window_s);
+            })
+        });
+        out.push("ratelimit", |buf| {
+            list(buf, &|buf, v| {
+                buf.push_str(";r=");
+                push_u64(buf, v.remaining);
+                buf.push_str(";t=");
+                push_u64(buf, ceil_seconds(v.reset_ms));
+            })
+        });
     }
     if style.x_ratelimit() {
         if let Some((_, v)) = most_restrictive(rules) {
-            out.push(("x-ratelimit-limit", number(v.limit)));
-            out.push(("x-ratelimit-remaining", number(v.remaining)));
-            out.push(("x-ratelimit-reset", number(ceil_seconds(v.reset_ms))));
+            out.push("x-ratelimit-limit", |b| push_u64(b, v.limit));
+            out.push("x-ratelimit-remaining", |b| push_u64(b, v.remaining));
+            out.push("x-ratelimit-reset", |b| {
+                push_u64(b, ceil_seconds(v.reset_ms))
+            });
             if limited {
-                out.push(("x-ratelimit-retry-after", number(retry_after_seconds(rules))));
+                out.push("x-ratelimit-retry-after", |b| {
+                    push_u64(b, retry_after_seconds(rules))
+                });
             }
         }
     }
@@ -158,26 +192,21 @@ mod tests {
         ];
         let h = rate_limit_headers(HeaderStyle::Both, &rules, false);
         assert_eq!(
-            h,
+            h.iter().collect::<Vec<_>>(),
             vec![
                 (
                     "ratelimit-policy",
-                    "\"per-client\";q=100;w=60, \"global\";q=1000;w=60".to_string()
+                    "\"per-client\";q=100;w=60, \"global\";q=1000;w=60"
                 ),
-                (
-                    "ratelimit",
-                    "\"per-client\";r=42;t=17, \"global\";r=7;t=3".to_string()
-                ),
-                ("x-ratelimit-limit", "1000".to_string()),
-                ("x-ratelimit-remaining", "7".to_string()),
-                ("x-ratelimit-reset", "3".to_string()),
+                ("ratelimit", "\"per-client\";r=42;t=17, \"global\";r=7;t=3"),
+                ("x-ratelimit-limit", "1000"),
+                ("x-ratelimit-remaining", "7"),
+                ("x-ratelimit-reset", "3"),
             ]
         );
-        assert_eq!(rate_limit_headers(HeaderStyle::None, &rules, false), vec![]);
-        assert_eq!(
-            rate_limit_headers(HeaderStyle::Ietf, &rules, false).len(),
-            2
-        );
+        assert!(rate_limit_headers(HeaderStyle::None, &rules, false).is_empty());
+        let ietf = rate_limit_headers(HeaderStyle::Ietf, &rules, false);
+        assert_eq!(ietf.iter().count(), 2);
     }
 
     #[test]
@@ -198,12 +227,12 @@ mod tests {
         assert_eq!(retry_after_seconds(&rules), 42);
         let h = rate_limit_headers(HeaderStyle::XRateLimit, &rules, true);
         assert_eq!(
-            h,
+            h.iter().collect::<Vec<_>>(),
             vec![
-                ("x-ratelimit-limit", "5".to_string()),
-                ("x-ratelimit-remaining", "0".to_string()),
-                ("x-ratelimit-reset", "42".to_string()),
-                ("x-ratelimit-retry-after", "42".to_string()),
+                ("x-ratelimit-limit", "5"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "42"),
+                ("x-ratelimit-retry-after", "42"),
             ]
         );
         let body = problem_body(429, &rules, 42);

@@ -93,10 +93,11 @@ fn limit_is_hit_exactly_and_headers_are_exact() {
         assert_eq!(body["violated-policies"], serde_json::json!(["per-client"]));
         assert_eq!(body["retry-after"], retry);
     }
-    let m = |c: &str| envoy.stat(&format!("wasmcustom.wasm_ratelimit.test.per-client.{c}"));
-    assert_eq!(m("allowed"), Some(5));
-    assert_eq!(m("limited"), Some(3));
-    assert_eq!(m("failed_open"), Some(0));
+    let m =
+        |c: &str, n| envoy.wait_stat(&format!("wasmcustom.wasm_ratelimit.test.per-client.{c}"), n);
+    assert_eq!(m("allowed", 5), Some(5));
+    assert_eq!(m("limited", 3), Some(3));
+    assert_eq!(m("failed_open", 0), Some(0));
     let prom = common::get(envoy.admin, "/stats/prometheus")
         .unwrap()
         .body_str();

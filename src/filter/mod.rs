@@ -240,7 +240,10 @@ impl RootContext for Root {
                 );
                 self.runtime = Some(Rc::new(runtime));
                 if let Err(s) = host::set_tick_period(METRICS_PERIOD_MS) {
-                    log::warn!("no tick timer (status {}): metrics will not be published", s.0);
+                    log::warn!(
+                        "no tick timer (status {}): metrics will not be published",
+                        s.0
+                    );
                 }
                 true
             }
@@ -258,7 +261,7 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request {
             runtime: self.runtime.clone(),
-            response_headers: Vec::new(),
+            response_headers: None,
             local_reply: false,
         }))
     }
@@ -328,7 +331,7 @@ thread_local! {
 struct Request {
     runtime: Option<Rc<Runtime>>,
     /// Headers to add to the upstream's response.
-    response_headers: Vec<(&'static str, String)>,
+    response_headers: Option<headers::Fields>,
     /// Whether this filter sent a local reply (which passes through our response hook too).
     local_reply: bool,
 }
@@ -401,8 +404,11 @@ impl Request {
         let response = rt.config.response;
         if outcome.allowed {
             if response.on_allowed && response.headers != HeaderStyle::None {
-                self.response_headers =
-                    headers::rate_limit_headers(response.headers, &reported, false);
+                self.response_headers = Some(headers::rate_limit_headers(
+                    response.headers,
+                    &reported,
+                    false,
+                ));
             }
             return Action::Continue;
         }
@@ -410,10 +416,10 @@ impl Request {
         let retry_after_s = retry_after.to_string();
         let body = headers::problem_body(response.status, &reported, retry_after);
         let fields = headers::rate_limit_headers(response.headers, &reported, true);
-        let mut all: Vec<(&str, &str)> = Vec::with_capacity(fields.len() + 2);
+        let mut all: Vec<(&str, &str)> = Vec::with_capacity(8);
         all.push(("content-type", "application/problem+json"));
         all.push(("retry-after", &retry_after_s));
-        all.extend(fields.iter().map(|(k, v)| (*k, v.as_str())));
+        all.extend(fields.iter());
         match host::send_local_response(response.status, &all, body.as_bytes()) {
             Ok(()) => {
                 self.local_reply = true;
@@ -441,12 +447,15 @@ impl HttpContext for Request {
         if self.local_reply {
             return Action::Continue; // our own reply already carries the headers
         }
-        for (name, value) in std::mem::take(&mut self.response_headers) {
+        let Some(fields) = self.response_headers.take() else {
+            return Action::Continue;
+        };
+        for (name, value) in fields.iter() {
             // The IETF fields are lists: an upstream's own policies stay beside ours.
             let _ = if name.starts_with("ratelimit") {
-                host::add_header(Map::ResponseHeaders, name, &value)
+                host::add_header(Map::ResponseHeaders, name, value)
             } else {
-                host::replace_header(Map::ResponseHeaders, name, &value)
+                host::replace_header(Map::ResponseHeaders, name, value)
             };
         }
         Action::Continue

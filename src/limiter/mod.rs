@@ -101,6 +101,16 @@ fn read(store: &impl Store, slot: u32) -> Result<Read, Failure> {
     }
 }
 
+/// Per-rule working state of one decision.
+struct Work {
+    /// The bucket as last read, and the state to write for this request.
+    pending: Option<(Read, State)>,
+    /// The key's state before this request, to report if the request is refused.
+    before: Option<State>,
+    /// The state written for this request, once committed (to refund it if needed).
+    committed: Option<State>,
+}
+
 /// Decides a request of `cost` against every check, at `now_ms`.
 pub fn decide(
     store: &impl Store,
@@ -110,47 +120,48 @@ pub fn decide(
     failure_mode: FailureMode,
 ) -> Outcome {
     let mut rules: Vec<RuleOutcome> = vec![RuleOutcome::default(); checks.len()];
+    let mut work: Vec<Work> = Vec::with_capacity(checks.len());
     // Phase 1: read and decide every rule; nothing is written.
-    let mut pending: Vec<Option<(Read, State)>> = Vec::with_capacity(checks.len());
-    // The state each rule's key had before this request, to report it if the request is refused.
-    let mut before: Vec<Option<State>> = vec![None; checks.len()];
     let mut refused = false;
-    for ((check, out), seen) in checks.iter().zip(rules.iter_mut()).zip(before.iter_mut()) {
+    for (check, out) in checks.iter().zip(rules.iter_mut()) {
+        let mut w = Work {
+            pending: None,
+            before: None,
+            committed: None,
+        };
         match read(store, check.slot) {
             Ok(r) => {
-                *seen = r.bucket.find(check.fingerprint);
-                let (verdict, state) = sliding_window::decide(*seen, now_ms, &check.quota, cost);
+                w.before = r.bucket.find(check.fingerprint);
+                let (verdict, state) = sliding_window::decide(w.before, now_ms, &check.quota, cost);
                 refused |= !verdict.allowed;
                 out.verdict = Some(verdict);
-                pending.push(state.map(|s| (r, s)));
+                w.pending = state.map(|s| (r, s));
             }
             Err(f) => {
                 refused |= failure_mode == FailureMode::Deny;
                 out.failure = Some(f);
-                pending.push(None);
             }
         }
+        work.push(w);
     }
     if refused {
-        return refused_outcome(rules, checks, &before, now_ms);
+        return refused_outcome(rules, checks, &work, now_ms);
     }
     // Phase 2: commit each rule with CAS, re-deciding a rule whose bucket changed meanwhile.
-    let mut committed: Vec<(usize, State)> = Vec::with_capacity(checks.len());
-    for (i, (check, slot)) in checks.iter().zip(pending).enumerate() {
-        let Some((mut r, mut state)) = slot else {
-            continue; // the store failed for this rule and failure_mode is allow
-        };
-        let Some(out) = rules.get_mut(i) else {
+    for i in 0..checks.len() {
+        let (Some(check), Some(out), Some(w)) = (checks.get(i), rules.get_mut(i), work.get_mut(i))
+        else {
             continue;
         };
-        let mut done = false;
+        let Some((mut r, mut state)) = w.pending.take() else {
+            continue; // the store failed for this rule and failure_mode is allow
+        };
         for _ in 0..MAX_ATTEMPTS {
             let placement = r.bucket.put(check.fingerprint, state, now_ms);
             match store.set(check.slot, &r.bucket.encode(), r.cas) {
                 Ok(()) => {
                     out.evicted = placement == Placement::Evicted;
-                    committed.push((i, state));
-                    done = true;
+                    w.committed = Some(state);
                     break;
                 }
                 Err(StoreError::Conflict) => out.retries += 1,
@@ -166,30 +177,26 @@ pub fn decide(
                     break;
                 }
             }
-            let (verdict, next) = sliding_window::decide(
-                r.bucket.find(check.fingerprint),
-                now_ms,
-                &check.quota,
-                cost,
-            );
+            let found = r.bucket.find(check.fingerprint);
+            let (verdict, next) = sliding_window::decide(found, now_ms, &check.quota, cost);
             out.verdict = Some(verdict);
             match next {
                 Some(s) => state = s,
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
-                    refund(store, checks, &committed, cost);
-                    return refused_outcome(rules, checks, &before, now_ms);
+                    refund(store, checks, &work, cost);
+                    return refused_outcome(rules, checks, &work, now_ms);
                 }
             }
         }
-        if !done {
+        if w.committed.is_none() {
             if out.failure.is_none() {
                 out.failure = Some(Failure::RetriesExhausted);
             }
             out.verdict = None;
             if failure_mode == FailureMode::Deny {
-                refund(store, checks, &committed, cost);
-                return refused_outcome(rules, checks, &before, now_ms);
+                refund(store, checks, &work, cost);
+                return refused_outcome(rules, checks, &work, now_ms);
             }
         }
     }
@@ -204,12 +211,12 @@ pub fn decide(
 fn refused_outcome(
     mut rules: Vec<RuleOutcome>,
     checks: &[Check],
-    before: &[Option<State>],
+    work: &[Work],
     now_ms: u64,
 ) -> Outcome {
-    for ((out, check), seen) in rules.iter_mut().zip(checks).zip(before) {
+    for ((out, check), w) in rules.iter_mut().zip(checks).zip(work) {
         if let Some(v) = out.verdict.as_mut().filter(|v| v.allowed) {
-            *v = sliding_window::decide(*seen, now_ms, &check.quota, 0).0;
+            *v = sliding_window::decide(w.before, now_ms, &check.quota, 0).0;
         }
     }
     Outcome {
@@ -220,9 +227,9 @@ fn refused_outcome(
 
 /// Takes back what a refused request had counted. Best effort: a refund that keeps losing
 /// races is dropped, leaving the key counted once too often (conservative, never over-admits).
-fn refund(store: &impl Store, checks: &[Check], committed: &[(usize, State)], cost: u32) {
-    for (i, counted) in committed {
-        let Some(check) = checks.get(*i) else {
+fn refund(store: &impl Store, checks: &[Check], work: &[Work], cost: u32) {
+    for (check, w) in checks.iter().zip(work) {
+        let Some(counted) = &w.committed else {
             continue;
         };
         for _ in 0..MAX_ATTEMPTS {
@@ -353,6 +360,44 @@ mod tests {
             total_failures < 480,
             "{total_failures} requests exhausted their attempts"
         );
+    }
+
+    /// A store where another worker uses up slot 1's quota just before our write to it.
+    struct Racing {
+        inner: MemoryStore,
+        raced: std::sync::atomic::AtomicBool,
+    }
+    impl Store for Racing {
+        fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            self.inner.get(slot)
+        }
+        fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if slot == 1 && !self.raced.swap(true, Ordering::Relaxed) {
+                let other = [check(1, 5, 2, Unit::Minute)];
+                for _ in 0..2 {
+                    assert!(decide(&self.inner, &other, 1_000, 1, FailureMode::Deny).allowed);
+                }
+            }
+            self.inner.set(slot, value, cas)
+        }
+    }
+
+    #[test]
+    fn losing_a_race_refunds_the_rules_already_committed() {
+        let store = Racing {
+            inner: MemoryStore::new(),
+            raced: Default::default(),
+        };
+        let checks = [check(0, 3, 5, Unit::Minute), check(1, 5, 2, Unit::Minute)];
+        let o = decide(&store, &checks, 1_000, 1, FailureMode::Deny);
+        assert!(!o.allowed);
+        assert_eq!(o.rules[1].retries, 1);
+        assert!(!o.rules[1].verdict.unwrap().allowed);
+        // Rule 0 had been committed, then refunded: its key counts nothing.
+        let (bytes, _) = store.inner.get(0).unwrap();
+        let state = Bucket::decode(bytes.as_deref()).unwrap().find(3).unwrap();
+        assert_eq!(state.current, 0);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 5);
     }
 
     /// A store whose writes always conflict: failure_mode decides.

@@ -212,6 +212,19 @@ impl Envoy {
         v["allocated"].as_str().unwrap().parse().unwrap()
     }
 
+    /// Waits (≤ 10 s) until a stat has the `expected` value (the filter publishes its counters
+    /// once a second per worker); returns the last value seen.
+    pub fn wait_stat(&self, name: &str, expected: u64) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.stat(name);
+            if v == Some(expected) || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// A stat's value from `/stats`.
     pub fn stat(&self, name: &str) -> Option<u64> {
         let r = get(
