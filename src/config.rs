@@ -4,6 +4,7 @@
 //! field path it is about (`rules[0].rate_limit.unit: ...`) in words a user can act on, and so
 //! that all errors are reported at once, not just the first.
 
+use crate::limiter::{gcra, sliding_log, Policy};
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -39,6 +40,95 @@ pub struct Rule {
     pub key: Vec<KeyPart>,
     /// How many requests per unit of time one key may make.
     pub quota: Quota,
+    /// How the quota is enforced.
+    pub algorithm: Algorithm,
+    /// What one request costs.
+    pub cost: Cost,
+}
+
+/// The algorithm of a rule, with its own parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Sliding window counter (the default).
+    SlidingWindow,
+    /// Fixed window counter.
+    FixedWindow,
+    /// Token bucket of `burst` tokens refilled at the quota's rate.
+    TokenBucket {
+        /// Bucket size.
+        burst: u32,
+    },
+    /// Leaky bucket of capacity `burst` draining at the quota's rate.
+    LeakyBucket {
+        /// Bucket capacity.
+        burst: u32,
+        /// `Some(max)`: hold requests until their turn, at most `max` ms (`on_limit: delay`).
+        max_delay_ms: Option<u32>,
+    },
+    /// Exact sliding window log.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// The name used in the configuration.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+}
+
+/// What a request costs under a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Always this much.
+    Fixed(u32),
+    /// The value of this request header (lower-case name), set by a trusted upstream filter; a
+    /// missing or invalid value costs 1.
+    Header(String),
+}
+
+/// The longest `max_delay_ms` accepted.
+pub const MAX_DELAY_MS: u64 = 60_000;
+
+impl Rule {
+    /// The algorithm and its numbers, as the limiter needs them.
+    pub fn policy(&self) -> Policy {
+        let limit = u64::from(self.quota.requests_per_unit);
+        let window_ms = self.quota.window_ms();
+        match self.algorithm {
+            Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
+            Algorithm::FixedWindow => Policy::FixedWindow { limit, window_ms },
+            Algorithm::SlidingLog => Policy::SlidingLog { limit, window_ms },
+            Algorithm::TokenBucket { burst } => Policy::Gcra(gcra::Params {
+                limit,
+                window_ms,
+                burst: u64::from(burst),
+                max_delay_ms: None,
+            }),
+            Algorithm::LeakyBucket {
+                burst,
+                max_delay_ms,
+            } => Policy::Gcra(gcra::Params {
+                limit,
+                window_ms,
+                burst: u64::from(burst),
+                max_delay_ms: max_delay_ms.map(u64::from),
+            }),
+        }
+    }
+}
+
+/// Parses a cost header's value: a decimal integer up to `u32::MAX`, else 1.
+pub fn parse_cost(value: Option<&[u8]>) -> u64 {
+    value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map_or(1, u64::from)
 }
 
 /// Conditions a request must all meet for a rule to apply. The default matches every request.
@@ -462,7 +552,21 @@ impl Validator {
     }
 
     fn rule(&mut self, v: &Value, path: &str) -> Option<Rule> {
-        let map = self.object(v, path, &["name", "match", "key", "rate_limit"])?;
+        let map = self.object(
+            v,
+            path,
+            &[
+                "name",
+                "match",
+                "key",
+                "rate_limit",
+                "algorithm",
+                "burst",
+                "on_limit",
+                "max_delay_ms",
+                "cost",
+            ],
+        )?;
         let name = match map.get("name") {
             Some(n) => self.rule_name(n, &join(path, "name")),
             None => {
@@ -485,12 +589,148 @@ impl Validator {
                 None
             }
         };
+        let algorithm = quota.and_then(|q| self.algorithm(map, path, q));
+        let cost = match (map.get("cost"), algorithm, quota) {
+            (None, ..) => Some(Cost::Fixed(1)),
+            (Some(c), Some(a), Some(q)) => self.cost(c, &join(path, "cost"), a, q),
+            (Some(_), ..) => None,
+        };
         Some(Rule {
             name: name?,
             matcher: matcher?,
             key: key?,
             quota: quota?,
+            algorithm: algorithm?,
+            cost: cost?,
         })
+    }
+
+    /// The algorithm and the fields that belong to it.
+    fn algorithm(&mut self, map: &Map<String, Value>, path: &str, q: Quota) -> Option<Algorithm> {
+        let name = match map.get("algorithm") {
+            Some(a) => self.choice(
+                a,
+                &join(path, "algorithm"),
+                "algorithm",
+                &[
+                    ("sliding_window", "sliding_window"),
+                    ("fixed_window", "fixed_window"),
+                    ("token_bucket", "token_bucket"),
+                    ("leaky_bucket", "leaky_bucket"),
+                    ("sliding_log", "sliding_log"),
+                ],
+            )?,
+            None => "sliding_window",
+        };
+        let bucket = matches!(name, "token_bucket" | "leaky_bucket");
+        let mut ok = true;
+        // Fields that only some algorithms take.
+        for (field, allowed) in [
+            ("burst", bucket),
+            ("on_limit", name == "leaky_bucket"),
+            ("max_delay_ms", name == "leaky_bucket"),
+        ] {
+            if map.contains_key(field) && !allowed {
+                self.error(
+                    &join(path, field),
+                    format!("not used by algorithm {name:?}"),
+                );
+                ok = false;
+            }
+        }
+        let burst = match map.get("burst") {
+            Some(b) => self
+                .integer(b, &join(path, "burst"), 1, u64::from(u32::MAX))
+                .and_then(|n| u32::try_from(n).ok()),
+            None => Some(q.requests_per_unit),
+        };
+        let delay = match map.get("on_limit") {
+            None => Some(false),
+            Some(_) if name != "leaky_bucket" => Some(false), // reported above
+            Some(o) => self.choice(
+                o,
+                &join(path, "on_limit"),
+                "on_limit",
+                &[("reject", false), ("delay", true)],
+            ),
+        };
+        let max_delay = match (delay, map.get("max_delay_ms")) {
+            (Some(true), Some(m)) => self
+                .integer(m, &join(path, "max_delay_ms"), 1, MAX_DELAY_MS)
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some),
+            (Some(true), None) => {
+                self.error(
+                    &join(path, "max_delay_ms"),
+                    "required with \"on_limit\": \"delay\"",
+                );
+                None
+            }
+            (Some(false), Some(_)) if name == "leaky_bucket" => {
+                self.error(
+                    &join(path, "max_delay_ms"),
+                    "only used with \"on_limit\": \"delay\"",
+                );
+                None
+            }
+            (_, _) => Some(None),
+        };
+        if name == "sliding_log" && q.requests_per_unit > sliding_log::MAX_LIMIT {
+            self.error(
+                &join(path, "rate_limit.requests_per_unit"),
+                format!(
+                    "{} is too many for sliding_log, which stores every request's time (at most {}; use sliding_window)",
+                    q.requests_per_unit,
+                    sliding_log::MAX_LIMIT
+                ),
+            );
+            ok = false;
+        }
+        let algorithm = match name {
+            "fixed_window" => Algorithm::FixedWindow,
+            "token_bucket" => Algorithm::TokenBucket { burst: burst? },
+            "leaky_bucket" => Algorithm::LeakyBucket {
+                burst: burst?,
+                max_delay_ms: max_delay?,
+            },
+            "sliding_log" => Algorithm::SlidingLog,
+            _ => Algorithm::SlidingWindow,
+        };
+        ok.then_some(algorithm)
+    }
+
+    fn cost(&mut self, v: &Value, path: &str, a: Algorithm, q: Quota) -> Option<Cost> {
+        let capacity = match a {
+            Algorithm::TokenBucket { burst } | Algorithm::LeakyBucket { burst, .. } => burst,
+            _ => q.requests_per_unit,
+        };
+        match v {
+            Value::Object(_) => {
+                let map = self.object(v, path, &["header"])?;
+                let p = join(path, "header");
+                match map.get("header") {
+                    Some(h) => {
+                        let name = self.string(h, &p)?;
+                        self.header_name(name, &p).map(Cost::Header)
+                    }
+                    None => {
+                        self.error(&p, "required field is missing");
+                        None
+                    }
+                }
+            }
+            _ => {
+                let n = self.integer(v, path, 1, u64::from(u32::MAX))?;
+                if n > u64::from(capacity) {
+                    self.error(
+                        path,
+                        format!("{n} exceeds the most the rule can ever admit at once ({capacity}): no request would pass"),
+                    );
+                    return None;
+                }
+                u32::try_from(n).ok().map(Cost::Fixed)
+            }
+        }
     }
 
     fn rule_name(&mut self, v: &Value, path: &str) -> Option<String> {

@@ -181,6 +181,7 @@ mod tests {
             remaining,
             reset_ms,
             retry_after_ms: retry,
+            delay_ms: 0,
         }
     }
 

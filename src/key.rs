@@ -93,10 +93,11 @@ pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
 
 /// The fingerprint of one rule, mixed into every key hash so rules never share a counter.
 /// Rules keep their fingerprint (and so their counters) across config reloads as long as their
-/// name and key parts stay the same.
-pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart]) -> u64 {
+/// name, key parts and algorithm stay the same; limits may change.
+pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart], algorithm: &str) -> u64 {
     let mut h = SipHasher13::new(seed);
     h.write_field(name.as_bytes());
+    h.write_field(algorithm.as_bytes());
     for part in key {
         h.write_field(part.to_string().as_bytes());
     }
@@ -252,7 +253,7 @@ mod tests {
     fn keys_separate_clients_and_rules() {
         let seed = Seed([3, 4]);
         let parts = [KeyPart::RemoteAddress, KeyPart::Header("x-api-key".into())];
-        let fp = rule_fingerprint(seed, "r", &parts);
+        let fp = rule_fingerprint(seed, "r", &parts, "sliding_window");
         let k = |r: &mut FakeRequest| client_key(seed, fp, &parts, r);
         // Same address, other port: same client.
         assert_eq!(
@@ -270,8 +271,9 @@ mod tests {
         let mut no_key = req("10.0.0.1:1", "/");
         no_key.headers.clear();
         assert_eq!(k(&mut no_key), None);
-        // Another rule with the same parts never shares a counter.
-        let fp2 = rule_fingerprint(seed, "r2", &parts);
+        // Another algorithm, or another rule with the same parts, never shares a counter.
+        assert_ne!(rule_fingerprint(seed, "r", &parts, "token_bucket"), fp);
+        let fp2 = rule_fingerprint(seed, "r2", &parts, "sliding_window");
         assert_ne!(
             client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
             k(&mut req("10.0.0.1:1", "/"))

@@ -27,9 +27,9 @@ pub enum StoreError {
 /// A versioned byte store with compare-and-swap; slots are numbered.
 pub trait Store {
     /// The value of `slot` and its CAS; `(None, None)` when the slot was never written.
-    fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
+    fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
     /// Writes `value` if the slot's CAS still equals `cas` (0: unconditionally).
-    fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError>;
+    fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
 
 /// An in-memory [`Store`] with Envoy's semantics, safe to share between threads.
@@ -41,7 +41,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct MemoryInner {
     next_cas: u32,
-    slots: HashMap<u32, (Vec<u8>, u32)>,
+    slots: HashMap<u64, (Vec<u8>, u32)>,
 }
 
 impl MemoryStore {
@@ -62,7 +62,7 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+    fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
         let guard = self
             .inner
             .lock()
@@ -73,7 +73,7 @@ impl Store for MemoryStore {
         })
     }
 
-    fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
+    fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
         let mut guard = self
             .inner
             .lock()

@@ -10,18 +10,26 @@
 //! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 
-use crate::limiter::sliding_window::{State, STATE_LEN};
+use crate::limiter::{fixed_window, gcra, sliding_log, sliding_window, State};
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
 /// Bucket format version, the first byte of every bucket.
 pub const VERSION: u8 = 1;
-/// Algorithm tag of a sliding window entry.
-const TAG_SLIDING_WINDOW: u8 = 1;
+/// Log slot format version, the first byte of every sliding-log slot.
+pub const LOG_VERSION: u8 = 1;
+/// The longest compact state (sliding window and GCRA: 20 bytes), padded.
+const STATE_LEN: usize = 23;
 /// Bytes per entry: fingerprint (8), algorithm tag (1), state.
 pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
 /// Bytes per bucket.
 pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN;
+/// Store slots from here on hold sliding logs (one key each), below it buckets.
+pub const LOG_SLOTS: u64 = 1 << 32;
+
+const TAG_SLIDING_WINDOW: u8 = 1;
+const TAG_FIXED_WINDOW: u8 = 2;
+const TAG_GCRA: u8 = 3;
 
 /// The number of buckets for a configured capacity (rounded up).
 pub fn buckets_for(capacity: u32) -> u32 {
@@ -38,17 +46,11 @@ pub fn fingerprint_of(key_hash: u64) -> u64 {
     key_hash | 1
 }
 
-/// One decoded bucket.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Bucket {
-    entries: [(u64, State); WAYS],
-}
-
-/// The bytes of a slot were not a bucket of this version.
+/// The bytes of a slot were not a container of this version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Corrupt;
 
-/// What putting a key into a bucket did to the bucket.
+/// What putting a key into a slot did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// The key was already there.
@@ -57,87 +59,179 @@ pub enum Placement {
     Inserted,
     /// The key took the place of another live key, which is forgotten.
     Evicted,
+    /// No room: the slot holds another live key (sliding logs only).
+    Full,
 }
 
-impl Bucket {
-    /// Decodes a slot's bytes; a missing or empty slot is an empty bucket.
-    pub fn decode(bytes: Option<&[u8]>) -> Result<Bucket, Corrupt> {
+/// What one store slot holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Up to [`WAYS`] keys with compact state.
+    Bucket([Option<(u64, State)>; WAYS]),
+    /// One key's sliding log.
+    Log(Option<(u64, sliding_log::State)>),
+}
+
+impl Slot {
+    /// Decodes the bytes of store slot `slot`; a missing or empty slot is empty.
+    pub fn decode(slot: u64, bytes: Option<&[u8]>) -> Result<Slot, Corrupt> {
+        let log = slot >= LOG_SLOTS;
         let bytes = match bytes {
-            None | Some([]) => return Ok(Bucket::default()),
+            None | Some([]) if log => return Ok(Slot::Log(None)),
+            None | Some([]) => return Ok(Slot::Bucket(Default::default())),
             Some(b) => b,
         };
         let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
+        if log {
+            if version != LOG_VERSION {
+                return Err(Corrupt);
+            }
+            let (fp, state) = rest.split_first_chunk::<8>().ok_or(Corrupt)?;
+            let state = sliding_log::State::decode(state).ok_or(Corrupt)?;
+            return Ok(Slot::Log(Some((u64::from_le_bytes(*fp), state))));
+        }
         if version != VERSION || rest.len() != WAYS * ENTRY_LEN {
             return Err(Corrupt);
         }
-        let mut bucket = Bucket::default();
-        for (slot, raw) in bucket.entries.iter_mut().zip(rest.chunks_exact(ENTRY_LEN)) {
+        let mut entries: [Option<(u64, State)>; WAYS] = Default::default();
+        for (entry, raw) in entries.iter_mut().zip(rest.chunks_exact(ENTRY_LEN)) {
             let (fp, rest) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
             let (&tag, state) = rest.split_first().ok_or(Corrupt)?;
             let fp = u64::from_le_bytes(*fp);
             if fp == 0 {
                 continue;
             }
-            if tag != TAG_SLIDING_WINDOW {
-                return Err(Corrupt);
-            }
-            *slot = (fp, State::decode(state).ok_or(Corrupt)?);
+            let state = match tag {
+                TAG_SLIDING_WINDOW => state
+                    .get(..sliding_window::STATE_LEN)
+                    .and_then(sliding_window::State::decode)
+                    .map(State::SlidingWindow),
+                TAG_FIXED_WINDOW => state
+                    .get(..fixed_window::STATE_LEN)
+                    .and_then(fixed_window::State::decode)
+                    .map(State::FixedWindow),
+                TAG_GCRA => state
+                    .get(..gcra::STATE_LEN)
+                    .and_then(gcra::State::decode)
+                    .map(State::Gcra),
+                _ => None,
+            };
+            *entry = Some((fp, state.ok_or(Corrupt)?));
         }
-        Ok(bucket)
+        Ok(Slot::Bucket(entries))
     }
 
-    /// Encodes the bucket into its fixed-width slot value.
-    pub fn encode(&self) -> [u8; BUCKET_LEN] {
-        let mut out = [0u8; BUCKET_LEN];
-        if let Some((version, rest)) = out.split_first_mut() {
-            *version = VERSION;
-            for ((fp, state), raw) in self.entries.iter().zip(rest.chunks_exact_mut(ENTRY_LEN)) {
-                if *fp == 0 {
-                    continue;
+    /// Encodes the slot into its store value.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Slot::Bucket(entries) => {
+                let mut out = vec![0u8; BUCKET_LEN];
+                if let Some((version, rest)) = out.split_first_mut() {
+                    *version = VERSION;
+                    for (entry, raw) in entries.iter().zip(rest.chunks_exact_mut(ENTRY_LEN)) {
+                        if let Some((fp, state)) = entry {
+                            encode_entry(*fp, state, raw);
+                        }
+                    }
                 }
-                let (f, rest) = raw.split_at_mut(8);
-                f.copy_from_slice(&fp.to_le_bytes());
-                if let Some((tag, s)) = rest.split_first_mut() {
-                    *tag = TAG_SLIDING_WINDOW;
-                    s.copy_from_slice(&state.encode());
+                out
+            }
+            Slot::Log(entry) => {
+                let mut out = Vec::with_capacity(32 + 4 * sliding_log::MAX_LIMIT as usize);
+                if let Some((fp, state)) = entry {
+                    out.push(LOG_VERSION);
+                    out.extend_from_slice(&fp.to_le_bytes());
+                    state.encode(&mut out);
                 }
+                out
             }
         }
-        out
     }
 
     /// The state stored for a fingerprint, if any.
-    pub fn find(&self, fp: u64) -> Option<State> {
-        self.entries
-            .iter()
-            .find(|(f, _)| *f == fp)
-            .map(|(_, state)| *state)
+    pub fn find(&self, fp: u64) -> Option<&State> {
+        match self {
+            Slot::Bucket(entries) => entries
+                .iter()
+                .flatten()
+                .find(|(f, _)| *f == fp)
+                .map(|(_, s)| s),
+            Slot::Log(_) => None,
+        }
     }
 
-    /// Stores `state` for `fp`, evicting by the module's policy if the bucket is full.
-    pub fn put(&mut self, fp: u64, state: State, now_ms: u64) -> Placement {
-        if let Some(e) = self.entries.iter_mut().find(|(f, _)| *f == fp) {
-            e.1 = state;
-            return Placement::Updated;
+    /// The sliding log stored for a fingerprint, if any.
+    pub fn find_log(&self, fp: u64) -> Option<&sliding_log::State> {
+        match self {
+            Slot::Log(Some((f, state))) if *f == fp => Some(state),
+            _ => None,
         }
-        // Rank: empty or expired first (weight 0), then fewest remembered requests, then oldest.
-        let rank = |(f, s): &(u64, State)| {
-            if *f == 0 {
-                (0, 0)
-            } else {
-                (s.weight(now_ms).unwrap_or(0), s.last_ms)
+    }
+
+    /// Whether `fp` can be stored at `now_ms` without losing another live key's log.
+    pub fn has_room(&self, fp: u64, now_ms: u64) -> bool {
+        match self {
+            Slot::Bucket(_) => true,
+            Slot::Log(None) => true,
+            Slot::Log(Some((f, state))) => *f == fp || state.weight(now_ms).is_none(),
+        }
+    }
+
+    /// Stores `state` for `fp`, evicting by the module's policy if a bucket is full.
+    pub fn put(&mut self, fp: u64, state: State, now_ms: u64) -> Placement {
+        match (self, state) {
+            (Slot::Log(entry), State::SlidingLog(log)) => {
+                let placement = match entry {
+                    None => Placement::Inserted,
+                    Some((f, _)) if *f == fp => Placement::Updated,
+                    Some((_, old)) if old.weight(now_ms).is_none() => Placement::Inserted,
+                    Some(_) => return Placement::Full,
+                };
+                *entry = Some((fp, log));
+                placement
             }
-        };
-        let Some(victim) = self.entries.iter_mut().min_by_key(|e| rank(e)) else {
-            return Placement::Inserted;
-        };
-        let placement = if rank(victim).0 == 0 {
-            Placement::Inserted
-        } else {
-            Placement::Evicted
-        };
-        *victim = (fp, state);
-        placement
+            (Slot::Log(_), _) | (Slot::Bucket(_), State::SlidingLog(_)) => Placement::Full,
+            (Slot::Bucket(entries), state) => {
+                if let Some(e) = entries.iter_mut().flatten().find(|(f, _)| *f == fp) {
+                    e.1 = state;
+                    return Placement::Updated;
+                }
+                // Rank: empty or expired first (weight 0), then fewest remembered requests, then
+                // oldest.
+                let rank = |e: &Option<(u64, State)>| match e {
+                    None => (0, 0),
+                    Some((_, s)) => (s.weight(now_ms).unwrap_or(0), s.last_ms()),
+                };
+                let Some(victim) = entries.iter_mut().min_by_key(|e| rank(e)) else {
+                    return Placement::Full;
+                };
+                let placement = if rank(victim).0 == 0 {
+                    Placement::Inserted
+                } else {
+                    Placement::Evicted
+                };
+                *victim = Some((fp, state));
+                placement
+            }
+        }
+    }
+}
+
+fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
+    let (f, rest) = raw.split_at_mut(8);
+    f.copy_from_slice(&fp.to_le_bytes());
+    let Some((tag, out)) = rest.split_first_mut() else {
+        return;
+    };
+    let (t, bytes): (u8, &[u8]) = match state {
+        State::SlidingWindow(s) => (TAG_SLIDING_WINDOW, &s.encode()),
+        State::FixedWindow(s) => (TAG_FIXED_WINDOW, &s.encode()),
+        State::Gcra(s) => (TAG_GCRA, &s.encode()),
+        State::SlidingLog(_) => return,
+    };
+    *tag = t;
+    if let Some(dst) = out.get_mut(..bytes.len()) {
+        dst.copy_from_slice(bytes);
     }
 }
 
@@ -146,39 +240,79 @@ mod tests {
     use super::*;
 
     fn st(last_ms: u64, current: u32) -> State {
-        State {
+        State::SlidingWindow(sliding_window::State {
             last_ms,
             window_ms: 60_000,
             current,
             previous: 0,
-        }
+        })
+    }
+
+    fn bucket() -> Slot {
+        Slot::Bucket(Default::default())
     }
 
     #[test]
     fn round_trips_and_rejects_garbage() {
-        let mut b = Bucket::default();
+        let mut b = bucket();
         b.put(11, st(5, 3), 5);
         b.put(13, st(6, 1), 6);
+        let g = State::Gcra(gcra::State {
+            tat_ms: 9,
+            tat_frac: 2,
+            limit: 3,
+            window_ms: 1000,
+        });
+        b.put(15, g.clone(), 6);
+        let f = State::FixedWindow(fixed_window::State {
+            last_ms: 7,
+            window_ms: 1000,
+            count: 2,
+        });
+        b.put(17, f, 7);
         let bytes = b.encode();
         assert_eq!(bytes.len(), BUCKET_LEN);
-        assert_eq!(Bucket::decode(Some(&bytes)), Ok(b.clone()));
-        assert_eq!(b.find(13), Some(st(6, 1)));
-        assert_eq!(b.find(15), None);
-        assert_eq!(Bucket::decode(None), Ok(Bucket::default()));
-        assert_eq!(Bucket::decode(Some(&[])), Ok(Bucket::default()));
-        assert_eq!(Bucket::decode(Some(&bytes[..50])), Err(Corrupt));
-        let mut wrong_version = bytes;
+        assert_eq!(Slot::decode(0, Some(&bytes)), Ok(b.clone()));
+        assert_eq!(b.find(13), Some(&st(6, 1)));
+        assert_eq!(b.find(15), Some(&g));
+        assert_eq!(b.find(19), None);
+        assert_eq!(Slot::decode(0, None), Ok(bucket()));
+        assert_eq!(Slot::decode(0, Some(&[])), Ok(bucket()));
+        assert_eq!(Slot::decode(0, Some(&bytes[..50])), Err(Corrupt));
+        let mut wrong_version = bytes.clone();
         wrong_version[0] = 9;
-        assert_eq!(Bucket::decode(Some(&wrong_version)), Err(Corrupt));
-        let mut wrong_tag = bytes;
+        assert_eq!(Slot::decode(0, Some(&wrong_version)), Err(Corrupt));
+        let mut wrong_tag = bytes.clone();
         wrong_tag[1 + 8] = 77;
-        assert_eq!(Bucket::decode(Some(&wrong_tag)), Err(Corrupt));
+        assert_eq!(Slot::decode(0, Some(&wrong_tag)), Err(Corrupt));
+    }
+
+    #[test]
+    fn log_slots_hold_one_live_key() {
+        let log = |times: Vec<u64>| {
+            State::SlidingLog(sliding_log::State {
+                window_ms: 1_000,
+                times,
+            })
+        };
+        let mut s = Slot::decode(LOG_SLOTS + 3, None).unwrap();
+        assert_eq!(s.put(5, log(vec![10, 20]), 20), Placement::Inserted);
+        assert!(!s.has_room(7, 500));
+        assert_eq!(s.put(7, log(vec![30]), 30), Placement::Full);
+        assert_eq!(s.put(5, log(vec![10, 20, 30]), 30), Placement::Updated);
+        let bytes = s.encode();
+        assert_eq!(Slot::decode(LOG_SLOTS, Some(&bytes)), Ok(s.clone()));
+        assert_eq!(s.find_log(5).map(|l| l.times.len()), Some(3));
+        // Once the old log has expired, another key may take the slot.
+        assert!(s.has_room(7, 2_000));
+        assert_eq!(s.put(7, log(vec![2_000]), 2_000), Placement::Inserted);
+        assert_eq!(Slot::decode(LOG_SLOTS, Some(&bytes[..10])), Err(Corrupt));
     }
 
     #[test]
     fn eviction_spares_heavy_hitters() {
         let now = 10_000;
-        let mut b = Bucket::default();
+        let mut b = bucket();
         assert_eq!(b.put(3, st(now, 100), now), Placement::Inserted); // the heavy hitter
         for fp in [5, 7, 9] {
             assert_eq!(b.put(fp, st(now, 1), now), Placement::Inserted);
@@ -186,7 +320,7 @@ mod tests {
         // A flood of new keys only ever evicts light entries.
         for fp in (11..200).step_by(2) {
             assert_eq!(b.put(fp, st(now, 1), now), Placement::Evicted);
-            assert_eq!(b.find(3), Some(st(now, 100)));
+            assert_eq!(b.find(3), Some(&st(now, 100)));
         }
         // Expired entries go first, without counting as an eviction.
         let later = now + 200_000;

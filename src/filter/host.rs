@@ -100,6 +100,8 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, out_id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
 }
@@ -284,6 +286,30 @@ pub fn define_counter(name: &str) -> Result<u32, Status> {
     let mut id = 0u32;
     check(unsafe { proxy_define_metric(0, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
+}
+
+/// Defines (or finds) a gauge by name.
+pub fn define_gauge(name: &str) -> Result<u32, Status> {
+    let mut id = 0u32;
+    check(unsafe { proxy_define_metric(1, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Moves a gauge by `delta` (Envoy adds or subtracts; gauges are shared by all workers).
+pub fn gauge_add(id: u32, delta: i64) -> Result<(), Status> {
+    check(unsafe { proxy_increment_metric(id, delta) })
+}
+
+/// Makes later host calls act on the stream `context_id` (from a root context's tick).
+/// `Err(BadArgument)` when that stream is gone.
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    check(unsafe { proxy_set_effective_context(context_id) })
+}
+
+/// Resumes the paused request of the effective context.
+pub fn resume_request() -> Result<(), Status> {
+    const HTTP_REQUEST: u32 = 0;
+    check(unsafe { proxy_continue_stream(HTTP_REQUEST) })
 }
 
 /// Adds `n` (> 0) to a counter.

@@ -3,17 +3,17 @@
 
 mod host;
 
-use crate::config::{Config, FailureMode, HeaderStyle};
+use crate::config::{self, Config, Cost, FailureMode, HeaderStyle};
 use crate::hash::Seed;
 use crate::headers;
 use crate::key::{self, Attributes};
-use crate::limiter::{self, Check, Verdict};
+use crate::limiter::{self, Check, Policy, Verdict};
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table;
 use host::{Level, Map};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 static LOGGER: host::HostLogger = host::HostLogger;
@@ -26,7 +26,9 @@ proxy_wasm::main! {{
         let _ = host::log(Level::Critical, &format!("panic: {info}"));
     }));
     let _ = LogLevel::Trace; // Envoy filters by its own `wasm` log level.
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Root { id, runtime: None, last_publish: Cell::new(0) })
+    });
 }}
 
 /// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix><n>`.
@@ -44,22 +46,29 @@ impl SharedData {
         }
     }
 
-    fn with_key<T>(&self, slot: u32, f: impl FnOnce(&str) -> T) -> T {
+    /// Buckets are `<prefix>b/<n>`, sliding-log slots `<prefix>l/<n>`.
+    fn with_key<T>(&self, slot: u64, f: impl FnOnce(&str) -> T) -> T {
         let mut key = self.key.borrow_mut();
         key.clear();
         key.push_str(&self.prefix);
-        headers::push_u64(&mut key, u64::from(slot));
+        if slot >= table::LOG_SLOTS {
+            key.push_str("l/");
+            headers::push_u64(&mut key, slot - table::LOG_SLOTS);
+        } else {
+            key.push_str("b/");
+            headers::push_u64(&mut key, slot);
+        }
         f(&key)
     }
 }
 
 impl Store for SharedData {
-    fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+    fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
         self.with_key(slot, host::get_shared)
             .map_err(|s| StoreError::Unavailable(format!("get_shared_data status {}", s.0)))
     }
 
-    fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
+    fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
         match self.with_key(slot, |key| host::set_shared(key, value, cas)) {
             Ok(()) => Ok(()),
             Err(host::CAS_MISMATCH) => Err(StoreError::Conflict),
@@ -80,27 +89,29 @@ enum Counter {
     FailedClosed,
     StoreRetries,
     SlotEvictions,
+    Delayed,
 }
 
 /// How often each worker publishes its counters.
 const METRICS_PERIOD_MS: u32 = 1000;
 
 /// Counter names, as they appear in the metric names.
-const COUNTERS: [&str; 6] = [
+const COUNTERS: [&str; 7] = [
     "allowed",
     "limited",
     "failed_open",
     "failed_closed",
     "store_retries",
     "slot_evictions",
+    "delayed",
 ];
 
 /// One rule's counters. A host call per increment costs ~1 µs, so requests add to `pending`
 /// and the root context publishes the sums on its tick, once a second per worker.
 #[derive(Default)]
 struct RuleMetrics {
-    ids: [Option<u32>; 6],
-    pending: [Cell<u64>; 6],
+    ids: [Option<u32>; 7],
+    pending: [Cell<u64>; 7],
 }
 
 impl RuleMetrics {
@@ -120,9 +131,10 @@ impl RuleMetrics {
     }
 }
 
-/// A rule ready to serve: its fingerprint and metrics.
+/// A rule ready to serve: its fingerprint, policy and metrics.
 struct CompiledRule {
     fingerprint: u64,
+    policy: Policy,
     metrics: RuleMetrics,
 }
 
@@ -133,6 +145,8 @@ struct Runtime {
     seed: Seed,
     buckets: u32,
     store: SharedData,
+    /// Gauge of requests held by delay mode, all workers together.
+    delay_queue: Option<u32>,
 }
 
 /// The metric name prefix; the README documents the names.
@@ -168,9 +182,37 @@ fn shared_seed(key: &str) -> Result<Seed, String> {
 }
 
 /// The root context of one VM (one per worker thread, plus the main thread's).
-#[derive(Default)]
 struct Root {
+    id: u32,
     runtime: Option<Rc<Runtime>>,
+    /// When the counters were last published (ms).
+    last_publish: Cell<u64>,
+}
+
+/// The most requests one worker holds in delay mode; beyond it, delay rules only admit
+/// requests whose turn is now (the others get the limited reply).
+const MAX_WAITING: usize = 4096;
+/// The tick period while requests are held: they are released within about this much of
+/// their turn.
+const RELEASE_PERIOD_MS: u32 = 1;
+
+thread_local! {
+    /// Requests held by delay mode on this worker: (context id, release time ms, gauge id).
+    static WAITING: RefCell<Vec<(u32, u64, Option<u32>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Forgets a held request (released, or its client went away); true if it was held.
+fn unhold(context_id: u32) -> bool {
+    let removed = WAITING.with(|w| {
+        let mut w = w.borrow_mut();
+        w.iter()
+            .position(|(id, _, _)| *id == context_id)
+            .map(|i| w.swap_remove(i))
+    });
+    if let Some((_, _, Some(gauge))) = removed {
+        let _ = host::gauge_add(gauge, -1);
+    }
+    removed.is_some()
 }
 
 impl Root {
@@ -201,17 +243,25 @@ impl Root {
                     *id = host::define_counter(&metric_name(&plugin, &rule.name, counter)).ok();
                 }
                 CompiledRule {
-                    fingerprint: key::rule_fingerprint(seed, &rule.name, &rule.key),
+                    fingerprint: key::rule_fingerprint(
+                        seed,
+                        &rule.name,
+                        &rule.key,
+                        rule.algorithm.name(),
+                    ),
+                    policy: rule.policy(),
                     metrics,
                 }
             })
             .collect();
+        let delay_queue = host::define_gauge(&format!("wasm_ratelimit.{plugin}.delay_queue")).ok();
         Ok(Runtime {
+            delay_queue,
             buckets: table::buckets_for(config.capacity),
             config,
             rules,
             seed,
-            store: SharedData::new(format!("{prefix}b/")),
+            store: SharedData::new(prefix),
         })
     }
 }
@@ -255,11 +305,39 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        self.publish_metrics();
+        let now = host::now_ms().unwrap_or(0);
+        let due: Vec<u32> = WAITING.with(|w| {
+            w.borrow()
+                .iter()
+                .filter(|(_, at, _)| *at <= now)
+                .map(|(id, _, _)| *id)
+                .collect()
+        });
+        for id in due {
+            unhold(id);
+            // A stream whose client went away is refused here (BadArgument): nothing to do.
+            if host::set_effective_context(id).is_ok() {
+                let _ = host::resume_request();
+            }
+        }
+        let _ = host::set_effective_context(self.id);
+        if WAITING.with(|w| w.borrow().is_empty()) {
+            let _ = host::set_tick_period(METRICS_PERIOD_MS);
+        }
+        if now
+            >= self
+                .last_publish
+                .get()
+                .saturating_add(u64::from(METRICS_PERIOD_MS))
+        {
+            self.last_publish.set(now);
+            self.publish_metrics();
+        }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request {
+            id: context_id,
             runtime: self.runtime.clone(),
             response_headers: None,
             local_reply: false,
@@ -329,6 +407,7 @@ thread_local! {
 
 /// One HTTP stream.
 struct Request {
+    id: u32,
     runtime: Option<Rc<Runtime>>,
     /// Headers to add to the upstream's response.
     response_headers: Option<headers::Fields>,
@@ -349,10 +428,26 @@ impl Request {
             else {
                 continue;
             };
+            let slot = if compiled.policy.uses_log() {
+                table::LOG_SLOTS + hash % u64::from(rt.config.capacity.max(1))
+            } else {
+                u64::from(table::bucket_of(hash, rt.buckets))
+            };
+            let cost = match &rule.cost {
+                Cost::Fixed(n) => u64::from(*n),
+                Cost::Header(name) => config::parse_cost(attrs.header(name)),
+            };
+            let mut policy = compiled.policy;
+            if let Policy::Gcra(p) = &mut policy {
+                if p.max_delay_ms.is_some() && WAITING.with(|w| w.borrow().len()) >= MAX_WAITING {
+                    p.max_delay_ms = Some(0); // the waiting list is full: no more holding
+                }
+            }
             checks.push(Check {
-                slot: table::bucket_of(hash, rt.buckets),
+                slot,
                 fingerprint: table::fingerprint_of(hash),
-                quota: rule.quota,
+                policy,
+                cost,
             });
             applied.push((rule, compiled, hash));
         }
@@ -361,7 +456,7 @@ impl Request {
         }
         // A failing clock reads as 0, which the algorithm clamps to each key's last time.
         let now = host::now_ms().unwrap_or(0);
-        let outcome = limiter::decide(&rt.store, &checks, now, 1, rt.config.failure_mode);
+        let outcome = limiter::decide(&rt.store, &checks, now, rt.config.failure_mode);
 
         let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(applied.len());
         for ((rule, compiled, hash), out) in applied.iter().zip(&outcome.rules) {
@@ -396,6 +491,7 @@ impl Request {
                     );
                 } else if outcome.allowed {
                     m.add(Counter::Allowed, 1);
+                    m.add(Counter::Delayed, u64::from(v.delay_ms > 0));
                 }
                 reported.push((rule.name.as_str(), v));
             }
@@ -409,6 +505,18 @@ impl Request {
                     &reported,
                     false,
                 ));
+            }
+            let delay = outcome.delay_ms();
+            if delay > 0 {
+                WAITING.with(|w| {
+                    w.borrow_mut()
+                        .push((self.id, now.saturating_add(delay), rt.delay_queue))
+                });
+                if let Some(gauge) = rt.delay_queue {
+                    let _ = host::gauge_add(gauge, 1);
+                }
+                let _ = host::set_tick_period(RELEASE_PERIOD_MS);
+                return Action::Pause;
             }
             return Action::Continue;
         }
@@ -433,7 +541,12 @@ impl Request {
     }
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        unhold(self.id); // the client went away while its request was held
+        true
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

@@ -9,12 +9,14 @@
 //! rule is not counted by the others, except for the instant between a commit and its refund,
 //! when a concurrent request may see the count one higher and be refused (never over-admitted).
 
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
 pub mod sliding_window;
 
-use crate::config::{FailureMode, Quota};
+use crate::config::FailureMode;
 use crate::store::{Store, StoreError, CREATE_CAS};
-use crate::table::{Bucket, Placement};
-use sliding_window::State;
+use crate::table::{Placement, Slot};
 
 /// CAS attempts for one rule before the store is deemed unable to decide.
 pub const MAX_ATTEMPTS: u32 = 32;
@@ -34,17 +36,184 @@ pub struct Verdict {
     pub reset_ms: u64,
     /// If refused, milliseconds until a request like this one would be allowed.
     pub retry_after_ms: u64,
+    /// If admitted in delay mode, milliseconds to hold the request before it goes on.
+    pub delay_ms: u64,
+}
+
+/// A rule's algorithm with its parameters: everything needed to decide, nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// The sliding window counter.
+    SlidingWindow {
+        /// Requests per window.
+        limit: u64,
+        /// Window, ms.
+        window_ms: u64,
+    },
+    /// The fixed window counter.
+    FixedWindow {
+        /// Requests per window.
+        limit: u64,
+        /// Window, ms.
+        window_ms: u64,
+    },
+    /// Token bucket, or leaky bucket (with or without delay).
+    Gcra(gcra::Params),
+    /// The exact sliding log.
+    SlidingLog {
+        /// Requests per window.
+        limit: u64,
+        /// Window, ms.
+        window_ms: u64,
+    },
+}
+
+/// A key's stored state, for whichever algorithm its rule uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// See [`sliding_window`].
+    SlidingWindow(sliding_window::State),
+    /// See [`fixed_window`].
+    FixedWindow(fixed_window::State),
+    /// See [`gcra`].
+    Gcra(gcra::State),
+    /// See [`sliding_log`].
+    SlidingLog(sliding_log::State),
+}
+
+impl State {
+    /// Requests this entry still remembers at `now_ms`; `None` once it affects no decision.
+    pub fn weight(&self, now_ms: u64) -> Option<u64> {
+        match self {
+            State::SlidingWindow(s) => s.weight(now_ms),
+            State::FixedWindow(s) => s.weight(now_ms),
+            State::Gcra(s) => s.weight(now_ms),
+            State::SlidingLog(s) => s.weight(now_ms),
+        }
+    }
+
+    /// The latest time the entry refers to (to evict the oldest first among equals).
+    pub fn last_ms(&self) -> u64 {
+        match self {
+            State::SlidingWindow(s) => s.last_ms,
+            State::FixedWindow(s) => s.last_ms,
+            State::Gcra(s) => s.tat_ms,
+            State::SlidingLog(s) => s.times.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+impl Policy {
+    /// Whether keys of this policy live in the sliding-log slots rather than in buckets.
+    pub fn uses_log(&self) -> bool {
+        matches!(self, Policy::SlidingLog { .. })
+    }
+
+    /// Decides a request of `cost` at `now_ms` for a key in `state`. A state of another
+    /// algorithm (a hash collision) is treated as no state.
+    pub fn decide(
+        &self,
+        state: Option<&State>,
+        now_ms: u64,
+        cost: u64,
+    ) -> (Verdict, Option<State>) {
+        match *self {
+            Policy::SlidingWindow { limit, window_ms } => {
+                let s = match state {
+                    Some(State::SlidingWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = sliding_window::decide(s, now_ms, limit, window_ms, cost);
+                (v, n.map(State::SlidingWindow))
+            }
+            Policy::FixedWindow { limit, window_ms } => {
+                let s = match state {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = fixed_window::decide(s, now_ms, limit, window_ms, cost);
+                (v, n.map(State::FixedWindow))
+            }
+            Policy::Gcra(params) => {
+                let s = match state {
+                    Some(State::Gcra(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = gcra::decide(s, now_ms, &params, cost);
+                (v, n.map(State::Gcra))
+            }
+            Policy::SlidingLog { limit, window_ms } => {
+                let s = match state {
+                    Some(State::SlidingLog(s)) => Some(s),
+                    _ => None,
+                };
+                let (v, n) = sliding_log::decide(s, now_ms, limit, window_ms, cost);
+                (v, n.map(State::SlidingLog))
+            }
+        }
+    }
+
+    /// Takes back `cost` that a [`Policy::decide`] counted by storing `counted`, from the key's
+    /// `current` state.
+    pub fn refund(&self, current: State, counted: &State, cost: u64) -> State {
+        match (current, counted) {
+            (State::SlidingWindow(s), State::SlidingWindow(c)) => {
+                State::SlidingWindow(sliding_window::refund(s, c, cost))
+            }
+            (State::FixedWindow(s), State::FixedWindow(c)) => {
+                State::FixedWindow(fixed_window::refund(s, c, cost))
+            }
+            (State::Gcra(s), State::Gcra(_)) => State::Gcra(gcra::refund(s, cost)),
+            (State::SlidingLog(s), State::SlidingLog(c)) => {
+                let at = c.times.last().copied().unwrap_or(0);
+                State::SlidingLog(sliding_log::refund(s, at, cost))
+            }
+            (other, _) => other,
+        }
+    }
 }
 
 /// A rule that applies to the request, with where its key lives.
 #[derive(Clone, Copy, Debug)]
 pub struct Check {
-    /// The store slot of the key's bucket.
-    pub slot: u32,
-    /// The key's fingerprint within the bucket.
+    /// The store slot of the key (a bucket, or a sliding-log slot).
+    pub slot: u64,
+    /// The key's fingerprint within the slot.
     pub fingerprint: u64,
-    /// The rule's limit.
-    pub quota: Quota,
+    /// The rule's algorithm and limit.
+    pub policy: Policy,
+    /// What this request costs under the rule.
+    pub cost: u64,
+}
+
+impl Check {
+    fn state<'a>(&self, slot: &'a Slot) -> Option<&'a State> {
+        slot.find(self.fingerprint)
+    }
+
+    /// Decides against the slot as read.
+    fn decide(&self, slot: &Slot, now_ms: u64, cost: u64) -> (Verdict, Option<State>) {
+        if self.policy.uses_log() {
+            let log = slot
+                .find_log(self.fingerprint)
+                .cloned()
+                .map(State::SlidingLog);
+            self.policy.decide(log.as_ref(), now_ms, cost)
+        } else {
+            self.policy.decide(self.state(slot), now_ms, cost)
+        }
+    }
+
+    /// The key's state in the slot, whichever table it lives in.
+    fn current(&self, slot: &Slot) -> Option<State> {
+        if self.policy.uses_log() {
+            slot.find_log(self.fingerprint)
+                .cloned()
+                .map(State::SlidingLog)
+        } else {
+            self.state(slot).cloned()
+        }
+    }
 }
 
 /// What happened to one rule.
@@ -67,6 +236,8 @@ pub enum Failure {
     RetriesExhausted,
     /// The slot's bytes were not a bucket (they are reset).
     Corrupt,
+    /// The key's sliding-log slot holds another live key.
+    NoRoom,
     /// A host call failed.
     Unavailable(String),
 }
@@ -80,22 +251,35 @@ pub struct Outcome {
     pub rules: Vec<RuleOutcome>,
 }
 
+impl Outcome {
+    /// How long to hold an admitted request (the longest delay any rule asks for).
+    pub fn delay_ms(&self) -> u64 {
+        self.rules
+            .iter()
+            .filter_map(|r| r.verdict.map(|v| v.delay_ms))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// A bucket as read: its contents and the CAS to write it back with.
 struct Read {
-    bucket: Bucket,
+    slot: Slot,
     cas: u32,
 }
 
-fn read(store: &impl Store, slot: u32) -> Result<Read, Failure> {
+fn read(store: &impl Store, slot: u64) -> Result<Read, Failure> {
     let (bytes, cas) = store
         .get(slot)
         .map_err(|e| Failure::Unavailable(format!("{e:?}")))?;
     let cas = cas.unwrap_or(CREATE_CAS);
-    match Bucket::decode(bytes.as_deref()) {
-        Ok(bucket) => Ok(Read { bucket, cas }),
+    match Slot::decode(slot, bytes.as_deref()) {
+        Ok(s) => Ok(Read { slot: s, cas }),
         Err(_) => {
             // Reset the slot so the keys in it work again from the next request on.
-            let _ = store.set(slot, &Bucket::default().encode(), cas);
+            if let Ok(empty) = Slot::decode(slot, None) {
+                let _ = store.set(slot, &empty.encode(), cas);
+            }
             Err(Failure::Corrupt)
         }
     }
@@ -111,12 +295,11 @@ struct Work {
     committed: Option<State>,
 }
 
-/// Decides a request of `cost` against every check, at `now_ms`.
+/// Decides a request against every check, at `now_ms`.
 pub fn decide(
     store: &impl Store,
     checks: &[Check],
     now_ms: u64,
-    cost: u32,
     failure_mode: FailureMode,
 ) -> Outcome {
     let mut rules: Vec<RuleOutcome> = vec![RuleOutcome::default(); checks.len()];
@@ -130,9 +313,13 @@ pub fn decide(
             committed: None,
         };
         match read(store, check.slot) {
+            Ok(r) if !r.slot.has_room(check.fingerprint, now_ms) => {
+                refused |= failure_mode == FailureMode::Deny;
+                out.failure = Some(Failure::NoRoom);
+            }
             Ok(r) => {
-                w.before = r.bucket.find(check.fingerprint);
-                let (verdict, state) = sliding_window::decide(w.before, now_ms, &check.quota, cost);
+                w.before = check.current(&r.slot);
+                let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
                 refused |= !verdict.allowed;
                 out.verdict = Some(verdict);
                 w.pending = state.map(|s| (r, s));
@@ -157,8 +344,12 @@ pub fn decide(
             continue; // the store failed for this rule and failure_mode is allow
         };
         for _ in 0..MAX_ATTEMPTS {
-            let placement = r.bucket.put(check.fingerprint, state, now_ms);
-            match store.set(check.slot, &r.bucket.encode(), r.cas) {
+            let placement = r.slot.put(check.fingerprint, state.clone(), now_ms);
+            if placement == Placement::Full {
+                out.failure = Some(Failure::NoRoom);
+                break;
+            }
+            match store.set(check.slot, &r.slot.encode(), r.cas) {
                 Ok(()) => {
                     out.evicted = placement == Placement::Evicted;
                     w.committed = Some(state);
@@ -177,14 +368,13 @@ pub fn decide(
                     break;
                 }
             }
-            let found = r.bucket.find(check.fingerprint);
-            let (verdict, next) = sliding_window::decide(found, now_ms, &check.quota, cost);
+            let (verdict, next) = check.decide(&r.slot, now_ms, check.cost);
             out.verdict = Some(verdict);
             match next {
                 Some(s) => state = s,
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
-                    refund(store, checks, &work, cost);
+                    refund(store, checks, &work);
                     return refused_outcome(rules, checks, &work, now_ms);
                 }
             }
@@ -195,7 +385,7 @@ pub fn decide(
             }
             out.verdict = None;
             if failure_mode == FailureMode::Deny {
-                refund(store, checks, &work, cost);
+                refund(store, checks, &work);
                 return refused_outcome(rules, checks, &work, now_ms);
             }
         }
@@ -216,7 +406,7 @@ fn refused_outcome(
 ) -> Outcome {
     for ((out, check), w) in rules.iter_mut().zip(checks).zip(work) {
         if let Some(v) = out.verdict.as_mut().filter(|v| v.allowed) {
-            *v = sliding_window::decide(w.before, now_ms, &check.quota, 0).0;
+            *v = check.policy.decide(w.before.as_ref(), now_ms, 0).0;
         }
     }
     Outcome {
@@ -227,7 +417,7 @@ fn refused_outcome(
 
 /// Takes back what a refused request had counted. Best effort: a refund that keeps losing
 /// races is dropped, leaving the key counted once too often (conservative, never over-admits).
-fn refund(store: &impl Store, checks: &[Check], work: &[Work], cost: u32) {
+fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
     for (check, w) in checks.iter().zip(work) {
         let Some(counted) = &w.committed else {
             continue;
@@ -236,12 +426,13 @@ fn refund(store: &impl Store, checks: &[Check], work: &[Work], cost: u32) {
             let Ok(mut r) = read(store, check.slot) else {
                 break;
             };
-            let Some(current) = r.bucket.find(check.fingerprint) else {
+            let Some(current) = check.current(&r.slot) else {
                 break;
             };
-            let back = sliding_window::refund(current, counted, cost);
-            r.bucket.put(check.fingerprint, back, back.last_ms);
-            if store.set(check.slot, &r.bucket.encode(), r.cas).is_ok() {
+            let back = check.policy.refund(current, counted, check.cost);
+            let at = back.last_ms();
+            r.slot.put(check.fingerprint, back, at);
+            if store.set(check.slot, &r.slot.encode(), r.cas).is_ok() {
                 break;
             }
         }
@@ -251,38 +442,57 @@ fn refund(store: &impl Store, checks: &[Check], work: &[Work], cost: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Unit;
     use crate::store::MemoryStore;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
-    fn check(slot: u32, fp: u64, n: u32, unit: Unit) -> Check {
+    const MINUTE: u64 = 60_000;
+    const HOUR: u64 = 3_600_000;
+
+    fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
         Check {
             slot,
             fingerprint: fp,
-            quota: Quota {
-                requests_per_unit: n,
-                unit,
+            policy: Policy::SlidingWindow {
+                limit: n,
+                window_ms,
             },
+            cost: 1,
+        }
+    }
+
+    fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
+        let (bytes, _) = store.get(slot).unwrap();
+        Slot::decode(slot, bytes.as_deref())
+            .unwrap()
+            .find(fp)
+            .cloned()
+            .unwrap()
+    }
+
+    fn current(state: State) -> u32 {
+        match state {
+            State::SlidingWindow(s) => s.current,
+            other => panic!("{other:?}"),
         }
     }
 
     #[test]
     fn a_request_refused_by_one_rule_is_not_counted_by_the_others() {
         let store = MemoryStore::new();
-        let checks = [check(0, 3, 5, Unit::Minute), check(1, 5, 2, Unit::Minute)];
+        let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
         let mut allowed = 0;
         for _ in 0..10 {
-            allowed += decide(&store, &checks, 1_000, 1, FailureMode::Allow).allowed as u32;
+            allowed += decide(&store, &checks, 1_000, FailureMode::Allow).allowed as u32;
         }
         assert_eq!(allowed, 2);
         // Refused by rule 1, the request leaves rule 0 its 3 remaining, and says so.
-        let o = decide(&store, &checks, 1_000, 1, FailureMode::Allow);
+        let o = decide(&store, &checks, 1_000, FailureMode::Allow);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 3);
         assert!(!o.rules[1].verdict.unwrap().allowed);
         // A rule whose key was never counted reports its whole quota, available now.
-        let fresh = [check(2, 11, 7, Unit::Minute), checks[1]];
-        let o = decide(&store, &fresh, 1_000, 1, FailureMode::Allow);
+        let fresh = [check(2, 11, 7, MINUTE), checks[1]];
+        let o = decide(&store, &fresh, 1_000, FailureMode::Allow);
         let v = o.rules[0].verdict.unwrap();
         assert_eq!(
             (o.allowed, v.allowed, v.remaining, v.reset_ms),
@@ -290,24 +500,22 @@ mod tests {
         );
         // Rule 0 counted only the two admitted requests: 3 left for a request rule 1 skips.
         let only_first = [checks[0]];
-        let o = decide(&store, &only_first, 1_000, 1, FailureMode::Allow);
+        let o = decide(&store, &only_first, 1_000, FailureMode::Allow);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
     }
 
     #[test]
     fn two_rules_in_one_bucket_commit_both() {
         let store = MemoryStore::new();
-        let checks = [check(0, 3, 5, Unit::Minute), check(0, 5, 5, Unit::Minute)];
-        let o = decide(&store, &checks, 1_000, 1, FailureMode::Allow);
+        let checks = [check(0, 3, 5, MINUTE), check(0, 5, 5, MINUTE)];
+        let o = decide(&store, &checks, 1_000, FailureMode::Allow);
         assert!(o.allowed);
         assert_eq!(
             o.rules[1].retries, 1,
             "the second write saw the first one's CAS"
         );
-        let (bytes, _) = store.get(0).unwrap();
-        let bucket = Bucket::decode(bytes.as_deref()).unwrap();
-        assert_eq!(bucket.find(3).unwrap().current, 1);
-        assert_eq!(bucket.find(5).unwrap().current, 1);
+        assert_eq!(current(stored(&store, 0, 3)), 1);
+        assert_eq!(current(stored(&store, 0, 5)), 1);
     }
 
     /// Many threads, one key: the admitted count equals the limit exactly, and CAS conflicts
@@ -321,7 +529,7 @@ mod tests {
         for round in 0..20 {
             let store = Arc::new(MemoryStore::new());
             let limit = 1_000;
-            let checks = [check(7, 9, limit, Unit::Hour)];
+            let checks = [check(7, 9, limit, HOUR)];
             let admitted = Arc::new(AtomicU32::new(0));
             let retries = Arc::new(AtomicU32::new(0));
             let failures = Arc::new(AtomicU32::new(0));
@@ -335,7 +543,7 @@ mod tests {
                     );
                     std::thread::spawn(move || {
                         for _ in 0..600 {
-                            let o = decide(&*store, &checks, 5_000, 1, FailureMode::Deny);
+                            let o = decide(&*store, &checks, 5_000, FailureMode::Deny);
                             admitted.fetch_add(o.allowed as u32, Ordering::Relaxed);
                             retries.fetch_add(o.rules[0].retries, Ordering::Relaxed);
                             failures
@@ -347,10 +555,12 @@ mod tests {
             for t in threads {
                 t.join().unwrap();
             }
-            assert_eq!(admitted.load(Ordering::Relaxed), limit, "round {round}");
-            let (bytes, _) = store.get(7).unwrap();
-            let state = Bucket::decode(bytes.as_deref()).unwrap().find(9).unwrap();
-            assert_eq!(state.current, limit);
+            assert_eq!(
+                u64::from(admitted.load(Ordering::Relaxed)),
+                limit,
+                "round {round}"
+            );
+            assert_eq!(current(stored(&*store, 7, 9)), limit as u32);
             total_retries += retries.load(Ordering::Relaxed);
             total_failures += failures.load(Ordering::Relaxed);
         }
@@ -368,14 +578,14 @@ mod tests {
         raced: std::sync::atomic::AtomicBool,
     }
     impl Store for Racing {
-        fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
             self.inner.get(slot)
         }
-        fn set(&self, slot: u32, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
             if slot == 1 && !self.raced.swap(true, Ordering::Relaxed) {
-                let other = [check(1, 5, 2, Unit::Minute)];
+                let other = [check(1, 5, 2, MINUTE)];
                 for _ in 0..2 {
-                    assert!(decide(&self.inner, &other, 1_000, 1, FailureMode::Deny).allowed);
+                    assert!(decide(&self.inner, &other, 1_000, FailureMode::Deny).allowed);
                 }
             }
             self.inner.set(slot, value, cas)
@@ -388,25 +598,23 @@ mod tests {
             inner: MemoryStore::new(),
             raced: Default::default(),
         };
-        let checks = [check(0, 3, 5, Unit::Minute), check(1, 5, 2, Unit::Minute)];
-        let o = decide(&store, &checks, 1_000, 1, FailureMode::Deny);
+        let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
+        let o = decide(&store, &checks, 1_000, FailureMode::Deny);
         assert!(!o.allowed);
         assert_eq!(o.rules[1].retries, 1);
         assert!(!o.rules[1].verdict.unwrap().allowed);
         // Rule 0 had been committed, then refunded: its key counts nothing.
-        let (bytes, _) = store.inner.get(0).unwrap();
-        let state = Bucket::decode(bytes.as_deref()).unwrap().find(3).unwrap();
-        assert_eq!(state.current, 0);
+        assert_eq!(current(stored(&store.inner, 0, 3)), 0);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 5);
     }
 
     /// A store whose writes always conflict: failure_mode decides.
     struct Busy(MemoryStore);
     impl Store for Busy {
-        fn get(&self, slot: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
             self.0.get(slot)
         }
-        fn set(&self, _: u32, _: &[u8], _: u32) -> Result<(), StoreError> {
+        fn set(&self, _: u64, _: &[u8], _: u32) -> Result<(), StoreError> {
             Err(StoreError::Conflict)
         }
     }
@@ -414,21 +622,21 @@ mod tests {
     #[test]
     fn failure_mode_applies_when_the_store_cannot_decide() {
         let store = Busy(MemoryStore::new());
-        let checks = [check(0, 3, 5, Unit::Minute)];
-        let open = decide(&store, &checks, 0, 1, FailureMode::Allow);
+        let checks = [check(0, 3, 5, MINUTE)];
+        let open = decide(&store, &checks, 0, FailureMode::Allow);
         assert!(open.allowed);
         assert_eq!(open.rules[0].failure, Some(Failure::RetriesExhausted));
         assert_eq!(open.rules[0].retries, MAX_ATTEMPTS);
-        let closed = decide(&store, &checks, 0, 1, FailureMode::Deny);
+        let closed = decide(&store, &checks, 0, FailureMode::Deny);
         assert!(!closed.allowed);
         // Corrupt bytes: failure mode for this request, and the slot is reset for the next.
         let mem = MemoryStore::new();
         mem.set(0, b"garbage", 0).unwrap();
-        let o = decide(&mem, &checks, 0, 1, FailureMode::Deny);
+        let o = decide(&mem, &checks, 0, FailureMode::Deny);
         assert_eq!(
             (o.allowed, o.rules[0].failure.clone()),
             (false, Some(Failure::Corrupt))
         );
-        assert!(decide(&mem, &checks, 0, 1, FailureMode::Deny).allowed);
+        assert!(decide(&mem, &checks, 0, FailureMode::Deny).allowed);
     }
 }

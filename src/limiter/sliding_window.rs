@@ -9,7 +9,6 @@
 //! remaining quota is reported (rounded down) and waits are reported (rounded up to the ms).
 
 use super::Verdict;
-use crate::config::Quota;
 
 /// The stored state of one key: 20 bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,17 +140,16 @@ impl Window {
     }
 }
 
-/// Decides one request of `cost` for a key in `state` (`None`: never seen) at `now_ms`.
-/// Returns the verdict and, if allowed, the state to store.
+/// Decides one request of `cost` for a key in `state` (`None`: never seen) at `now_ms`, for
+/// `limit` requests per `window_ms`. Returns the verdict and, if allowed, the state to store.
 pub fn decide(
     state: Option<State>,
     now_ms: u64,
-    quota: &Quota,
-    cost: u32,
+    limit: u64,
+    window_ms: u64,
+    cost: u64,
 ) -> (Verdict, Option<State>) {
-    let limit = u64::from(quota.requests_per_unit);
-    let cost = u64::from(cost);
-    let win = state.unwrap_or_default().at(now_ms, quota.window_ms());
+    let win = state.unwrap_or_default().at(now_ms, window_ms);
     let allowed = win.scaled_usage() + u128::from(cost) * u128::from(win.w)
         <= u128::from(limit) * u128::from(win.w);
     if !allowed {
@@ -159,10 +157,11 @@ pub fn decide(
         let verdict = Verdict {
             allowed: false,
             limit,
-            window_s: quota.unit.seconds(),
+            window_s: win.w / 1000,
             remaining,
             reset_ms: win.wait_ms(limit, remaining + 1).unwrap_or(0),
             retry_after_ms: win.wait_ms(limit, cost).unwrap_or(u64::MAX),
+            delay_ms: 0,
         };
         return (verdict, None);
     }
@@ -185,17 +184,19 @@ pub fn decide(
     let verdict = Verdict {
         allowed: true,
         limit,
-        window_s: quota.unit.seconds(),
+        window_s: win.w / 1000,
         remaining,
         reset_ms,
         retry_after_ms: 0,
+        delay_ms: 0,
     };
     (verdict, Some(new_state))
 }
 
 /// Takes back `cost` counted by a [`decide`] that stored `counted` (used when a later rule of
 /// the same request refused it).
-pub fn refund(state: State, counted: &State, cost: u32) -> State {
+pub fn refund(state: State, counted: &State, cost: u64) -> State {
+    let cost = u32::try_from(cost).unwrap_or(u32::MAX);
     let w = u64::from(counted.window_ms.max(1));
     let (then, now) = (counted.last_ms / w, state.last_ms / w);
     let mut s = state;
@@ -210,12 +211,15 @@ pub fn refund(state: State, counted: &State, cost: u32) -> State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Unit;
 
-    const MIN: Quota = Quota {
-        requests_per_unit: 10,
-        unit: Unit::Minute,
-    };
+    /// A limit: requests per window (ms).
+    struct Quota(u64, u64);
+
+    const MIN: Quota = Quota(10, 60_000);
+
+    fn decide(state: Option<State>, now_ms: u64, q: &Quota, cost: u64) -> (Verdict, Option<State>) {
+        super::decide(state, now_ms, q.0, q.1, cost)
+    }
 
     /// Runs requests at the given times; returns the verdicts and the final state.
     fn run(
@@ -294,10 +298,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (seed >> 33) % m
         };
-        let quota = Quota {
-            requests_per_unit: 7,
-            unit: Unit::Second,
-        };
+        let quota = Quota(7, 1_000);
         let mut checked = 0;
         for _ in 0..3000 {
             let mut state = None;
