@@ -1,0 +1,202 @@
+//! Every algorithm in a real Envoy (`--concurrency 2`): bursts, steady rate, window edges,
+//! token-bucket refill, and delay mode.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{now_ms, Client, Envoy};
+use std::time::{Duration, Instant};
+
+fn rule(algorithm: &str, extra: &str, n: u32, unit: &str) -> String {
+    format!(
+        r#"{{"rules": [{{"name": "r", "algorithm": "{algorithm}", {extra}
+            "rate_limit": {{"requests_per_unit": {n}, "unit": "{unit}"}}}}]}}"#
+    )
+}
+
+/// Sleeps until `ms` past the start of a second (wall clock), so bursts do not straddle a
+/// one-second window boundary unless a test wants them to.
+fn sleep_until_ms_of_second(ms: u64) {
+    let now = now_ms();
+    let target = (now / 1000) * 1000 + ms;
+    let target = if target <= now { target + 1000 } else { target };
+    std::thread::sleep(Duration::from_millis(target - now));
+}
+
+fn admitted(c: &mut Client, n: usize) -> usize {
+    (0..n)
+        .filter(|_| match c.get("/").unwrap().status {
+            200 => true,
+            429 => false,
+            s => panic!("status {s}"),
+        })
+        .count()
+}
+
+const ALGORITHMS: [(&str, &str); 5] = [
+    ("sliding_window", ""),
+    ("fixed_window", ""),
+    ("token_bucket", ""),
+    ("leaky_bucket", ""),
+    ("sliding_log", ""),
+];
+
+#[test]
+fn a_burst_admits_exactly_the_limit_for_every_algorithm() {
+    for (algorithm, extra) in ALGORITHMS {
+        let envoy = Envoy::start(&rule(algorithm, extra, 10, "minute"));
+        let mut c = Client::connect(envoy.addr).unwrap();
+        assert_eq!(admitted(&mut c, 25), 10, "{algorithm}");
+        let r = c.get("/").unwrap();
+        assert_eq!(r.status, 429, "{algorithm}");
+        assert!(r.header_u64("retry-after").unwrap() >= 1);
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"r\";q=10;w=60"),
+            "{algorithm}"
+        );
+    }
+}
+
+#[test]
+fn a_steady_rate_is_held_to_the_limit_for_every_algorithm() {
+    // 5 per second, offered at 20 per second for 3 s: about 15 admitted (the first second's
+    // burst allowance, then the rate). Window algorithms may admit one window's worth more
+    // depending on where the boundaries fall.
+    for (algorithm, extra) in ALGORITHMS {
+        let envoy = Envoy::start(&rule(algorithm, extra, 5, "second"));
+        let mut c = Client::connect(envoy.addr).unwrap();
+        sleep_until_ms_of_second(500);
+        let start = Instant::now();
+        let mut ok = 0;
+        let mut sent = 0;
+        while start.elapsed() < Duration::from_millis(3_000) {
+            ok += usize::from(c.get("/").unwrap().status == 200);
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(sent >= 50, "{algorithm}: only {sent} sent");
+        assert!(
+            (14..=20).contains(&ok),
+            "{algorithm}: {ok} admitted of {sent}"
+        );
+    }
+}
+
+#[test]
+fn fixed_window_resets_at_the_edge_and_sliding_window_does_not() {
+    // 5 per second, 5 requests just before a boundary and 5 just after.
+    let edge = |algorithm: &str| {
+        let envoy = Envoy::start(&rule(algorithm, "", 5, "second"));
+        let mut c = Client::connect(envoy.addr).unwrap();
+        sleep_until_ms_of_second(850);
+        let before = admitted(&mut c, 5);
+        sleep_until_ms_of_second(30);
+        let after = admitted(&mut c, 5);
+        (before, after)
+    };
+    assert_eq!(edge("fixed_window"), (5, 5), "the documented edge burst");
+    // The sliding window still weighs the previous second at ~95 %: almost nothing passes.
+    let (before, after) = edge("sliding_window");
+    assert_eq!(before, 5);
+    assert!(
+        after <= 1,
+        "sliding window admitted {after} right after the edge"
+    );
+}
+
+#[test]
+fn token_bucket_bursts_then_refills_at_the_rate() {
+    let envoy = Envoy::start(&rule("token_bucket", r#""burst": 5,"#, 10, "second"));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    assert_eq!(admitted(&mut c, 8), 5, "the bucket holds 5");
+    // 10 tokens per second: 350 ms later 3 are back (a 4th needs 400 ms).
+    std::thread::sleep(Duration::from_millis(350));
+    assert_eq!(admitted(&mut c, 6), 3);
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=10;w=1"));
+}
+
+/// Sends `n` requests at once, each on its own connection; returns (status, ms to answer).
+fn concurrent(envoy: &Envoy, n: usize) -> Vec<(u16, u64)> {
+    let start = Instant::now();
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let addr = envoy.addr;
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                let r = c.get("/").unwrap();
+                (r.status, start.elapsed().as_millis() as u64)
+            })
+        })
+        .collect();
+    let mut out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    out.sort_by_key(|(_, ms)| *ms);
+    out
+}
+
+#[test]
+fn delay_mode_spaces_requests_at_the_drain_rate() {
+    // 10 per second (one every 100 ms), room for 5, at most 450 ms of waiting.
+    let envoy = Envoy::start(&rule(
+        "leaky_bucket",
+        r#""burst": 5, "on_limit": "delay", "max_delay_ms": 450,"#,
+        10,
+        "second",
+    ));
+    let results = concurrent(&envoy, 8);
+    let ok: Vec<u64> = results
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, ms)| *ms)
+        .collect();
+    let refused = results.iter().filter(|(s, _)| *s == 429).count();
+    assert_eq!((ok.len(), refused), (5, 3), "{results:?}");
+    // Released one drain interval apart (±40 ms for scheduling), the first at once.
+    assert!(ok[0] < 60, "{results:?}");
+    for pair in ok.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!((60..=140).contains(&gap), "gap {gap} ms in {results:?}");
+    }
+    let delayed = "wasmcustom.wasm_ratelimit.test.r.delayed";
+    assert_eq!(envoy.wait_stat(delayed, 4), Some(4));
+    assert_eq!(
+        envoy.wait_stat("wasmcustom.wasm_ratelimit.test.delay_queue", 0),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_client_that_leaves_while_held_leaves_no_trace() {
+    // One per second, up to 5 s of waiting: the second request is held for about a second.
+    let envoy = Envoy::start(&rule(
+        "leaky_bucket",
+        r#""burst": 10, "on_limit": "delay", "max_delay_ms": 5000,"#,
+        1,
+        "second",
+    ));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    assert_eq!(c.get("/").unwrap().status, 200);
+    let queue = "wasmcustom.wasm_ratelimit.test.delay_queue";
+    {
+        // Send a request and hang up while it is held.
+        use std::io::Write;
+        let mut raw = std::net::TcpStream::connect(envoy.addr).unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        assert_eq!(envoy.wait_stat(queue, 1), Some(1), "the request is held");
+    }
+    // Dropped: Envoy ends the stream, the filter forgets it long before its release time.
+    let gone = Instant::now();
+    assert_eq!(envoy.wait_stat(queue, 0), Some(0));
+    assert!(gone.elapsed() < Duration::from_millis(900));
+    // The filter still serves (its slot was used: the next one waits its turn).
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(!envoy.log().contains("panic"));
+}
