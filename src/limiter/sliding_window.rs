@@ -7,6 +7,8 @@
 //!
 //! All arithmetic is in integer milliseconds, scaled by `W` so nothing is rounded until the
 //! remaining quota is reported (rounded down) and waits are reported (rounded up to the ms).
+//! It fits `u64` (counts < 2^33, windows < 2^27 ms), which wasm runs natively, unlike `u128`;
+//! saturating operations keep absurd inputs from wrapping.
 
 use super::Verdict;
 
@@ -98,31 +100,30 @@ struct Window {
 
 impl Window {
     /// The usage estimate scaled by `w`.
-    fn scaled_usage(&self) -> u128 {
-        u128::from(self.previous) * u128::from(self.w - self.elapsed)
-            + u128::from(self.current) * u128::from(self.w)
+    fn scaled_usage(&self) -> u64 {
+        self.previous
+            .saturating_mul(self.w - self.elapsed)
+            .saturating_add(self.current.saturating_mul(self.w))
     }
 
     /// Whole requests left within `limit`, rounded down.
     fn remaining(&self, limit: u64) -> u64 {
-        let cap = u128::from(limit) * u128::from(self.w);
-        let left = cap.saturating_sub(self.scaled_usage()) / u128::from(self.w);
-        u64::try_from(left).unwrap_or(u64::MAX)
+        let cap = limit.saturating_mul(self.w);
+        cap.saturating_sub(self.scaled_usage()) / self.w
     }
 
     /// Milliseconds until a request of `cost` would be allowed if nothing else is counted;
     /// `None` if it never would (cost above the limit).
     fn wait_ms(&self, limit: u64, cost: u64) -> Option<u64> {
-        let (w, e) = (u128::from(self.w), u128::from(self.elapsed));
-        let (limit, cost) = (u128::from(limit), u128::from(cost));
-        let (cur, prev) = (u128::from(self.current), u128::from(self.previous));
+        let (w, e) = (self.w, self.elapsed);
+        let (cur, prev) = (self.current, self.previous);
         if cost > limit {
             return None;
         }
-        let wait = if cur + cost <= limit {
+        let wait = if cur.saturating_add(cost) <= limit {
             // Still in this window, once enough of `previous` has decayed: we need
             // prev × (w − e') ≤ (limit − cur − cost) × w.
-            match ((limit - cur - cost) * w).checked_div(prev) {
+            match (limit - cur - cost).saturating_mul(w).checked_div(prev) {
                 None => 0,
                 Some(k) if k >= w - e => 0,
                 Some(k) => w - k - e,
@@ -130,13 +131,13 @@ impl Window {
         } else {
             // In the next window `current` becomes the decaying previous count.
             let to_next = w - e;
-            match ((limit - cost) * w).checked_div(cur) {
+            match (limit - cost).saturating_mul(w).checked_div(cur) {
                 None => to_next,
                 Some(k) if k >= w => to_next,
                 Some(k) => to_next + (w - k),
             }
         };
-        u64::try_from(wait).ok()
+        Some(wait)
     }
 }
 
@@ -150,8 +151,10 @@ pub fn decide(
     cost: u64,
 ) -> (Verdict, Option<State>) {
     let win = state.unwrap_or_default().at(now_ms, window_ms);
-    let allowed = win.scaled_usage() + u128::from(cost) * u128::from(win.w)
-        <= u128::from(limit) * u128::from(win.w);
+    let allowed = win
+        .scaled_usage()
+        .saturating_add(cost.saturating_mul(win.w))
+        <= limit.saturating_mul(win.w);
     if !allowed {
         let remaining = win.remaining(limit);
         let verdict = Verdict {
