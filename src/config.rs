@@ -27,6 +27,21 @@ pub struct Config {
     pub failure_mode: FailureMode,
     /// How many client keys are tracked at once.
     pub capacity: u32,
+    /// The level of the line logged for each limited request.
+    pub log_limited: LogLevel,
+}
+
+/// A log level for the filter's own lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Not logged.
+    Off,
+    /// Envoy's `debug`.
+    Debug,
+    /// Envoy's `info`.
+    Info,
+    /// Envoy's `warning`.
+    Warn,
 }
 
 /// One rate limit rule.
@@ -44,6 +59,8 @@ pub struct Rule {
     pub algorithm: Algorithm,
     /// What one request costs.
     pub cost: Cost,
+    /// Count and report, but never refuse (a soft rollout).
+    pub shadow: bool,
 }
 
 /// The algorithm of a rule, with its own parameters.
@@ -489,9 +506,38 @@ impl Validator {
     }
 
     fn config(&mut self, v: &Value) -> Option<Config> {
-        let map = self.object(v, "", &["rules", "response", "failure_mode", "capacity"])?;
+        let map = self.object(
+            v,
+            "",
+            &[
+                "rules",
+                "response",
+                "failure_mode",
+                "capacity",
+                "shadow",
+                "log_limited",
+            ],
+        )?;
+        let shadow = match map.get("shadow") {
+            Some(b) => self.boolean(b, "shadow"),
+            None => Some(false),
+        };
+        let log_limited = match map.get("log_limited") {
+            Some(l) => self.choice(
+                l,
+                "log_limited",
+                "log level",
+                &[
+                    ("off", LogLevel::Off),
+                    ("debug", LogLevel::Debug),
+                    ("info", LogLevel::Info),
+                    ("warn", LogLevel::Warn),
+                ],
+            ),
+            None => Some(LogLevel::Debug),
+        };
         let rules = match map.get("rules") {
-            Some(r) => self.rules(r, "rules"),
+            Some(r) => self.rules(r, "rules", shadow.unwrap_or(false)),
             None => {
                 self.error("rules", "required field is missing");
                 None
@@ -516,15 +562,17 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_CAPACITY),
         };
+        shadow?;
         Some(Config {
             rules: rules?,
             response: response?,
             failure_mode: failure_mode?,
             capacity: capacity?,
+            log_limited: log_limited?,
         })
     }
 
-    fn rules(&mut self, v: &Value, path: &str) -> Option<Vec<Rule>> {
+    fn rules(&mut self, v: &Value, path: &str, shadow: bool) -> Option<Vec<Rule>> {
         let items = self.array(v, path)?;
         if items.is_empty() {
             self.error(path, "at least one rule is required");
@@ -534,7 +582,7 @@ impl Validator {
         let mut ok = true;
         for (i, item) in items.iter().enumerate() {
             let p = format!("{path}[{i}]");
-            match self.rule(item, &p) {
+            match self.rule(item, &p, shadow) {
                 Some(rule) => {
                     if rules.iter().any(|r: &Rule| r.name == rule.name) {
                         self.error(
@@ -551,7 +599,7 @@ impl Validator {
         ok.then_some(rules)
     }
 
-    fn rule(&mut self, v: &Value, path: &str) -> Option<Rule> {
+    fn rule(&mut self, v: &Value, path: &str, default_shadow: bool) -> Option<Rule> {
         let map = self.object(
             v,
             path,
@@ -565,6 +613,7 @@ impl Validator {
                 "on_limit",
                 "max_delay_ms",
                 "cost",
+                "shadow",
             ],
         )?;
         let name = match map.get("name") {
@@ -595,6 +644,10 @@ impl Validator {
             (Some(c), Some(a), Some(q)) => self.cost(c, &join(path, "cost"), a, q),
             (Some(_), ..) => None,
         };
+        let shadow = match map.get("shadow") {
+            Some(b) => self.boolean(b, &join(path, "shadow")),
+            None => Some(default_shadow),
+        };
         Some(Rule {
             name: name?,
             matcher: matcher?,
@@ -602,6 +655,7 @@ impl Validator {
             quota: quota?,
             algorithm: algorithm?,
             cost: cost?,
+            shadow: shadow?,
         })
     }
 

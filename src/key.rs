@@ -91,6 +91,16 @@ pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
     })
 }
 
+/// The most bytes of one key part that are hashed (with the part's full length): longer values
+/// sharing their first 4 KiB share a counter. Bounds the hashing work a client can cause.
+pub const MAX_KEY_PART: usize = 4096;
+
+/// Feeds one key part: its full length, then at most [`MAX_KEY_PART`] bytes of it.
+fn write_part(h: &mut SipHasher13, value: &[u8]) {
+    h.write_u64(value.len() as u64);
+    h.write(value.get(..MAX_KEY_PART).unwrap_or(value));
+}
+
 /// The fingerprint of one rule, mixed into every key hash so rules never share a counter.
 /// Rules keep their fingerprint (and so their counters) across config reloads as long as their
 /// name, key parts and algorithm stay the same; limits may change.
@@ -128,13 +138,13 @@ pub fn client_key(
                 // Lower-cased without allocating: hash byte by byte.
                 let a = req.authority()?;
                 h.write_u64(a.len() as u64);
-                for b in a.bytes() {
+                for b in a.bytes().take(MAX_KEY_PART) {
                     h.write(&[b.to_ascii_lowercase()]);
                 }
                 continue;
             }
         };
-        h.write_field(value);
+        write_part(&mut h, value);
     }
     Some(h.finish())
 }
@@ -278,6 +288,16 @@ mod tests {
             client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
             k(&mut req("10.0.0.1:1", "/"))
         );
+        // Huge values: hashed up to 4 KiB plus their length.
+        let mut huge = req("10.0.0.1:1", "/");
+        huge.headers[0].1 = vec![b'a'; 1 << 20];
+        let mut huge2 = huge.clone();
+        huge2.headers[0].1[MAX_KEY_PART] = b'b';
+        assert_eq!(k(&mut huge), k(&mut huge2), "past the cap");
+        huge2.headers[0].1[MAX_KEY_PART - 1] = b'b';
+        assert_ne!(k(&mut huge), k(&mut huge2), "within the cap");
+        huge2.headers[0].1.push(b'a');
+        assert_ne!(k(&mut huge), k(&mut huge2), "the length counts");
         // Non-UTF-8 header bytes are fine.
         let mut binary = req("10.0.0.1:1", "/");
         binary.headers[0].1 = vec![0xff, 0x00, 0x80];

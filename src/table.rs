@@ -55,7 +55,9 @@ pub struct Corrupt;
 pub enum Placement {
     /// The key was already there.
     Updated,
-    /// The key took an empty or expired entry.
+    /// The key took an entry never used before.
+    Filled,
+    /// The key took an expired entry.
     Inserted,
     /// The key took the place of another live key, which is forgotten.
     Evicted,
@@ -182,7 +184,7 @@ impl Slot {
         match (self, state) {
             (Slot::Log(entry), State::SlidingLog(log)) => {
                 let placement = match entry {
-                    None => Placement::Inserted,
+                    None => Placement::Filled,
                     Some((f, _)) if *f == fp => Placement::Updated,
                     Some((_, old)) if old.weight(now_ms).is_none() => Placement::Inserted,
                     Some(_) => return Placement::Full,
@@ -205,10 +207,10 @@ impl Slot {
                 let Some(victim) = entries.iter_mut().min_by_key(|e| rank(e)) else {
                     return Placement::Full;
                 };
-                let placement = if rank(victim).0 == 0 {
-                    Placement::Inserted
-                } else {
-                    Placement::Evicted
+                let placement = match (&victim, rank(victim).0) {
+                    (None, _) => Placement::Filled,
+                    (Some(_), 0) => Placement::Inserted,
+                    (Some(_), _) => Placement::Evicted,
                 };
                 *victim = Some((fp, state));
                 placement
@@ -296,7 +298,7 @@ mod tests {
             })
         };
         let mut s = Slot::decode(LOG_SLOTS + 3, None).unwrap();
-        assert_eq!(s.put(5, log(vec![10, 20]), 20), Placement::Inserted);
+        assert_eq!(s.put(5, log(vec![10, 20]), 20), Placement::Filled);
         assert!(!s.has_room(7, 500));
         assert_eq!(s.put(7, log(vec![30]), 30), Placement::Full);
         assert_eq!(s.put(5, log(vec![10, 20, 30]), 30), Placement::Updated);
@@ -313,9 +315,9 @@ mod tests {
     fn eviction_spares_heavy_hitters() {
         let now = 10_000;
         let mut b = bucket();
-        assert_eq!(b.put(3, st(now, 100), now), Placement::Inserted); // the heavy hitter
+        assert_eq!(b.put(3, st(now, 100), now), Placement::Filled); // the heavy hitter
         for fp in [5, 7, 9] {
-            assert_eq!(b.put(fp, st(now, 1), now), Placement::Inserted);
+            assert_eq!(b.put(fp, st(now, 1), now), Placement::Filled);
         }
         // A flood of new keys only ever evicts light entries.
         for fp in (11..200).step_by(2) {

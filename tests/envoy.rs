@@ -105,7 +105,69 @@ fn limit_is_hit_exactly_and_headers_are_exact() {
         prom.contains("wasm_ratelimit_test_per_client_limited{} 3"),
         "{prom}"
     );
-    assert!(envoy.log_shows("limited rule=per-client key="));
+    assert!(envoy.log_shows("limited rule=per-client shadow=false key="));
+    let line = envoy
+        .log()
+        .lines()
+        .find(|l| l.contains("limited rule=per-client"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("cost=1 limit=5 window=3600s remaining=0 retry_after_ms="),
+        "{line}"
+    );
+    assert!(
+        !line.contains("127.0.0.1"),
+        "the raw key never appears: {line}"
+    );
+}
+
+#[test]
+fn metrics_match_the_traffic() {
+    let config = r#"{"rules": [
+        {"name": "enforced", "key": ["header:x-user"],
+         "rate_limit": {"requests_per_unit": 3, "unit": "hour"}},
+        {"name": "trial", "shadow": true, "key": ["header:x-user"],
+         "rate_limit": {"requests_per_unit": 2, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let mut user = |u: &str| c.send("GET", "/", &[("x-user", u)]).unwrap();
+    let a: Vec<u16> = (0..5).map(|_| user("a").status).collect();
+    // The shadow rule (2) never refuses: the enforced one (3) decides.
+    assert_eq!(a, [200, 200, 200, 429, 429]);
+    let third = user("b");
+    assert_eq!(third.status, 200);
+    // Metrics are published once a second per worker; the gauge moves at once.
+    let prom = |name: &str, want: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = common::get(envoy.admin, "/stats/prometheus")
+                .unwrap()
+                .body_str();
+            let line = format!("{name}{{}} {want}\n");
+            if text.contains(&line) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} != {want}:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    prom("wasm_ratelimit_test_enforced_allowed", 4);
+    prom("wasm_ratelimit_test_enforced_limited", 2);
+    prom("wasm_ratelimit_test_enforced_shadow_limited", 0);
+    // a: 2 admitted, then the 3rd (admitted by "enforced") and the 2 refused ones would have
+    // been refused by "trial"; b: admitted.
+    prom("wasm_ratelimit_test_trial_allowed", 3);
+    prom("wasm_ratelimit_test_trial_shadow_limited", 3);
+    prom("wasm_ratelimit_test_trial_limited", 0);
+    prom("wasm_ratelimit_test_enforced_failed_open", 0);
+    prom("wasm_ratelimit_test_enforced_slot_evictions", 0);
+    prom("wasm_ratelimit_test_tracked_keys", 4);
+    prom("wasm_ratelimit_test_delay_queue", 0);
+    assert!(envoy.log_shows("limited rule=trial shadow=true key="));
 }
 
 #[test]

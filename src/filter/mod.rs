@@ -90,13 +90,14 @@ enum Counter {
     StoreRetries,
     SlotEvictions,
     Delayed,
+    ShadowLimited,
 }
 
 /// How often each worker publishes its counters.
 const METRICS_PERIOD_MS: u32 = 1000;
 
 /// Counter names, as they appear in the metric names.
-const COUNTERS: [&str; 7] = [
+const COUNTERS: [&str; 8] = [
     "allowed",
     "limited",
     "failed_open",
@@ -104,14 +105,15 @@ const COUNTERS: [&str; 7] = [
     "store_retries",
     "slot_evictions",
     "delayed",
+    "shadow_limited",
 ];
 
 /// One rule's counters. A host call per increment costs ~1 µs, so requests add to `pending`
 /// and the root context publishes the sums on its tick, once a second per worker.
 #[derive(Default)]
 struct RuleMetrics {
-    ids: [Option<u32>; 7],
-    pending: [Cell<u64>; 7],
+    ids: [Option<u32>; 8],
+    pending: [Cell<u64>; 8],
 }
 
 impl RuleMetrics {
@@ -147,6 +149,8 @@ struct Runtime {
     store: SharedData,
     /// Gauge of requests held by delay mode, all workers together.
     delay_queue: Option<u32>,
+    /// Gauge of table entries in use (keys tracked, expired ones included until reused).
+    tracked_keys: Option<u32>,
 }
 
 /// The metric name prefix; the README documents the names.
@@ -254,9 +258,11 @@ impl Root {
                 }
             })
             .collect();
-        let delay_queue = host::define_gauge(&format!("wasm_ratelimit.{plugin}.delay_queue")).ok();
+        let gauge =
+            |name: &str| host::define_gauge(&format!("wasm_ratelimit.{plugin}.{name}")).ok();
         Ok(Runtime {
-            delay_queue,
+            delay_queue: gauge("delay_queue"),
+            tracked_keys: gauge("tracked_keys"),
             buckets: table::buckets_for(config.capacity),
             config,
             rules,
@@ -400,6 +406,29 @@ impl Attributes for HostAttributes {
     }
 }
 
+/// Logs one structured line for a request a rule refused (or would have, in shadow mode). The
+/// key appears only as a fingerprint: the raw value may be an API key.
+fn log_limited(level: config::LogLevel, rule: &config::Rule, hash: u64, v: &Verdict, cost: u64) {
+    let level = match level {
+        config::LogLevel::Off => return,
+        config::LogLevel::Debug => log::Level::Debug,
+        config::LogLevel::Info => log::Level::Info,
+        config::LogLevel::Warn => log::Level::Warn,
+    };
+    log::log!(
+        level,
+        "limited rule={} shadow={} key={:016x} cost={} limit={} window={}s remaining={} retry_after_ms={}",
+        rule.name,
+        rule.shadow,
+        hash,
+        cost,
+        v.limit,
+        v.window_s,
+        v.remaining,
+        v.retry_after_ms
+    );
+}
+
 thread_local! {
     /// When this worker last logged a store failure (ms), to keep failures from flooding logs.
     static LAST_FAILURE_LOG: Cell<u64> = const { Cell::new(0) };
@@ -448,6 +477,7 @@ impl Request {
                 fingerprint: table::fingerprint_of(hash),
                 policy,
                 cost,
+                shadow: rule.shadow,
             });
             applied.push((rule, compiled, hash));
         }
@@ -459,10 +489,15 @@ impl Request {
         let outcome = limiter::decide(&rt.store, &checks, now, rt.config.failure_mode);
 
         let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(applied.len());
-        for ((rule, compiled, hash), out) in applied.iter().zip(&outcome.rules) {
+        for (((rule, compiled, hash), out), check) in
+            applied.iter().zip(&outcome.rules).zip(&checks)
+        {
             let m = &compiled.metrics;
             m.add(Counter::StoreRetries, u64::from(out.retries));
             m.add(Counter::SlotEvictions, u64::from(out.evicted));
+            if let (true, Some(gauge)) = (out.filled, rt.tracked_keys) {
+                let _ = host::gauge_add(gauge, 1);
+            }
             if let Some(failure) = &out.failure {
                 match rt.config.failure_mode {
                     FailureMode::Allow => m.add(Counter::FailedOpen, 1),
@@ -480,15 +515,15 @@ impl Request {
             }
             if let Some(v) = out.verdict {
                 if !v.allowed {
-                    m.add(Counter::Limited, 1);
-                    log::debug!(
-                        "limited rule={} key={:08x} limit={} window={}s retry_after={}ms",
-                        rule.name,
-                        hash >> 32,
-                        v.limit,
-                        v.window_s,
-                        v.retry_after_ms
+                    m.add(
+                        if rule.shadow {
+                            Counter::ShadowLimited
+                        } else {
+                            Counter::Limited
+                        },
+                        1,
                     );
+                    log_limited(rt.config.log_limited, rule, *hash, &v, check.cost);
                 } else if outcome.allowed {
                     m.add(Counter::Allowed, 1);
                     m.add(Counter::Delayed, u64::from(v.delay_ms > 0));

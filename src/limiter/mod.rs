@@ -184,6 +184,8 @@ pub struct Check {
     pub policy: Policy,
     /// What this request costs under the rule.
     pub cost: u64,
+    /// A shadow rule counts and reports but never refuses (not even by `failure_mode`).
+    pub shadow: bool,
 }
 
 impl Check {
@@ -227,6 +229,8 @@ pub struct RuleOutcome {
     pub failure: Option<Failure>,
     /// Whether committing this rule evicted another live key from its bucket.
     pub evicted: bool,
+    /// Whether committing this rule used a table entry for the first time.
+    pub filled: bool,
 }
 
 /// Why the store could not decide for a rule.
@@ -314,18 +318,18 @@ pub fn decide(
         };
         match read(store, check.slot) {
             Ok(r) if !r.slot.has_room(check.fingerprint, now_ms) => {
-                refused |= failure_mode == FailureMode::Deny;
+                refused |= failure_mode == FailureMode::Deny && !check.shadow;
                 out.failure = Some(Failure::NoRoom);
             }
             Ok(r) => {
                 w.before = check.current(&r.slot);
                 let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
-                refused |= !verdict.allowed;
+                refused |= !verdict.allowed && !check.shadow;
                 out.verdict = Some(verdict);
                 w.pending = state.map(|s| (r, s));
             }
             Err(f) => {
-                refused |= failure_mode == FailureMode::Deny;
+                refused |= failure_mode == FailureMode::Deny && !check.shadow;
                 out.failure = Some(f);
             }
         }
@@ -352,6 +356,7 @@ pub fn decide(
             match store.set(check.slot, &r.slot.encode(), r.cas) {
                 Ok(()) => {
                     out.evicted = placement == Placement::Evicted;
+                    out.filled = placement == Placement::Filled;
                     w.committed = Some(state);
                     break;
                 }
@@ -372,6 +377,7 @@ pub fn decide(
             out.verdict = Some(verdict);
             match next {
                 Some(s) => state = s,
+                None if check.shadow => break, // it would have refused: count nothing
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
                     refund(store, checks, &work);
@@ -379,12 +385,13 @@ pub fn decide(
                 }
             }
         }
-        if w.committed.is_none() {
+        let shadow_refused = check.shadow && out.verdict.is_some_and(|v| !v.allowed);
+        if w.committed.is_none() && !shadow_refused {
             if out.failure.is_none() {
                 out.failure = Some(Failure::RetriesExhausted);
             }
             out.verdict = None;
-            if failure_mode == FailureMode::Deny {
+            if failure_mode == FailureMode::Deny && !check.shadow {
                 refund(store, checks, &work);
                 return refused_outcome(rules, checks, &work, now_ms);
             }
@@ -458,6 +465,7 @@ mod tests {
                 window_ms,
             },
             cost: 1,
+            shadow: false,
         }
     }
 
@@ -570,6 +578,34 @@ mod tests {
             total_failures < 480,
             "{total_failures} requests exhausted their attempts"
         );
+    }
+
+    #[test]
+    fn shadow_rules_count_and_report_but_never_refuse() {
+        let store = MemoryStore::new();
+        let shadow = Check {
+            shadow: true,
+            ..check(0, 3, 2, MINUTE)
+        };
+        let checks = [shadow, check(1, 5, 4, MINUTE)];
+        let outcomes: Vec<Outcome> = (0..5)
+            .map(|_| decide(&store, &checks, 1_000, FailureMode::Deny))
+            .collect();
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        // The enforced rule (4) decides; the shadow rule (2) would have refused from the 3rd.
+        assert_eq!(allowed, [true, true, true, true, false]);
+        let shadow_refused: Vec<bool> = outcomes
+            .iter()
+            .map(|o| !o.rules[0].verdict.unwrap().allowed)
+            .collect();
+        assert_eq!(shadow_refused, [false, false, true, true, true]);
+        // It counted only what it would have admitted.
+        assert_eq!(current(stored(&store, 0, 3)), 2);
+        // A failing store never makes a shadow rule refuse, even with failure_mode deny.
+        let busy = Busy(MemoryStore::new());
+        let o = decide(&busy, &[shadow], 0, FailureMode::Deny);
+        assert!(o.allowed);
+        assert_eq!(o.rules[0].failure, Some(Failure::RetriesExhausted));
     }
 
     /// A store where another worker uses up slot 1's quota just before our write to it.
