@@ -16,7 +16,7 @@ target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
 
 build: target
-	cargo build --release --target $(TARGET)
+	cargo build --release --target $(TARGET) --lib
 	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
 
 $(VENV)/bin/envoy:

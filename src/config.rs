@@ -242,6 +242,16 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+        }
+    }
+
     /// The unit's length in seconds.
     pub fn seconds(self) -> u64 {
         match self {
@@ -288,6 +298,16 @@ pub enum HeaderStyle {
 }
 
 impl HeaderStyle {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderStyle::Ietf => "ietf",
+            HeaderStyle::XRateLimit => "x-ratelimit",
+            HeaderStyle::Both => "both",
+            HeaderStyle::None => "none",
+        }
+    }
+
     /// Whether the IETF fields are sent.
     pub fn ietf(self) -> bool {
         matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
@@ -733,7 +753,7 @@ impl Validator {
             self.error(
                 &join(path, "rate_limit.requests_per_unit"),
                 format!(
-                    "{} is too many for sliding_log, which stores every request's time (at most {}; use sliding_window)",
+                    "{} is too many for sliding_log, which stores every request's time (at most {}: use sliding_window for more)",
                     q.requests_per_unit,
                     sliding_log::MAX_LIMIT
                 ),
