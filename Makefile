@@ -10,7 +10,7 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build run test unit integration lint envoy target clean bench bench-tools
+.PHONY: build build-panic run test unit integration lint envoy target clean bench bench-tools
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -34,8 +34,13 @@ run: build envoy
 unit:
 	cargo test --lib
 
-integration: build envoy
-	WASM=$(CURDIR)/$(WASM) cargo test --test '*' -- --test-threads 2
+# The filter built with a panic trigger, to watch Envoy's failure policies (tests/failure.rs).
+PANIC_WASM := target/panic/$(TARGET)/release/wasm_ratelimit.wasm
+build-panic: target
+	cargo build --release --target $(TARGET) --lib --features panic-trigger --target-dir target/panic
+
+integration: build build-panic envoy
+	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) cargo test --test '*' -- --test-threads 2
 
 test: unit integration
 

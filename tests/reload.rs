@@ -31,7 +31,10 @@ fn listeners(port: u16, plugin_config: &str) -> String {
         "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
         1,
     );
-    format!("resources:\n{}", listener.replace("\n  ", "\n").trim_start_matches("  "))
+    format!(
+        "resources:\n{}",
+        listener.replace("\n  ", "\n").trim_start_matches("  ")
+    )
 }
 
 /// Replaces the LDS file atomically (Envoy watches for the rename).
@@ -52,7 +55,11 @@ fn config(name: &str, limit: u32, unit: &str) -> String {
 fn wait_lds(envoy: &Envoy, stat: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while envoy.stat(&format!("listener_manager.lds.{stat}")) < Some(n) {
-        assert!(Instant::now() < deadline, "lds.{stat} never reached {n}:\n{}", envoy.log());
+        assert!(
+            Instant::now() < deadline,
+            "lds.{stat} never reached {n}:\n{}",
+            envoy.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -75,7 +82,10 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     let mut c = Client::connect(envoy.addr).unwrap();
     for left in [4, 3, 2] {
         let r = c.get("/").unwrap();
-        assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (200, Some(left)));
+        assert_eq!(
+            (r.status, r.header_u64("x-ratelimit-remaining")),
+            (200, Some(left))
+        );
     }
 
     // A lower limit, same rule name and key: the 3 counted requests stay counted.
@@ -84,7 +94,10 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     let mut c = Client::connect(envoy.addr).unwrap();
     let r = c.get("/").unwrap();
     assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=4;w=3600"));
-    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (200, Some(0)));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (200, Some(0))
+    );
     assert_eq!(c.get("/").unwrap().status, 429);
 
     // A bad update is refused; the old configuration keeps serving.
@@ -101,6 +114,9 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     wait_lds(&envoy, "update_success", 3);
     let mut c = Client::connect(envoy.addr).unwrap();
     let r = c.get("/").unwrap();
-    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (200, Some(3)));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (200, Some(3))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -585,6 +585,18 @@ impl Context for Request {
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        // Test builds only: a way to kill the VM on purpose and watch what Envoy does.
+        #[cfg(feature = "panic-trigger")]
+        if host::header(Map::RequestHeaders, "x-test-panic")
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            #[allow(clippy::panic)]
+            {
+                panic!("x-test-panic");
+            }
+        }
         match self.runtime.clone() {
             Some(rt) => self.limit(&rt),
             None => Action::Continue,

@@ -48,6 +48,18 @@ fn indent(text: &str, n: usize) -> String {
 
 /// The Envoy bootstrap for one plugin configuration.
 pub fn bootstrap(plugin_config: &str, wasm: &Path) -> String {
+    bootstrap_with_policy(plugin_config, wasm, None)
+}
+
+/// The bootstrap with the wasm filter's `failure_policy` set (None: Envoy's default).
+pub fn bootstrap_with_policy(
+    plugin_config: &str,
+    wasm: &Path,
+    failure_policy: Option<&str>,
+) -> String {
+    let policy = failure_policy
+        .map(|p| format!("\n                failure_policy: {p}"))
+        .unwrap_or_default();
     format!(
         r#"admin:
   address:
@@ -76,7 +88,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
                 name: test
-                root_id: test
+                root_id: test{policy}
                 vm_config:
                   vm_id: test
                   runtime: envoy.wasm.runtime.v8
@@ -110,7 +122,7 @@ pub struct Refused {
     pub log: String,
 }
 
-fn spawn(yaml: &str) -> (Child, PathBuf, PathBuf) {
+fn spawn(yaml: &str, concurrency: u32) -> (Child, PathBuf, PathBuf) {
     let dir = scratch_dir();
     let cfg = dir.join("envoy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
@@ -119,7 +131,8 @@ fn spawn(yaml: &str) -> (Child, PathBuf, PathBuf) {
     let child = Command::new(envoy_bin())
         .arg("-c")
         .arg(&cfg)
-        .args(["--concurrency", "2", "--disable-hot-restart", "-l", "info"])
+        .args(["--concurrency", &concurrency.to_string()])
+        .args(["--disable-hot-restart", "-l", "info"])
         .args(["--component-log-level", "wasm:debug"])
         .arg("--admin-address-path")
         .arg(&admin_file)
@@ -141,7 +154,12 @@ impl Envoy {
 
     /// Starts Envoy with a whole bootstrap; waits (≤ 30 s) until the listener serves.
     pub fn start_yaml(yaml: &str) -> Envoy {
-        let (mut child, admin_file, log) = spawn(yaml);
+        Envoy::start_yaml_workers(yaml, 2)
+    }
+
+    /// Starts Envoy with a whole bootstrap and `concurrency` workers.
+    pub fn start_yaml_workers(yaml: &str, concurrency: u32) -> Envoy {
+        let (mut child, admin_file, log) = spawn(yaml, concurrency);
         let deadline = Instant::now() + Duration::from_secs(30);
         let admin: SocketAddr = loop {
             if let Ok(s) = std::fs::read_to_string(&admin_file) {
@@ -186,7 +204,7 @@ impl Envoy {
 
     /// Starts Envoy with a configuration it must refuse; returns its log once it exits (≤ 30 s).
     pub fn start_refused(plugin_config: &str) -> Refused {
-        let (mut child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()));
+        let (mut child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()), 2);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
