@@ -404,3 +404,58 @@ fn experiment(name: &str, rate: impl Fn(&mut Rng, bool) -> u64) -> (f64, f64) {
     assert!(limited > 0);
     (pct(wrongly_allowed), pct(wrongly_limited))
 }
+
+/// A wall clock that jumps backwards never unlocks quota, for any algorithm: after a key is
+/// refused at `t`, it is still refused at any earlier time, and no panic happens.
+#[test]
+fn a_clock_jumping_backwards_unlocks_nothing() {
+    let w = 60_000;
+    let policies = [
+        Policy::SlidingWindow {
+            limit: 5,
+            window_ms: w,
+        },
+        Policy::FixedWindow {
+            limit: 5,
+            window_ms: w,
+        },
+        Policy::Gcra(gcra::Params {
+            limit: 5,
+            window_ms: w,
+            burst: 5,
+            max_delay_ms: None,
+        }),
+        Policy::Gcra(gcra::Params {
+            limit: 5,
+            window_ms: w,
+            burst: 5,
+            max_delay_ms: Some(60_000),
+        }),
+        Policy::SlidingLog {
+            limit: 5,
+            window_ms: w,
+        },
+    ];
+    let t = 1_700_000_000_000u64;
+    for policy in policies {
+        let mut state = None;
+        let mut admitted = 0;
+        for i in 0..10 {
+            let (v, next) = policy.decide(state.as_ref(), t + i, 1);
+            if let Some(n) = next {
+                state = Some(n);
+                admitted += 1;
+            }
+            assert!(v.retry_after_ms > 0 || v.allowed);
+        }
+        assert_eq!(admitted, 5, "{policy:?}");
+        for back in [1, 1_000, 59_999, 60_000, 3_600_000, t, u64::MAX / 2] {
+            let at = t.saturating_sub(back);
+            let (v, next) = policy.decide(state.as_ref(), at, 1);
+            assert!(
+                !v.allowed && next.is_none(),
+                "{policy:?} unlocked at t−{back}"
+            );
+        }
+    }
+}

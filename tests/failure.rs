@@ -1,7 +1,12 @@
 //! What Envoy does to traffic when the filter's VM dies, for each `failure_policy`: measured by
 //! killing the VM on purpose (a test build panics on an `x-test-panic` header). One worker, so
 //! every request meets the same VM.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod common;
 

@@ -1,0 +1,245 @@
+//! Hostile input, generated: the config parser, the key builder and slot decoding take
+//! arbitrary bytes without panicking and in bounded time. Deterministic seeds, so a failure
+//! reproduces; `FUZZ_SCALE=10 cargo test --release --test fuzz -- --nocapture` runs ten times
+//! as many cases and prints the counts and times.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+use std::time::{Duration, Instant};
+use wasm_ratelimit::config::{Config, KeyPart, Match};
+use wasm_ratelimit::hash::Seed;
+use wasm_ratelimit::key::{client_key, matches, FakeRequest};
+use wasm_ratelimit::limiter::{gcra, Policy};
+use wasm_ratelimit::table::{Slot, LOG_SLOTS};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn bytes(&mut self, max: u64) -> Vec<u8> {
+        let n = self.below(max + 1);
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn scale() -> u64 {
+    std::env::var("FUZZ_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Runs `cases` cases of `f`, asserting the slowest one stays under `limit`.
+fn fuzz(name: &str, cases: u64, limit: Duration, mut f: impl FnMut(&mut Rng, u64)) {
+    let mut rng = Rng(0x0dd_ba11 ^ name.len() as u64);
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..cases {
+        let t = Instant::now();
+        f(&mut rng, i);
+        slowest = slowest.max(t.elapsed());
+    }
+    println!(
+        "fuzz {name}: {cases} cases in {:.2?}, slowest {:.2?}",
+        start.elapsed(),
+        slowest
+    );
+    assert!(slowest < limit, "{name}: a case took {slowest:?}");
+}
+
+const VALID: &str = r#"{"rules": [
+  {"name": "a", "match": {"path_prefix": "/api/", "methods": ["GET"],
+   "headers": [{"name": "x-tier", "value": "free"}, {"name": "k", "present": true}]},
+   "key": ["remote_address", "header:x-api-key", "query:u", "path", "method", "authority"],
+   "rate_limit": {"requests_per_unit": 100, "unit": "minute"}, "shadow": true},
+  {"name": "b", "algorithm": "leaky_bucket", "burst": 3, "on_limit": "delay", "max_delay_ms": 5,
+   "cost": {"header": "x-cost"}, "rate_limit": {"requests_per_unit": 1, "unit": "second"}},
+  {"name": "c", "algorithm": "sliding_log", "cost": 2, "rate_limit": {"requests_per_unit": 9, "unit": "day"}}],
+ "response": {"status": 503, "headers": "ietf", "on_allowed": false},
+ "failure_mode": "deny", "capacity": 7, "log_limited": "info"}"#;
+
+#[test]
+fn config_parser_takes_any_bytes() {
+    assert!(Config::parse(VALID.as_bytes()).is_ok());
+    let tokens: [&[u8]; 16] = [
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b"\"",
+        b":",
+        b",",
+        b"null",
+        b"true",
+        b"-1",
+        b"1e309",
+        b"\"rules\"",
+        b"\"name\"",
+        b"\\u0000",
+        b"\xff",
+        b"18446744073709551616",
+    ];
+    fuzz(
+        "config (mutated valid config)",
+        40_000 * scale(),
+        Duration::from_millis(50),
+        |rng, _| {
+            let mut doc = VALID.as_bytes().to_vec();
+            for _ in 0..1 + rng.below(6) {
+                if doc.is_empty() {
+                    break;
+                }
+                let at = rng.below(doc.len() as u64) as usize;
+                match rng.below(4) {
+                    0 => {
+                        doc.remove(at);
+                    }
+                    1 => doc.insert(at, rng.next() as u8),
+                    2 => {
+                        let t = tokens[rng.below(tokens.len() as u64) as usize];
+                        doc.splice(at..at, t.iter().copied());
+                    }
+                    _ => doc.truncate(at),
+                }
+            }
+            let _ = Config::parse(&doc);
+        },
+    );
+    fuzz(
+        "config (random bytes)",
+        40_000 * scale(),
+        Duration::from_millis(50),
+        |rng, _| {
+            let _ = Config::parse(&rng.bytes(300));
+        },
+    );
+    // Deep nesting and huge documents are refused or parsed, never a crash.
+    let deep = "[".repeat(100_000);
+    assert!(Config::parse(deep.as_bytes()).is_err());
+    let many = format!(
+        r#"{{"rules": [{}]}}"#,
+        (0..20_000)
+            .map(|i| format!(
+                r#"{{"name": "r{i}", "rate_limit": {{"requests_per_unit": 1, "unit": "second"}}}}"#
+            ))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let t = Instant::now();
+    assert_eq!(Config::parse(many.as_bytes()).unwrap().rules.len(), 20_000);
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn key_builder_takes_any_header_bytes() {
+    let seed = Seed([1, 2]);
+    let parts = [
+        KeyPart::RemoteAddress,
+        KeyPart::Header("x-api-key".into()),
+        KeyPart::Query("u".into()),
+        KeyPart::Path,
+        KeyPart::Method,
+        KeyPart::Authority,
+    ];
+    let config = Config::parse(VALID.as_bytes()).unwrap();
+    let matcher: &Match = &config.rules[0].matcher;
+    fuzz(
+        "key builder",
+        100_000 * scale(),
+        Duration::from_millis(50),
+        |rng, _| {
+            let text = |rng: &mut Rng, max| String::from_utf8_lossy(&rng.bytes(max)).into_owned();
+            let huge = rng.below(50) == 0;
+            let mut req = FakeRequest {
+                source_address: Some(text(rng, 60)),
+                path: Some(format!("/{}?u={}", text(rng, 50), text(rng, 20))),
+                method: Some(text(rng, 8)),
+                authority: Some(text(rng, if huge { 100_000 } else { 40 })),
+                headers: vec![
+                    (
+                        "x-api-key".into(),
+                        rng.bytes(if huge { 1 << 20 } else { 64 }),
+                    ),
+                    ("x-tier".into(), rng.bytes(6)),
+                    ("k".into(), rng.bytes(3)),
+                ],
+            };
+            if rng.below(4) == 0 {
+                req.headers.clear();
+            }
+            let _ = matches(matcher, &mut req);
+            let _ = client_key(seed, 7, &parts, &mut req);
+        },
+    );
+}
+
+#[test]
+fn slot_decoding_takes_any_bytes() {
+    let policies = [
+        Policy::SlidingWindow {
+            limit: 5,
+            window_ms: 1_000,
+        },
+        Policy::FixedWindow {
+            limit: 5,
+            window_ms: 60_000,
+        },
+        Policy::Gcra(gcra::Params {
+            limit: 7,
+            window_ms: 1_000,
+            burst: 3,
+            max_delay_ms: Some(10),
+        }),
+        Policy::SlidingLog {
+            limit: 5,
+            window_ms: 1_000,
+        },
+    ];
+    // Real slots to mutate: one bucket and one log, each filled by real decisions.
+    let mut seeds: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (slot, policy) in [(0u64, policies[2]), (LOG_SLOTS, policies[3])] {
+        let mut s = Slot::decode(slot, None).unwrap();
+        let (_, state) = policy.decide(None, 1_000, 1);
+        s.put(3, state.unwrap(), 1_000);
+        seeds.push((slot, s.encode()));
+    }
+    fuzz(
+        "slot decoding",
+        200_000 * scale(),
+        Duration::from_millis(50),
+        |rng, i| {
+            let (slot, mut bytes) = if i % 2 == 0 {
+                let (slot, b) = &seeds[rng.below(2) as usize];
+                (*slot, b.clone())
+            } else {
+                ([0, LOG_SLOTS][rng.below(2) as usize], rng.bytes(200))
+            };
+            for _ in 0..rng.below(4) {
+                if !bytes.is_empty() {
+                    let at = rng.below(bytes.len() as u64) as usize;
+                    bytes[at] = rng.next() as u8;
+                }
+            }
+            if let Ok(decoded) = Slot::decode(slot, Some(&bytes)) {
+                // Whatever decoded, deciding on it at any time must not panic either.
+                let now = rng.next() >> rng.below(64);
+                for p in &policies {
+                    let state = decoded.find(3).cloned().or_else(|| {
+                        decoded
+                            .find_log(3)
+                            .cloned()
+                            .map(wasm_ratelimit::limiter::State::SlidingLog)
+                    });
+                    let _ = p.decide(state.as_ref(), now, 1 + rng.below(3));
+                }
+                let _ = decoded.encode();
+            }
+        },
+    );
+}
