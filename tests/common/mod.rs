@@ -233,10 +233,15 @@ impl Envoy {
     /// Waits (≤ 10 s) until a stat has the `expected` value (the filter publishes its counters
     /// once a second per worker); returns the last value seen.
     pub fn wait_stat(&self, name: &str, expected: u64) -> Option<u64> {
+        self.wait_stat_until(name, |v| v == expected)
+    }
+
+    /// Waits (≤ 10 s) until a stat satisfies `done`; returns the last value seen.
+    pub fn wait_stat_until(&self, name: &str, done: impl Fn(u64) -> bool) -> Option<u64> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let v = self.stat(name);
-            if v == Some(expected) || Instant::now() > deadline {
+            if v.is_some_and(&done) || Instant::now() > deadline {
                 return v;
             }
             std::thread::sleep(Duration::from_millis(100));
