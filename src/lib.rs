@@ -8,6 +8,8 @@ pub mod hash;
 pub mod headers;
 pub mod key;
 pub mod limiter;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod manifest;
 pub mod store;
 pub mod table;
 

@@ -57,8 +57,36 @@ pub fn bootstrap_with_policy(
     wasm: &Path,
     failure_policy: Option<&str>,
 ) -> String {
-    let policy = failure_policy
+    bootstrap_plugin(
+        &Plugin {
+            name: "test",
+            root_id: "test",
+            vm_id: Some("test"),
+            failure_policy,
+        },
+        plugin_config,
+        wasm,
+    )
+}
+
+/// How the wasm filter is declared (Istio: name `<namespace>.<name>`, root_id the plugin
+/// name, no vm_id).
+pub struct Plugin<'a> {
+    pub name: &'a str,
+    pub root_id: &'a str,
+    pub vm_id: Option<&'a str>,
+    pub failure_policy: Option<&'a str>,
+}
+
+/// The bootstrap of one listener named `test` with the filter declared as `plugin`.
+pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+    let policy = plugin
+        .failure_policy
         .map(|p| format!("\n                failure_policy: {p}"))
+        .unwrap_or_default();
+    let vm_id = plugin
+        .vm_id
+        .map(|v| format!("\n                  vm_id: {v}"))
         .unwrap_or_default();
     format!(
         r#"admin:
@@ -87,10 +115,9 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
-                name: test
-                root_id: test{policy}
-                vm_config:
-                  vm_id: test
+                name: "{name}"
+                root_id: "{root_id}"{policy}
+                vm_config:{vm_id}
                   runtime: envoy.wasm.runtime.v8
                   code: {{local: {{filename: "{wasm}"}}}}
                 configuration:
@@ -100,6 +127,8 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
+        name = plugin.name,
+        root_id = plugin.root_id,
         wasm = wasm.display(),
         config = indent(plugin_config, 20),
     )

@@ -1,0 +1,76 @@
+//! Reading configurations the way users hold them: plain JSON, YAML, or Istio `WasmPlugin`
+//! manifests (whose `spec.pluginConfig` Istio serializes to JSON for the filter). Native only:
+//! used by the `ratelimit-config` CLI and the tests, never compiled into the `.wasm`.
+
+use serde_json::Value;
+use yaml_rust2::{Yaml, YamlLoader};
+
+/// Every YAML document in `text`, as JSON values.
+pub fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
+    let docs = YamlLoader::load_from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    docs.iter().map(to_json).collect()
+}
+
+/// The configurations in a file, as the JSON the filter receives (Istio serializes
+/// `pluginConfig` to JSON), each with a label when it comes from a manifest.
+pub fn plugin_configs(text: &str) -> Result<Vec<(Option<String>, String)>, String> {
+    // JSON first: the filter's own format. Text that looks like JSON goes to the filter as
+    // it is, so a broken file gets the filter's own error.
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        return Ok(vec![(None, text.to_string())]);
+    }
+    let mut out = Vec::new();
+    for value in yaml_documents(text)? {
+        if value.get("kind").and_then(Value::as_str) == Some("WasmPlugin") {
+            let name = value
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("unnamed");
+            let config = value
+                .pointer("/spec/pluginConfig")
+                .cloned()
+                .unwrap_or(Value::Null);
+            let json = if config.is_null() {
+                String::new() // no pluginConfig: the filter gets an empty configuration
+            } else {
+                config.to_string()
+            };
+            out.push((Some(format!("WasmPlugin {name}")), json));
+        } else if !value.is_null() {
+            out.push((None, value.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// YAML to the JSON value Istio's `protomarshal.ToJSON` would produce.
+pub fn to_json(y: &Yaml) -> Result<Value, String> {
+    Ok(match y {
+        Yaml::Null | Yaml::BadValue => Value::Null,
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Integer(i) => Value::from(*i),
+        Yaml::Real(r) => r
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .ok_or_else(|| format!("invalid number {r}"))?,
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        Yaml::Hash(map) => {
+            let mut obj = serde_json::Map::new();
+            for (k, v) in map {
+                let key = match k {
+                    Yaml::String(s) => s.clone(),
+                    Yaml::Integer(i) => i.to_string(),
+                    Yaml::Boolean(b) => b.to_string(),
+                    other => return Err(format!("unsupported YAML key {other:?}")),
+                };
+                obj.insert(key, to_json(v)?);
+            }
+            Value::Object(obj)
+        }
+        Yaml::Alias(_) => return Err("YAML aliases are not supported".into()),
+    })
+}
