@@ -10,7 +10,7 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build build-panic run test unit integration lint envoy target clean bench bench-tools
+.PHONY: build build-panic run test unit integration deploy-test lint envoy target clean bench bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -42,12 +42,21 @@ build-panic: target
 integration: build build-panic envoy
 	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) cargo test --test '*' -- --test-threads 2
 
-test: unit integration
+# Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
+deploy-test: build envoy
+	python3 deploy/oci/test_oci.py $(WASM)
+
+test: unit integration deploy-test
 
 lint: target
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(TARGET) --lib -- -D warnings
+
+# An OCI image layout of the filter (Istio's Wasm image spec, compat variant), without docker.
+OCI_TAG := 0.1.0
+oci: build
+	python3 deploy/oci/build.py $(WASM) target/oci/wasm-ratelimit $(OCI_TAG)
 
 bench-tools: build envoy
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
