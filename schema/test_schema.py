@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Keeps schema/plugin-config.schema.json in step with the filter: every configuration the
+filter accepts (fixtures, examples, README snippets, Istio manifests) validates against the
+schema, and every bad fixture the filter refuses is refused by the schema too, except the few
+rules a JSON Schema cannot express (listed below with the reason). Run by `make test` in the
+project virtualenv (jsonschema, PyYAML)."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "schema/plugin-config.schema.json").read_text())
+jsonschema.Draft202012Validator.check_schema(SCHEMA)
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+# Bad fixtures whose mistake a schema cannot express.
+NOT_EXPRESSIBLE = {
+    "duplicate_name": "names must be unique across the items of an array",
+    "cost_above_limit": "compares one field with another (cost against requests_per_unit/burst)",
+    "empty": "not a JSON document",
+    "invalid_json": "not a JSON document",
+}
+
+
+def accepted_configs():
+    """(label, config) for every configuration the filter accepts that the repo ships."""
+    for path in sorted((ROOT / "tests/fixtures/good").glob("*.json")):
+        yield str(path.relative_to(ROOT)), json.loads(path.read_text())
+    for path in sorted(ROOT.glob("examples/*/envoy.yaml")) + [ROOT / "envoy.yaml"]:
+        for doc in yaml.safe_load_all(path.read_text()):
+            for cfg in find_plugin_configs(doc):
+                yield str(path.relative_to(ROOT)), cfg
+    for path in sorted(ROOT.glob("deploy/istio/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "WasmPlugin":
+                yield f"{path.relative_to(ROOT)} {doc['metadata']['name']}", doc["spec"]["pluginConfig"]
+    for path in [ROOT / "README.md"] + sorted(ROOT.glob("examples/*/README.md")):
+        for block in re.findall(r"```json\n(.*?)```", path.read_text(), re.S):
+            cfg = json.loads(block)
+            if "rules" in cfg:
+                yield f"{path.relative_to(ROOT)} json block", cfg
+
+
+def find_plugin_configs(node):
+    """Plugin configurations inside an Envoy config: StringValue values holding JSON rules."""
+    if isinstance(node, dict):
+        if node.get("@type") == "type.googleapis.com/google.protobuf.StringValue":
+            cfg = json.loads(node["value"])
+            if "rules" in cfg:
+                yield cfg
+        for v in node.values():
+            yield from find_plugin_configs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from find_plugin_configs(v)
+
+
+def main():
+    passed = failed = 0
+    seen = 0
+    for label, cfg in accepted_configs():
+        seen += 1
+        errors = list(VALIDATOR.iter_errors(cfg))
+        if errors:
+            failed += 1
+            print(f"FAIL {label}: the filter accepts it, the schema does not: {errors[0].message}")
+        else:
+            passed += 1
+    if seen < 10:
+        failed += 1
+        print(f"FAIL only {seen} accepted configurations found")
+    for path in sorted((ROOT / "tests/fixtures/bad").glob("*.json")):
+        name = path.stem
+        if name in NOT_EXPRESSIBLE:
+            continue
+        cfg = json.loads(path.read_text())
+        if VALIDATOR.is_valid(cfg):
+            failed += 1
+            print(f"FAIL {path.relative_to(ROOT)}: the filter refuses it, the schema accepts it")
+        else:
+            passed += 1
+    print(f"schema: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
