@@ -213,14 +213,14 @@ impl Envoy {
         };
         loop {
             // LIVE once initialisation (plugin configured on every worker) is done; the
-            // listener's bound address is listed as `test::127.0.0.1:PORT`. No request is sent:
+            // listener's bound address is listed as `NAME::127.0.0.1:PORT`. No request is sent:
             // it would count against the rules under test.
             let live = get(admin, "/ready").is_ok_and(|r| r.body_str().trim() == "LIVE");
             if live {
                 if let Ok(r) = get(admin, "/listeners") {
-                    if let Some(Ok(addr)) =
-                        r.body_str().trim().strip_prefix("test::").map(str::parse)
-                    {
+                    let body = r.body_str();
+                    let bound = body.lines().next().and_then(|l| l.split_once("::"));
+                    if let Some(Ok(addr)) = bound.map(|(_, a)| a.trim().parse()) {
                         envoy.addr = addr;
                         return envoy;
                     }
