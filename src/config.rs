@@ -61,7 +61,38 @@ pub struct Rule {
     pub cost: Cost,
     /// Count and report, but never refuse (a soft rollout).
     pub shadow: bool,
+    /// A rate limit service shared by many Envoys, if the rule is global.
+    pub global: Option<Global>,
 }
+
+/// A rule's global backend: Envoy's rate limit service protocol over a gRPC cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Global {
+    /// The Envoy cluster of the service (HTTP/2).
+    pub cluster: String,
+    /// The rate limit domain sent to the service.
+    pub domain: String,
+    /// Ask before deciding, or decide locally and report afterwards.
+    pub mode: GlobalMode,
+    /// How long to wait for the service, ms.
+    pub timeout_ms: u32,
+    /// Async mode: how often each worker reports its hits, ms.
+    pub flush_ms: u32,
+}
+
+/// How a global rule uses its service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalMode {
+    /// Each request waits for the service's answer.
+    Sync,
+    /// Local-first: decided at once from this proxy's view, hits reported in batches.
+    Async,
+}
+
+/// Default wait for a rate limit service, ms.
+pub const DEFAULT_GLOBAL_TIMEOUT_MS: u64 = 20;
+/// Default async flush interval, ms.
+pub const DEFAULT_FLUSH_MS: u64 = 100;
 
 /// The algorithm of a rule, with its own parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -634,6 +665,7 @@ impl Validator {
                 "max_delay_ms",
                 "cost",
                 "shadow",
+                "global",
             ],
         )?;
         let name = match map.get("name") {
@@ -668,6 +700,31 @@ impl Validator {
             Some(b) => self.boolean(b, &join(path, "shadow")),
             None => Some(default_shadow),
         };
+        let global = match map.get("global") {
+            Some(g) => self.global(g, &join(path, "global")).map(Some),
+            None => Some(None),
+        };
+        if let (Some(Some(_)), Some(Algorithm::SlidingLog)) = (&global, algorithm) {
+            self.error(
+                &join(path, "algorithm"),
+                "sliding_log cannot be combined with \"global\"",
+            );
+        }
+        if let Some(Some(Global {
+            mode: GlobalMode::Sync,
+            ..
+        })) = &global
+        {
+            // The service decides a sync rule: local algorithm settings would be silently ignored.
+            for field in ["algorithm", "burst", "on_limit", "max_delay_ms"] {
+                if map.contains_key(field) {
+                    self.error(
+                        &join(path, field),
+                        "not used by a rule with \"global\" mode \"sync\" (the service decides)",
+                    );
+                }
+            }
+        }
         Some(Rule {
             name: name?,
             matcher: matcher?,
@@ -676,6 +733,61 @@ impl Validator {
             algorithm: algorithm?,
             cost: cost?,
             shadow: shadow?,
+            global: global?,
+        })
+    }
+
+    fn global(&mut self, v: &Value, path: &str) -> Option<Global> {
+        let map = self.object(
+            v,
+            path,
+            &["cluster", "domain", "mode", "timeout_ms", "flush_ms"],
+        )?;
+        let mut text = |field: &str| match map.get(field) {
+            Some(t) => match self.string(t, &join(path, field)) {
+                Some("") => {
+                    self.error(&join(path, field), "must not be empty");
+                    None
+                }
+                other => other.map(str::to_string),
+            },
+            None => {
+                self.error(&join(path, field), "required field is missing");
+                None
+            }
+        };
+        let cluster = text("cluster");
+        let domain = text("domain");
+        let mode = match map.get("mode") {
+            Some(m) => self.choice(
+                m,
+                &join(path, "mode"),
+                "mode",
+                &[("sync", GlobalMode::Sync), ("async", GlobalMode::Async)],
+            ),
+            None => Some(GlobalMode::Sync),
+        };
+        let mut millis = |field: &str, default: u64| match map.get(field) {
+            Some(n) => self
+                .integer(n, &join(path, field), 1, 60_000)
+                .and_then(|n| u32::try_from(n).ok()),
+            None => u32::try_from(default).ok(),
+        };
+        let timeout_ms = millis("timeout_ms", DEFAULT_GLOBAL_TIMEOUT_MS);
+        let flush_ms = millis("flush_ms", DEFAULT_FLUSH_MS);
+        if mode == Some(GlobalMode::Sync) && map.contains_key("flush_ms") {
+            self.error(
+                &join(path, "flush_ms"),
+                "only used with \"mode\": \"async\"",
+            );
+            return None;
+        }
+        Some(Global {
+            cluster: cluster?,
+            domain: domain?,
+            mode: mode?,
+            timeout_ms: timeout_ms?,
+            flush_ms: flush_ms?,
         })
     }
 

@@ -114,6 +114,36 @@ pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart], algorithm: &str
     h.finish()
 }
 
+/// Calls `f` with each key part's value, in order; `None` as soon as a part is missing from
+/// the request (the rule then does not apply). The authority is lower-cased.
+pub fn visit_parts(
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+    mut f: impl FnMut(&KeyPart, &[u8]),
+) -> Option<()> {
+    for part in parts {
+        match part {
+            KeyPart::RemoteAddress => f(part, strip_port(req.source_address()?).as_bytes()),
+            KeyPart::Header(name) => f(part, req.header(name)?),
+            KeyPart::Query(name) => {
+                let (_, query) = split_path(req.path()?);
+                f(part, query_param(query?, name)?.as_bytes())
+            }
+            KeyPart::Path => f(part, split_path(req.path()?).0.as_bytes()),
+            KeyPart::Method => f(part, req.method()?.as_bytes()),
+            KeyPart::Authority => {
+                let a = req.authority()?;
+                if a.bytes().any(|b| b.is_ascii_uppercase()) {
+                    f(part, a.to_ascii_lowercase().as_bytes())
+                } else {
+                    f(part, a.as_bytes())
+                }
+            }
+        }
+    }
+    Some(())
+}
+
 /// The 64-bit hash of the client key of a rule for this request, or `None` when a key part is
 /// missing from the request (the rule then does not apply). The raw key is never kept.
 pub fn client_key(
@@ -124,29 +154,26 @@ pub fn client_key(
 ) -> Option<u64> {
     let mut h = SipHasher13::new(seed);
     h.write_u64(rule_fingerprint);
-    for part in parts {
-        let value: &[u8] = match part {
-            KeyPart::RemoteAddress => strip_port(req.source_address()?).as_bytes(),
-            KeyPart::Header(name) => req.header(name)?,
-            KeyPart::Query(name) => {
-                let (_, query) = split_path(req.path()?);
-                query_param(query?, name)?.as_bytes()
-            }
-            KeyPart::Path => split_path(req.path()?).0.as_bytes(),
-            KeyPart::Method => req.method()?.as_bytes(),
-            KeyPart::Authority => {
-                // Lower-cased without allocating: hash byte by byte.
-                let a = req.authority()?;
-                h.write_u64(a.len() as u64);
-                for b in a.bytes().take(MAX_KEY_PART) {
-                    h.write(&[b.to_ascii_lowercase()]);
-                }
-                continue;
-            }
-        };
-        write_part(&mut h, value);
-    }
+    visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
     Some(h.finish())
+}
+
+/// A rate limit service descriptor: (entry key, raw value) pairs.
+pub type Descriptor = Vec<(String, Vec<u8>)>;
+
+/// The entries of a rate limit service descriptor for a rule: `("rule", name)`, then each key
+/// part as `(part, raw value)` (e.g. `("remote_address", "10.0.0.1")`,
+/// `("header:x-api-key", …)`). `None` when a key part is missing.
+pub fn descriptor_entries(
+    rule: &str,
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+) -> Option<Descriptor> {
+    let mut entries = vec![("rule".to_string(), rule.as_bytes().to_vec())];
+    visit_parts(parts, req, |part, value| {
+        entries.push((part.to_string(), value.to_vec()))
+    })?;
+    Some(entries)
 }
 
 /// A request made of plain fields, for tests and the config-check tooling.
@@ -288,6 +315,17 @@ mod tests {
             client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
             k(&mut req("10.0.0.1:1", "/"))
         );
+        // The descriptor carries the raw values, in order.
+        let entries = descriptor_entries("r", &parts, &mut req("10.0.0.1:9", "/")).unwrap();
+        assert_eq!(
+            entries,
+            [
+                ("rule".to_string(), b"r".to_vec()),
+                ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+                ("header:x-api-key".to_string(), b"k1".to_vec()),
+            ]
+        );
+        assert_eq!(descriptor_entries("r", &parts, &mut no_key.clone()), None);
         // Huge values: hashed up to 4 KiB plus their length.
         let mut huge = req("10.0.0.1:1", "/");
         huge.headers[0].1 = vec![b'a'; 1 << 20];

@@ -10,6 +10,7 @@ pub mod key;
 pub mod limiter;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod manifest;
+pub mod rls;
 pub mod store;
 pub mod table;
 

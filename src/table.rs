@@ -30,6 +30,7 @@ pub const LOG_SLOTS: u64 = 1 << 32;
 const TAG_SLIDING_WINDOW: u8 = 1;
 const TAG_FIXED_WINDOW: u8 = 2;
 const TAG_GCRA: u8 = 3;
+const TAG_BLOCKED: u8 = 4;
 
 /// The number of buckets for a configured capacity (rounded up).
 pub fn buckets_for(capacity: u32) -> u32 {
@@ -116,6 +117,9 @@ impl Slot {
                     .get(..gcra::STATE_LEN)
                     .and_then(gcra::State::decode)
                     .map(State::Gcra),
+                TAG_BLOCKED => state.first_chunk::<8>().map(|b| State::Blocked {
+                    until_ms: u64::from_le_bytes(*b),
+                }),
                 _ => None,
             };
             *entry = Some((fp, state.ok_or(Corrupt)?));
@@ -229,6 +233,7 @@ fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
         State::SlidingWindow(s) => (TAG_SLIDING_WINDOW, &s.encode()),
         State::FixedWindow(s) => (TAG_FIXED_WINDOW, &s.encode()),
         State::Gcra(s) => (TAG_GCRA, &s.encode()),
+        State::Blocked { until_ms } => (TAG_BLOCKED, &until_ms.to_le_bytes()),
         State::SlidingLog(_) => return,
     };
     *tag = t;
@@ -272,6 +277,12 @@ mod tests {
             count: 2,
         });
         b.put(17, f, 7);
+        let mut b2 = b.clone();
+        assert_eq!(
+            b2.put(13, State::Blocked { until_ms: 99 }, 8),
+            Placement::Updated
+        );
+        assert_eq!(Slot::decode(0, Some(&b2.encode())), Ok(b2.clone()));
         let bytes = b.encode();
         assert_eq!(bytes.len(), BUCKET_LEN);
         assert_eq!(Slot::decode(0, Some(&bytes)), Ok(b.clone()));

@@ -17,7 +17,7 @@ fn main() {
 mod cli {
     use std::io::Read;
     use wasm_ratelimit::config::{
-        Algorithm, Config, Cost, FailureMode, HeaderCondition, Match, Rule,
+        Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Match, Rule,
     };
     use wasm_ratelimit::manifest::plugin_configs;
 
@@ -120,6 +120,22 @@ mod cli {
                     Cost::Header(h) => format!(", cost from header {h}"),
                 },
             ));
+            if let Some(g) = &r.global {
+                out.push_str(&format!(
+                    "    global {}: cluster {}, domain {}, timeout {} ms{}\n",
+                    match g.mode {
+                        GlobalMode::Sync => "sync",
+                        GlobalMode::Async => "async",
+                    },
+                    g.cluster,
+                    g.domain,
+                    g.timeout_ms,
+                    match g.mode {
+                        GlobalMode::Async => format!(", flush every {} ms", g.flush_ms),
+                        GlobalMode::Sync => String::new(),
+                    }
+                ));
+            }
         }
         out
     }

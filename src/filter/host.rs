@@ -100,6 +100,7 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_status(code: *mut u32, message: *mut *mut u8, message_size: *mut usize) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, out_id: *mut u32) -> u32;
@@ -153,17 +154,54 @@ pub fn set_tick_period(ms: u32) -> Result<(), Status> {
     check(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
-/// The plugin configuration bytes (`None` when there is none).
-pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, Status> {
-    const PLUGIN_CONFIGURATION: u32 = 7;
+fn buffer(kind: u32, size: usize) -> Result<Option<Vec<u8>>, Status> {
     let (mut ptr, mut len) = (null_mut(), 0usize);
-    match check(unsafe {
-        proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, size, &mut ptr, &mut len)
-    }) {
+    match check(unsafe { proxy_get_buffer_bytes(kind, 0, size, &mut ptr, &mut len) }) {
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
     }
+}
+
+/// The plugin configuration bytes (`None` when there is none).
+pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, Status> {
+    const PLUGIN_CONFIGURATION: u32 = 7;
+    buffer(PLUGIN_CONFIGURATION, size)
+}
+
+/// The body of a gRPC call's answer.
+pub fn grpc_response(size: usize) -> Result<Option<Vec<u8>>, Status> {
+    const GRPC_RECEIVE_BUFFER: u32 = 5;
+    buffer(GRPC_RECEIVE_BUFFER, size)
+}
+
+/// The gRPC status of the call whose answer is being delivered.
+pub fn grpc_status() -> Result<u32, Status> {
+    let (mut code, mut ptr, mut len) = (0u32, null_mut(), 0usize);
+    check(unsafe { proxy_get_status(&mut code, &mut ptr, &mut len) })?;
+    drop(unsafe { owned(ptr, len) });
+    Ok(code)
+}
+
+/// Starts a unary gRPC call on `cluster`; the answer comes to the calling context's
+/// `on_grpc_call_response`. Goes through the SDK, which must learn the token to route the
+/// answer; unknown clusters come back as errors (`ParseFailure`).
+pub fn grpc_call(
+    cluster: &str,
+    service: &str,
+    method: &str,
+    message: &[u8],
+    timeout_ms: u32,
+) -> Result<u32, Status> {
+    proxy_wasm::hostcalls::dispatch_grpc_call(
+        cluster,
+        service,
+        method,
+        Vec::new(),
+        Some(message),
+        std::time::Duration::from_millis(u64::from(timeout_ms)),
+    )
+    .map_err(|s| Status(s as u32))
 }
 
 /// A header's value, as bytes.

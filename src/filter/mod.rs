@@ -1,13 +1,15 @@
 //! The proxy-wasm layer: Envoy's callbacks in, host calls out. No decisions are made here; see
 //! [`crate::limiter::decide`].
 
+mod global;
 mod host;
 
-use crate::config::{self, Config, Cost, FailureMode, HeaderStyle};
+use crate::config::{self, Config, Cost, FailureMode, GlobalMode, HeaderStyle};
 use crate::hash::Seed;
 use crate::headers;
 use crate::key::{self, Attributes};
 use crate::limiter::{self, Check, Policy, Verdict};
+use crate::rls;
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table;
 use host::{Level, Map};
@@ -91,13 +93,14 @@ enum Counter {
     SlotEvictions,
     Delayed,
     ShadowLimited,
+    GlobalErrors,
 }
 
 /// How often each worker publishes its counters.
 const METRICS_PERIOD_MS: u32 = 1000;
 
 /// Counter names, as they appear in the metric names.
-const COUNTERS: [&str; 8] = [
+const COUNTERS: [&str; 9] = [
     "allowed",
     "limited",
     "failed_open",
@@ -106,14 +109,15 @@ const COUNTERS: [&str; 8] = [
     "slot_evictions",
     "delayed",
     "shadow_limited",
+    "global_errors",
 ];
 
 /// One rule's counters. A host call per increment costs ~1 µs, so requests add to `pending`
 /// and the root context publishes the sums on its tick, once a second per worker.
 #[derive(Default)]
 struct RuleMetrics {
-    ids: [Option<u32>; 8],
-    pending: [Cell<u64>; 8],
+    ids: [Option<u32>; 9],
+    pending: [Cell<u64>; 9],
 }
 
 impl RuleMetrics {
@@ -151,6 +155,10 @@ struct Runtime {
     delay_queue: Option<u32>,
     /// Gauge of table entries in use (keys tracked, expired ones included until reused).
     tracked_keys: Option<u32>,
+    /// The tick period when no request is held: metrics, and async global flushes.
+    base_tick_ms: u32,
+    /// When async global rules last flushed (ms), if there are any.
+    last_flush: Cell<u64>,
 }
 
 /// The metric name prefix; the README documents the names.
@@ -260,7 +268,12 @@ impl Root {
             .collect();
         let gauge =
             |name: &str| host::define_gauge(&format!("wasm_ratelimit.{plugin}.{name}")).ok();
+        let base_tick_ms = global::flush_period(&config.rules)
+            .unwrap_or(METRICS_PERIOD_MS)
+            .min(METRICS_PERIOD_MS);
         Ok(Runtime {
+            base_tick_ms,
+            last_flush: Cell::new(0),
             delay_queue: gauge("delay_queue"),
             tracked_keys: gauge("tracked_keys"),
             buckets: table::buckets_for(config.capacity),
@@ -282,7 +295,14 @@ impl Root {
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// Answers to async global flushes.
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        if let Some(rt) = &self.runtime {
+            global::on_flush_answer(rt, token, status, size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -294,8 +314,9 @@ impl RootContext for Root {
                     runtime.config.rules.len(),
                     runtime.buckets as usize * table::WAYS
                 );
+                let tick = runtime.base_tick_ms;
                 self.runtime = Some(Rc::new(runtime));
-                if let Err(s) = host::set_tick_period(METRICS_PERIOD_MS) {
+                if let Err(s) = host::set_tick_period(tick) {
                     log::warn!(
                         "no tick timer (status {}): metrics will not be published",
                         s.0
@@ -327,8 +348,17 @@ impl RootContext for Root {
             }
         }
         let _ = host::set_effective_context(self.id);
+        let Some(rt) = self.runtime.clone() else {
+            return;
+        };
         if WAITING.with(|w| w.borrow().is_empty()) {
-            let _ = host::set_tick_period(METRICS_PERIOD_MS);
+            let _ = host::set_tick_period(rt.base_tick_ms);
+        }
+        if let Some(period) = global::flush_period(&rt.config.rules) {
+            if now >= rt.last_flush.get().saturating_add(u64::from(period)) {
+                rt.last_flush.set(now);
+                global::flush(&rt);
+            }
         }
         if now
             >= self
@@ -345,6 +375,8 @@ impl RootContext for Root {
         Some(Box::new(Request {
             id: context_id,
             runtime: self.runtime.clone(),
+            pending: None,
+            extra_headers: Vec::new(),
             response_headers: None,
             local_reply: false,
         }))
@@ -438,18 +470,50 @@ thread_local! {
 struct Request {
     id: u32,
     runtime: Option<Rc<Runtime>>,
+    /// Waiting for the services of sync global rules.
+    pending: Option<Pending>,
+    /// Headers the services asked to add to the response.
+    extra_headers: Vec<(String, String)>,
     /// Headers to add to the upstream's response.
     response_headers: Option<headers::Fields>,
     /// Whether this filter sent a local reply (which passes through our response hook too).
     local_reply: bool,
 }
 
+/// A sync global rule's question to its service, and the answer once it came.
+struct SyncCall {
+    token: u32,
+    rule: usize,
+    answer: Option<Result<rls::Response, String>>,
+}
+
+/// A request between the questions to the services and the decision.
+struct Pending {
+    checks: Vec<Check>,
+    /// For each check: the rule's index, the key's hash, and (async global rules) the
+    /// descriptor to report the hits with.
+    applied: Vec<(usize, u64, Option<key::Descriptor>)>,
+    calls: Vec<SyncCall>,
+}
+
+/// What to do with the request once decided.
+enum Next {
+    Continue,
+    Hold,
+    Replied,
+}
+
 impl Request {
+    /// Matches the rules, builds the keys, and either decides at once or asks the services of
+    /// sync global rules first.
     fn limit(&mut self, rt: &Runtime) -> Action {
         let mut attrs = HostAttributes::default();
-        let mut checks = Vec::new();
-        let mut applied = Vec::new();
-        for (rule, compiled) in rt.config.rules.iter().zip(&rt.rules) {
+        let mut p = Pending {
+            checks: Vec::new(),
+            applied: Vec::new(),
+            calls: Vec::new(),
+        };
+        for (i, (rule, compiled)) in rt.config.rules.iter().zip(&rt.rules).enumerate() {
             if !key::matches(&rule.matcher, &mut attrs) {
                 continue;
             }
@@ -457,83 +521,153 @@ impl Request {
             else {
                 continue;
             };
+            let cost = match &rule.cost {
+                Cost::Fixed(n) => u64::from(*n),
+                Cost::Header(name) => config::parse_cost(attrs.header(name)),
+            };
+            let descriptor = match &rule.global {
+                Some(_) => key::descriptor_entries(&rule.name, &rule.key, &mut attrs),
+                None => None,
+            };
+            if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
+                if g.mode == GlobalMode::Sync {
+                    let answer = global::ask(g, entries, cost)
+                        .map(|token| (token, None))
+                        .unwrap_or_else(|e| (0, Some(Err(e))));
+                    p.calls.push(SyncCall {
+                        token: answer.0,
+                        rule: i,
+                        answer: answer.1,
+                    });
+                    continue;
+                }
+            }
             let slot = if compiled.policy.uses_log() {
                 table::LOG_SLOTS + hash % u64::from(rt.config.capacity.max(1))
             } else {
                 u64::from(table::bucket_of(hash, rt.buckets))
             };
-            let cost = match &rule.cost {
-                Cost::Fixed(n) => u64::from(*n),
-                Cost::Header(name) => config::parse_cost(attrs.header(name)),
-            };
             let mut policy = compiled.policy;
-            if let Policy::Gcra(p) = &mut policy {
-                if p.max_delay_ms.is_some() && WAITING.with(|w| w.borrow().len()) >= MAX_WAITING {
-                    p.max_delay_ms = Some(0); // the waiting list is full: no more holding
+            if let Policy::Gcra(gp) = &mut policy {
+                if gp.max_delay_ms.is_some() && WAITING.with(|w| w.borrow().len()) >= MAX_WAITING {
+                    gp.max_delay_ms = Some(0); // the waiting list is full: no more holding
                 }
             }
-            checks.push(Check {
+            p.checks.push(Check {
                 slot,
                 fingerprint: table::fingerprint_of(hash),
                 policy,
                 cost,
                 shadow: rule.shadow,
             });
-            applied.push((rule, compiled, hash));
+            p.applied.push((i, hash, descriptor));
         }
-        if checks.is_empty() {
+        if p.checks.is_empty() && p.calls.is_empty() {
             return Action::Continue;
         }
+        if p.calls.iter().any(|c| c.answer.is_none()) {
+            self.pending = Some(p);
+            return Action::Pause; // on_grpc_call_response goes on
+        }
+        match self.decide(rt, p) {
+            Next::Continue => Action::Continue,
+            Next::Hold | Next::Replied => Action::Pause,
+        }
+    }
+
+    /// Decides once every service has answered: the services' verdicts first, then the local
+    /// rules (counted only if the services admit the request).
+    fn decide(&mut self, rt: &Runtime, p: Pending) -> Next {
         // A failing clock reads as 0, which the algorithm clamps to each key's last time.
         let now = host::now_ms().unwrap_or(0);
-        let outcome = limiter::decide(&rt.store, &checks, now, rt.config.failure_mode);
-
-        let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(applied.len());
-        for (((rule, compiled, hash), out), check) in
-            applied.iter().zip(&outcome.rules).zip(&checks)
-        {
+        let mut reported: Vec<(&str, Verdict)> = Vec::new();
+        let mut refused = false;
+        for call in &p.calls {
+            let (Some(rule), Some(compiled)) =
+                (rt.config.rules.get(call.rule), rt.rules.get(call.rule))
+            else {
+                continue;
+            };
             let m = &compiled.metrics;
-            m.add(Counter::StoreRetries, u64::from(out.retries));
-            m.add(Counter::SlotEvictions, u64::from(out.evicted));
-            if let (true, Some(gauge)) = (out.filled, rt.tracked_keys) {
-                let _ = host::gauge_add(gauge, 1);
+            match global::verdict(call.answer.as_ref(), &compiled.policy) {
+                Ok((v, headers)) => {
+                    self.extra_headers.extend(headers);
+                    if v.allowed {
+                        m.add(Counter::Allowed, 1);
+                    } else {
+                        refused |= !rule.shadow;
+                        m.add(
+                            if rule.shadow {
+                                Counter::ShadowLimited
+                            } else {
+                                Counter::Limited
+                            },
+                            1,
+                        );
+                        log_limited(rt.config.log_limited, rule, 0, &v, 1);
+                    }
+                    reported.push((rule.name.as_str(), v));
+                }
+                Err(e) => {
+                    m.add(Counter::GlobalErrors, 1);
+                    self.failed(rt, rule, m, now, &e);
+                    refused |= rt.config.failure_mode == FailureMode::Deny && !rule.shadow;
+                }
             }
-            if let Some(failure) = &out.failure {
-                match rt.config.failure_mode {
-                    FailureMode::Allow => m.add(Counter::FailedOpen, 1),
-                    FailureMode::Deny => m.add(Counter::FailedClosed, 1),
+        }
+        let outcome = if refused || p.checks.is_empty() {
+            None
+        } else {
+            Some(limiter::decide(
+                &rt.store,
+                &p.checks,
+                now,
+                rt.config.failure_mode,
+            ))
+        };
+        let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        if let Some(outcome) = &outcome {
+            for (((i, hash, descriptor), out), check) in
+                p.applied.iter().zip(&outcome.rules).zip(&p.checks)
+            {
+                let (Some(rule), Some(compiled)) = (rt.config.rules.get(*i), rt.rules.get(*i))
+                else {
+                    continue;
+                };
+                let m = &compiled.metrics;
+                m.add(Counter::StoreRetries, u64::from(out.retries));
+                m.add(Counter::SlotEvictions, u64::from(out.evicted));
+                if let (true, Some(gauge)) = (out.filled, rt.tracked_keys) {
+                    let _ = host::gauge_add(gauge, 1);
                 }
-                let last = LAST_FAILURE_LOG.with(Cell::get);
-                if now >= last.saturating_add(1000) {
-                    LAST_FAILURE_LOG.with(|c| c.set(now));
-                    log::warn!(
-                        "rule {} could not be decided ({failure:?}); failure_mode {:?} applied",
-                        rule.name,
-                        rt.config.failure_mode
-                    );
+                if let Some(failure) = &out.failure {
+                    self.failed(rt, rule, m, now, &format!("{failure:?}"));
                 }
-            }
-            if let Some(v) = out.verdict {
-                if !v.allowed {
-                    m.add(
-                        if rule.shadow {
-                            Counter::ShadowLimited
-                        } else {
-                            Counter::Limited
-                        },
-                        1,
-                    );
-                    log_limited(rt.config.log_limited, rule, *hash, &v, check.cost);
-                } else if outcome.allowed {
-                    m.add(Counter::Allowed, 1);
-                    m.add(Counter::Delayed, u64::from(v.delay_ms > 0));
+                if let Some(v) = out.verdict {
+                    if !v.allowed {
+                        m.add(
+                            if rule.shadow {
+                                Counter::ShadowLimited
+                            } else {
+                                Counter::Limited
+                            },
+                            1,
+                        );
+                        log_limited(rt.config.log_limited, rule, *hash, &v, check.cost);
+                    } else if allowed {
+                        m.add(Counter::Allowed, 1);
+                        m.add(Counter::Delayed, u64::from(v.delay_ms > 0));
+                        if let (Some(g), Some(entries)) = (&rule.global, descriptor) {
+                            global::count(*hash, compiled.fingerprint, g, entries, check);
+                        }
+                    }
+                    reported.push((rule.name.as_str(), v));
                 }
-                reported.push((rule.name.as_str(), v));
             }
         }
 
         let response = rt.config.response;
-        if outcome.allowed {
+        if allowed {
             if response.on_allowed && response.headers != HeaderStyle::None {
                 self.response_headers = Some(headers::rate_limit_headers(
                     response.headers,
@@ -541,7 +675,7 @@ impl Request {
                     false,
                 ));
             }
-            let delay = outcome.delay_ms();
+            let delay = outcome.as_ref().map_or(0, limiter::Outcome::delay_ms);
             if delay > 0 {
                 WAITING.with(|w| {
                     w.borrow_mut()
@@ -551,27 +685,50 @@ impl Request {
                     let _ = host::gauge_add(gauge, 1);
                 }
                 let _ = host::set_tick_period(RELEASE_PERIOD_MS);
-                return Action::Pause;
+                return Next::Hold;
             }
-            return Action::Continue;
+            return Next::Continue;
         }
         let retry_after = headers::retry_after_seconds(&reported);
         let retry_after_s = retry_after.to_string();
         let body = headers::problem_body(response.status, &reported, retry_after);
         let fields = headers::rate_limit_headers(response.headers, &reported, true);
-        let mut all: Vec<(&str, &str)> = Vec::with_capacity(8);
+        let mut all: Vec<(&str, &str)> = Vec::with_capacity(8 + self.extra_headers.len());
         all.push(("content-type", "application/problem+json"));
         all.push(("retry-after", &retry_after_s));
-        all.extend(fields.iter());
+        for (k, v) in fields.iter() {
+            all.push((k, v));
+        }
+        for (k, v) in &self.extra_headers {
+            all.push((k, v));
+        }
         match host::send_local_response(response.status, &all, body.as_bytes()) {
             Ok(()) => {
                 self.local_reply = true;
-                Action::Pause
+                Next::Replied
             }
             Err(s) => {
                 log::warn!("could not send the limited reply (status {})", s.0);
-                Action::Continue
+                Next::Continue
             }
+        }
+    }
+
+    /// Counts and logs (at most once a second per worker) a rule the store or the service
+    /// could not decide.
+    fn failed(&self, rt: &Runtime, rule: &config::Rule, m: &RuleMetrics, now: u64, why: &str) {
+        match rt.config.failure_mode {
+            FailureMode::Allow => m.add(Counter::FailedOpen, 1),
+            FailureMode::Deny => m.add(Counter::FailedClosed, 1),
+        }
+        let last = LAST_FAILURE_LOG.with(Cell::get);
+        if now >= last.saturating_add(1000) {
+            LAST_FAILURE_LOG.with(|c| c.set(now));
+            log::warn!(
+                "rule {} could not be decided ({why}); failure_mode {:?} applied",
+                rule.name,
+                rt.config.failure_mode
+            );
         }
     }
 }
@@ -580,6 +737,28 @@ impl Context for Request {
     fn on_done(&mut self) -> bool {
         unhold(self.id); // the client went away while its request was held
         true
+    }
+
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        let Some(p) = self.pending.as_mut() else {
+            return;
+        };
+        if let Some(call) = p
+            .calls
+            .iter_mut()
+            .find(|c| c.token == token && c.answer.is_none())
+        {
+            call.answer = Some(global::read_answer(status, size));
+        }
+        if p.calls.iter().any(|c| c.answer.is_none()) {
+            return;
+        }
+        let (Some(p), Some(rt)) = (self.pending.take(), self.runtime.clone()) else {
+            return;
+        };
+        if let Next::Continue = self.decide(&rt, p) {
+            let _ = host::resume_request();
+        }
     }
 }
 
@@ -606,6 +785,9 @@ impl HttpContext for Request {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.local_reply {
             return Action::Continue; // our own reply already carries the headers
+        }
+        for (name, value) in std::mem::take(&mut self.extra_headers) {
+            let _ = host::replace_header(Map::ResponseHeaders, &name, &value);
         }
         let Some(fields) = self.response_headers.take() else {
             return Action::Continue;

@@ -79,6 +79,13 @@ pub enum State {
     Gcra(gcra::State),
     /// See [`sliding_log`].
     SlidingLog(sliding_log::State),
+    /// A global rule's service said the key is over its limit until this time (ms): every
+    /// request is refused until then, whatever the local counts say; afterwards the key starts
+    /// afresh.
+    Blocked {
+        /// When the block ends, ms since the epoch.
+        until_ms: u64,
+    },
 }
 
 impl State {
@@ -89,6 +96,8 @@ impl State {
             State::FixedWindow(s) => s.weight(now_ms),
             State::Gcra(s) => s.weight(now_ms),
             State::SlidingLog(s) => s.weight(now_ms),
+            // A blocked key is kept over any other: it is what the whole fleet decided.
+            State::Blocked { until_ms } => (now_ms < *until_ms).then_some(u64::from(u32::MAX)),
         }
     }
 
@@ -99,11 +108,22 @@ impl State {
             State::FixedWindow(s) => s.last_ms,
             State::Gcra(s) => s.tat_ms,
             State::SlidingLog(s) => s.times.last().copied().unwrap_or(0),
+            State::Blocked { until_ms } => *until_ms,
         }
     }
 }
 
 impl Policy {
+    /// The limit and the window (ms) of the policy.
+    pub fn limit_and_window(&self) -> (u64, u64) {
+        match *self {
+            Policy::SlidingWindow { limit, window_ms }
+            | Policy::FixedWindow { limit, window_ms }
+            | Policy::SlidingLog { limit, window_ms } => (limit, window_ms),
+            Policy::Gcra(p) => (p.limit, p.window_ms),
+        }
+    }
+
     /// Whether keys of this policy live in the sliding-log slots rather than in buckets.
     pub fn uses_log(&self) -> bool {
         matches!(self, Policy::SlidingLog { .. })

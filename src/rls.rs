@@ -1,0 +1,329 @@
+//! Envoy's rate limit service protocol (`envoy.service.ratelimit.v3`), the few messages the
+//! filter sends and reads, encoded by hand: a protobuf crate would add tens of kilobytes to the
+//! `.wasm` for two messages. Unknown fields are skipped, as protobuf requires, so newer services
+//! interoperate.
+
+/// The gRPC service and method of `ShouldRateLimit`.
+pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// The method name.
+pub const METHOD: &str = "ShouldRateLimit";
+
+/// `RateLimitResponse.Code`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Code {
+    /// `UNKNOWN` (0): the service could not decide.
+    #[default]
+    Unknown,
+    /// `OK` (1).
+    Ok,
+    /// `OVER_LIMIT` (2).
+    OverLimit,
+}
+
+impl Code {
+    fn from_u64(n: u64) -> Code {
+        match n {
+            1 => Code::Ok,
+            2 => Code::OverLimit,
+            _ => Code::Unknown,
+        }
+    }
+}
+
+/// One descriptor's status in the answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// The descriptor's own code.
+    pub code: Code,
+    /// `current_limit.requests_per_unit`, if the service said.
+    pub requests_per_unit: Option<u32>,
+    /// `current_limit.unit` in seconds (SECOND..YEAR), if the service said.
+    pub unit_seconds: Option<u64>,
+    /// `limit_remaining`.
+    pub limit_remaining: u32,
+    /// `duration_until_reset`, in milliseconds, if the service said.
+    pub reset_ms: Option<u64>,
+}
+
+/// A decoded `RateLimitResponse`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    /// `overall_code`.
+    pub overall_code: Code,
+    /// `statuses`, one per descriptor sent.
+    pub statuses: Vec<DescriptorStatus>,
+    /// `response_headers_to_add` (key, value).
+    pub headers: Vec<(String, String)>,
+}
+
+/// The response could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError;
+
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    put_varint(out, u64::from(field << 3 | 2));
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// Encodes a `RateLimitRequest` with one descriptor of `entries` (key, value).
+pub fn encode_request(domain: &str, entries: &[(&str, &[u8])], hits_addend: u32) -> Vec<u8> {
+    let mut descriptor = Vec::with_capacity(64);
+    for (key, value) in entries {
+        let mut entry = Vec::with_capacity(key.len() + value.len() + 4);
+        put_bytes(&mut entry, 1, key.as_bytes());
+        put_bytes(&mut entry, 2, value);
+        put_bytes(&mut descriptor, 1, &entry);
+    }
+    let mut out = Vec::with_capacity(descriptor.len() + domain.len() + 16);
+    put_bytes(&mut out, 1, domain.as_bytes());
+    put_bytes(&mut out, 2, &descriptor);
+    if hits_addend != 1 {
+        put_varint(&mut out, 3 << 3);
+        put_varint(&mut out, u64::from(hits_addend));
+    }
+    out
+}
+
+/// A protobuf field as read.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Other,
+}
+
+/// Reads protobuf fields one by one.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut n = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = self.buf.split_first().ok_or(DecodeError)?;
+            self.buf = rest;
+            n |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(n);
+            }
+        }
+        Err(DecodeError)
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], DecodeError> {
+        let n = usize::try_from(n).map_err(|_| DecodeError)?;
+        if n > self.buf.len() {
+            return Err(DecodeError);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    /// The next (field number, value), or `None` at the end.
+    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, DecodeError> {
+        if self.buf.is_empty() {
+            return Ok(None);
+        }
+        let tag = self.varint()?;
+        let field = match tag & 7 {
+            0 => Field::Varint(self.varint()?),
+            1 => {
+                self.take(8)?;
+                Field::Other
+            }
+            2 => {
+                let len = self.varint()?;
+                Field::Bytes(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Field::Other
+            }
+            _ => return Err(DecodeError),
+        };
+        Ok(Some((tag >> 3, field)))
+    }
+}
+
+fn fields(
+    buf: &[u8],
+    mut f: impl FnMut(u64, Field<'_>) -> Result<(), DecodeError>,
+) -> Result<(), DecodeError> {
+    let mut r = Reader { buf };
+    while let Some((number, field)) = r.next()? {
+        f(number, field)?;
+    }
+    Ok(())
+}
+
+fn unit_seconds(unit: u64) -> Option<u64> {
+    match unit {
+        1 => Some(1),
+        2 => Some(60),
+        3 => Some(3_600),
+        4 => Some(86_400),
+        5 => Some(30 * 86_400),
+        6 => Some(365 * 86_400),
+        _ => None,
+    }
+}
+
+fn decode_status(buf: &[u8]) -> Result<DescriptorStatus, DecodeError> {
+    let mut s = DescriptorStatus::default();
+    fields(buf, |n, f| {
+        match (n, f) {
+            (1, Field::Varint(c)) => s.code = Code::from_u64(c),
+            (2, Field::Bytes(limit)) => fields(limit, |n, f| {
+                match (n, f) {
+                    (1, Field::Varint(v)) => s.requests_per_unit = u32::try_from(v).ok(),
+                    (2, Field::Varint(u)) => s.unit_seconds = unit_seconds(u),
+                    _ => {}
+                }
+                Ok(())
+            })?,
+            (3, Field::Varint(v)) => s.limit_remaining = u32::try_from(v).unwrap_or(u32::MAX),
+            (4, Field::Bytes(d)) => {
+                let (mut secs, mut nanos) = (0u64, 0u64);
+                fields(d, |n, f| {
+                    match (n, f) {
+                        (1, Field::Varint(v)) => secs = v,
+                        (2, Field::Varint(v)) => nanos = v,
+                        _ => {}
+                    }
+                    Ok(())
+                })?;
+                // Negative durations (two's complement varints) read as huge: clamp to a day.
+                let ms = secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
+                s.reset_ms = Some(ms.min(86_400_000));
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(s)
+}
+
+/// Decodes a `RateLimitResponse`.
+pub fn decode_response(buf: &[u8]) -> Result<Response, DecodeError> {
+    let mut r = Response::default();
+    fields(buf, |n, f| {
+        match (n, f) {
+            (1, Field::Varint(c)) => r.overall_code = Code::from_u64(c),
+            (2, Field::Bytes(s)) => r.statuses.push(decode_status(s)?),
+            (3, Field::Bytes(h)) => {
+                let (mut key, mut value) = (String::new(), String::new());
+                fields(h, |n, f| {
+                    match (n, f) {
+                        (1, Field::Bytes(k)) => key = String::from_utf8_lossy(k).into_owned(),
+                        (2 | 3, Field::Bytes(v)) => value = String::from_utf8_lossy(v).into_owned(),
+                        _ => {}
+                    }
+                    Ok(())
+                })?;
+                r.headers.push((key, value));
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_bytes_are_canonical_protobuf() {
+        let bytes = encode_request(
+            "edge",
+            &[("rule", b"r"), ("remote_address", b"10.0.0.1")],
+            3,
+        );
+        let mut expected = vec![0x0a, 4];
+        expected.extend_from_slice(b"edge");
+        // descriptors (2): entries (1) {key 1, value 2} twice.
+        let e1: Vec<u8> = [&[0x0a, 4][..], b"rule", &[0x12, 1], b"r"].concat();
+        let e2: Vec<u8> = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
+        let descriptor: Vec<u8> = [
+            &[0x0a, e1.len() as u8][..],
+            &e1,
+            &[0x0a, e2.len() as u8],
+            &e2,
+        ]
+        .concat();
+        expected.extend_from_slice(&[0x12, descriptor.len() as u8]);
+        expected.extend_from_slice(&descriptor);
+        expected.extend_from_slice(&[0x18, 3]);
+        assert_eq!(bytes, expected);
+        // hits_addend 1 is the default and left out.
+        assert!(!encode_request("d", &[], 1).ends_with(&[0x18, 1]));
+    }
+
+    #[test]
+    fn responses_decode_and_skip_unknown_fields() {
+        // overall_code OVER_LIMIT; a status {code 2, current_limit {10, MINUTE, "x"},
+        // remaining 0, duration 42.5 s}; a header; and unknown fields of every wire type.
+        let limit = [&[0x08, 10, 0x10, 2, 0x1a, 1][..], b"x"].concat();
+        let duration = [0x08, 42, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]; // 500_000_000 ns
+        let status = [
+            &[0x08, 2, 0x12, limit.len() as u8][..],
+            &limit,
+            &[0x18, 0, 0x22, duration.len() as u8],
+            &duration,
+            &[0x2d, 1, 2, 3, 4], // field 5, fixed32: unknown
+        ]
+        .concat();
+        let header = [&[0x0a, 3][..], b"x-a", &[0x12, 1], b"1"].concat();
+        let msg = [
+            &[0x08, 2, 0x12, status.len() as u8][..],
+            &status,
+            &[0x1a, header.len() as u8],
+            &header,
+            &[0x29, 0, 0, 0, 0, 0, 0, 0, 0], // field 5, fixed64: unknown
+            &[0x3a, 2, 9, 9],                // field 7, bytes: unknown
+        ]
+        .concat();
+        let r = decode_response(&msg).unwrap();
+        assert_eq!(r.overall_code, Code::OverLimit);
+        assert_eq!(
+            r.statuses,
+            [DescriptorStatus {
+                code: Code::OverLimit,
+                requests_per_unit: Some(10),
+                unit_seconds: Some(60),
+                limit_remaining: 0,
+                reset_ms: Some(42_500),
+            }]
+        );
+        assert_eq!(r.headers, [("x-a".to_string(), "1".to_string())]);
+        assert_eq!(decode_response(&[]).unwrap(), Response::default());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(decode_response(&[0x12, 50, 1]), Err(DecodeError));
+        assert_eq!(decode_response(&[0x0f]), Err(DecodeError));
+        assert_eq!(decode_response(&[0x80; 20]), Err(DecodeError));
+        let mut seed = 7u64;
+        for len in 0..2_000 {
+            let bytes: Vec<u8> = (0..len % 64)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    (seed >> 56) as u8
+                })
+                .collect();
+            let _ = decode_response(&bytes);
+        }
+    }
+}
