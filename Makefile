@@ -10,7 +10,7 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build build-panic run test unit integration deploy-test lint envoy target clean bench bench-tools oci
+.PHONY: build build-panic rls-server run test unit integration deploy-test lint envoy target clean bench bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -46,8 +46,16 @@ PANIC_WASM := target/panic/$(TARGET)/release/wasm_ratelimit.wasm
 build-panic: target
 	cargo build --release --target $(TARGET) --lib --features panic-trigger --target-dir target/panic
 
-integration: build build-panic envoy
-	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) cargo test --test '*' -- --test-threads 2
+# The test RLS server (limitador over Redis) for the global rules' tests (tests/global.rs).
+RLS_SERVER := tests/rls-server/target/release/rls-server
+rls-server:
+	bash tests/rls-server/prepare.sh
+	cargo build --release --manifest-path tests/rls-server/Cargo.toml
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+integration: build build-panic envoy rls-server
+	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
+		cargo test --test '*' -- --test-threads 2
 
 # Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
 deploy-test: build $(VENV)/.test-deps

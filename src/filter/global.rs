@@ -215,6 +215,10 @@ pub fn on_flush_answer(rt: &Runtime, token: u32, status: u32, size: usize) {
         .and_then(|s| s.reset_ms)
         .filter(|&ms| ms > 0)
         .unwrap_or(window_ms.max(1) - now % window_ms.max(1));
+    log::debug!(
+        "rule {} is over its global limit: blocked for {wait} ms",
+        rule.name
+    );
     block(&rt.store, &flush, now, now.saturating_add(wait));
 }
 

@@ -137,6 +137,23 @@ impl Policy {
         now_ms: u64,
         cost: u64,
     ) -> (Verdict, Option<State>) {
+        if let Some(State::Blocked { until_ms }) = state {
+            if now_ms < *until_ms {
+                let (limit, window_ms) = self.limit_and_window();
+                let wait = until_ms - now_ms;
+                let verdict = Verdict {
+                    allowed: false,
+                    limit,
+                    window_s: window_ms / 1000,
+                    remaining: 0,
+                    reset_ms: wait,
+                    retry_after_ms: wait,
+                    delay_ms: 0,
+                };
+                return (verdict, None);
+            }
+            return self.decide(None, now_ms, cost);
+        }
         match *self {
             Policy::SlidingWindow { limit, window_ms } => {
                 let s = match state {
@@ -694,5 +711,41 @@ mod tests {
             (false, Some(Failure::Corrupt))
         );
         assert!(decide(&mem, &checks, 0, FailureMode::Deny).allowed);
+    }
+}
+
+#[cfg(test)]
+mod blocked_tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn a_blocked_key_is_refused_until_the_block_ends() {
+        let store = MemoryStore::new();
+        let check = Check {
+            slot: 3,
+            fingerprint: 7,
+            policy: Policy::SlidingWindow {
+                limit: 100,
+                window_ms: 60_000,
+            },
+            cost: 1,
+            shadow: false,
+        };
+        assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
+        let (bytes, cas) = store.get(3).unwrap();
+        let mut slot = Slot::decode(3, bytes.as_deref()).unwrap();
+        slot.put(7, State::Blocked { until_ms: 5_000 }, 1_000);
+        store.set(3, &slot.encode(), cas.unwrap()).unwrap();
+        let o = decide(&store, &[check], 2_000, FailureMode::Allow);
+        assert!(!o.allowed, "{o:?}");
+        assert_eq!(o.rules[0].verdict.unwrap().retry_after_ms, 3_000);
+        let o = decide(&store, &[check], 5_000, FailureMode::Allow);
+        assert!(o.allowed);
+        assert_eq!(
+            o.rules[0].verdict.unwrap().remaining,
+            99,
+            "afresh after the block"
+        );
     }
 }

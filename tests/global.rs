@@ -1,0 +1,345 @@
+//! Global rules across several real Envoys sharing one rate limit service: a test-support RLS
+//! server (tests/rls-server: the limitador engine over a real Redis) speaks Envoy's RLS gRPC
+//! protocol. Sync mode holds the limit exactly; async mode within the documented bound; a lost
+//! Redis or service follows failure_mode and recovers; a slow service never delays async rules.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{bootstrap, wasm_path, Client, Envoy};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (≤ 10 s) until something listens on `port`.
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis(port: u16) -> Proc {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server; .ci/run does)");
+    wait_port(port);
+    Proc(child)
+}
+
+fn rls_server_bin() -> PathBuf {
+    std::env::var("RLS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/rls-server/target/release/rls-server")
+        })
+}
+
+/// The service with one limit for rule `rule`: `max` per `seconds` per client address.
+fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms: u64) -> Proc {
+    let limits = format!(
+        r#"[{{"namespace": "edge", "name": "{rule}", "max_value": {max}, "seconds": {seconds},
+             "conditions": ["descriptors[0].rule == '{rule}'"],
+             "variables": ["descriptors[0].remote_address"]}}]"#
+    );
+    let child = Command::new(rls_server_bin())
+        .args([
+            format!("127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{redis_port}"),
+            limits,
+            delay_ms.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the test RLS server (make integration builds it)");
+    wait_port(port);
+    Proc(child)
+}
+
+/// An Envoy whose filter has `config`, with the `ratelimit` cluster pointing at `rls_port`.
+fn envoy(config: &str, rls_port: u16) -> Envoy {
+    let yaml = format!(
+        "{}  clusters:
+  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {rls_port}}}
+",
+        bootstrap(config, &wasm_path())
+    );
+    Envoy::start_yaml(&yaml)
+}
+
+fn rule_config(name: &str, limit: u64, unit: &str, global: &str, failure_mode: &str) -> String {
+    format!(
+        r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "{name}", "key": ["remote_address"],
+            "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},
+            "global": {{"cluster": "ratelimit", "domain": "edge", {global}}}}}]}}"#
+    )
+}
+
+#[test]
+fn sync_mode_holds_the_limit_exactly_across_proxies() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let _rls = rls(rls_port, redis_port, "g", 10, 60, 0);
+    let config = rule_config(
+        "g",
+        10,
+        "minute",
+        r#""mode": "sync", "timeout_ms": 500"#,
+        "allow",
+    );
+    let (a, b) = (envoy(&config, rls_port), envoy(&config, rls_port));
+    let mut ca = Client::connect(a.addr).unwrap();
+    let mut cb = Client::connect(b.addr).unwrap();
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..8 {
+        for c in [&mut ca, &mut cb] {
+            let r = c.get("/").unwrap();
+            statuses.push(r.status);
+            last = Some(r);
+        }
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert!(statuses[10..].iter().all(|&s| s == 429), "{statuses:?}");
+    let r = last.unwrap();
+    // The limit and the reset come from the service's answer; its own headers pass through.
+    assert_eq!(r.header("ratelimit-policy"), Some("\"g\";q=10;w=60"));
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(0));
+    assert!(r.header_u64("retry-after").unwrap() >= 1);
+    assert_eq!(r.header("x-rls-server"), Some("limitador"));
+    assert_eq!(
+        a.wait_stat("wasmcustom.wasm_ratelimit.test.g.limited", 3),
+        Some(3)
+    );
+}
+
+#[test]
+fn async_mode_holds_the_limit_within_the_documented_bound() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let (limit, flush_ms) = (100u64, 20u64);
+    let _rls = rls(rls_port, redis_port, "g", limit, 60, 0);
+    let config = rule_config(
+        "g",
+        limit,
+        "minute",
+        &format!(r#""mode": "async", "flush_ms": {flush_ms}, "timeout_ms": 200"#),
+        "allow",
+    );
+    let proxies = [envoy(&config, rls_port), envoy(&config, rls_port)];
+    // Each proxy gets ~100 requests a second for 3 s: 600 offered, each proxy alone would admit
+    // its local limit (100), so 200 in all without the service.
+    let admitted = Arc::new(AtomicU32::new(0));
+    let rate = 100u64;
+    let start = Instant::now();
+    let threads: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            let (addr, admitted) = (p.addr, admitted.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                let mut latencies = Vec::new();
+                for i in 0..3 * rate {
+                    let due = start + Duration::from_millis(i * 1000 / rate);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    let t = Instant::now();
+                    if c.get("/").unwrap().status == 200 {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies: Vec<Duration> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    latencies.sort();
+    let admitted = u64::from(admitted.load(Ordering::Relaxed));
+    // The documented bound: every proxy may go on admitting for up to two flush intervals plus
+    // a round trip after the fleet crosses the limit: replicas × rate × (2 × flush + 10 ms).
+    let bound = 2 * rate * (2 * flush_ms + 10) / 1000;
+    eprintln!(
+        "async: {admitted} admitted by 2 proxies for a global limit of {limit} (over by {}, bound {bound}); \
+         p99 latency {:?}",
+        admitted.saturating_sub(limit),
+        latencies[latencies.len() * 99 / 100]
+    );
+    assert!(
+        admitted >= limit,
+        "{admitted}: the service's count must not block early"
+    );
+    assert!(
+        admitted <= limit + bound,
+        "{admitted} admitted, bound {}",
+        limit + bound
+    );
+    // Once blocked, every proxy refuses at once.
+    for p in &proxies {
+        assert_eq!(
+            Client::connect(p.addr).unwrap().get("/").unwrap().status,
+            429
+        );
+    }
+}
+
+#[test]
+fn a_lost_store_or_service_follows_failure_mode_and_recovers() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let mut redis_proc = Some(redis(redis_port));
+    let mut rls_proc = Some(rls(rls_port, redis_port, "g", 3, 60, 0));
+    let open = envoy(
+        &rule_config("g", 3, "minute", r#""timeout_ms": 500"#, "allow"),
+        rls_port,
+    );
+    let closed = envoy(
+        &rule_config("g", 3, "minute", r#""timeout_ms": 500"#, "deny"),
+        rls_port,
+    );
+    let status = |e: &Envoy| Client::connect(e.addr).unwrap().get("/").unwrap().status;
+    assert_eq!(status(&open), 200);
+
+    // Redis goes away: the service answers UNAVAILABLE.
+    redis_proc.take();
+    assert_eq!(status(&open), 200, "fail open");
+    assert_eq!(status(&closed), 429, "fail closed");
+    assert!(open.wait_stat("wasmcustom.wasm_ratelimit.test.g.failed_open", 1) >= Some(1));
+    assert!(open.wait_stat("wasmcustom.wasm_ratelimit.test.g.global_errors", 1) >= Some(1));
+
+    // Redis is back (empty): the limit holds again (3 per minute).
+    let _redis = redis(redis_port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    while Instant::now() < deadline {
+        statuses.push(status(&open));
+        if statuses.ends_with(&[429]) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        statuses.ends_with(&[429]),
+        "never limited again: {statuses:?}"
+    );
+
+    // The service itself goes away: the gRPC call fails.
+    rls_proc.take();
+    assert_eq!(status(&open), 200, "fail open");
+    assert_eq!(status(&closed), 429, "fail closed");
+    // Back: answers come from the service again (this address is over its limit by now, so
+    // they are refusals, but the service's own header shows who decided).
+    let _rls = rls(rls_port, redis_port, "g", 3, 60, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = Client::connect(closed.addr).unwrap().get("/").unwrap();
+        if r.header("x-rls-server") == Some("limitador") {
+            assert_eq!(r.status, 429);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service came back but the filter did not use it"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_slow_service_never_delays_async_requests() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let _rls = rls(rls_port, redis_port, "g", 1000, 60, 300); // every answer takes 300 ms
+    let config = format!(
+        r#"{{"rules": [
+            {{"name": "g", "key": ["remote_address"], "match": {{"path": "/async"}},
+              "rate_limit": {{"requests_per_unit": 1000, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 50}}}},
+            {{"name": "g2", "key": ["remote_address"], "match": {{"path": "/sync"}},
+              "rate_limit": {{"requests_per_unit": 1000, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "sync", "timeout_ms": 100}}}}]}}"#
+    );
+    let e = envoy(&config, rls_port);
+    let mut c = Client::connect(e.addr).unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..50 {
+        let t = Instant::now();
+        assert_eq!(c.get("/async").unwrap().status, 200);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "an async request took {slowest:?}"
+    );
+    // A sync request waits up to its timeout, then failure_mode (allow) lets it through.
+    let t = Instant::now();
+    assert_eq!(c.get("/sync").unwrap().status, 200);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(90), "{waited:?}");
+    assert!(waited < Duration::from_millis(290), "{waited:?}");
+    assert_eq!(
+        e.wait_stat("wasmcustom.wasm_ratelimit.test.g2.failed_open", 1),
+        Some(1)
+    );
+}

@@ -1,0 +1,170 @@
+//! `rls-server LISTEN REDIS_URL LIMITS_JSON [DELAY_MS]`: Envoy's rate limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService`) on the limitador engine with Redis storage,
+//! mapping requests the way Kuadrant's Limitador server does: the domain is the namespace, the
+//! descriptors are bound as `descriptors[i].<entry key>`, `hits_addend` (at least 1) is the delta.
+//!
+//! LIMITS_JSON: `[{"namespace", "max_value", "seconds", "conditions": [CEL], "variables": [CEL],
+//! "name"}]`. DELAY_MS delays every answer (to test a slow service). Test support only.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use limitador::limit::{Context, Expression, Limit, Namespace, Predicate};
+use limitador::storage::redis::AsyncRedisStorage;
+use limitador::AsyncRateLimiter;
+use std::collections::HashMap;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+struct Service {
+    limiter: AsyncRateLimiter,
+    delay: Duration,
+}
+
+fn unit(seconds: u64) -> (u32, Unit) {
+    match seconds {
+        1 => (1, Unit::Second),
+        60 => (1, Unit::Minute),
+        3600 => (1, Unit::Hour),
+        86400 => (1, Unit::Day),
+        _ => (1, Unit::Unknown),
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Service {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let req = request.into_inner();
+        if req.domain.is_empty() {
+            return Ok(Response::new(RateLimitResponse {
+                overall_code: Code::Unknown.into(),
+                ..Default::default()
+            }));
+        }
+        let namespace = Namespace::from(req.domain.as_str());
+        let values: Vec<HashMap<String, String>> = req
+            .descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect()
+            })
+            .collect();
+        let mut ctx = Context::default();
+        ctx.list_binding("descriptors".to_string(), values);
+        let hits = u64::from(req.hits_addend.max(1));
+        let mut result = self
+            .limiter
+            .check_rate_limited_and_update(&namespace, &ctx, hits)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let code = if result.limited {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        let statuses = result
+            .counters
+            .iter()
+            .map(|c| {
+                let (_, u) = unit(c.window().as_secs());
+                let reset = c.expires_in().unwrap_or_default();
+                DescriptorStatus {
+                    code: code.into(),
+                    current_limit: Some(RateLimit {
+                        name: c.limit().name().unwrap_or_default().to_string(),
+                        requests_per_unit: u32::try_from(c.max_value()).unwrap_or(u32::MAX),
+                        unit: u.into(),
+                    }),
+                    limit_remaining: u32::try_from(c.remaining().unwrap_or(0)).unwrap_or(0),
+                    duration_until_reset: Some(PbDuration {
+                        seconds: reset.as_secs() as i64,
+                        nanos: reset.subsec_nanos() as i32,
+                    }),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let headers = result
+            .response_header()
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                ..Default::default()
+            })
+            .chain(std::iter::once(HeaderValue {
+                key: "x-rls-server".into(),
+                value: "limitador".into(),
+                ..Default::default()
+            }))
+            .collect();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: code.into(),
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        }))
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 4 {
+        eprintln!("usage: rls-server LISTEN REDIS_URL LIMITS_JSON [DELAY_MS]");
+        std::process::exit(2);
+    }
+    let storage = AsyncRedisStorage::new(&args[2]).await?;
+    let limiter = AsyncRateLimiter::new_with_storage(Box::new(storage));
+    let limits: serde_json::Value = serde_json::from_str(&args[3])?;
+    for l in limits.as_array().ok_or("LIMITS_JSON must be an array")? {
+        let strings = |field: &str| -> Vec<String> {
+            l[field]
+                .as_array()
+                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
+        let conditions: Vec<Predicate> = strings("conditions")
+            .into_iter()
+            .map(|c| Predicate::try_from(c).expect("condition"))
+            .collect();
+        let variables: Vec<Expression> = strings("variables")
+            .into_iter()
+            .map(|v| Expression::try_from(v).expect("variable"))
+            .collect();
+        let mut limit = Limit::new(
+            l["namespace"].as_str().unwrap_or("edge"),
+            l["max_value"].as_u64().unwrap_or(1),
+            l["seconds"].as_u64().unwrap_or(60),
+            conditions,
+            variables,
+        );
+        if let Some(name) = l["name"].as_str() {
+            limit.set_name(name.to_string());
+        }
+        limiter.add_limit(limit);
+    }
+    let delay = Duration::from_millis(args.get(4).and_then(|d| d.parse().ok()).unwrap_or(0));
+    let addr = args[1].parse()?;
+    eprintln!("rls-server listening on {addr}");
+    tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Service { limiter, delay }))
+        .serve(addr)
+        .await?;
+    Ok(())
+}
