@@ -310,16 +310,14 @@ fn a_slow_service_never_delays_async_requests() {
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
     let _rls = rls(rls_port, redis_port, "g", 1000, 60, 300); // every answer takes 300 ms
-    let config = format!(
-        r#"{{"rules": [
-            {{"name": "g", "key": ["remote_address"], "match": {{"path": "/async"}},
-              "rate_limit": {{"requests_per_unit": 1000, "unit": "minute"}},
-              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 50}}}},
-            {{"name": "g2", "key": ["remote_address"], "match": {{"path": "/sync"}},
-              "rate_limit": {{"requests_per_unit": 1000, "unit": "minute"}},
-              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "sync", "timeout_ms": 100}}}}]}}"#
-    );
-    let e = envoy(&config, rls_port);
+    let config = r#"{"rules": [
+            {"name": "g", "key": ["remote_address"], "match": {"path": "/async"},
+              "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+              "global": {"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 50}},
+            {"name": "g2", "key": ["remote_address"], "match": {"path": "/sync"},
+              "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+              "global": {"cluster": "ratelimit", "domain": "edge", "mode": "sync", "timeout_ms": 100}}]}"#;
+    let e = envoy(config, rls_port);
     let mut c = Client::connect(e.addr).unwrap();
     let mut slowest = Duration::ZERO;
     for _ in 0..50 {
