@@ -74,7 +74,7 @@ OCI_TAG := 0.1.0
 oci: build
 	python3 deploy/oci/build.py $(WASM) target/oci/wasm-ratelimit $(OCI_TAG)
 
-bench-tools: build envoy
+bench-tools: build envoy rls-server
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	cargo build --release --target $(TARGET) --manifest-path bench/noop/Cargo.toml
 	cargo build --release --manifest-path bench/loadgen/Cargo.toml

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -91,7 +92,26 @@ def ours(rules, capacity=None):
     return wasm_filter(WASM, cfg)
 
 
-def bootstrap(port, admin, filters):
+RLS_CLUSTER = """  clusters:
+  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {port}}}
+"""
+
+
+def bootstrap(port, admin, filters, extra=""):
     return f"""admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
 static_resources:
@@ -112,17 +132,17 @@ static_resources:
               - match: {{prefix: "/"}}
                 direct_response: {{status: 200, body: {{inline_string: "ok\\n"}}}}
           http_filters:
-{filters}{ROUTER}"""
+{filters}{ROUTER}""" + extra
 
 
 class Envoy:
     """One Envoy process for one variant, pinned to ENVOY_CPU."""
 
-    def __init__(self, envoy_bin, name, filters, workdir):
+    def __init__(self, envoy_bin, name, filters, workdir, extra=""):
         self.name = name
         self.port, self.admin = free_port(), free_port()
         cfg = workdir / f"{name}.yaml"
-        cfg.write_text(bootstrap(self.port, self.admin, filters))
+        cfg.write_text(bootstrap(self.port, self.admin, filters, extra))
         self.logf = open(workdir / f"{name}.log", "w")
         self.proc = subprocess.Popen(
             ["taskset", "-c", ENVOY_CPU, envoy_bin, "-c", str(cfg), "--concurrency", "1",
@@ -221,7 +241,7 @@ def summarize(runs):
         max(sum(r["requests"] for r in runs), 1)}
 
 
-def interleaved(envoy_bin, specs, rounds, measure, workdir, label=""):
+def interleaved(envoy_bin, specs, rounds, measure, workdir, label="", extra=""):
     """Runs `measure(envoy)` for every (name, filters) spec, interleaved over `rounds`. Each
     round starts a fresh Envoy per variant: instances of one build differ by up to ~10% (V8
     tiering, memory layout), so a variant's median must span several processes."""
@@ -229,7 +249,7 @@ def interleaved(envoy_bin, specs, rounds, measure, workdir, label=""):
     for rnd in range(rounds):
         envoys = []
         try:
-            envoys = [Envoy(envoy_bin, name, filters, workdir) for name, filters in specs]
+            envoys = [Envoy(envoy_bin, name, filters, workdir, extra) for name, filters in specs]
             k = rnd % len(envoys)
             for e in envoys[k:] + envoys[:k]:
                 runs[e.name].append(measure(e))
@@ -241,9 +261,9 @@ def interleaved(envoy_bin, specs, rounds, measure, workdir, label=""):
     return runs
 
 
-def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label=""):
+def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label="", extra=""):
     measure = lambda e: wrk(e, args.seconds, args.connections, (keys or {}).get(e.name, 1), lua)
-    runs = interleaved(envoy_bin, specs, rounds, measure, workdir, label)
+    runs = interleaved(envoy_bin, specs, rounds, measure, workdir, label, extra)
     return {name: summarize(r) for name, r in runs.items()}
 
 
@@ -322,7 +342,10 @@ def main():
                       for f in ("rps", "p50_us", "p99_us", "p999_us")}
                for name, runs in lat_runs.items()}
 
+    global_results = global_section(args, lua, work, curve_rounds)
+
     results = {
+        "global": global_results,
         "envoy": envoy_version, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "rounds": args.rounds, "seconds": args.seconds, "connections": args.connections,
         "wasm_bytes": WASM.stat().st_size, "variants": main_runs,
@@ -334,6 +357,98 @@ def main():
     (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (ROOT / "BENCHMARKS.md").write_text(report(results))
     print((ROOT / "BENCHMARKS.md").read_text())
+
+
+def global_section(args, lua, work, rounds):
+    """Global rules against a local-only rule, and async over-admission, with the test RLS
+    server (limitador over Redis) that `make bench` builds. Skipped if it is not there."""
+    rls_bin = ROOT / "tests/rls-server/target/release/rls-server"
+    if not rls_bin.exists() or not shutil.which("redis-server"):
+        print("  global: skipped (no tests/rls-server build or no redis-server)")
+        return None
+    procs = []
+
+    def start(cmd):
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        return p
+
+    def wait_port(port):
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit(f"nothing listens on {port}")
+
+    def limits(rule, max_value):
+        return json.dumps([{"namespace": "edge", "name": rule, "max_value": max_value, "seconds": 60,
+                            "conditions": [f"descriptors[0].rule == '{rule}'"],
+                            "variables": ["descriptors[0].remote_address"]}])
+
+    try:
+        redis_port, rls_port = free_port(), free_port()
+        start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no"])
+        wait_port(redis_port)
+        start([str(rls_bin), f"127.0.0.1:{rls_port}", f"redis://127.0.0.1:{redis_port}",
+               limits("g", NEVER)])
+        wait_port(rls_port)
+        extra = RLS_CLUSTER.format(port=rls_port)
+        g = lambda mode, more: ours([rule("g", ["remote_address"]) | {
+            "global": {"cluster": "ratelimit", "domain": "edge", "mode": mode} | more}])
+        specs = [("local", ours([rule("g", ["remote_address"])])),
+                 ("sync", g("sync", {"timeout_ms": 1000})),
+                 ("async", g("async", {"flush_ms": 100}))]
+        throughput = closed_loop(args.envoy, specs, rounds, args, lua, work, label="global",
+                                 extra=extra)
+        rate = 2_000
+        lat_runs = interleaved(args.envoy, specs, rounds,
+                               lambda e: loadgen(e, rate, args.seconds), work, "global latency",
+                               extra)
+        latency = {name: {f: statistics.median(x[f] for x in runs)
+                          for f in ("p50_us", "p99_us", "p999_us")}
+                   for name, runs in lat_runs.items()}
+
+        # Over-admission: two proxies at full speed against a global limit of 1,000 a minute.
+        over_port = free_port()
+        start([str(rls_bin), f"127.0.0.1:{over_port}", f"redis://127.0.0.1:{redis_port}",
+               limits("o", 1000)])
+        wait_port(over_port)
+        flush_ms, seconds = 100, 3
+        cfg = ours([rule("o", ["remote_address"], n=1000) | {
+            "global": {"cluster": "ratelimit", "domain": "edge", "mode": "async",
+                       "flush_ms": flush_ms}}])
+        pair = [Envoy(args.envoy, f"over-{i}", cfg, work, RLS_CLUSTER.format(port=over_port))
+                for i in range(2)]
+        try:
+            outs = []
+            threads = [threading.Thread(target=lambda e=e: outs.append(wrk(e, seconds, 4, 1, lua)))
+                       for e in pair]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for e in pair:
+                e.stop()
+        sent = sum(o["requests"] for o in outs)
+        admitted = sum(o["requests"] - o["non2xx"] for o in outs)
+        offered_rate = sent / seconds
+        over = {"limit": 1000, "replicas": 2, "flush_ms": flush_ms, "offered_rps": offered_rate,
+                "admitted": admitted, "over": max(0, admitted - 1000),
+                "bound": offered_rate * (2 * flush_ms + 10) / 1000}
+        return {"throughput": throughput, "latency": latency, "latency_rate": rate,
+                "over_admission": over}
+    finally:
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def report(r):
@@ -419,6 +534,9 @@ def report(r):
         f"{lat['one-rule']['p99_us'] - lat['no-filter']['p99_us']:+.0f} µs |",
         f"| memory per tracked key ≤ 256 B | {m['bytes_per_key']:.0f} B |",
         "",
+    ]
+    lines += global_report(r.get("global"))
+    lines += [
         "## Reproduce",
         "",
         "```sh",
@@ -431,6 +549,34 @@ def report(r):
         "",
     ]
     return "\n".join(lines)
+
+
+def global_report(g):
+    if not g:
+        return ["## Global rules", "", "Not measured in this run (no RLS server build).", ""]
+    t, lat, o = g["throughput"], g["latency"], g["over_admission"]
+    lines = [
+        "## Global rules",
+        "",
+        "One rule keyed by client address: local only, `global` sync and `global` async, against",
+        "the test RLS server (limitador over Redis, on this machine, not pinned: it competes with",
+        "Envoy and the load generator for the two CPUs).",
+        "",
+        f"| rule | requests/s | Envoy CPU µs/req | p50 µs | p99 µs at {g['latency_rate']:,} req/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("local", "sync", "async"):
+        lines.append(f"| {name} | {t[name]['rps']:.0f} | {t[name]['cpu_us_per_req']:.1f} | "
+                     f"{lat[name]['p50_us']:.0f} | {lat[name]['p99_us']:.0f} |")
+    lines += [
+        "",
+        f"**Async over-admission:** {o['replicas']} proxies at full speed ({o['offered_rps']:,.0f} "
+        f"requests/s offered in all), flush every {o['flush_ms']} ms, global limit "
+        f"{o['limit']:,} a minute: {o['admitted']:,} admitted, {o['over']:,} over the limit; the "
+        f"documented bound, offered rate × (2 × flush + 10 ms), is {o['bound']:,.0f}.",
+        "",
+    ]
+    return lines
 
 
 if __name__ == "__main__":
