@@ -5,22 +5,11 @@
 //! `cargo test --release --test accuracy -- --nocapture` prints the figures the README quotes.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+mod common;
+
+use common::Rng;
 use std::collections::HashMap;
 use wasm_ratelimit::limiter::{gcra, Policy, State};
-
-/// A small deterministic PRNG (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// Runs a trace of (time, cost) through a policy; returns the admitted flags.
 fn run_policy(policy: &Policy, trace: &[(u64, u64)]) -> Vec<bool> {

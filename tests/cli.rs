@@ -1,6 +1,8 @@
 //! The config-check CLI: the filter's own validation, from JSON files and Istio manifests.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -22,19 +24,9 @@ fn check(files: &[&Path]) -> (i32, String) {
     )
 }
 
-fn json_files(dir: &str) -> Vec<PathBuf> {
-    let mut files: Vec<_> = std::fs::read_dir(fixture_dir(dir))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn every_bad_fixture_fails_with_every_error_listed() {
-    for json in json_files("bad") {
+    for json in common::fixture_files("bad") {
         let (code, out) = check(&[&json]);
         assert_eq!(code, 1, "{}: {out}", json.display());
         assert!(out.contains(": INVALID"), "{out}");
@@ -51,7 +43,7 @@ fn every_bad_fixture_fails_with_every_error_listed() {
 
 #[test]
 fn good_fixtures_pass_with_a_summary() {
-    let files = json_files("good");
+    let files = common::fixture_files("good");
     let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
     let (code, out) = check(&refs);
     assert_eq!(code, 0, "{out}");

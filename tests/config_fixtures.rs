@@ -2,25 +2,13 @@
 //! in `NAME.error`; every configuration in `tests/fixtures/good/` is accepted.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::path::Path;
-use wasm_ratelimit::config::Config;
+mod common;
 
-fn fixtures(dir: &str) -> Vec<std::path::PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(dir);
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-}
+use wasm_ratelimit::config::Config;
 
 #[test]
 fn bad_configs_are_refused_with_their_exact_message() {
-    let files = fixtures("bad");
+    let files = common::fixture_files("bad");
     assert!(files.len() >= 30, "fixtures missing");
     for json in files {
         let expected = std::fs::read_to_string(json.with_extension("error")).unwrap();
@@ -34,7 +22,7 @@ fn bad_configs_are_refused_with_their_exact_message() {
 
 #[test]
 fn good_configs_are_accepted() {
-    for json in fixtures("good") {
+    for json in common::fixture_files("good") {
         if let Err(e) = Config::parse(&std::fs::read(&json).unwrap()) {
             panic!("{}: {e}", json.display());
         }

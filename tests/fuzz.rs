@@ -4,29 +4,15 @@
 //! as many cases and prints the counts and times.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+mod common;
+
+use common::Rng;
 use std::time::{Duration, Instant};
 use wasm_ratelimit::config::{Config, KeyPart, Match};
 use wasm_ratelimit::hash::Seed;
 use wasm_ratelimit::key::{client_key, matches, FakeRequest};
 use wasm_ratelimit::limiter::{gcra, Policy};
 use wasm_ratelimit::table::{Slot, LOG_SLOTS};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, max: u64) -> Vec<u8> {
-        let n = self.below(max + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 fn scale() -> u64 {
     std::env::var("FUZZ_SCALE")

@@ -4,6 +4,7 @@
 //! limit at the end of one window and again at the start of the next: up to 2× the limit within
 //! one window's length across a boundary. The sliding window counter exists to fix that.
 
+use super::codec::{Reader, Writer};
 use super::Verdict;
 
 /// The stored state of one key: 16 bytes.
@@ -23,25 +24,22 @@ pub const STATE_LEN: usize = 16;
 impl State {
     /// Fixed-width little-endian encoding.
     pub fn encode(&self) -> [u8; STATE_LEN] {
-        let mut out = [0u8; STATE_LEN];
-        let (a, rest) = out.split_at_mut(8);
-        let (b, c) = rest.split_at_mut(4);
-        a.copy_from_slice(&self.last_ms.to_le_bytes());
-        b.copy_from_slice(&self.window_ms.to_le_bytes());
-        c.copy_from_slice(&self.count.to_le_bytes());
-        out
+        Writer::new()
+            .u64(self.last_ms)
+            .u32(self.window_ms)
+            .u32(self.count)
+            .finish()
     }
 
     /// Decodes [`State::encode`]'s output; `None` for the wrong length.
     pub fn decode(bytes: &[u8]) -> Option<State> {
-        let (a, rest) = bytes.split_first_chunk::<8>()?;
-        let (b, rest) = rest.split_first_chunk::<4>()?;
-        let c: &[u8; 4] = rest.try_into().ok()?;
-        Some(State {
-            last_ms: u64::from_le_bytes(*a),
-            window_ms: u32::from_le_bytes(*b),
-            count: u32::from_le_bytes(*c),
-        })
+        let mut r = Reader(bytes);
+        let s = State {
+            last_ms: r.u64()?,
+            window_ms: r.u32()?,
+            count: r.u32()?,
+        };
+        r.end().map(|()| s)
     }
 
     /// Requests this entry still remembers at `now_ms` (`None`: it no longer matters).

@@ -14,6 +14,7 @@
 //! admitted request is held until `max(tat, now)`, its turn, so requests leave at a constant
 //! rate; one whose wait would exceed `max_delay_ms` (or overflow the bucket) is refused.
 
+use super::codec::{Reader, Writer};
 use super::Verdict;
 
 /// The parameters of one rule.
@@ -48,29 +49,24 @@ pub const STATE_LEN: usize = 20;
 impl State {
     /// Fixed-width little-endian encoding.
     pub fn encode(&self) -> [u8; STATE_LEN] {
-        let mut out = [0u8; STATE_LEN];
-        let (a, rest) = out.split_at_mut(8);
-        let (b, rest) = rest.split_at_mut(4);
-        let (c, d) = rest.split_at_mut(4);
-        a.copy_from_slice(&self.tat_ms.to_le_bytes());
-        b.copy_from_slice(&self.tat_frac.to_le_bytes());
-        c.copy_from_slice(&self.limit.to_le_bytes());
-        d.copy_from_slice(&self.window_ms.to_le_bytes());
-        out
+        Writer::new()
+            .u64(self.tat_ms)
+            .u32(self.tat_frac)
+            .u32(self.limit)
+            .u32(self.window_ms)
+            .finish()
     }
 
     /// Decodes [`State::encode`]'s output; `None` for the wrong length.
     pub fn decode(bytes: &[u8]) -> Option<State> {
-        let (a, rest) = bytes.split_first_chunk::<8>()?;
-        let (b, rest) = rest.split_first_chunk::<4>()?;
-        let (c, rest) = rest.split_first_chunk::<4>()?;
-        let d: &[u8; 4] = rest.try_into().ok()?;
-        Some(State {
-            tat_ms: u64::from_le_bytes(*a),
-            tat_frac: u32::from_le_bytes(*b),
-            limit: u32::from_le_bytes(*c),
-            window_ms: u32::from_le_bytes(*d),
-        })
+        let mut r = Reader(bytes);
+        let s = State {
+            tat_ms: r.u64()?,
+            tat_frac: r.u32()?,
+            limit: r.u32()?,
+            window_ms: r.u32()?,
+        };
+        r.end().map(|()| s)
     }
 
     /// `tat` in units of `1 / limit` ms (rounded up if the state used another limit).

@@ -9,6 +9,7 @@
 //! rule is not counted by the others, except for the instant between a commit and its refund,
 //! when a concurrent request may see the count one higher and be refused (never over-admitted).
 
+mod codec;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;

@@ -10,6 +10,7 @@
 //! It fits `u64` (counts < 2^33, windows < 2^27 ms), which wasm runs natively, unlike `u128`;
 //! saturating operations keep absurd inputs from wrapping.
 
+use super::codec::{Reader, Writer};
 use super::Verdict;
 
 /// The stored state of one key: 20 bytes.
@@ -32,29 +33,24 @@ pub const STATE_LEN: usize = 20;
 impl State {
     /// Fixed-width little-endian encoding.
     pub fn encode(&self) -> [u8; STATE_LEN] {
-        let mut out = [0u8; STATE_LEN];
-        let (a, rest) = out.split_at_mut(8);
-        let (b, rest) = rest.split_at_mut(4);
-        let (c, d) = rest.split_at_mut(4);
-        a.copy_from_slice(&self.last_ms.to_le_bytes());
-        b.copy_from_slice(&self.window_ms.to_le_bytes());
-        c.copy_from_slice(&self.current.to_le_bytes());
-        d.copy_from_slice(&self.previous.to_le_bytes());
-        out
+        Writer::new()
+            .u64(self.last_ms)
+            .u32(self.window_ms)
+            .u32(self.current)
+            .u32(self.previous)
+            .finish()
     }
 
     /// Decodes [`State::encode`]'s output; `None` for the wrong length.
     pub fn decode(bytes: &[u8]) -> Option<State> {
-        let (a, rest) = bytes.split_first_chunk::<8>()?;
-        let (b, rest) = rest.split_first_chunk::<4>()?;
-        let (c, rest) = rest.split_first_chunk::<4>()?;
-        let d: &[u8; 4] = rest.try_into().ok()?;
-        Some(State {
-            last_ms: u64::from_le_bytes(*a),
-            window_ms: u32::from_le_bytes(*b),
-            current: u32::from_le_bytes(*c),
-            previous: u32::from_le_bytes(*d),
-        })
+        let mut r = Reader(bytes);
+        let s = State {
+            last_ms: r.u64()?,
+            window_ms: r.u32()?,
+            current: r.u32()?,
+            previous: r.u32()?,
+        };
+        r.end().map(|()| s)
     }
 
     /// The counts as seen from `now_ms` in windows of `window_ms`: (current, previous, elapsed
