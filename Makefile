@@ -79,7 +79,8 @@ bench-tools: build envoy rls-server
 	cargo build --release --target $(TARGET) --manifest-path bench/noop/Cargo.toml
 	cargo build --release --manifest-path bench/loadgen/Cargo.toml
 
-# Writes BENCHMARKS.md and bench/results.json (about 6 minutes; BENCH_ARGS=--quick for a smoke run).
+# Writes BENCHMARKS.md and bench/results.json (under 10 minutes from a fresh checkout;
+# BENCH_ARGS=--quick for a one-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
 

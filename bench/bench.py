@@ -270,7 +270,7 @@ def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label="
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--envoy", default=os.environ.get("ENVOY", "envoy"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke test")
@@ -540,7 +540,7 @@ def report(r):
         "## Reproduce",
         "",
         "```sh",
-        "make bench          # builds everything, installs Envoy and wrk if missing; ~6 minutes",
+        "make bench   # builds everything, installs Envoy, wrk and Redis if missing; under 10 minutes",
         "```",
         "",
         f"The run took {r['duration_s']} s. Raw figures: [`bench/results.json`](bench/results.json);",
