@@ -1202,6 +1202,20 @@ mod tests {
         assert_eq!(r.quota.window_ms(), 60_000);
     }
 
+    /// A rejecting leaky bucket is the token bucket's admission rule (both are one GCRA, which
+    /// tests/accuracy.rs checks against a token-bucket reference).
+    #[test]
+    fn rejecting_leaky_bucket_is_the_token_bucket_policy() {
+        let rule = |algorithm: &str| {
+            let json = format!(
+                r#"{{"rules": [{{"name": "a", "algorithm": "{algorithm}", "burst": 7,
+                    "rate_limit": {{"requests_per_unit": 3, "unit": "second"}}}}]}}"#
+            );
+            Config::parse(json.as_bytes()).unwrap().rules[0].policy()
+        };
+        assert_eq!(rule("leaky_bucket"), rule("token_bucket"));
+    }
+
     #[test]
     fn all_errors_are_reported_together() {
         let err = Config::parse(

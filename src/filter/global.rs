@@ -6,8 +6,8 @@
 //! the service's reset time, so every worker of this proxy refuses it from then on.
 
 use super::host;
-use super::Runtime;
-use crate::config::{Global, GlobalMode};
+use super::{CompiledRule, Runtime};
+use crate::config::{Global, GlobalMode, Rule};
 use crate::key::Descriptor;
 use crate::limiter::{Check, Policy, State, Verdict};
 use crate::rls;
@@ -148,21 +148,24 @@ pub fn count(hash: u64, rule_fingerprint: u64, g: &Global, entries: &Descriptor,
     });
 }
 
+/// The rule (and its compiled form) with this fingerprint in the current configuration.
+fn rule_by_fingerprint(rt: &Runtime, fingerprint: u64) -> Option<(&Rule, &CompiledRule)> {
+    rt.config
+        .rules
+        .iter()
+        .zip(&rt.rules)
+        .find(|(_, c)| c.fingerprint == fingerprint)
+}
+
 /// Reports every key's hits since the last flush, one call per key (services read one
 /// `hits_addend` per request).
 pub fn flush(rt: &Runtime) {
     let hits: Vec<Hits> = HITS.with(|h| h.borrow_mut().drain().map(|(_, v)| v).collect());
     for h in hits {
-        let Some(rule) = rt
-            .config
-            .rules
-            .iter()
-            .zip(&rt.rules)
-            .find(|(_, c)| c.fingerprint == h.rule_fingerprint)
-        else {
+        let Some((rule, compiled)) = rule_by_fingerprint(rt, h.rule_fingerprint) else {
             continue; // the rule went away with a new configuration
         };
-        let (Some(g), compiled) = (&rule.0.global, rule.1) else {
+        let Some(g) = &rule.global else {
             continue;
         };
         match ask(g, &h.entries, h.hits) {
@@ -188,13 +191,7 @@ pub fn on_flush_answer(rt: &Runtime, token: u32, status: u32, size: usize) {
     let Some(flush) = FLUSHES.with(|f| f.borrow_mut().remove(&token)) else {
         return;
     };
-    let Some((rule, compiled)) = rt
-        .config
-        .rules
-        .iter()
-        .zip(&rt.rules)
-        .find(|(_, c)| c.fingerprint == flush.rule_fingerprint)
-    else {
+    let Some((rule, compiled)) = rule_by_fingerprint(rt, flush.rule_fingerprint) else {
         return;
     };
     let answer = match read_answer(status, size) {
@@ -245,8 +242,8 @@ fn block(store: &impl Store, flush: &Flush, now_ms: u64, until_ms: u64) {
 }
 
 /// Whether any rule reports to its service asynchronously, and the shortest flush interval.
-pub fn flush_period(rt_rules: &[crate::config::Rule]) -> Option<u32> {
-    rt_rules
+pub fn flush_period(rules: &[Rule]) -> Option<u32> {
+    rules
         .iter()
         .filter_map(|r| r.global.as_ref())
         .filter(|g| g.mode == GlobalMode::Async)

@@ -157,7 +157,9 @@ struct Runtime {
     tracked_keys: Option<u32>,
     /// The tick period when no request is held: metrics, and async global flushes.
     base_tick_ms: u32,
-    /// When async global rules last flushed (ms), if there are any.
+    /// The shortest flush interval of the async global rules, if there are any.
+    flush_ms: Option<u32>,
+    /// When async global rules last flushed (ms).
     last_flush: Cell<u64>,
 }
 
@@ -268,11 +270,10 @@ impl Root {
             .collect();
         let gauge =
             |name: &str| host::define_gauge(&format!("wasm_ratelimit.{plugin}.{name}")).ok();
-        let base_tick_ms = global::flush_period(&config.rules)
-            .unwrap_or(METRICS_PERIOD_MS)
-            .min(METRICS_PERIOD_MS);
+        let flush_ms = global::flush_period(&config.rules);
         Ok(Runtime {
-            base_tick_ms,
+            base_tick_ms: flush_ms.map_or(METRICS_PERIOD_MS, |f| f.min(METRICS_PERIOD_MS)),
+            flush_ms,
             last_flush: Cell::new(0),
             delay_queue: gauge("delay_queue"),
             tracked_keys: gauge("tracked_keys"),
@@ -354,7 +355,7 @@ impl RootContext for Root {
         if WAITING.with(|w| w.borrow().is_empty()) {
             let _ = host::set_tick_period(rt.base_tick_ms);
         }
-        if let Some(period) = global::flush_period(&rt.config.rules) {
+        if let Some(period) = rt.flush_ms {
             if now >= rt.last_flush.get().saturating_add(u64::from(period)) {
                 rt.last_flush.set(now);
                 global::flush(&rt);
@@ -436,6 +437,17 @@ impl Attributes for HostAttributes {
         };
         self.headers.get(i).and_then(|(_, v)| v.as_deref())
     }
+}
+
+/// Counts a request a rule refused (or, in shadow mode, would have) and logs its line.
+fn refusal(rt: &Runtime, rule: &config::Rule, m: &RuleMetrics, hash: u64, v: &Verdict, cost: u64) {
+    let counter = if rule.shadow {
+        Counter::ShadowLimited
+    } else {
+        Counter::Limited
+    };
+    m.add(counter, 1);
+    log_limited(rt.config.log_limited, rule, hash, v, cost);
 }
 
 /// Logs one structured line for a request a rule refused (or would have, in shadow mode). The
@@ -596,15 +608,7 @@ impl Request {
                         m.add(Counter::Allowed, 1);
                     } else {
                         refused |= !rule.shadow;
-                        m.add(
-                            if rule.shadow {
-                                Counter::ShadowLimited
-                            } else {
-                                Counter::Limited
-                            },
-                            1,
-                        );
-                        log_limited(rt.config.log_limited, rule, 0, &v, 1);
+                        refusal(rt, rule, m, 0, &v, 1);
                     }
                     reported.push((rule.name.as_str(), v));
                 }
@@ -645,15 +649,7 @@ impl Request {
                 }
                 if let Some(v) = out.verdict {
                     if !v.allowed {
-                        m.add(
-                            if rule.shadow {
-                                Counter::ShadowLimited
-                            } else {
-                                Counter::Limited
-                            },
-                            1,
-                        );
-                        log_limited(rt.config.log_limited, rule, *hash, &v, check.cost);
+                        refusal(rt, rule, m, *hash, &v, check.cost);
                     } else if allowed {
                         m.add(Counter::Allowed, 1);
                         m.add(Counter::Delayed, u64::from(v.delay_ms > 0));
