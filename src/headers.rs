@@ -11,24 +11,10 @@ use crate::config::HeaderStyle;
 use crate::limiter::Verdict;
 use std::fmt::Write;
 
-/// Appends the decimal digits of `n`. `core::fmt` is several times slower than this inside
+/// Appends the decimal digits of `n`. `core::fmt` is several times slower than `itoa` inside
 /// Envoy's V8, and every allowed response formats five numbers.
-pub fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
-        }
-    }
-    for &d in digits.get(i..).unwrap_or(&[]) {
-        out.push(char::from(d));
-    }
+pub fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// The problem type of the IETF draft for a request over quota.

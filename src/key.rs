@@ -4,7 +4,59 @@
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
 use crate::config::{HeaderCondition, KeyPart, Match};
-use crate::hash::{Seed, SipHasher13};
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+
+/// The 128-bit SipHash key of every client-key hash.
+///
+/// Client keys are attacker-controlled (header values, addresses), and they pick the slot of the
+/// bounded table. An unkeyed hash would let a client aim many keys at one slot and evict a heavy
+/// hitter on purpose, so keys are hashed with SipHash-1-3 (the algorithm of Rust's `HashMap`)
+/// under a random seed that every worker of one Envoy shares. Only the 64-bit hash is stored,
+/// never the raw key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seed(pub [u64; 2]);
+
+impl Seed {
+    /// Encodes the seed as 16 little-endian bytes (its shared-data form).
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let (a, b) = out.split_at_mut(8);
+        a.copy_from_slice(&self.0[0].to_le_bytes());
+        b.copy_from_slice(&self.0[1].to_le_bytes());
+        out
+    }
+
+    /// Decodes 16 little-endian bytes; anything else is `None`.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Seed> {
+        let (a, b) = bytes.split_first_chunk::<8>()?;
+        let b: &[u8; 8] = b.try_into().ok()?;
+        Some(Seed([u64::from_le_bytes(*a), u64::from_le_bytes(*b)]))
+    }
+
+    /// A fresh random seed from the platform's randomness (WASI `random_get` inside Envoy's V8,
+    /// the OS elsewhere), drawn through std's `RandomState` so no extra crate is needed.
+    pub fn random() -> Seed {
+        use std::hash::BuildHasher;
+        let state = std::collections::hash_map::RandomState::new();
+        let draw = |n: u64| {
+            let mut h = state.build_hasher();
+            h.write_u64(n);
+            h.finish()
+        };
+        Seed([draw(1), draw(2)])
+    }
+
+    fn hasher(self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0[0], self.0[1])
+    }
+}
+
+/// Feeds a length-prefixed byte string, so that ("ab","c") and ("a","bc") differ.
+fn write_field(h: &mut SipHasher13, bytes: &[u8]) {
+    h.write_u64(bytes.len() as u64);
+    h.write(bytes);
+}
 
 /// Read access to the request attributes rules look at.
 pub trait Attributes {
@@ -105,11 +157,11 @@ fn write_part(h: &mut SipHasher13, value: &[u8]) {
 /// Rules keep their fingerprint (and so their counters) across config reloads as long as their
 /// name, key parts and algorithm stay the same; limits may change.
 pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart], algorithm: &str) -> u64 {
-    let mut h = SipHasher13::new(seed);
-    h.write_field(name.as_bytes());
-    h.write_field(algorithm.as_bytes());
+    let mut h = seed.hasher();
+    write_field(&mut h, name.as_bytes());
+    write_field(&mut h, algorithm.as_bytes());
     for part in key {
-        h.write_field(part.to_string().as_bytes());
+        write_field(&mut h, part.to_string().as_bytes());
     }
     h.finish()
 }
@@ -152,7 +204,7 @@ pub fn client_key(
     parts: &[KeyPart],
     req: &mut impl Attributes,
 ) -> Option<u64> {
-    let mut h = SipHasher13::new(seed);
+    let mut h = seed.hasher();
     h.write_u64(rule_fingerprint);
     visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
     Some(h.finish())
@@ -340,6 +392,26 @@ mod tests {
         let mut binary = req("10.0.0.1:1", "/");
         binary.headers[0].1 = vec![0xff, 0x00, 0x80];
         assert!(k(&mut binary).is_some());
+    }
+
+    #[test]
+    fn seeds_change_hashes_and_round_trip() {
+        let parts = [KeyPart::RemoteAddress];
+        let r = &mut req("10.0.0.1:1", "/");
+        assert_ne!(
+            client_key(Seed([1, 2]), 0, &parts, r),
+            client_key(Seed([1, 3]), 0, &parts, r)
+        );
+        let s = Seed([0x0102_0304_0506_0708, u64::MAX]);
+        assert_eq!(Seed::from_bytes(&s.to_bytes()), Some(s));
+        assert_eq!(Seed::from_bytes(&[1, 2, 3]), None);
+        assert_ne!(Seed::random(), Seed::random());
+        // SipHash-1-3 as std's `DefaultHasher` (a zero key) computes it.
+        let mut ours = Seed([0, 0]).hasher();
+        let mut std = std::collections::hash_map::DefaultHasher::new();
+        ours.write(b"10.0.0.1");
+        std.write(b"10.0.0.1");
+        assert_eq!(ours.finish(), std.finish());
     }
 
     #[test]

@@ -1,18 +1,25 @@
-//! wasm-ratelimit: HTTP rate limiting inside Envoy, as a proxy-wasm filter.
+//! wasm-ratelimit: HTTP rate limiting inside Envoy, as a proxy-wasm filter or an Envoy dynamic
+//! module, from one core.
 //!
-//! A request is decided in [`limiter::decide`]. Everything but [`filter`] is pure Rust that
-//! compiles and is tested natively; [`filter`] is the thin proxy-wasm layer, built for wasm32.
+//! A request is decided in [`pipeline`], the same way whichever host runs it: rules matched and
+//! keys built by [`key`], each rule's algorithm in [`limiter`], state updated with
+//! compare-and-swap by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer
+//! written by [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its
+//! [`metrics`]; [`global`] and [`rls`] speak to rate limit services. All of it is plain Rust,
+//! compiled and tested natively; [`host`] holds the only code that knows its host.
 
 pub mod config;
-pub mod hash;
+pub mod engine;
+pub mod global;
 pub mod headers;
+pub mod host;
 pub mod key;
 pub mod limiter;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod manifest;
+pub mod metrics;
+pub mod pipeline;
 pub mod rls;
+pub mod runtime;
 pub mod store;
 pub mod table;
-
-#[cfg(target_arch = "wasm32")]
-pub mod filter;

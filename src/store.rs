@@ -2,14 +2,19 @@
 //!
 //! The semantics are those of proxy-wasm shared data in Envoy, quirks included, so that the
 //! in-memory implementation used by native tests fails the same way Envoy would:
-//! - every write gets a new CAS value from one global counter;
+//! - every write gets a new CAS value;
 //! - a write with CAS 0 is unconditional; any other CAS must equal the stored one...
 //! - ...except when the key does not exist yet: then the CAS is ignored and the write succeeds.
 //!   The table therefore creates keys with [`CREATE_CAS`], a value no live key carries, so the
 //!   second of two racing creators gets a conflict instead of silently overwriting the first.
+//!
+//! Three implementations: proxy-wasm shared data (the wasm host's), [`ProcessStore`] (the native
+//! host's: a process-global array of buckets, each behind its own lock) and [`MemoryStore`] (a map
+//! with Envoy's exact semantics, for tests).
 
+use crate::table::BUCKET_LEN;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The CAS the table passes when creating a key. Envoy's counter would need 4 billion writes
 /// to hand out this value, so an existing key virtually never matches it.
@@ -26,11 +31,42 @@ pub enum StoreError {
 
 /// A versioned byte store with compare-and-swap; slots are numbered.
 pub trait Store {
-    /// The value of `slot` and its CAS; `(None, None)` when the slot was never written.
-    fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
+    /// Calls `f` with the value of `slot` and its CAS (`None, None` when the slot was never
+    /// written), without copying the value where the store can avoid it.
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError>;
     /// Writes `value` if the slot's CAS still equals `cas` (0: unconditionally).
-    fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
+
+/// Locks a mutex whatever happened to a thread that held it: every value here stays consistent
+/// (a slot is written whole), and a panic is already handled where it happened.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The CAS after `cas`: never 0 (unconditional) nor [`CREATE_CAS`].
+fn next_cas(cas: u32) -> u32 {
+    match cas.wrapping_add(1) {
+        0 | CREATE_CAS => 1,
+        n => n,
+    }
+}
+
+/// Whether a write with `cas` may replace a value whose CAS is `current` (`None`: never
+/// written).
+fn may_write(current: Option<u32>, cas: u32) -> bool {
+    match current {
+        None => true,
+        Some(current) => cas == 0 || cas == current,
+    }
+}
+
+/// Values and their CAS, by slot.
+type Values = HashMap<u64, (Vec<u8>, u32)>;
 
 /// An in-memory [`Store`] with Envoy's semantics, safe to share between threads.
 #[derive(Debug, Default)]
@@ -41,7 +77,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct MemoryInner {
     next_cas: u32,
-    slots: HashMap<u64, (Vec<u8>, u32)>,
+    slots: Values,
 }
 
 impl MemoryStore {
@@ -52,7 +88,7 @@ impl MemoryStore {
 
     /// How many slots have been written.
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|g| g.slots.len()).unwrap_or(0)
+        lock(&self.inner).slots.len()
     }
 
     /// Whether no slot has been written.
@@ -62,30 +98,135 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn get(&self, slot: u64) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        let guard = self
-            .inner
-            .lock()
-            .map_err(|_| StoreError::Unavailable("poisoned".into()))?;
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
+        let guard = lock(&self.inner);
         Ok(match guard.slots.get(&slot) {
-            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
-            None => (None, None),
+            Some((v, cas)) => f(Some(v), Some(*cas)),
+            None => f(None, None),
         })
     }
 
-    fn set(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let mut guard = self
-            .inner
-            .lock()
-            .map_err(|_| StoreError::Unavailable("poisoned".into()))?;
-        if let Some((_, current)) = guard.slots.get(&slot) {
-            if cas != 0 && cas != *current {
-                return Err(StoreError::Conflict);
-            }
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let mut guard = lock(&self.inner);
+        if !may_write(guard.slots.get(&slot).map(|(_, c)| *c), cas) {
+            return Err(StoreError::Conflict);
         }
-        guard.next_cas = guard.next_cas.wrapping_add(1).max(1);
+        guard.next_cas = next_cas(guard.next_cas);
         let next = guard.next_cas;
         guard.slots.insert(slot, (value.to_vec(), next));
+        Ok(())
+    }
+}
+
+/// One bucket of a [`ProcessStore`].
+#[derive(Debug)]
+struct Bucket {
+    /// 0 until first written.
+    cas: u32,
+    bytes: [u8; BUCKET_LEN],
+}
+
+/// Sliding-log slots are spread over this many locks.
+const LOG_SHARDS: usize = 64;
+
+/// The native host's store: every bucket of the table allocated up front (`BUCKET_LEN` bytes
+/// and a lock each, about 36 bytes per key), so memory is fixed by the capacity; sliding logs,
+/// whose size varies, in a map under sharded locks (at most one entry per log slot). Reads
+/// copy nothing: the caller decodes under the bucket's lock.
+#[derive(Debug)]
+pub struct ProcessStore {
+    buckets: Box<[Mutex<Bucket>]>,
+    logs: Box<[Mutex<Values>]>,
+}
+
+impl ProcessStore {
+    /// A store of `buckets` buckets (slots `0..buckets`) and sliding-log slots from
+    /// [`crate::table::LOG_SLOTS`] on.
+    pub fn new(buckets: u32) -> ProcessStore {
+        ProcessStore {
+            buckets: (0..buckets)
+                .map(|_| {
+                    Mutex::new(Bucket {
+                        cas: 0,
+                        bytes: [0; BUCKET_LEN],
+                    })
+                })
+                .collect(),
+            logs: (0..LOG_SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// The number of buckets.
+    pub fn buckets(&self) -> u32 {
+        u32::try_from(self.buckets.len()).unwrap_or(u32::MAX)
+    }
+
+    fn bucket(&self, slot: u64) -> Option<&Mutex<Bucket>> {
+        self.buckets.get(usize::try_from(slot).ok()?)
+    }
+
+    fn log_shard(&self, slot: u64) -> Result<&Mutex<Values>, StoreError> {
+        self.logs
+            .get((slot % LOG_SHARDS as u64) as usize)
+            .ok_or_else(|| StoreError::Unavailable("no log shard".into()))
+    }
+}
+
+impl Store for ProcessStore {
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
+        if slot >= crate::table::LOG_SLOTS {
+            let shard = lock(self.log_shard(slot)?);
+            return Ok(match shard.get(&slot) {
+                Some((v, cas)) => f(Some(v), Some(*cas)),
+                None => f(None, None),
+            });
+        }
+        let bucket = self
+            .bucket(slot)
+            .ok_or_else(|| StoreError::Unavailable(format!("no bucket {slot}")))?;
+        let b = lock(bucket);
+        Ok(if b.cas == 0 {
+            f(None, None)
+        } else {
+            f(Some(&b.bytes), Some(b.cas))
+        })
+    }
+
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        if slot >= crate::table::LOG_SLOTS {
+            let mut shard = lock(self.log_shard(slot)?);
+            let current = shard.get(&slot).map(|(_, c)| *c);
+            if !may_write(current, cas) {
+                return Err(StoreError::Conflict);
+            }
+            let next = next_cas(current.unwrap_or(0));
+            shard.insert(slot, (value.to_vec(), next));
+            return Ok(());
+        }
+        let bucket = self
+            .bucket(slot)
+            .ok_or_else(|| StoreError::Unavailable(format!("no bucket {slot}")))?;
+        let mut b = lock(bucket);
+        let current = (b.cas != 0).then_some(b.cas);
+        if !may_write(current, cas) {
+            return Err(StoreError::Conflict);
+        }
+        if value.len() != BUCKET_LEN {
+            return Err(StoreError::Unavailable(format!(
+                "a bucket is {BUCKET_LEN} bytes, not {}",
+                value.len()
+            )));
+        }
+        b.bytes.copy_from_slice(value);
+        b.cas = next_cas(b.cas);
         Ok(())
     }
 }
@@ -94,21 +235,54 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
 
-    #[test]
-    fn behaves_like_envoy_shared_data() {
-        let s = MemoryStore::new();
-        assert_eq!(s.get(1).unwrap(), (None, None));
+    fn get(s: &impl Store, slot: u64) -> (Option<Vec<u8>>, Option<u32>) {
+        s.read(slot, |v, cas| (v.map(<[u8]>::to_vec), cas)).unwrap()
+    }
+
+    /// What every store must do: Envoy's shared-data semantics, quirks included.
+    fn behaves_like_envoy_shared_data(s: &impl Store, slot: u64, a: &[u8], b: &[u8]) {
+        assert_eq!(get(s, slot), (None, None));
         // The CAS is ignored for a key that does not exist yet...
-        s.set(1, b"a", 12345).unwrap();
-        let (v, cas) = s.get(1).unwrap();
-        assert_eq!(v.as_deref(), Some(&b"a"[..]));
+        s.write(slot, a, 12345).unwrap();
+        let (v, cas) = get(s, slot);
+        assert_eq!(v.as_deref(), Some(a));
         let cas = cas.unwrap();
         // ...and checked once it does.
-        assert_eq!(s.set(1, b"b", CREATE_CAS), Err(StoreError::Conflict));
-        assert_eq!(s.set(1, b"b", cas + 1), Err(StoreError::Conflict));
-        s.set(1, b"b", cas).unwrap();
-        assert_eq!(s.set(1, b"c", cas), Err(StoreError::Conflict));
-        s.set(1, b"c", 0).unwrap();
+        assert_eq!(s.write(slot, b, CREATE_CAS), Err(StoreError::Conflict));
+        assert_eq!(s.write(slot, b, cas + 1), Err(StoreError::Conflict));
+        s.write(slot, b, cas).unwrap();
+        assert_eq!(s.write(slot, a, cas), Err(StoreError::Conflict));
+        s.write(slot, a, 0).unwrap();
+        assert_eq!(get(s, slot).0.as_deref(), Some(a));
+    }
+
+    #[test]
+    fn memory_store() {
+        let s = MemoryStore::new();
+        behaves_like_envoy_shared_data(&s, 1, b"a", b"b");
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn process_store() {
+        let s = ProcessStore::new(4);
+        let (a, b) = ([1u8; BUCKET_LEN], [2u8; BUCKET_LEN]);
+        behaves_like_envoy_shared_data(&s, 3, &a, &b);
+        behaves_like_envoy_shared_data(&s, crate::table::LOG_SLOTS + 9, b"log", b"longer log");
+        // Out of range, or the wrong size: errors, never a panic.
+        assert!(matches!(s.write(4, &a, 0), Err(StoreError::Unavailable(_))));
+        assert!(s.read(100, |_, _| ()).is_err());
+        assert!(matches!(
+            s.write(0, b"short", 0),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert_eq!(s.buckets(), 4);
+    }
+
+    #[test]
+    fn cas_values_skip_the_reserved_ones() {
+        assert_eq!(next_cas(0), 1);
+        assert_eq!(next_cas(CREATE_CAS - 1), 1);
+        assert_eq!(next_cas(7), 8);
     }
 }

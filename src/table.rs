@@ -66,6 +66,24 @@ pub enum Placement {
     Full,
 }
 
+/// A slot's store value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Encoded {
+    /// A bucket: always [`BUCKET_LEN`] bytes.
+    Bucket([u8; BUCKET_LEN]),
+    /// A sliding log.
+    Log(Vec<u8>),
+}
+
+impl AsRef<[u8]> for Encoded {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Encoded::Bucket(b) => b,
+            Encoded::Log(l) => l,
+        }
+    }
+}
+
 /// What one store slot holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Slot {
@@ -127,11 +145,11 @@ impl Slot {
         Ok(Slot::Bucket(entries))
     }
 
-    /// Encodes the slot into its store value.
-    pub fn encode(&self) -> Vec<u8> {
+    /// Encodes the slot into its store value (a bucket on the stack, a log on the heap).
+    pub fn encode(&self) -> Encoded {
         match self {
             Slot::Bucket(entries) => {
-                let mut out = vec![0u8; BUCKET_LEN];
+                let mut out = [0u8; BUCKET_LEN];
                 if let Some((version, rest)) = out.split_first_mut() {
                     *version = VERSION;
                     for (entry, raw) in entries.iter().zip(rest.chunks_exact_mut(ENTRY_LEN)) {
@@ -140,7 +158,7 @@ impl Slot {
                         }
                     }
                 }
-                out
+                Encoded::Bucket(out)
             }
             Slot::Log(entry) => {
                 let mut out = Vec::with_capacity(32 + 4 * sliding_log::MAX_LIMIT as usize);
@@ -149,7 +167,7 @@ impl Slot {
                     out.extend_from_slice(&fp.to_le_bytes());
                     state.encode(&mut out);
                 }
-                out
+                Encoded::Log(out)
             }
         }
     }
@@ -282,8 +300,8 @@ mod tests {
             b2.put(13, State::Blocked { until_ms: 99 }, 8),
             Placement::Updated
         );
-        assert_eq!(Slot::decode(0, Some(&b2.encode())), Ok(b2.clone()));
-        let bytes = b.encode();
+        assert_eq!(Slot::decode(0, Some(b2.encode().as_ref())), Ok(b2.clone()));
+        let bytes = b.encode().as_ref().to_vec();
         assert_eq!(bytes.len(), BUCKET_LEN);
         assert_eq!(Slot::decode(0, Some(&bytes)), Ok(b.clone()));
         assert_eq!(b.find(13), Some(&st(6, 1)));
@@ -313,7 +331,7 @@ mod tests {
         assert!(!s.has_room(7, 500));
         assert_eq!(s.put(7, log(vec![30]), 30), Placement::Full);
         assert_eq!(s.put(5, log(vec![10, 20, 30]), 30), Placement::Updated);
-        let bytes = s.encode();
+        let bytes = s.encode().as_ref().to_vec();
         assert_eq!(Slot::decode(LOG_SLOTS, Some(&bytes)), Ok(s.clone()));
         assert_eq!(s.find_log(5).map(|l| l.times.len()), Some(3));
         // Once the old log has expired, another key may take the slot.

@@ -9,7 +9,7 @@ mod common;
 use common::Rng;
 use std::time::{Duration, Instant};
 use wasm_ratelimit::config::{Config, KeyPart, Match};
-use wasm_ratelimit::hash::Seed;
+use wasm_ratelimit::key::Seed;
 use wasm_ratelimit::key::{client_key, matches, FakeRequest};
 use wasm_ratelimit::limiter::{gcra, Policy};
 use wasm_ratelimit::table::{Slot, LOG_SLOTS};
@@ -193,7 +193,7 @@ fn slot_decoding_takes_any_bytes() {
         let mut s = Slot::decode(slot, None).unwrap();
         let (_, state) = policy.decide(None, 1_000, 1);
         s.put(3, state.unwrap(), 1_000);
-        seeds.push((slot, s.encode()));
+        seeds.push((slot, s.encode().as_ref().to_vec()));
     }
     fuzz(
         "slot decoding",

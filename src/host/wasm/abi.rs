@@ -1,4 +1,5 @@
-//! The host calls this filter makes, declared against the proxy-wasm ABI 0.2.1 directly.
+//! The proxy-wasm host calls this filter makes, declared against the ABI 0.2.1 directly: the
+//! only `unsafe` of the wasm build.
 //!
 //! The SDK's `hostcalls` wrappers (proxy-wasm 0.2.5) `panic!` on any status they do not
 //! expect, and a panic kills the VM with every request on its worker. These wrappers return

@@ -1,0 +1,388 @@
+//! Plugin configuration: the typed rules a request is decided by. [`Config::parse`] (in
+//! [`parse`]) builds them from the plugin's JSON, validated once at configure time.
+
+mod parse;
+
+use crate::limiter::{gcra, Policy};
+use std::fmt;
+
+/// The default number of client keys tracked at once: about 1 MiB of Envoy memory when the
+/// table is full (64 bytes per key measured, Envoy's own overhead included). See the README.
+pub const DEFAULT_CAPACITY: u32 = 16_384;
+/// The largest `capacity` accepted: about 64 MiB of Envoy memory if every slot fills.
+pub const MAX_CAPACITY: u32 = 1 << 20;
+/// The longest rule name accepted.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A validated plugin configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Rules in configuration order; every matching rule is applied to a request.
+    pub rules: Vec<Rule>,
+    /// How limited and allowed responses look.
+    pub response: ResponseConfig,
+    /// What to do when the store cannot decide.
+    pub failure_mode: FailureMode,
+    /// How many client keys are tracked at once.
+    pub capacity: u32,
+    /// The level of the line logged for each limited request.
+    pub log_limited: LogLevel,
+}
+
+/// A log level for the filter's own lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Not logged.
+    Off,
+    /// Envoy's `debug`.
+    Debug,
+    /// Envoy's `info`.
+    Info,
+    /// Envoy's `warning`.
+    Warn,
+}
+
+/// One rate limit rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Unique name, `[A-Za-z0-9_.-]{1,64}`; used in headers, metrics and logs.
+    pub name: String,
+    /// Which requests the rule applies to.
+    pub matcher: Match,
+    /// The parts joined into the client key; empty means one counter for the whole rule.
+    pub key: Vec<KeyPart>,
+    /// How many requests per unit of time one key may make.
+    pub quota: Quota,
+    /// How the quota is enforced.
+    pub algorithm: Algorithm,
+    /// What one request costs.
+    pub cost: Cost,
+    /// Count and report, but never refuse (a soft rollout).
+    pub shadow: bool,
+    /// A rate limit service shared by many Envoys, if the rule is global.
+    pub global: Option<Global>,
+}
+
+/// A rule's global backend: Envoy's rate limit service protocol over a gRPC cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Global {
+    /// The Envoy cluster of the service (HTTP/2).
+    pub cluster: String,
+    /// The rate limit domain sent to the service.
+    pub domain: String,
+    /// Ask before deciding, or decide locally and report afterwards.
+    pub mode: GlobalMode,
+    /// How long to wait for the service, ms.
+    pub timeout_ms: u32,
+    /// Async mode: how often each worker reports its hits, ms.
+    pub flush_ms: u32,
+}
+
+/// How a global rule uses its service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalMode {
+    /// Each request waits for the service's answer.
+    Sync,
+    /// Local-first: decided at once from this proxy's view, hits reported in batches.
+    Async,
+}
+
+/// Default wait for a rate limit service, ms.
+pub const DEFAULT_GLOBAL_TIMEOUT_MS: u64 = 20;
+/// Default async flush interval, ms.
+pub const DEFAULT_FLUSH_MS: u64 = 100;
+
+/// The algorithm of a rule, with its own parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Sliding window counter (the default).
+    SlidingWindow,
+    /// Fixed window counter.
+    FixedWindow,
+    /// Token bucket of `burst` tokens refilled at the quota's rate.
+    TokenBucket {
+        /// Bucket size.
+        burst: u32,
+    },
+    /// Leaky bucket of capacity `burst` draining at the quota's rate.
+    LeakyBucket {
+        /// Bucket capacity.
+        burst: u32,
+        /// `Some(max)`: hold requests until their turn, at most `max` ms (`on_limit: delay`).
+        max_delay_ms: Option<u32>,
+    },
+    /// Exact sliding window log.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// The name used in the configuration.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+}
+
+/// What a request costs under a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Always this much.
+    Fixed(u32),
+    /// The value of this request header (lower-case name), set by a trusted upstream filter; a
+    /// missing or invalid value costs 1.
+    Header(String),
+}
+
+/// The longest `max_delay_ms` accepted.
+pub const MAX_DELAY_MS: u64 = 60_000;
+
+impl Rule {
+    /// The algorithm and its numbers, as the limiter needs them.
+    pub fn policy(&self) -> Policy {
+        let limit = u64::from(self.quota.requests_per_unit);
+        let window_ms = self.quota.window_ms();
+        match self.algorithm {
+            Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
+            Algorithm::FixedWindow => Policy::FixedWindow { limit, window_ms },
+            Algorithm::SlidingLog => Policy::SlidingLog { limit, window_ms },
+            Algorithm::TokenBucket { burst } => Policy::Gcra(gcra::Params {
+                limit,
+                window_ms,
+                burst: u64::from(burst),
+                max_delay_ms: None,
+            }),
+            Algorithm::LeakyBucket {
+                burst,
+                max_delay_ms,
+            } => Policy::Gcra(gcra::Params {
+                limit,
+                window_ms,
+                burst: u64::from(burst),
+                max_delay_ms: max_delay_ms.map(u64::from),
+            }),
+        }
+    }
+}
+
+/// Parses a cost header's value: a decimal integer up to `u32::MAX`, else 1.
+pub fn parse_cost(value: Option<&[u8]>) -> u64 {
+    value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map_or(1, u64::from)
+}
+
+/// Conditions a request must all meet for a rule to apply. The default matches every request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Match {
+    /// The path (without query) starts with this.
+    pub path_prefix: Option<String>,
+    /// The path (without query) equals this.
+    pub path: Option<String>,
+    /// The method is one of these (empty: any method).
+    pub methods: Vec<String>,
+    /// The authority (`:authority`/`Host`) equals this, compared case-insensitively; stored
+    /// lower-case.
+    pub authority: Option<String>,
+    /// Header conditions.
+    pub headers: Vec<HeaderMatch>,
+}
+
+/// A condition on one request header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderMatch {
+    /// Lower-case header name.
+    pub name: String,
+    /// What the header must satisfy.
+    pub condition: HeaderCondition,
+}
+
+/// What a matched header must satisfy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeaderCondition {
+    /// The header's value equals this exactly.
+    Equals(String),
+    /// The header is present (`true`) or absent (`false`).
+    Present(bool),
+}
+
+/// One part of a client key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The downstream address without the port (Envoy's `source.address`).
+    RemoteAddress,
+    /// A request header's value (lower-case name).
+    Header(String),
+    /// A query parameter's raw (not percent-decoded) value.
+    Query(String),
+    /// The path without the query string.
+    Path,
+    /// The request method.
+    Method,
+    /// The authority, lower-cased.
+    Authority,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::RemoteAddress => f.write_str("remote_address"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Authority => f.write_str("authority"),
+        }
+    }
+}
+
+/// A limit: `requests_per_unit` requests per `unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Requests allowed per window (≥ 1).
+    pub requests_per_unit: u32,
+    /// The window.
+    pub unit: Unit,
+}
+
+impl Quota {
+    /// The window length in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.unit.seconds() * 1000
+    }
+}
+
+/// The time unit of a quota, as in envoyproxy/ratelimit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3600 seconds.
+    Hour,
+    /// 86400 seconds.
+    Day,
+}
+
+impl Unit {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+        }
+    }
+
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+        }
+    }
+}
+
+/// How limited (and optionally allowed) responses are decorated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseConfig {
+    /// Status of the local reply for a limited request (400–599).
+    pub status: u16,
+    /// Which rate-limit header fields to send.
+    pub headers: HeaderStyle,
+    /// Whether allowed responses carry the headers too.
+    pub on_allowed: bool,
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        ResponseConfig {
+            status: 429,
+            headers: HeaderStyle::Both,
+            on_allowed: true,
+        }
+    }
+}
+
+/// Which rate-limit header fields to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (and `-Retry-After` when limited).
+    XRateLimit,
+    /// Both of the above.
+    Both,
+    /// None (a limited reply still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderStyle::Ietf => "ietf",
+            HeaderStyle::XRateLimit => "x-ratelimit",
+            HeaderStyle::Both => "both",
+            HeaderStyle::None => "none",
+        }
+    }
+
+    /// Whether the IETF fields are sent.
+    pub fn ietf(self) -> bool {
+        matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+    /// Whether the X-RateLimit fields are sent.
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, HeaderStyle::XRateLimit | HeaderStyle::Both)
+    }
+}
+
+/// What to do when the store cannot decide (CAS retries exhausted, shared data failing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Let the request through (fail open).
+    Allow,
+    /// Reject the request with the configured status (fail closed).
+    Deny,
+}
+
+/// One configuration error: the field it is about and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field path, e.g. `rules[0].rate_limit.unit`; `config` for the document as a whole.
+    pub path: String,
+    /// What is wrong, in words a user can act on.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// Every error found in one configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,574 @@
+//! Where a request is decided: every matching rule is checked against its key's state in the
+//! store, and the request is counted only if all of them allow it.
+//!
+//! Check, then commit. First every rule's bucket is read and decided without writing (a
+//! rejected request therefore costs reads only and consumes nothing). If all allow, each rule's
+//! new state is written with compare-and-swap. If a write loses a race, that rule is read and
+//! decided again; should it now refuse, the rules already committed for this request are
+//! refunded. The guarantee: no rule ever admits more than its limit; a request refused by one
+//! rule is not counted by the others, except for the instant between a commit and its refund,
+//! when a concurrent request may see the count one higher and be refused (never over-admitted).
+
+use crate::config::FailureMode;
+use crate::limiter::{Policy, State, Verdict};
+use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::table::{Placement, Slot};
+
+/// CAS attempts for one rule before the store is deemed unable to decide.
+pub const MAX_ATTEMPTS: u32 = 32;
+
+/// A rule that applies to the request, with where its key lives.
+#[derive(Clone, Copy, Debug)]
+pub struct Check {
+    /// The store slot of the key (a bucket, or a sliding-log slot).
+    pub slot: u64,
+    /// The key's fingerprint within the slot.
+    pub fingerprint: u64,
+    /// The rule's algorithm and limit.
+    pub policy: Policy,
+    /// What this request costs under the rule.
+    pub cost: u64,
+    /// A shadow rule counts and reports but never refuses (not even by `failure_mode`).
+    pub shadow: bool,
+}
+
+impl Check {
+    fn state<'a>(&self, slot: &'a Slot) -> Option<&'a State> {
+        slot.find(self.fingerprint)
+    }
+
+    /// Decides against the slot as read.
+    fn decide(&self, slot: &Slot, now_ms: u64, cost: u64) -> (Verdict, Option<State>) {
+        if self.policy.uses_log() {
+            let log = slot
+                .find_log(self.fingerprint)
+                .cloned()
+                .map(State::SlidingLog);
+            self.policy.decide(log.as_ref(), now_ms, cost)
+        } else {
+            self.policy.decide(self.state(slot), now_ms, cost)
+        }
+    }
+
+    /// The key's state in the slot, whichever table it lives in.
+    fn current(&self, slot: &Slot) -> Option<State> {
+        if self.policy.uses_log() {
+            slot.find_log(self.fingerprint)
+                .cloned()
+                .map(State::SlidingLog)
+        } else {
+            self.state(slot).cloned()
+        }
+    }
+}
+
+/// What happened to one rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuleOutcome {
+    /// The rule's verdict; `None` when the store could not decide.
+    pub verdict: Option<Verdict>,
+    /// CAS conflicts met.
+    pub retries: u32,
+    /// Why the store could not decide, if it could not.
+    pub failure: Option<Failure>,
+    /// Whether committing this rule evicted another live key from its bucket.
+    pub evicted: bool,
+    /// Whether committing this rule used a table entry for the first time.
+    pub filled: bool,
+}
+
+/// Why the store could not decide for a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Every CAS attempt lost a race.
+    RetriesExhausted,
+    /// The slot's bytes were not a bucket (they are reset).
+    Corrupt,
+    /// The key's sliding-log slot holds another live key.
+    NoRoom,
+    /// A host call failed.
+    Unavailable(String),
+}
+
+/// The decision for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the request goes through.
+    pub allowed: bool,
+    /// One entry per check, in order.
+    pub rules: Vec<RuleOutcome>,
+}
+
+impl Outcome {
+    /// How long to hold an admitted request (the longest delay any rule asks for).
+    pub fn delay_ms(&self) -> u64 {
+        self.rules
+            .iter()
+            .filter_map(|r| r.verdict.map(|v| v.delay_ms))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A bucket as read: its contents and the CAS to write it back with.
+struct Read {
+    slot: Slot,
+    cas: u32,
+}
+
+fn read(store: &impl Store, slot: u64) -> Result<Read, Failure> {
+    let (decoded, cas) = store
+        .read(slot, |bytes, cas| {
+            (Slot::decode(slot, bytes), cas.unwrap_or(CREATE_CAS))
+        })
+        .map_err(|e| Failure::Unavailable(format!("{e:?}")))?;
+    match decoded {
+        Ok(s) => Ok(Read { slot: s, cas }),
+        Err(_) => {
+            // Reset the slot so the keys in it work again from the next request on.
+            if let Ok(empty) = Slot::decode(slot, None) {
+                let _ = store.write(slot, empty.encode().as_ref(), cas);
+            }
+            Err(Failure::Corrupt)
+        }
+    }
+}
+
+/// Per-rule working state of one decision.
+struct Work {
+    /// The bucket as last read, and the state to write for this request.
+    pending: Option<(Read, State)>,
+    /// The key's state before this request, to report if the request is refused.
+    before: Option<State>,
+    /// The state written for this request, once committed (to refund it if needed).
+    committed: Option<State>,
+}
+
+/// Decides a request against every check, at `now_ms`.
+pub fn decide(
+    store: &impl Store,
+    checks: &[Check],
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> Outcome {
+    let mut rules: Vec<RuleOutcome> = vec![RuleOutcome::default(); checks.len()];
+    let mut work: Vec<Work> = Vec::with_capacity(checks.len());
+    // Phase 1: read and decide every rule; nothing is written.
+    let mut refused = false;
+    for (check, out) in checks.iter().zip(rules.iter_mut()) {
+        let mut w = Work {
+            pending: None,
+            before: None,
+            committed: None,
+        };
+        match read(store, check.slot) {
+            Ok(r) if !r.slot.has_room(check.fingerprint, now_ms) => {
+                refused |= failure_mode == FailureMode::Deny && !check.shadow;
+                out.failure = Some(Failure::NoRoom);
+            }
+            Ok(r) => {
+                w.before = check.current(&r.slot);
+                let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
+                refused |= !verdict.allowed && !check.shadow;
+                out.verdict = Some(verdict);
+                w.pending = state.map(|s| (r, s));
+            }
+            Err(f) => {
+                refused |= failure_mode == FailureMode::Deny && !check.shadow;
+                out.failure = Some(f);
+            }
+        }
+        work.push(w);
+    }
+    if refused {
+        return refused_outcome(rules, checks, &work, now_ms);
+    }
+    // Phase 2: commit each rule with CAS, re-deciding a rule whose bucket changed meanwhile.
+    for i in 0..checks.len() {
+        let (Some(check), Some(out), Some(w)) = (checks.get(i), rules.get_mut(i), work.get_mut(i))
+        else {
+            continue;
+        };
+        let Some((mut r, mut state)) = w.pending.take() else {
+            continue; // the store failed for this rule and failure_mode is allow
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let placement = r.slot.put(check.fingerprint, state.clone(), now_ms);
+            if placement == Placement::Full {
+                out.failure = Some(Failure::NoRoom);
+                break;
+            }
+            match store.write(check.slot, r.slot.encode().as_ref(), r.cas) {
+                Ok(()) => {
+                    out.evicted = placement == Placement::Evicted;
+                    out.filled = placement == Placement::Filled;
+                    w.committed = Some(state);
+                    break;
+                }
+                Err(StoreError::Conflict) => out.retries += 1,
+                Err(StoreError::Unavailable(e)) => {
+                    out.failure = Some(Failure::Unavailable(e));
+                    break;
+                }
+            }
+            match read(store, check.slot) {
+                Ok(again) => r = again,
+                Err(f) => {
+                    out.failure = Some(f);
+                    break;
+                }
+            }
+            let (verdict, next) = check.decide(&r.slot, now_ms, check.cost);
+            out.verdict = Some(verdict);
+            match next {
+                Some(s) => state = s,
+                None if check.shadow => break, // it would have refused: count nothing
+                None => {
+                    // Lost the race to requests that used up the quota: undo and refuse.
+                    refund(store, checks, &work);
+                    return refused_outcome(rules, checks, &work, now_ms);
+                }
+            }
+        }
+        let shadow_refused = check.shadow && out.verdict.is_some_and(|v| !v.allowed);
+        if w.committed.is_none() && !shadow_refused {
+            if out.failure.is_none() {
+                out.failure = Some(Failure::RetriesExhausted);
+            }
+            out.verdict = None;
+            if failure_mode == FailureMode::Deny && !check.shadow {
+                refund(store, checks, &work);
+                return refused_outcome(rules, checks, &work, now_ms);
+            }
+        }
+    }
+    Outcome {
+        allowed: true,
+        rules,
+    }
+}
+
+/// A refused request: rules that would have admitted it report the quota as it is without
+/// this request, which consumed nothing.
+fn refused_outcome(
+    mut rules: Vec<RuleOutcome>,
+    checks: &[Check],
+    work: &[Work],
+    now_ms: u64,
+) -> Outcome {
+    for ((out, check), w) in rules.iter_mut().zip(checks).zip(work) {
+        if let Some(v) = out.verdict.as_mut().filter(|v| v.allowed) {
+            *v = check.policy.decide(w.before.as_ref(), now_ms, 0).0;
+        }
+    }
+    Outcome {
+        allowed: false,
+        rules,
+    }
+}
+
+/// Takes back what a refused request had counted. Best effort: a refund that keeps losing
+/// races is dropped, leaving the key counted once too often (conservative, never over-admits).
+fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
+    for (check, w) in checks.iter().zip(work) {
+        let Some(counted) = &w.committed else {
+            continue;
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let Ok(mut r) = read(store, check.slot) else {
+                break;
+            };
+            let Some(current) = check.current(&r.slot) else {
+                break;
+            };
+            let back = check.policy.refund(current, counted, check.cost);
+            let at = back.last_ms();
+            r.slot.put(check.fingerprint, back, at);
+            if store
+                .write(check.slot, r.slot.encode().as_ref(), r.cas)
+                .is_ok()
+            {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    const MINUTE: u64 = 60_000;
+    const HOUR: u64 = 3_600_000;
+
+    fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
+        Check {
+            slot,
+            fingerprint: fp,
+            policy: Policy::SlidingWindow {
+                limit: n,
+                window_ms,
+            },
+            cost: 1,
+            shadow: false,
+        }
+    }
+
+    fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
+        store
+            .read(slot, |bytes, _| Slot::decode(slot, bytes))
+            .unwrap()
+            .unwrap()
+            .find(fp)
+            .cloned()
+            .unwrap()
+    }
+
+    fn current(state: State) -> u32 {
+        match state {
+            State::SlidingWindow(s) => s.current,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_refused_by_one_rule_is_not_counted_by_the_others() {
+        let store = MemoryStore::new();
+        let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
+        let mut allowed = 0;
+        for _ in 0..10 {
+            allowed += decide(&store, &checks, 1_000, FailureMode::Allow).allowed as u32;
+        }
+        assert_eq!(allowed, 2);
+        // Refused by rule 1, the request leaves rule 0 its 3 remaining, and says so.
+        let o = decide(&store, &checks, 1_000, FailureMode::Allow);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 3);
+        assert!(!o.rules[1].verdict.unwrap().allowed);
+        // A rule whose key was never counted reports its whole quota, available now.
+        let fresh = [check(2, 11, 7, MINUTE), checks[1]];
+        let o = decide(&store, &fresh, 1_000, FailureMode::Allow);
+        let v = o.rules[0].verdict.unwrap();
+        assert_eq!(
+            (o.allowed, v.allowed, v.remaining, v.reset_ms),
+            (false, true, 7, 0)
+        );
+        // Rule 0 counted only the two admitted requests: 3 left for a request rule 1 skips.
+        let only_first = [checks[0]];
+        let o = decide(&store, &only_first, 1_000, FailureMode::Allow);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
+    }
+
+    #[test]
+    fn two_rules_in_one_bucket_commit_both() {
+        let store = MemoryStore::new();
+        let checks = [check(0, 3, 5, MINUTE), check(0, 5, 5, MINUTE)];
+        let o = decide(&store, &checks, 1_000, FailureMode::Allow);
+        assert!(o.allowed);
+        assert_eq!(
+            o.rules[1].retries, 1,
+            "the second write saw the first one's CAS"
+        );
+        assert_eq!(current(stored(&store, 0, 3)), 1);
+        assert_eq!(current(stored(&store, 0, 5)), 1);
+    }
+
+    /// Many threads, one key: the admitted count equals the limit exactly, and CAS conflicts
+    /// (including racing creations of the slot) really happened. The threads do nothing but
+    /// hammer one slot, far harsher than Envoy workers that spend ~20 µs per request elsewhere,
+    /// so a few requests may exhaust their attempts; with failure_mode deny they are refused,
+    /// and the count must still come out exact.
+    #[test]
+    fn exact_under_thread_contention() {
+        let (mut total_retries, mut total_failures) = (0, 0);
+        for round in 0..20 {
+            let store = Arc::new(MemoryStore::new());
+            let limit = 1_000;
+            let checks = [check(7, 9, limit, HOUR)];
+            let admitted = Arc::new(AtomicU32::new(0));
+            let retries = Arc::new(AtomicU32::new(0));
+            let failures = Arc::new(AtomicU32::new(0));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let (store, admitted, retries, failures) = (
+                        store.clone(),
+                        admitted.clone(),
+                        retries.clone(),
+                        failures.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        for _ in 0..600 {
+                            let o = decide(&*store, &checks, 5_000, FailureMode::Deny);
+                            admitted.fetch_add(o.allowed as u32, Ordering::Relaxed);
+                            retries.fetch_add(o.rules[0].retries, Ordering::Relaxed);
+                            failures
+                                .fetch_add(o.rules[0].failure.is_some() as u32, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(
+                u64::from(admitted.load(Ordering::Relaxed)),
+                limit,
+                "round {round}"
+            );
+            assert_eq!(current(stored(&*store, 7, 9)), limit as u32);
+            total_retries += retries.load(Ordering::Relaxed);
+            total_failures += failures.load(Ordering::Relaxed);
+        }
+        assert!(total_retries > 0, "no CAS conflict happened");
+        // 20 rounds × 2400 requests; exhausting 32 attempts must stay rare.
+        assert!(
+            total_failures < 480,
+            "{total_failures} requests exhausted their attempts"
+        );
+    }
+
+    #[test]
+    fn shadow_rules_count_and_report_but_never_refuse() {
+        let store = MemoryStore::new();
+        let shadow = Check {
+            shadow: true,
+            ..check(0, 3, 2, MINUTE)
+        };
+        let checks = [shadow, check(1, 5, 4, MINUTE)];
+        let outcomes: Vec<Outcome> = (0..5)
+            .map(|_| decide(&store, &checks, 1_000, FailureMode::Deny))
+            .collect();
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        // The enforced rule (4) decides; the shadow rule (2) would have refused from the 3rd.
+        assert_eq!(allowed, [true, true, true, true, false]);
+        let shadow_refused: Vec<bool> = outcomes
+            .iter()
+            .map(|o| !o.rules[0].verdict.unwrap().allowed)
+            .collect();
+        assert_eq!(shadow_refused, [false, false, true, true, true]);
+        // It counted only what it would have admitted.
+        assert_eq!(current(stored(&store, 0, 3)), 2);
+        // A failing store never makes a shadow rule refuse, even with failure_mode deny.
+        let busy = Busy(MemoryStore::new());
+        let o = decide(&busy, &[shadow], 0, FailureMode::Deny);
+        assert!(o.allowed);
+        assert_eq!(o.rules[0].failure, Some(Failure::RetriesExhausted));
+    }
+
+    /// A store where another worker uses up slot 1's quota just before our write to it.
+    struct Racing {
+        inner: MemoryStore,
+        raced: std::sync::atomic::AtomicBool,
+    }
+    impl Store for Racing {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, StoreError> {
+            self.inner.read(slot, f)
+        }
+        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if slot == 1 && !self.raced.swap(true, Ordering::Relaxed) {
+                let other = [check(1, 5, 2, MINUTE)];
+                for _ in 0..2 {
+                    assert!(decide(&self.inner, &other, 1_000, FailureMode::Deny).allowed);
+                }
+            }
+            self.inner.write(slot, value, cas)
+        }
+    }
+
+    #[test]
+    fn losing_a_race_refunds_the_rules_already_committed() {
+        let store = Racing {
+            inner: MemoryStore::new(),
+            raced: Default::default(),
+        };
+        let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
+        let o = decide(&store, &checks, 1_000, FailureMode::Deny);
+        assert!(!o.allowed);
+        assert_eq!(o.rules[1].retries, 1);
+        assert!(!o.rules[1].verdict.unwrap().allowed);
+        // Rule 0 had been committed, then refunded: its key counts nothing.
+        assert_eq!(current(stored(&store.inner, 0, 3)), 0);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 5);
+    }
+
+    /// A store whose writes always conflict: failure_mode decides.
+    struct Busy(MemoryStore);
+    impl Store for Busy {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, StoreError> {
+            self.0.read(slot, f)
+        }
+        fn write(&self, _: u64, _: &[u8], _: u32) -> Result<(), StoreError> {
+            Err(StoreError::Conflict)
+        }
+    }
+
+    #[test]
+    fn failure_mode_applies_when_the_store_cannot_decide() {
+        let store = Busy(MemoryStore::new());
+        let checks = [check(0, 3, 5, MINUTE)];
+        let open = decide(&store, &checks, 0, FailureMode::Allow);
+        assert!(open.allowed);
+        assert_eq!(open.rules[0].failure, Some(Failure::RetriesExhausted));
+        assert_eq!(open.rules[0].retries, MAX_ATTEMPTS);
+        let closed = decide(&store, &checks, 0, FailureMode::Deny);
+        assert!(!closed.allowed);
+        // Corrupt bytes: failure mode for this request, and the slot is reset for the next.
+        let mem = MemoryStore::new();
+        mem.write(0, b"garbage", 0).unwrap();
+        let o = decide(&mem, &checks, 0, FailureMode::Deny);
+        assert_eq!(
+            (o.allowed, o.rules[0].failure.clone()),
+            (false, Some(Failure::Corrupt))
+        );
+        assert!(decide(&mem, &checks, 0, FailureMode::Deny).allowed);
+    }
+}
+
+#[cfg(test)]
+mod blocked_tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn a_blocked_key_is_refused_until_the_block_ends() {
+        let store = MemoryStore::new();
+        let check = Check {
+            slot: 3,
+            fingerprint: 7,
+            policy: Policy::SlidingWindow {
+                limit: 100,
+                window_ms: 60_000,
+            },
+            cost: 1,
+            shadow: false,
+        };
+        assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
+        let (mut slot, cas) = store
+            .read(3, |bytes, cas| (Slot::decode(3, bytes).unwrap(), cas))
+            .unwrap();
+        slot.put(7, State::Blocked { until_ms: 5_000 }, 1_000);
+        store
+            .write(3, slot.encode().as_ref(), cas.unwrap())
+            .unwrap();
+        let o = decide(&store, &[check], 2_000, FailureMode::Allow);
+        assert!(!o.allowed, "{o:?}");
+        assert_eq!(o.rules[0].verdict.unwrap().retry_after_ms, 3_000);
+        let o = decide(&store, &[check], 5_000, FailureMode::Allow);
+        assert!(o.allowed);
+        assert_eq!(
+            o.rules[0].verdict.unwrap().remaining,
+            99,
+            "afresh after the block"
+        );
+    }
+}

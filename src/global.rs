@@ -1,0 +1,287 @@
+//! Global rules: what the filter makes of Envoy's rate limit service protocol, whichever host
+//! carries the calls (gRPC in the wasm build, an HTTP/2 stream in the native one).
+//!
+//! Sync rules ask the service before the request goes on ([`Question`], [`verdict`]). Async rules
+//! are decided locally at once; the runtime adds up the hits of each key ([`Hits`]) and the host
+//! reports them on a timer ([`Flush`]); a key the service says is over its limit is blocked in the
+//! shared table until the service's reset time, so every worker refuses it from then on.
+
+use crate::config::{GlobalMode, Rule};
+use crate::key::Descriptor;
+use crate::limiter::{Policy, State, Verdict};
+use crate::rls;
+use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::table::Slot;
+use std::collections::HashMap;
+
+/// The most distinct keys gathered between two flushes; hits of further keys in that interval
+/// are not reported (they were still decided locally).
+pub const MAX_ASYNC_KEYS: usize = 10_000;
+
+/// A sync rule's question to its service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Question {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    /// The encoded `RateLimitRequest`.
+    pub message: Vec<u8>,
+}
+
+/// A service's answer, or why there is none.
+pub type Answer = Result<rls::Response, String>;
+
+/// The descriptor entries as the encoder takes them.
+fn entry_refs(entries: &Descriptor) -> Vec<(&str, &[u8])> {
+    entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect()
+}
+
+/// Encodes one `ShouldRateLimit` request for a descriptor.
+pub fn request(domain: &str, entries: &Descriptor, hits: u64) -> Vec<u8> {
+    let hits = u32::try_from(hits).unwrap_or(u32::MAX);
+    rls::encode_request(domain, &entry_refs(entries), hits)
+}
+
+/// Rate-limit fields the filter computes itself from the service's numbers; the service's own
+/// copies are not passed on, so none appears twice.
+fn ours(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.starts_with("x-ratelimit") || n.starts_with("ratelimit") || n == "retry-after"
+}
+
+/// A sync rule's verdict from its service's answer, with the headers the service adds.
+pub fn verdict(
+    answer: Option<&Answer>,
+    policy: &Policy,
+) -> Result<(Verdict, Vec<(String, String)>), String> {
+    let r = match answer {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Err(e.clone()),
+        None => return Err("no answer".into()),
+    };
+    let allowed = match r.overall_code {
+        rls::Code::Ok => true,
+        rls::Code::OverLimit => false,
+        rls::Code::Unknown => return Err("the service answered UNKNOWN".into()),
+    };
+    let status = r.statuses.first().cloned().unwrap_or_default();
+    let (limit, window_ms) = policy.limit_and_window();
+    let reset_ms = status.reset_ms.unwrap_or(0);
+    let v = Verdict {
+        allowed,
+        limit: status.requests_per_unit.map_or(limit, u64::from),
+        window_s: status.unit_seconds.unwrap_or(window_ms / 1000),
+        remaining: u64::from(status.limit_remaining),
+        reset_ms,
+        retry_after_ms: if allowed {
+            0
+        } else if reset_ms > 0 {
+            reset_ms
+        } else {
+            window_ms
+        },
+        delay_ms: 0,
+    };
+    let headers = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.is_empty() && !ours(k))
+        .cloned()
+        .collect();
+    Ok((v, headers))
+}
+
+/// Where a block for a key is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    /// The key's store slot.
+    pub slot: u64,
+    /// The key's fingerprint in the slot.
+    pub fingerprint: u64,
+}
+
+/// One key's hits since the last flush.
+#[derive(Debug)]
+struct Hit {
+    entries: Descriptor,
+    hits: u64,
+    target: Target,
+}
+
+/// Hits of async rules' keys, gathered between two flushes.
+#[derive(Debug, Default)]
+pub struct Hits {
+    keys: HashMap<u64, Hit>,
+}
+
+impl Hits {
+    /// Adds an admitted request's cost to its key's hits.
+    pub fn count(&mut self, hash: u64, entries: &Descriptor, target: Target, cost: u64) {
+        if let Some(h) = self.keys.get_mut(&hash) {
+            h.hits = h.hits.saturating_add(cost);
+        } else if self.keys.len() < MAX_ASYNC_KEYS {
+            let hit = Hit {
+                entries: entries.clone(),
+                hits: cost,
+                target,
+            };
+            self.keys.insert(hash, hit);
+        }
+    }
+
+    /// One call per key (services read one `hits_addend` per request), and no hits left.
+    pub fn drain(&mut self, rules: &[Rule]) -> Vec<Flush> {
+        self.keys
+            .drain()
+            .filter_map(|(_, h)| {
+                let g = rules.get(h.target.rule)?.global.as_ref()?;
+                Some(Flush {
+                    message: request(&g.domain, &h.entries, h.hits),
+                    target: h.target,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A report of one key's hits to its rule's service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flush {
+    /// The encoded `RateLimitRequest` (`hits_addend` = the key's hits).
+    pub message: Vec<u8>,
+    /// Where to block the key if the service says it is over its limit.
+    pub target: Target,
+}
+
+/// How long a key the service found over its limit stays blocked: the service's reset time,
+/// else until the end of the rule's current window.
+pub fn block_ms(answer: &rls::Response, policy: &Policy, now_ms: u64) -> u64 {
+    let (_, window_ms) = policy.limit_and_window();
+    let window = window_ms.max(1);
+    answer
+        .statuses
+        .first()
+        .and_then(|s| s.reset_ms)
+        .filter(|&ms| ms > 0)
+        .unwrap_or(window - now_ms % window)
+}
+
+/// Writes a block for a key into its bucket (a few CAS attempts; losing them all only delays the
+/// block to the next flush).
+pub fn block(store: &impl Store, target: &Target, now_ms: u64, until_ms: u64) {
+    for _ in 0..8 {
+        let Ok(Ok((mut slot, cas))) = store.read(target.slot, |bytes, cas| {
+            Slot::decode(target.slot, bytes).map(|s| (s, cas.unwrap_or(CREATE_CAS)))
+        }) else {
+            return;
+        };
+        slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
+        match store.write(target.slot, slot.encode().as_ref(), cas) {
+            Err(StoreError::Conflict) => continue,
+            _ => return,
+        }
+    }
+}
+
+/// The shortest flush interval of the async rules, if there are any.
+pub fn flush_period(rules: &[Rule]) -> Option<u32> {
+    rules
+        .iter()
+        .filter_map(|r| r.global.as_ref())
+        .filter(|g| g.mode == GlobalMode::Async)
+        .map(|g| g.flush_ms)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::{Code, DescriptorStatus, Response};
+
+    const POLICY: Policy = Policy::SlidingWindow {
+        limit: 10,
+        window_ms: 60_000,
+    };
+
+    #[test]
+    fn sync_verdicts_from_answers() {
+        let over = Response {
+            overall_code: Code::OverLimit,
+            statuses: vec![DescriptorStatus {
+                code: Code::OverLimit,
+                requests_per_unit: Some(5),
+                unit_seconds: Some(1),
+                limit_remaining: 0,
+                reset_ms: Some(700),
+            }],
+            headers: vec![
+                ("x-ratelimit-limit".into(), "5".into()),
+                ("x-service".into(), "a".into()),
+            ],
+        };
+        let (v, headers) = verdict(Some(&Ok(over)), &POLICY).unwrap();
+        assert_eq!(
+            (v.allowed, v.limit, v.window_s, v.retry_after_ms),
+            (false, 5, 1, 700)
+        );
+        // The service's own rate-limit fields are dropped: the filter writes its own.
+        assert_eq!(headers, [("x-service".to_string(), "a".to_string())]);
+        // No numbers from the service: the rule's own, and a whole window to wait.
+        let bare = Response {
+            overall_code: Code::OverLimit,
+            ..Response::default()
+        };
+        let (v, _) = verdict(Some(&Ok(bare)), &POLICY).unwrap();
+        assert_eq!((v.limit, v.window_s, v.retry_after_ms), (10, 60, 60_000));
+        let unknown = Response::default();
+        assert!(verdict(Some(&Ok(unknown)), &POLICY).is_err());
+        assert_eq!(
+            verdict(Some(&Err("gRPC status 4".into())), &POLICY),
+            Err("gRPC status 4".into())
+        );
+        assert!(verdict(None, &POLICY).is_err());
+    }
+
+    #[test]
+    fn blocks_last_until_the_reset_or_the_window_end() {
+        let mut answer = Response::default();
+        assert_eq!(block_ms(&answer, &POLICY, 61_000), 59_000);
+        answer.statuses.push(DescriptorStatus {
+            reset_ms: Some(1_234),
+            ..DescriptorStatus::default()
+        });
+        assert_eq!(block_ms(&answer, &POLICY, 61_000), 1_234);
+    }
+
+    #[test]
+    fn hits_add_up_per_key_and_drain_once() {
+        let rule = crate::config::Config::parse(
+            br#"{"rules": [{"name": "g", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 10, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "async"}}]}"#,
+        )
+        .unwrap()
+        .rules;
+        let entries: Descriptor = vec![("rule".into(), b"g".to_vec())];
+        let target = Target {
+            rule: 0,
+            slot: 3,
+            fingerprint: 5,
+        };
+        let mut hits = Hits::default();
+        hits.count(1, &entries, target, 2);
+        hits.count(1, &entries, target, 3);
+        let flushes = hits.drain(&rule);
+        assert_eq!(flushes.len(), 1);
+        assert_eq!(flushes[0].message, request("edge", &entries, 5));
+        assert!(hits.drain(&rule).is_empty());
+        for k in 0..MAX_ASYNC_KEYS as u64 + 5 {
+            hits.count(k, &entries, target, 1);
+        }
+        assert_eq!(hits.drain(&rule).len(), MAX_ASYNC_KEYS);
+    }
+}

@@ -1,0 +1,197 @@
+//! What the filter counts, and where the counts wait for the host to publish them.
+//!
+//! A host call per increment costs about a microsecond in the wasm build, so requests add to
+//! [`Metrics`] (plain atomics, shared by every thread that serves the runtime) and the host
+//! publishes the sums on a timer, once a second. Both hosts define the same names.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// The counters every rule has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Requests the rule admitted (and that were admitted overall).
+    Allowed,
+    /// Requests the rule refused.
+    Limited,
+    /// Requests let through because the store or the service could not decide.
+    FailedOpen,
+    /// Requests refused because the store or the service could not decide.
+    FailedClosed,
+    /// CAS conflicts met.
+    StoreRetries,
+    /// Live keys forgotten to make room for new ones.
+    SlotEvictions,
+    /// Requests admitted after being held (`on_limit: delay`).
+    Delayed,
+    /// Requests a shadow rule would have refused.
+    ShadowLimited,
+    /// Calls to the rule's rate limit service that failed.
+    GlobalErrors,
+    /// Requests held by delay mode whose client went away before their turn.
+    Abandoned,
+}
+
+impl Counter {
+    /// Every counter, in the order of the accumulators.
+    pub const ALL: [Counter; 10] = [
+        Counter::Allowed,
+        Counter::Limited,
+        Counter::FailedOpen,
+        Counter::FailedClosed,
+        Counter::StoreRetries,
+        Counter::SlotEvictions,
+        Counter::Delayed,
+        Counter::ShadowLimited,
+        Counter::GlobalErrors,
+        Counter::Abandoned,
+    ];
+
+    /// The name in the metric names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Allowed => "allowed",
+            Counter::Limited => "limited",
+            Counter::FailedOpen => "failed_open",
+            Counter::FailedClosed => "failed_closed",
+            Counter::StoreRetries => "store_retries",
+            Counter::SlotEvictions => "slot_evictions",
+            Counter::Delayed => "delayed",
+            Counter::ShadowLimited => "shadow_limited",
+            Counter::GlobalErrors => "global_errors",
+            Counter::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// The gauges of a plugin (all its rules together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gauge {
+    /// Table entries in use (keys tracked; an expired entry counts until it is reused).
+    TrackedKeys,
+    /// Requests held by delay mode right now.
+    DelayQueue,
+}
+
+impl Gauge {
+    /// Every gauge, in the order of the accumulators.
+    pub const ALL: [Gauge; 2] = [Gauge::TrackedKeys, Gauge::DelayQueue];
+
+    /// The name in the metric names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Gauge::TrackedKeys => "tracked_keys",
+            Gauge::DelayQueue => "delay_queue",
+        }
+    }
+}
+
+/// A metric's full name: `wasm_ratelimit.<plugin>.<rule>.<counter>` for a rule's counter,
+/// `wasm_ratelimit.<plugin>.<gauge>` for a plugin's gauge (the README lists them).
+pub fn name(plugin: &str, rule: Option<&str>, metric: &str) -> String {
+    match rule {
+        Some(rule) => format!("wasm_ratelimit.{plugin}.{rule}.{metric}"),
+        None => format!("wasm_ratelimit.{plugin}.{metric}"),
+    }
+}
+
+/// Unpublished counts: per rule counters, and per plugin gauge movements.
+#[derive(Debug)]
+pub struct Metrics {
+    counters: Box<[AtomicU64]>,
+    gauges: [AtomicI64; 2],
+}
+
+impl Metrics {
+    /// Accumulators for `rules` rules.
+    pub fn new(rules: usize) -> Metrics {
+        Metrics {
+            counters: (0..rules * Counter::ALL.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            gauges: Default::default(),
+        }
+    }
+
+    /// Adds `n` to a rule's counter.
+    pub fn add(&self, rule: usize, counter: Counter, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some(c) = self
+            .counters
+            .get(rule * Counter::ALL.len() + counter as usize)
+        {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves a gauge by `delta`.
+    pub fn gauge(&self, gauge: Gauge, delta: i64) {
+        if let Some(g) = self.gauges.get(gauge as usize) {
+            g.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes every unpublished count: `counter(rule, counter, n)` for each non-zero counter,
+    /// `gauge(gauge, delta)` for each gauge that moved.
+    pub fn drain(
+        &self,
+        mut counter: impl FnMut(usize, Counter, u64),
+        gauge: impl FnMut(Gauge, i64),
+    ) {
+        for (i, c) in self.counters.iter().enumerate() {
+            let n = c.swap(0, Ordering::Relaxed);
+            let which = Counter::ALL.get(i % Counter::ALL.len());
+            if let (true, Some(&which)) = (n > 0, which) {
+                counter(i / Counter::ALL.len(), which, n);
+            }
+        }
+        self.drain_gauges(gauge);
+    }
+
+    /// Takes the gauges' movements only (hosts publish them as they happen).
+    pub fn drain_gauges(&self, mut gauge: impl FnMut(Gauge, i64)) {
+        for (g, which) in self.gauges.iter().zip(Gauge::ALL) {
+            if g.load(Ordering::Relaxed) == 0 {
+                continue; // no write on the common path
+            }
+            let delta = g.swap(0, Ordering::Relaxed);
+            if delta != 0 {
+                gauge(which, delta);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_takes_what_was_added_once() {
+        let m = Metrics::new(2);
+        m.add(1, Counter::Limited, 3);
+        m.add(1, Counter::Limited, 2);
+        m.add(0, Counter::Abandoned, 1);
+        m.add(5, Counter::Allowed, 1); // no such rule: ignored
+        m.gauge(Gauge::DelayQueue, 2);
+        m.gauge(Gauge::DelayQueue, -1);
+        let mut seen = Vec::new();
+        let mut gauges = Vec::new();
+        m.drain(|r, c, n| seen.push((r, c, n)), |g, d| gauges.push((g, d)));
+        assert_eq!(seen, [(0, Counter::Abandoned, 1), (1, Counter::Limited, 5)]);
+        assert_eq!(gauges, [(Gauge::DelayQueue, 1)]);
+        m.drain(
+            |_, _, _| panic!("drained twice"),
+            |_, _| panic!("drained twice"),
+        );
+        assert_eq!(
+            name("demo", Some("per-client"), Counter::Allowed.name()),
+            "wasm_ratelimit.demo.per-client.allowed"
+        );
+        assert_eq!(
+            name("demo", None, Gauge::TrackedKeys.name()),
+            "wasm_ratelimit.demo.tracked_keys"
+        );
+    }
+}

@@ -1,0 +1,774 @@
+//! One request, from its headers to what the host does with it. **This is where a request is
+//! decided**, the same way in every host.
+//!
+//! [`Runtime::start`] matches the rules, builds each client key and cost, and either decides at
+//! once or returns the questions for the services of sync global rules; once they are answered,
+//! [`Runtime::finish`] decides. A [`Decision`] says what the host must do: let the request go
+//! on (and add fields to the response), hold it until a time, or send a local reply. The host
+//! only reads attributes ([`Host`]), carries out the decision and provides the store.
+
+use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel};
+use crate::engine::{self, Check};
+use crate::global::{self, Answer, Question, Target};
+use crate::headers::{self, Fields};
+use crate::key::{self, Attributes, Descriptor};
+use crate::limiter::{Policy, Verdict};
+use crate::metrics::{Counter, Gauge};
+use crate::runtime::Runtime;
+use crate::store::Store;
+use crate::table;
+use std::fmt;
+use std::sync::PoisonError;
+
+/// The most requests one worker holds in delay mode; beyond it, delay rules only admit
+/// requests whose turn is now (the others get the limited reply).
+pub const MAX_HELD: usize = 4096;
+
+/// What the pipeline needs from the host for one request, besides the store.
+pub trait Host: Attributes {
+    /// The wall clock, ms since the epoch.
+    fn now_ms(&mut self) -> u64;
+    /// How many requests this worker holds in delay mode right now.
+    fn held(&self) -> usize;
+    /// Writes a log line at `level`.
+    fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>);
+}
+
+/// What to do once a request's headers are in.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // boxing the common variant would allocate per request
+pub enum Start {
+    /// Decided at once.
+    Decided(Decision),
+    /// Send each question to its rule's service ([`Runtime::global_of`]), record the answers with
+    /// [`Pending::answer`], then call [`Runtime::finish`].
+    Ask(Pending),
+}
+
+/// What the host does with a request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Let it go on, adding these fields to the upstream's response (`None`: nothing to add).
+    Continue(Option<Additions>),
+    /// Hold it until `until_ms` (delay mode), then let it go on and call
+    /// [`Runtime::release`]; if its client goes away first, call [`Runtime::abandon`].
+    Hold {
+        /// When to let it go on, ms since the epoch.
+        until_ms: u64,
+        /// The fields for the upstream's response.
+        additions: Option<Additions>,
+        /// What to count when it goes on or is abandoned.
+        held: Held,
+    },
+    /// Refuse it with this local reply.
+    Reply(Reply),
+}
+
+/// A request held by delay mode: the rules to count once its fate is known.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// (rule index, whether that rule delayed it).
+    pub(crate) rules: Vec<(usize, bool)>,
+}
+
+/// Header fields to add to an upstream's response.
+#[derive(Debug)]
+pub struct Additions {
+    fields: Fields,
+    /// Headers the services of sync global rules asked to add.
+    service: Vec<(String, String)>,
+}
+
+impl Additions {
+    /// Every field: (name, value, whether to append rather than replace). The IETF fields are
+    /// lists: an upstream's own policies stay beside ours. The others replace.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, bool)> {
+        self.service
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str(), false))
+            .chain(
+                self.fields
+                    .iter()
+                    .map(|(k, v)| (k, v, k.starts_with("ratelimit"))),
+            )
+    }
+}
+
+/// A local reply refusing a request.
+#[derive(Debug)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    retry_after: String,
+    fields: Fields,
+    service: Vec<(String, String)>,
+    /// The `application/problem+json` body.
+    pub body: String,
+}
+
+impl Reply {
+    /// The reply's header fields, in order.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let ours: [(&str, &str); 2] = [
+            ("content-type", "application/problem+json"),
+            ("retry-after", &self.retry_after),
+        ];
+        ours.into_iter()
+            .chain(self.fields.iter().map(|(k, v)| (k as &str, v)))
+            .chain(self.service.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+}
+
+/// A request between the questions to the services and the decision.
+#[derive(Debug, Default)]
+pub struct Pending {
+    checks: Vec<Check>,
+    applied: Vec<Applied>,
+    questions: Vec<Question>,
+    answers: Vec<Option<Answer>>,
+}
+
+impl Pending {
+    /// The questions for the services of sync global rules, in order.
+    pub fn questions(&self) -> &[Question] {
+        &self.questions
+    }
+
+    /// Records the answer to question `i` (the first one counts).
+    pub fn answer(&mut self, i: usize, answer: Answer) {
+        if let Some(slot @ None) = self.answers.get_mut(i) {
+            *slot = Some(answer);
+        }
+    }
+
+    /// Whether every question has its answer.
+    pub fn complete(&self) -> bool {
+        self.answers.iter().all(Option::is_some)
+    }
+}
+
+/// A rule that applies to the request, besides its [`Check`].
+#[derive(Debug)]
+struct Applied {
+    rule: usize,
+    /// The keyed hash of the client key.
+    hash: u64,
+    /// The descriptor to report hits with (async global rules).
+    descriptor: Option<Descriptor>,
+}
+
+impl<S: Store> Runtime<S> {
+    /// Matches the rules, builds each applying rule's key and cost, and decides, unless sync
+    /// global rules must ask their services first.
+    pub fn start(&self, host: &mut impl Host) -> Start {
+        let mut p = Pending::default();
+        let full = host.held() >= MAX_HELD;
+        for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
+            if !key::matches(&rule.matcher, host) {
+                continue;
+            }
+            let Some(hash) = key::client_key(self.seed, compiled.fingerprint, &rule.key, host)
+            else {
+                continue; // a key part is missing: the rule does not apply
+            };
+            let cost = match &rule.cost {
+                Cost::Fixed(n) => u64::from(*n),
+                Cost::Header(name) => config::parse_cost(host.header(name)),
+            };
+            let descriptor = match &rule.global {
+                Some(_) => key::descriptor_entries(&rule.name, &rule.key, host),
+                None => None,
+            };
+            if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
+                if g.mode == GlobalMode::Sync {
+                    p.questions.push(Question {
+                        rule: i,
+                        message: global::request(&g.domain, entries, cost),
+                    });
+                    p.answers.push(None);
+                    continue;
+                }
+            }
+            let slot = if compiled.policy.uses_log() {
+                table::LOG_SLOTS + hash % u64::from(self.config.capacity.max(1))
+            } else {
+                u64::from(table::bucket_of(hash, self.buckets))
+            };
+            let mut policy = compiled.policy;
+            if let (Policy::Gcra(gp), true) = (&mut policy, full) {
+                if gp.max_delay_ms.is_some() {
+                    gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
+                }
+            }
+            p.checks.push(Check {
+                slot,
+                fingerprint: table::fingerprint_of(hash),
+                policy,
+                cost,
+                shadow: rule.shadow,
+            });
+            p.applied.push(Applied {
+                rule: i,
+                hash,
+                descriptor,
+            });
+        }
+        if p.checks.is_empty() && p.questions.is_empty() {
+            return Start::Decided(Decision::Continue(None));
+        }
+        if p.questions.is_empty() {
+            return Start::Decided(self.finish(host, p));
+        }
+        Start::Ask(p)
+    }
+
+    /// Decides once every service has answered (a missing answer is an error): the services'
+    /// verdicts first, then the local rules, counted only if the services admit the request.
+    pub fn finish(&self, host: &mut impl Host, p: Pending) -> Decision {
+        // A failing clock reads as 0, which the algorithms clamp to each key's last time.
+        let now = host.now_ms();
+        let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(p.checks.len() + 1);
+        let mut service = Vec::new();
+        let mut refused = false;
+        let mut held = Held::default();
+        for (q, answer) in p.questions.iter().zip(&p.answers) {
+            let (Some(rule), Some(compiled)) =
+                (self.config.rules.get(q.rule), self.compiled.get(q.rule))
+            else {
+                continue;
+            };
+            match global::verdict(answer.as_ref(), &compiled.policy) {
+                Ok((v, headers)) => {
+                    service.extend(headers);
+                    if v.allowed {
+                        held.rules.push((q.rule, false));
+                    } else {
+                        refused |= !rule.shadow;
+                        self.refusal(host, q.rule, 0, &v, 1);
+                    }
+                    reported.push((rule.name.as_str(), v));
+                }
+                Err(e) => {
+                    self.metrics.add(q.rule, Counter::GlobalErrors, 1);
+                    self.failed(host, q.rule, now, &e);
+                    refused |= self.config.failure_mode == FailureMode::Deny && !rule.shadow;
+                }
+            }
+        }
+        let outcome = (!refused && !p.checks.is_empty())
+            .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
+        let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        if let Some(outcome) = &outcome {
+            for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
+                let Some(rule) = self.config.rules.get(a.rule) else {
+                    continue;
+                };
+                self.metrics
+                    .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
+                self.metrics
+                    .add(a.rule, Counter::SlotEvictions, u64::from(out.evicted));
+                if out.filled {
+                    self.metrics.gauge(Gauge::TrackedKeys, 1);
+                }
+                if let Some(failure) = &out.failure {
+                    self.failed(host, a.rule, now, &format!("{failure:?}"));
+                }
+                let Some(v) = out.verdict else {
+                    continue;
+                };
+                if !v.allowed {
+                    self.refusal(host, a.rule, a.hash, &v, check.cost);
+                } else if allowed {
+                    held.rules.push((a.rule, v.delay_ms > 0));
+                    if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
+                        if g.mode == GlobalMode::Async {
+                            let target = Target {
+                                rule: a.rule,
+                                slot: check.slot,
+                                fingerprint: check.fingerprint,
+                            };
+                            self.hits
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .count(a.hash, entries, target, check.cost);
+                        }
+                    }
+                }
+                reported.push((rule.name.as_str(), v));
+            }
+        }
+        let response = self.config.response;
+        if !allowed {
+            return Decision::Reply(reply(response.status, response.headers, &reported, service));
+        }
+        let additions = (response.on_allowed && response.headers != HeaderStyle::None)
+            .then(|| headers::rate_limit_headers(response.headers, &reported, false))
+            .filter(|f| !f.is_empty())
+            .map(|fields| Additions {
+                fields,
+                service: Vec::new(),
+            });
+        let additions = match (additions, service.is_empty()) {
+            (a, true) => a,
+            (Some(a), false) => Some(Additions { service, ..a }),
+            (None, false) => Some(Additions {
+                fields: Fields::default(),
+                service,
+            }),
+        };
+        let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
+        if delay > 0 {
+            self.metrics.gauge(Gauge::DelayQueue, 1);
+            return Decision::Hold {
+                until_ms: now.saturating_add(delay),
+                additions,
+                held,
+            };
+        }
+        self.release_counts(&held);
+        Decision::Continue(additions)
+    }
+
+    /// Counts a request that went on at once.
+    fn release_counts(&self, held: &Held) {
+        for &(rule, _) in &held.rules {
+            self.metrics.add(rule, Counter::Allowed, 1);
+        }
+    }
+
+    /// Counts a request a rule refused (or, in shadow mode, would have) and logs its line. The
+    /// key appears only as its keyed hash: the raw value may be an API key.
+    fn refusal(&self, host: &mut impl Host, rule: usize, hash: u64, v: &Verdict, cost: u64) {
+        let Some(r) = self.config.rules.get(rule) else {
+            return;
+        };
+        let counter = if r.shadow {
+            Counter::ShadowLimited
+        } else {
+            Counter::Limited
+        };
+        self.metrics.add(rule, counter, 1);
+        let level = match self.config.log_limited {
+            LogLevel::Off => return,
+            LogLevel::Debug => log::Level::Debug,
+            LogLevel::Info => log::Level::Info,
+            LogLevel::Warn => log::Level::Warn,
+        };
+        host.log(
+            level,
+            format_args!(
+                "limited rule={} shadow={} key={hash:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
+                r.name, r.shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
+            ),
+        );
+    }
+
+    /// Counts, and logs (at most once a second), a rule the store or the service could not
+    /// decide.
+    fn failed(&self, host: &mut impl Host, rule: usize, now: u64, why: &str) {
+        let mode = self.config.failure_mode;
+        let counter = match mode {
+            FailureMode::Allow => Counter::FailedOpen,
+            FailureMode::Deny => Counter::FailedClosed,
+        };
+        self.metrics.add(rule, counter, 1);
+        if !self.may_log_failure(now) {
+            return;
+        }
+        let name = self.config.rules.get(rule).map_or("", |r| r.name.as_str());
+        host.log(
+            log::Level::Warn,
+            format_args!("rule {name} could not be decided ({why}); failure_mode {mode:?} applied"),
+        );
+    }
+}
+
+/// The limited reply for the verdicts `reported`.
+fn reply(
+    status: u16,
+    style: HeaderStyle,
+    reported: &[(&str, Verdict)],
+    service: Vec<(String, String)>,
+) -> Reply {
+    let retry_after = headers::retry_after_seconds(reported);
+    Reply {
+        status,
+        retry_after: retry_after.to_string(),
+        fields: headers::rate_limit_headers(style, reported, true),
+        service,
+        body: headers::problem_body(status, reported, retry_after),
+    }
+}
+
+/// The reply for a request the filter failed on (a caught panic in the native host, with
+/// `failure_mode: deny`): the limited status and a body that says so.
+pub fn failure_reply(status: u16) -> Reply {
+    reply(status, HeaderStyle::None, &[], Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::key::{FakeRequest, Seed};
+    use crate::metrics::Counter;
+    use crate::rls::{Code, DescriptorStatus, Response};
+    use crate::store::MemoryStore;
+
+    /// A host made of plain fields: a request, a clock, a count of held requests, a log.
+    struct FakeHost {
+        req: FakeRequest,
+        now: u64,
+        held: usize,
+        logs: Vec<(log::Level, String)>,
+    }
+
+    impl FakeHost {
+        fn new(addr: &str, path: &str) -> FakeHost {
+            FakeHost {
+                req: FakeRequest {
+                    source_address: Some(format!("{addr}:5555")),
+                    path: Some(path.into()),
+                    method: Some("GET".into()),
+                    authority: Some("example.com".into()),
+                    headers: Vec::new(),
+                },
+                now: 600_000,
+                held: 0,
+                logs: Vec::new(),
+            }
+        }
+
+        fn header(mut self, name: &str, value: &str) -> FakeHost {
+            self.req
+                .headers
+                .push((name.into(), value.as_bytes().to_vec()));
+            self
+        }
+    }
+
+    impl Attributes for FakeHost {
+        fn source_address(&mut self) -> Option<&str> {
+            self.req.source_address()
+        }
+        fn path(&mut self) -> Option<&str> {
+            self.req.path()
+        }
+        fn method(&mut self) -> Option<&str> {
+            self.req.method()
+        }
+        fn authority(&mut self) -> Option<&str> {
+            self.req.authority()
+        }
+        fn header(&mut self, name: &str) -> Option<&[u8]> {
+            self.req.header(name)
+        }
+    }
+
+    impl Host for FakeHost {
+        fn now_ms(&mut self) -> u64 {
+            self.now
+        }
+        fn held(&self) -> usize {
+            self.held
+        }
+        fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>) {
+            self.logs.push((level, line.to_string()));
+        }
+    }
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        let config = Config::parse(json.as_bytes()).unwrap();
+        Runtime::new(config, Seed([1, 2]), MemoryStore::new())
+    }
+
+    fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {
+        match rt.start(host) {
+            Start::Decided(d) => d,
+            Start::Ask(p) => panic!("asked {:?}", p.questions()),
+        }
+    }
+
+    fn counts(rt: &Runtime<MemoryStore>) -> Vec<(usize, Counter, u64)> {
+        let mut out = Vec::new();
+        rt.metrics().drain(|r, c, n| out.push((r, c, n)), |_, _| {});
+        out
+    }
+
+    fn fields(a: &Option<Additions>) -> Vec<(String, String, bool)> {
+        a.iter()
+            .flat_map(Additions::iter)
+            .map(|(k, v, append)| (k.to_string(), v.to_string(), append))
+            .collect()
+    }
+
+    const PER_CLIENT: &str = r#"{"rules": [{"name": "per-client", "key": ["remote_address"],
+        "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}], "log_limited": "info"}"#;
+
+    #[test]
+    fn admits_the_limit_then_replies_with_every_field() {
+        let rt = runtime(PER_CLIENT);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let Decision::Continue(a) = decided(&rt, &mut host) else {
+            panic!("refused")
+        };
+        // 1 of 2 used at 600 s (a window boundary): the whole quota is back once that request
+        // has decayed out of the sliding window, 120 s on.
+        assert_eq!(
+            fields(&a),
+            [
+                ("ratelimit-policy", "\"per-client\";q=2;w=60", true),
+                ("ratelimit", "\"per-client\";r=1;t=120", true),
+                ("x-ratelimit-limit", "2", false),
+                ("x-ratelimit-remaining", "1", false),
+                ("x-ratelimit-reset", "120", false),
+            ]
+            .map(|(k, v, a)| (k.to_string(), v.to_string(), a))
+        );
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        assert_eq!(r.status, 429);
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert_eq!(headers[0], ("content-type", "application/problem+json"));
+        assert_eq!(headers[1], ("retry-after", "90"));
+        assert!(headers.contains(&("x-ratelimit-retry-after", "90")));
+        assert!(headers.contains(&("ratelimit", "\"per-client\";r=0;t=90")));
+        assert!(r.body.contains("\"violated-policies\":[\"per-client\"]"));
+        assert_eq!(
+            counts(&rt),
+            [(0, Counter::Allowed, 2), (0, Counter::Limited, 1)]
+        );
+        // The limited line, at the configured level, with the key hashed.
+        assert_eq!(host.logs.len(), 1);
+        let (level, line) = &host.logs[0];
+        assert_eq!(*level, log::Level::Info);
+        assert!(line.starts_with("limited rule=per-client shadow=false key="));
+        assert!(line.ends_with("cost=1 limit=2 window=60s remaining=0 retry_after_ms=90000"));
+        assert!(!line.contains("10.0.0.1"));
+        // Another client has its own counter; a request no rule applies to passes untouched.
+        assert!(matches!(
+            decided(&rt, &mut FakeHost::new("10.0.0.2", "/")),
+            Decision::Continue(Some(_))
+        ));
+        let mut no_address = FakeHost::new("10.0.0.3", "/");
+        no_address.req.source_address = None;
+        assert!(matches!(
+            decided(&rt, &mut no_address),
+            Decision::Continue(None)
+        ));
+    }
+
+    #[test]
+    fn response_settings_shape_the_fields() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "a", "rate_limit": {"requests_per_unit": 1, "unit": "second"},
+                "cost": {"header": "x-cost"}}],
+                "response": {"status": 503, "headers": "ietf", "on_allowed": false}}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(None)));
+        // A cost from the header: 5 never fits a limit of 1.
+        let mut costly = FakeHost::new("10.0.0.1", "/").header("x-cost", "5");
+        costly.now += 5_000;
+        let Decision::Reply(r) = decided(&rt, &mut costly) else {
+            panic!("admitted")
+        };
+        assert_eq!(r.status, 503);
+        let names: Vec<&str> = r.headers().map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "retry-after",
+                "ratelimit-policy",
+                "ratelimit"
+            ]
+        );
+    }
+
+    const DELAY: &str = r#"{"rules": [{"name": "d", "algorithm": "leaky_bucket", "burst": 3,
+        "on_limit": "delay", "max_delay_ms": 5000,
+        "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
+
+    #[test]
+    fn delay_mode_holds_and_counts_each_fate() {
+        let rt = runtime(DELAY);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        let Decision::Hold { until_ms, held, .. } = decided(&rt, &mut host) else {
+            panic!("not held")
+        };
+        assert_eq!(until_ms, host.now + 1_000);
+        let Decision::Hold { held: held2, .. } = decided(&rt, &mut host) else {
+            panic!("not held")
+        };
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert_eq!(gauges, [(Gauge::TrackedKeys, 1), (Gauge::DelayQueue, 2)]);
+        // Nothing is counted as admitted until the request goes on.
+        rt.release(&held);
+        rt.abandon(&held2);
+        let mut gauges = Vec::new();
+        let mut c = Vec::new();
+        rt.metrics()
+            .drain(|r, k, n| c.push((r, k, n)), |g, d| gauges.push((g, d)));
+        assert_eq!(
+            c,
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Delayed, 1),
+                (0, Counter::Abandoned, 1)
+            ]
+        );
+        assert_eq!(gauges, [(Gauge::DelayQueue, -2)]);
+        // A worker holding all it may: only a request whose turn is now passes.
+        let mut full = FakeHost::new("10.0.0.1", "/");
+        full.held = MAX_HELD;
+        full.now += 10_000;
+        assert!(matches!(decided(&rt, &mut full), Decision::Continue(_)));
+        assert!(matches!(decided(&rt, &mut full), Decision::Reply(_)));
+    }
+
+    const SYNC: &str = r#"{"rules": [
+        {"name": "g", "key": ["remote_address"], "rate_limit": {"requests_per_unit": 10, "unit": "minute"},
+         "global": {"cluster": "rls", "domain": "edge"}},
+        {"name": "local", "rate_limit": {"requests_per_unit": 1, "unit": "minute"}}],
+        "failure_mode": "deny"}"#;
+
+    fn ok(code: Code, remaining: u32) -> Answer {
+        Ok(Response {
+            overall_code: code,
+            statuses: vec![DescriptorStatus {
+                code,
+                requests_per_unit: Some(10),
+                unit_seconds: Some(60),
+                limit_remaining: remaining,
+                reset_ms: Some(30_000),
+            }],
+            headers: vec![("x-from-service".into(), "1".into())],
+        })
+    }
+
+    #[test]
+    fn sync_rules_ask_first_and_local_rules_count_only_if_admitted() {
+        let rt = runtime(SYNC);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!("did not ask")
+        };
+        let q = &p.questions()[0];
+        assert_eq!(q.rule, 0);
+        assert_eq!(rt.global_of(q.rule).unwrap().cluster, "rls");
+        let entries = vec![
+            ("rule".to_string(), b"g".to_vec()),
+            ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+        ];
+        assert_eq!(q.message, global::request("edge", &entries, 1));
+        assert!(!p.complete());
+        // The service refuses: the local rule counts nothing.
+        p.answer(0, ok(Code::OverLimit, 0));
+        p.answer(0, ok(Code::Ok, 9)); // a second answer is ignored
+        assert!(p.complete());
+        let Decision::Reply(r) = rt.finish(&mut host, p) else {
+            panic!("admitted")
+        };
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert!(headers.contains(&("retry-after", "30")));
+        assert!(headers.contains(&("x-from-service", "1")));
+        assert!(headers.contains(&("ratelimit", "\"g\";r=0;t=30")));
+        // Admitted by the service: the local rule decides, and counts.
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!()
+        };
+        p.answer(0, ok(Code::Ok, 9));
+        let Decision::Continue(a) = rt.finish(&mut host, p) else {
+            panic!("refused")
+        };
+        let f = fields(&a);
+        assert_eq!(f[0], ("x-from-service".into(), "1".into(), false));
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"g\";q=10;w=60, \"local\";q=1;w=60".into(),
+            true
+        )));
+        // The service fails and failure_mode is deny.
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!()
+        };
+        p.answer(0, Err("gRPC status 14".into()));
+        assert!(matches!(rt.finish(&mut host, p), Decision::Reply(_)));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Limited, 1),
+                (0, Counter::FailedClosed, 1),
+                (0, Counter::GlobalErrors, 1),
+                (1, Counter::Allowed, 1),
+            ]
+        );
+        assert!(host.logs.iter().any(|(l, line)| *l == log::Level::Warn
+            && line == "rule g could not be decided (gRPC status 14); failure_mode Deny applied"));
+    }
+
+    #[test]
+    fn async_rules_report_hits_and_a_refusal_blocks_the_key() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "g", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "async", "flush_ms": 50}}]}"#,
+        );
+        assert_eq!(rt.flush_period(), Some(50));
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-ignored", "1");
+        for _ in 0..3 {
+            assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        }
+        let flushes = rt.flush();
+        assert_eq!(flushes.len(), 1);
+        let entries = vec![
+            ("rule".to_string(), b"g".to_vec()),
+            ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+        ];
+        assert_eq!(flushes[0].message, global::request("edge", &entries, 3));
+        assert!(rt.flush().is_empty());
+        // The fleet is over the limit: this proxy blocks the key until the service's reset.
+        rt.flushed(&flushes[0].target, ok(Code::OverLimit, 0), host.now);
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("not blocked")
+        };
+        assert!(r.headers().any(|h| h == ("retry-after", "30")));
+        host.now += 30_000;
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        // Errors are counted, nothing else.
+        rt.flushed(&flushes[0].target, Err("reset".into()), host.now);
+        assert!(counts(&rt).contains(&(0, Counter::GlobalErrors, 1)));
+    }
+
+    #[test]
+    fn shadow_rules_never_refuse() {
+        let rt = runtime(
+            r#"{"shadow": true, "rules": [{"name": "s", "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        for _ in 0..3 {
+            assert!(matches!(
+                decided(&rt, &mut host),
+                Decision::Continue(Some(_))
+            ));
+        }
+        assert_eq!(
+            counts(&rt),
+            [(0, Counter::Allowed, 1), (0, Counter::ShadowLimited, 2)]
+        );
+    }
+
+    #[test]
+    fn the_failure_reply_says_the_filter_could_not_decide() {
+        let r = failure_reply(429);
+        assert_eq!(r.status, 429);
+        assert!(r.body.contains("could not decide"));
+        assert_eq!(r.headers().count(), 2);
+    }
+}
