@@ -329,6 +329,24 @@ impl<S: Store> Runtime<S> {
         Decision::Continue(additions)
     }
 
+    /// A held request went on: every rule it matched admitted it.
+    pub fn release(&self, held: &Held) {
+        for &(rule, delayed) in &held.rules {
+            self.metrics.add(rule, Counter::Allowed, 1);
+            self.metrics.add(rule, Counter::Delayed, u64::from(delayed));
+        }
+        self.metrics.gauge(Gauge::DelayQueue, -1);
+    }
+
+    /// A held request's client went away before its turn: it never went on (its turn stays
+    /// taken).
+    pub fn abandon(&self, held: &Held) {
+        for &(rule, _) in &held.rules {
+            self.metrics.add(rule, Counter::Abandoned, 1);
+        }
+        self.metrics.gauge(Gauge::DelayQueue, -1);
+    }
+
     /// Counts a request that went on at once.
     fn release_counts(&self, held: &Held) {
         for &(rule, _) in &held.rules {

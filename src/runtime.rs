@@ -6,7 +6,7 @@ use crate::config::{Config, Rule};
 use crate::global::{self, Answer, Flush, Hits, Target};
 use crate::key::{self, Seed};
 use crate::limiter::Policy;
-use crate::metrics::{Counter, Gauge, Metrics};
+use crate::metrics::{Counter, Metrics};
 use crate::rls;
 use crate::store::Store;
 use crate::table;
@@ -142,24 +142,6 @@ impl<S: Store> Runtime<S> {
     /// Counts a failed call to a rule's service (one that could not even be sent).
     pub fn global_error(&self, rule: usize) {
         self.metrics.add(rule, Counter::GlobalErrors, 1);
-    }
-
-    /// A held request went on: every rule it matched admitted it.
-    pub fn release(&self, held: &crate::pipeline::Held) {
-        for &(rule, delayed) in &held.rules {
-            self.metrics.add(rule, Counter::Allowed, 1);
-            self.metrics.add(rule, Counter::Delayed, u64::from(delayed));
-        }
-        self.metrics.gauge(Gauge::DelayQueue, -1);
-    }
-
-    /// A held request's client went away before its turn: it never went on (its turn stays
-    /// taken).
-    pub fn abandon(&self, held: &crate::pipeline::Held) {
-        for &(rule, _) in &held.rules {
-            self.metrics.add(rule, Counter::Abandoned, 1);
-        }
-        self.metrics.gauge(Gauge::DelayQueue, -1);
     }
 
     /// Whether a failure may be logged now (at most one line a second).
