@@ -13,6 +13,13 @@ use crate::config::FailureMode;
 use crate::limiter::{Policy, State, Verdict};
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table::{Placement, Slot};
+use smallvec::SmallVec;
+
+/// Per-rule lists of one request stay on the stack up to this many rules.
+pub const INLINE_RULES: usize = 4;
+
+/// A per-rule list of one request.
+pub type PerRule<T> = SmallVec<[T; INLINE_RULES]>;
 
 /// CAS attempts for one rule before the store is deemed unable to decide.
 pub const MAX_ATTEMPTS: u32 = 32;
@@ -96,7 +103,7 @@ pub struct Outcome {
     /// Whether the request goes through.
     pub allowed: bool,
     /// One entry per check, in order.
-    pub rules: Vec<RuleOutcome>,
+    pub rules: PerRule<RuleOutcome>,
 }
 
 impl Outcome {
@@ -151,8 +158,8 @@ pub fn decide(
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
-    let mut rules: Vec<RuleOutcome> = vec![RuleOutcome::default(); checks.len()];
-    let mut work: Vec<Work> = Vec::with_capacity(checks.len());
+    let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
+    let mut work: PerRule<Work> = PerRule::with_capacity(checks.len());
     // Phase 1: read and decide every rule; nothing is written.
     let mut refused = false;
     for (check, out) in checks.iter().zip(rules.iter_mut()) {
@@ -251,7 +258,7 @@ pub fn decide(
 /// A refused request: rules that would have admitted it report the quota as it is without
 /// this request, which consumed nothing.
 fn refused_outcome(
-    mut rules: Vec<RuleOutcome>,
+    mut rules: PerRule<RuleOutcome>,
     checks: &[Check],
     work: &[Work],
     now_ms: u64,

@@ -8,7 +8,7 @@
 //! only reads attributes ([`Host`]), carries out the decision and provides the store.
 
 use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel};
-use crate::engine::{self, Check};
+use crate::engine::{self, Check, PerRule};
 use crate::global::{self, Answer, Question, Target};
 use crate::headers::{self, Fields};
 use crate::key::{self, Attributes, Descriptor};
@@ -68,7 +68,7 @@ pub enum Decision {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Held {
     /// (rule index, whether that rule delayed it).
-    pub(crate) rules: Vec<(usize, bool)>,
+    pub(crate) rules: PerRule<(usize, bool)>,
 }
 
 /// Header fields to add to an upstream's response.
@@ -122,8 +122,8 @@ impl Reply {
 /// A request between the questions to the services and the decision.
 #[derive(Debug, Default)]
 pub struct Pending {
-    checks: Vec<Check>,
-    applied: Vec<Applied>,
+    checks: PerRule<Check>,
+    applied: PerRule<Applied>,
     questions: Vec<Question>,
     answers: Vec<Option<Answer>>,
 }
@@ -227,7 +227,7 @@ impl<S: Store> Runtime<S> {
     pub fn finish(&self, host: &mut impl Host, p: Pending) -> Decision {
         // A failing clock reads as 0, which the algorithms clamp to each key's last time.
         let now = host.now_ms();
-        let mut reported: Vec<(&str, Verdict)> = Vec::with_capacity(p.checks.len() + 1);
+        let mut reported: PerRule<(&str, Verdict)> = PerRule::new();
         let mut service = Vec::new();
         let mut refused = false;
         let mut held = Held::default();
