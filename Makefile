@@ -10,7 +10,8 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build build-panic rls-server run test unit integration deploy-test lint envoy target clean bench bench-tools oci
+.PHONY: build build-panic build-native build-native-panic rls-server run run-native test unit \
+	integration deploy-test lint envoy target clean bench bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -38,6 +39,18 @@ run: build envoy
 	@echo "Envoy on http://127.0.0.1:10000 (admin :9901). Try: curl -i localhost:10000/"
 	"$(ENVOY)" -c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:debug
 
+# The Envoy dynamic module: target/native/libwasm_ratelimit.so (panic = "unwind", so that every
+# hook can catch a panic instead of aborting Envoy).
+NATIVE_DIR := target/native
+build-native:
+	cargo build --profile native --lib --features native-module
+	@ls -l $(NATIVE_DIR)/libwasm_ratelimit.so | awk '{print "built $(NATIVE_DIR)/libwasm_ratelimit.so: " $$5 " bytes"}'
+
+run-native: build-native envoy
+	@echo "Envoy on http://127.0.0.1:10000 (admin :9901), the filter as a dynamic module. Try: curl -i localhost:10000/"
+	ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) "$(ENVOY)" -c envoy-native.yaml --concurrency 2 \
+		--disable-hot-restart --component-log-level dynamic_modules:debug
+
 unit:
 	cargo test --lib
 
@@ -53,9 +66,19 @@ rls-server:
 	cargo build --release --manifest-path tests/rls-server/Cargo.toml
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-integration: build build-panic envoy rls-server
-	WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
-		cargo test --test '*' -- --test-threads 2
+# The dynamic module built with the panic trigger (tests/failure.rs).
+PANIC_NATIVE_DIR := target/native-panic/native
+build-native-panic:
+	cargo build --profile native --lib --features native-module,panic-trigger --target-dir target/native-panic
+
+# Every test; then the tests that drive a real Envoy again, against the dynamic module.
+ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood \
+	--test global --test examples --test docs
+TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
+	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR)
+integration: build build-panic build-native build-native-panic envoy rls-server
+	$(TEST_ENV) FILTER=wasm cargo test --test '*' -- --test-threads 2
+	$(TEST_ENV) FILTER=native cargo test $(ENVOY_TESTS) -- --test-threads 2
 
 # Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
 deploy-test: build $(VENV)/.test-deps
@@ -68,6 +91,7 @@ lint: target
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(TARGET) --lib -- -D warnings
+	cargo clippy --lib --features native-module,panic-trigger -- -D warnings
 
 # An OCI image layout of the filter (Istio's Wasm image spec, compat variant), without docker.
 OCI_TAG := 0.1.0

@@ -7,6 +7,68 @@
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 /// The method name.
 pub const METHOD: &str = "ShouldRateLimit";
+/// The HTTP/2 path of `ShouldRateLimit`, for hosts that speak gRPC as plain HTTP/2.
+pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// A gRPC message as sent on the wire: not compressed, its length (big-endian u32), the bytes.
+pub fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + 5);
+    out.push(0);
+    out.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(message);
+    out
+}
+
+/// A unary gRPC answer assembled from an HTTP/2 stream's events: headers, data, trailers. The
+/// status may come in the headers (a trailers-only answer, which is how Envoy reports an
+/// unreachable service or a timeout) or in the trailers.
+#[derive(Debug, Default)]
+pub struct GrpcAnswer {
+    http_status: Option<u32>,
+    grpc_status: Option<u32>,
+    body: Vec<u8>,
+}
+
+impl GrpcAnswer {
+    /// Takes the fields of a header or trailer block.
+    pub fn headers<'a>(&mut self, fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) {
+        for (name, value) in fields {
+            let number = || std::str::from_utf8(value).ok()?.trim().parse().ok();
+            match name {
+                b":status" => self.http_status = number(),
+                b"grpc-status" => self.grpc_status = number(),
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes a piece of the body.
+    pub fn data(&mut self, bytes: &[u8]) {
+        // A ShouldRateLimit answer is small; a service sending megabytes is broken.
+        if self.body.len() + bytes.len() <= 1 << 20 {
+            self.body.extend_from_slice(bytes);
+        }
+    }
+
+    /// The decoded answer once the stream is complete.
+    pub fn finish(&self) -> Result<Response, String> {
+        match (self.http_status, self.grpc_status) {
+            (Some(s), _) if s != 200 => return Err(format!("HTTP status {s}")),
+            (_, Some(0)) => {}
+            (_, Some(code)) => return Err(format!("gRPC status {code}")),
+            (_, None) => return Err("no gRPC status".into()),
+        }
+        let message = match self.body.split_first_chunk::<5>() {
+            Some(([0, len @ ..], rest)) if u32::from_be_bytes(*len) as usize == rest.len() => rest,
+            _ => return Err("undecodable answer".into()),
+        };
+        decode_response(message).map_err(|_| "undecodable answer".to_string())
+    }
+}
 
 /// `RateLimitResponse.Code`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -308,6 +370,37 @@ mod tests {
         );
         assert_eq!(r.headers, [("x-a".to_string(), "1".to_string())]);
         assert_eq!(decode_response(&[]).unwrap(), Response::default());
+    }
+
+    #[test]
+    fn grpc_frames_and_answers() {
+        assert_eq!(grpc_frame(b"ab"), [0, 0, 0, 0, 2, b'a', b'b']);
+        let ok: &[u8] = &[0x08, 1]; // overall_code OK
+        let mut a = GrpcAnswer::default();
+        a.headers([
+            (&b":status"[..], &b"200"[..]),
+            (b"content-type", b"application/grpc"),
+        ]);
+        let frame = grpc_frame(ok);
+        a.data(&frame[..3]);
+        a.data(&frame[3..]);
+        a.headers([(&b"grpc-status"[..], &b"0"[..])]);
+        assert_eq!(a.finish().unwrap().overall_code, Code::Ok);
+        // Trailers-only: how Envoy reports an unreachable service or a timeout.
+        let mut refused = GrpcAnswer::default();
+        refused.headers([(&b":status"[..], &b"200"[..]), (b"grpc-status", b"14")]);
+        assert_eq!(refused.finish().unwrap_err(), "gRPC status 14");
+        let mut http = GrpcAnswer::default();
+        http.headers([(&b":status"[..], &b"503"[..])]);
+        assert_eq!(http.finish().unwrap_err(), "HTTP status 503");
+        assert_eq!(
+            GrpcAnswer::default().finish().unwrap_err(),
+            "no gRPC status"
+        );
+        let mut short = GrpcAnswer::default();
+        short.headers([(&b"grpc-status"[..], &b"0"[..])]);
+        short.data(&[0, 0, 0, 0, 9, 1]);
+        assert_eq!(short.finish().unwrap_err(), "undecodable answer");
     }
 
     #[test]

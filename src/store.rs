@@ -42,6 +42,21 @@ pub trait Store {
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
 
+/// A shared store is a store (the native host shares one table between configurations).
+impl<T: Store> Store for std::sync::Arc<T> {
+    fn read<R>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> R,
+    ) -> Result<R, StoreError> {
+        (**self).read(slot, f)
+    }
+
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        (**self).write(slot, value, cas)
+    }
+}
+
 /// Locks a mutex whatever happened to a thread that held it: every value here stays consistent
 /// (a slot is written whole), and a panic is already handled where it happened.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

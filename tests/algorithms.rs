@@ -164,10 +164,10 @@ fn delay_mode_spaces_requests_at_the_drain_rate() {
         let gap = pair[1] - pair[0];
         assert!((60..=140).contains(&gap), "gap {gap} ms in {results:?}");
     }
-    let delayed = "wasmcustom.wasm_ratelimit.test.r.delayed";
-    assert_eq!(envoy.wait_stat(delayed, 4), Some(4));
+    let delayed = common::metric(Some("r"), "delayed");
+    assert_eq!(envoy.wait_stat(&delayed, 4), Some(4));
     assert_eq!(
-        envoy.wait_stat("wasmcustom.wasm_ratelimit.test.delay_queue", 0),
+        envoy.wait_stat(&common::metric(None, "delay_queue"), 0),
         Some(0)
     );
 }
@@ -183,7 +183,7 @@ fn a_client_that_leaves_while_held_leaves_no_trace() {
     ));
     let mut c = Client::connect(envoy.addr).unwrap();
     assert_eq!(c.get("/").unwrap().status, 200);
-    let queue = "wasmcustom.wasm_ratelimit.test.delay_queue";
+    let queue = &common::metric(None, "delay_queue");
     {
         // Send a request and hang up while it is held.
         use std::io::Write;

@@ -10,7 +10,8 @@
 
 mod common;
 
-use common::{wasm_path, Client, Envoy};
+use common::{wasm_path, Build, Client, Envoy};
+use std::path::Path;
 use wasm_ratelimit::config::Config;
 use wasm_ratelimit::manifest::yaml_documents;
 
@@ -50,9 +51,14 @@ fn every_yaml_block_in_the_readme_parses() {
 
 #[test]
 fn the_envoy_snippet_runs_as_written() {
+    // Deploy shows one snippet per build.
+    let filter = match common::build() {
+        Build::Wasm => "envoy.filters.http.wasm",
+        Build::Native => "envoy.filters.http.dynamic_modules",
+    };
     let snippet = blocks(&readme(), "yaml")
         .into_iter()
-        .find(|b| b.contains("envoy.filters.http.wasm"))
+        .find(|b| b.contains(filter))
         .unwrap();
     // Put the snippet under an HTTP connection manager, pointing at the built module.
     let filters: String = snippet
@@ -73,7 +79,7 @@ fn the_envoy_snippet_runs_as_written() {
     assert_eq!(r.header("ratelimit-policy"), Some("\"per-ip\";q=100;w=60"));
     assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(99));
     assert_eq!(
-        envoy.wait_stat("wasmcustom.wasm_ratelimit.edge.per-ip.allowed", 1),
+        envoy.wait_stat(&common::metric_of("edge", Some("per-ip"), "allowed"), 1),
         Some(1)
     );
 }
@@ -96,7 +102,12 @@ fn the_quick_start_session_is_what_the_demo_shows() {
         .filter(|b| b.starts_with("$ curl -i localhost:10000/"))
         .collect();
     assert_eq!(sessions.len(), 2, "the first request and the sixth");
-    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/envoy.yaml"))
+    // `make run` serves envoy.yaml, `make run-native` envoy-native.yaml: the same demo.
+    let demo = match common::build() {
+        common::Build::Wasm => "envoy.yaml",
+        common::Build::Native => "envoy-native.yaml",
+    };
+    let yaml = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(demo))
         .unwrap()
         .replace("port_value: 10000", "port_value: 0")
         .replace("port_value: 9901", "port_value: 0")

@@ -93,8 +93,7 @@ fn limit_is_hit_exactly_and_headers_are_exact() {
         assert_eq!(body["violated-policies"], serde_json::json!(["per-client"]));
         assert_eq!(body["retry-after"], retry);
     }
-    let m =
-        |c: &str, n| envoy.wait_stat(&format!("wasmcustom.wasm_ratelimit.test.per-client.{c}"), n);
+    let m = |c: &str, n| envoy.wait_stat(&common::metric(Some("per-client"), c), n);
     assert_eq!(m("allowed", 5), Some(5));
     assert_eq!(m("limited", 3), Some(3));
     assert_eq!(m("failed_open", 0), Some(0));
@@ -102,7 +101,10 @@ fn limit_is_hit_exactly_and_headers_are_exact() {
         .unwrap()
         .body_str();
     assert!(
-        prom.contains("wasm_ratelimit_test_per_client_limited{} 3"),
+        prom.contains(&format!(
+            "{} 3\n",
+            common::prometheus(Some("per-client"), "limited")
+        )),
         "{prom}"
     );
     assert!(envoy.log_shows("limited rule=per-client shadow=false key="));
@@ -138,13 +140,13 @@ fn metrics_match_the_traffic() {
     let third = user("b");
     assert_eq!(third.status, 200);
     // Metrics are published once a second per worker; the gauge moves at once.
-    let prom = |name: &str, want: u64| {
+    let prom = |rule: Option<&str>, name: &str, want: u64| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let text = common::get(envoy.admin, "/stats/prometheus")
                 .unwrap()
                 .body_str();
-            let line = format!("{name}{{}} {want}\n");
+            let line = format!("{} {want}\n", common::prometheus(rule, name));
             if text.contains(&line) {
                 return;
             }
@@ -155,18 +157,18 @@ fn metrics_match_the_traffic() {
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    prom("wasm_ratelimit_test_enforced_allowed", 4);
-    prom("wasm_ratelimit_test_enforced_limited", 2);
-    prom("wasm_ratelimit_test_enforced_shadow_limited", 0);
+    prom(Some("enforced"), "allowed", 4);
+    prom(Some("enforced"), "limited", 2);
+    prom(Some("enforced"), "shadow_limited", 0);
     // a: 2 admitted, then the 3rd (admitted by "enforced") and the 2 refused ones would have
     // been refused by "trial"; b: admitted.
-    prom("wasm_ratelimit_test_trial_allowed", 3);
-    prom("wasm_ratelimit_test_trial_shadow_limited", 3);
-    prom("wasm_ratelimit_test_trial_limited", 0);
-    prom("wasm_ratelimit_test_enforced_failed_open", 0);
-    prom("wasm_ratelimit_test_enforced_slot_evictions", 0);
-    prom("wasm_ratelimit_test_tracked_keys", 4);
-    prom("wasm_ratelimit_test_delay_queue", 0);
+    prom(Some("trial"), "allowed", 3);
+    prom(Some("trial"), "shadow_limited", 3);
+    prom(Some("trial"), "limited", 0);
+    prom(Some("enforced"), "failed_open", 0);
+    prom(Some("enforced"), "slot_evictions", 0);
+    prom(None, "tracked_keys", 4);
+    prom(None, "delay_queue", 0);
     assert!(envoy.log_shows("limited rule=trial shadow=true key="));
 }
 

@@ -205,7 +205,7 @@ fn every_example_does_what_its_readme_says() {
             "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
             &wasm.display().to_string(),
         );
-        let envoy = Envoy::start_yaml(&yaml);
+        let envoy = Envoy::start_yaml(&common::for_build(&yaml));
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         let steps = sessions(&readme);
         assert!(!steps.is_empty(), "{}: no console session", dir.display());

@@ -1,6 +1,9 @@
-//! What Envoy does to traffic when the filter's VM dies, for each `failure_policy`: measured by
-//! killing the VM on purpose (a test build panics on an `x-test-panic` header). One worker, so
-//! every request meets the same VM.
+//! What happens to traffic when the filter panics, in each build, measured with a test build
+//! that panics on an `x-test-panic` header. One worker, so every request meets the same VM.
+//!
+//! - wasm: the panic kills the VM; Envoy's `failure_policy` decides what later requests get;
+//! - native: the hook catches the panic; the filter's `failure_mode` decides what that request
+//!   gets, later requests are limited as before, and the panic is counted.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,21 +13,34 @@
 
 mod common;
 
-use common::{bootstrap_with_policy, Client, Envoy};
+use common::{bootstrap_with_policy, build, Build, Client, Envoy};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn panic_wasm() -> Option<PathBuf> {
-    std::env::var("PANIC_WASM").ok().map(PathBuf::from)
+fn panic_build(var: &str) -> PathBuf {
+    std::env::var(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| panic!("{var} (make integration builds it)"))
 }
 
-const CONFIG: &str = r#"{"rules": [{"name": "r", "key": ["remote_address"],
-    "rate_limit": {"requests_per_unit": 3, "unit": "hour"}}]}"#;
+fn config(failure_mode: &str) -> String {
+    format!(
+        r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "r", "key": ["remote_address"],
+            "rate_limit": {{"requests_per_unit": 3, "unit": "hour"}}}}]}}"#
+    )
+}
 
-/// Two requests, a panic, then what later requests get for `watch`: (status, has headers).
-fn kill_and_watch(policy: Option<&str>, watch: Duration) -> (u16, Vec<(u16, bool)>, Envoy) {
-    let wasm = panic_wasm().expect("PANIC_WASM (make integration builds it)");
-    let envoy = Envoy::start_yaml_workers(&bootstrap_with_policy(CONFIG, &wasm, policy), 1);
+/// Envoy with the panicking build, one worker.
+fn start(failure_mode: &str, policy: Option<&str>) -> Envoy {
+    let yaml = bootstrap_with_policy(&config(failure_mode), &panic_build("PANIC_WASM"), policy);
+    match build() {
+        Build::Wasm => Envoy::start_yaml_workers(&yaml, 1),
+        Build::Native => Envoy::start_with_modules(&yaml, 1, &panic_build("PANIC_NATIVE_DIR")),
+    }
+}
+
+/// Two requests, a panic, then what later requests get for `watch`: (status, has fields).
+fn panic_and_watch(envoy: &Envoy, watch: Duration) -> (u16, Vec<(u16, bool)>) {
     let mut c = Client::connect(envoy.addr).unwrap();
     assert_eq!(c.get("/").unwrap().status, 200);
     assert_eq!(c.get("/").unwrap().status, 200);
@@ -40,12 +56,30 @@ fn kill_and_watch(policy: Option<&str>, watch: Duration) -> (u16, Vec<(u16, bool
         later.push((r.status, r.header("ratelimit").is_some()));
         std::thread::sleep(Duration::from_millis(100));
     }
-    (crashed, later, envoy)
+    (crashed, later)
+}
+
+fn wasm_only() -> bool {
+    if build() != Build::Wasm {
+        eprintln!("wasm only: the native build catches panics (see the native tests)");
+    }
+    build() == Build::Wasm
+}
+
+fn native_only() -> bool {
+    if build() != Build::Native {
+        eprintln!("native only: a panic kills the wasm VM (see the wasm tests)");
+    }
+    build() == Build::Native
 }
 
 #[test]
-fn fail_closed_default_refuses_everything_after_a_crash() {
-    let (crashed, later, envoy) = kill_and_watch(None, Duration::from_millis(1500));
+fn wasm_fail_closed_default_refuses_everything_after_a_crash() {
+    if !wasm_only() {
+        return;
+    }
+    let envoy = start("allow", None);
+    let (crashed, later) = panic_and_watch(&envoy, Duration::from_millis(1500));
     assert_eq!(crashed, 503);
     assert!(later.iter().all(|&(s, _)| s == 503), "{later:?}");
     assert!(
@@ -55,8 +89,12 @@ fn fail_closed_default_refuses_everything_after_a_crash() {
 }
 
 #[test]
-fn fail_open_lets_traffic_through_unfiltered_after_a_crash() {
-    let (crashed, later, _envoy) = kill_and_watch(Some("FAIL_OPEN"), Duration::from_millis(1500));
+fn wasm_fail_open_lets_traffic_through_unfiltered_after_a_crash() {
+    if !wasm_only() {
+        return;
+    }
+    let envoy = start("allow", Some("FAIL_OPEN"));
+    let (crashed, later) = panic_and_watch(&envoy, Duration::from_millis(1500));
     assert_eq!(crashed, 503, "the crashing request itself fails");
     // No limiting any more: more than the limit of 3 passes, without rate-limit headers.
     assert!(later.len() >= 5);
@@ -64,8 +102,12 @@ fn fail_open_lets_traffic_through_unfiltered_after_a_crash() {
 }
 
 #[test]
-fn fail_reload_recovers_with_counters_intact() {
-    let (crashed, later, envoy) = kill_and_watch(Some("FAIL_RELOAD"), Duration::from_millis(3000));
+fn wasm_fail_reload_recovers_with_counters_intact() {
+    if !wasm_only() {
+        return;
+    }
+    let envoy = start("allow", Some("FAIL_RELOAD"));
+    let (crashed, later) = panic_and_watch(&envoy, Duration::from_millis(3000));
     assert_eq!(crashed, 503);
     // 503 while the VM is reloaded (a backoff of about a second), then limiting resumes.
     let first_ok = later
@@ -79,4 +121,50 @@ fn fail_reload_recovers_with_counters_intact() {
     assert_eq!(after[0], 200, "{later:?}");
     assert!(after[1..].iter().all(|&s| s == 429), "{later:?}");
     assert!(envoy.stat("wasm.test.vm_reload_success").unwrap_or(0) >= 1);
+}
+
+/// The native build: the panicking request gets what `failure_mode` says, nothing else changes.
+fn native_panic(failure_mode: &str) -> (u16, Vec<(u16, bool)>, Envoy) {
+    let envoy = start(failure_mode, None);
+    let (crashed, later) = panic_and_watch(&envoy, Duration::from_millis(600));
+    // Envoy is alive and limits exactly as before: 2 counted, 1 more, then 429.
+    let statuses: Vec<u16> = later.iter().map(|&(s, _)| s).collect();
+    assert_eq!(statuses[0], 200, "{later:?}");
+    assert!(statuses[1..].iter().all(|&s| s == 429), "{later:?}");
+    assert!(later.iter().all(|&(_, fields)| fields), "{later:?}");
+    assert_eq!(
+        envoy.wait_stat(&common::metric(None, "panics"), 1),
+        Some(1),
+        "the panic is counted"
+    );
+    assert!(envoy.log_shows("panic (caught): panicked at"));
+    (crashed, later, envoy)
+}
+
+#[test]
+fn native_panic_with_failure_mode_allow_lets_that_request_through() {
+    if !native_only() {
+        return;
+    }
+    let (crashed, _, _) = native_panic("allow");
+    assert_eq!(crashed, 200);
+}
+
+#[test]
+fn native_panic_with_failure_mode_deny_refuses_that_request() {
+    if !native_only() {
+        return;
+    }
+    let (_, _, envoy) = native_panic("deny");
+    let r = Client::connect(envoy.addr)
+        .unwrap()
+        .send("GET", "/", &[("x-test-panic", "1")])
+        .unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(
+        r.body_str().contains("could not decide"),
+        "{}",
+        r.body_str()
+    );
 }

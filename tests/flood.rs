@@ -58,10 +58,9 @@ fn a_flood_of_keys_keeps_memory_bounded_and_the_heavy_client_limited() {
     // The heavy client is still limited; the flood keys each weigh 1, it weighs 5.
     assert_eq!(hit(&mut heavy), 429);
     let evictions = envoy
-        .wait_stat_until(
-            "wasmcustom.wasm_ratelimit.test.per-user.slot_evictions",
-            |n| n > 100_000,
-        )
+        .wait_stat_until(&common::metric(Some("per-user"), "slot_evictions"), |n| {
+            n > 100_000
+        })
         .unwrap_or(0);
     assert!(
         evictions > 100_000,

@@ -165,7 +165,7 @@ fn sync_mode_holds_the_limit_exactly_across_proxies() {
     assert!(r.header_u64("retry-after").unwrap() >= 1);
     assert_eq!(r.header("x-rls-server"), Some("limitador"));
     assert_eq!(
-        a.wait_stat("wasmcustom.wasm_ratelimit.test.g.limited", 3),
+        a.wait_stat(&common::metric(Some("g"), "limited"), 3),
         Some(3)
     );
 }
@@ -264,8 +264,8 @@ fn a_lost_store_or_service_follows_failure_mode_and_recovers() {
     redis_proc.take();
     assert_eq!(status(&open), 200, "fail open");
     assert_eq!(status(&closed), 429, "fail closed");
-    assert!(open.wait_stat("wasmcustom.wasm_ratelimit.test.g.failed_open", 1) >= Some(1));
-    assert!(open.wait_stat("wasmcustom.wasm_ratelimit.test.g.global_errors", 1) >= Some(1));
+    assert!(open.wait_stat(&common::metric(Some("g"), "failed_open"), 1) >= Some(1));
+    assert!(open.wait_stat(&common::metric(Some("g"), "global_errors"), 1) >= Some(1));
 
     // Redis is back (empty): the limit holds again (3 per minute).
     let _redis = redis(redis_port);
@@ -337,7 +337,7 @@ fn a_slow_service_never_delays_async_requests() {
     assert!(waited >= Duration::from_millis(90), "{waited:?}");
     assert!(waited < Duration::from_millis(290), "{waited:?}");
     assert_eq!(
-        e.wait_stat("wasmcustom.wasm_ratelimit.test.g2.failed_open", 1),
+        e.wait_stat(&common::metric(Some("g2"), "failed_open"), 1),
         Some(1)
     );
 }

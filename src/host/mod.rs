@@ -7,3 +7,6 @@
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;
+
+#[cfg(all(feature = "native-module", not(target_arch = "wasm32")))]
+mod native;

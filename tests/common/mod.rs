@@ -23,6 +23,66 @@ pub fn envoy_bin() -> String {
     std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
 }
 
+/// Which build of the filter the tests drive: `FILTER=native` for the Envoy dynamic module,
+/// anything else (or nothing) for the wasm build. `make integration` runs every test under both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    Wasm,
+    Native,
+}
+
+/// The build under test.
+pub fn build() -> Build {
+    match std::env::var("FILTER").as_deref() {
+        Ok("native") => Build::Native,
+        _ => Build::Wasm,
+    }
+}
+
+/// The folder holding `libwasm_ratelimit.so`: `$NATIVE_DIR`, else `make build-native`'s.
+pub fn native_dir() -> PathBuf {
+    match std::env::var("NATIVE_DIR") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/native"),
+    }
+}
+
+/// A metric's name in `/stats`, for plugin `test`: the wasm build's flat name, or the dynamic
+/// module's labelled one. `rule`: `None` for a plugin-wide gauge.
+pub fn metric(rule: Option<&str>, name: &str) -> String {
+    metric_of("test", rule, name)
+}
+
+/// A metric's name in `/stats` for any plugin.
+pub fn metric_of(plugin: &str, rule: Option<&str>, name: &str) -> String {
+    match (build(), rule) {
+        (Build::Wasm, Some(r)) => format!("wasmcustom.wasm_ratelimit.{plugin}.{r}.{name}"),
+        (Build::Wasm, None) => format!("wasmcustom.wasm_ratelimit.{plugin}.{name}"),
+        (Build::Native, Some(r)) => {
+            format!("dynamicmodulescustom.wasm_ratelimit.{name}.plugin.{plugin}.rule.{r}")
+        }
+        (Build::Native, None) => {
+            format!("dynamicmodulescustom.wasm_ratelimit.{name}.plugin.{plugin}")
+        }
+    }
+}
+
+/// A metric's series in `/stats/prometheus` (name and labels, without the value), for plugin
+/// `test`.
+pub fn prometheus(rule: Option<&str>, name: &str) -> String {
+    let flat = |s: &str| s.replace(['.', '-'], "_");
+    match (build(), rule) {
+        (Build::Wasm, Some(r)) => format!("wasm_ratelimit_test_{}_{name}{{}}", flat(r)),
+        (Build::Wasm, None) => format!("wasm_ratelimit_test_{name}{{}}"),
+        (Build::Native, Some(r)) => format!(
+            "envoy_dynamicmodulescustom_wasm_ratelimit_{name}{{plugin=\"test\",rule=\"{r}\"}}"
+        ),
+        (Build::Native, None) => {
+            format!("envoy_dynamicmodulescustom_wasm_ratelimit_{name}{{plugin=\"test\"}}")
+        }
+    }
+}
+
 /// The filter: `$WASM`, else the release build in this checkout.
 pub fn wasm_path() -> PathBuf {
     match std::env::var("WASM") {
@@ -84,8 +144,24 @@ pub struct Plugin<'a> {
     pub failure_policy: Option<&'a str>,
 }
 
-/// The bootstrap of one listener named `test` with the filter declared as `plugin`.
-pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+/// The `http_filters` entry of the filter, in the build under test: the wasm filter declared as
+/// `plugin`, or the dynamic module whose `filter_name` is the plugin's name.
+pub fn http_filter(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+    if build() == Build::Native {
+        return format!(
+            r#"          - name: envoy.filters.http.dynamic_modules
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: {{name: wasm_ratelimit}}
+              filter_name: "{name}"
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: |
+{config}"#,
+            name = plugin.name,
+            config = indent(plugin_config, 18),
+        );
+    }
     let policy = plugin
         .failure_policy
         .map(|p| format!("\n                failure_policy: {p}"))
@@ -94,6 +170,29 @@ pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> St
         .vm_id
         .map(|v| format!("\n                  vm_id: {v}"))
         .unwrap_or_default();
+    format!(
+        r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: "{name}"
+                root_id: "{root_id}"{policy}
+                vm_config:{vm_id}
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: "{wasm}"}}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: |
+{config}"#,
+        name = plugin.name,
+        root_id = plugin.root_id,
+        wasm = wasm.display(),
+        config = indent(plugin_config, 20),
+    )
+}
+
+/// The bootstrap of one listener named `test` with the filter declared as `plugin`.
+pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
     format!(
         r#"admin:
   address:
@@ -117,26 +216,11 @@ static_resources:
               - match: {{prefix: "/"}}
                 direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
           http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: "{name}"
-                root_id: "{root_id}"{policy}
-                vm_config:{vm_id}
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: "{wasm}"}}}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: |
-{config}          - name: envoy.filters.http.router
+{filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
-        name = plugin.name,
-        root_id = plugin.root_id,
-        wasm = wasm.display(),
-        config = indent(plugin_config, 20),
+        filter = http_filter(plugin, plugin_config, wasm),
     )
 }
 
@@ -158,17 +242,22 @@ pub struct Refused {
 }
 
 fn spawn(yaml: &str, concurrency: u32) -> (Child, PathBuf, PathBuf) {
+    spawn_with(yaml, concurrency, &native_dir())
+}
+
+fn spawn_with(yaml: &str, concurrency: u32, module_dir: &Path) -> (Child, PathBuf, PathBuf) {
     let dir = scratch_dir();
     let cfg = dir.join("envoy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let log = dir.join("envoy.log");
     let admin_file = dir.join("admin-address");
     let child = Command::new(envoy_bin())
+        .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir)
         .arg("-c")
         .arg(&cfg)
         .args(["--concurrency", &concurrency.to_string()])
         .args(["--disable-hot-restart", "-l", "info"])
-        .args(["--component-log-level", "wasm:debug"])
+        .args(["--component-log-level", "wasm:debug,dynamic_modules:debug"])
         .arg("--admin-address-path")
         .arg(&admin_file)
         .arg("--log-path")
@@ -194,7 +283,12 @@ impl Envoy {
 
     /// Starts Envoy with a whole bootstrap and `concurrency` workers.
     pub fn start_yaml_workers(yaml: &str, concurrency: u32) -> Envoy {
-        let (mut child, admin_file, log) = spawn(yaml, concurrency);
+        Envoy::start_with_modules(yaml, concurrency, &native_dir())
+    }
+
+    /// Starts Envoy with dynamic modules searched in `module_dir`.
+    pub fn start_with_modules(yaml: &str, concurrency: u32, module_dir: &Path) -> Envoy {
+        let (mut child, admin_file, log) = spawn_with(yaml, concurrency, module_dir);
         let deadline = Instant::now() + Duration::from_secs(30);
         let admin: SocketAddr = loop {
             if let Ok(s) = std::fs::read_to_string(&admin_file) {
@@ -505,4 +599,47 @@ pub fn fixture_files(dir: &str) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// An Envoy configuration for the build under test: as written for the wasm build; for the
+/// native build, every wasm filter becomes the dynamic module with the same plugin name and
+/// configuration (as JSON, which Envoy reads as YAML).
+pub fn for_build(yaml: &str) -> String {
+    if build() == Build::Wasm {
+        return yaml.to_string();
+    }
+    let mut doc = wasm_ratelimit::manifest::yaml_documents(yaml)
+        .unwrap()
+        .remove(0);
+    to_native(&mut doc);
+    doc.to_string()
+}
+
+fn to_native(v: &mut serde_json::Value) {
+    use serde_json::{json, Value};
+    match v {
+        Value::Object(map) => {
+            if map.get("name").and_then(Value::as_str) == Some("envoy.filters.http.wasm") {
+                let config = &map["typed_config"]["config"];
+                let name = config["name"].clone();
+                let value = config["configuration"]["value"].clone();
+                *v = json!({
+                    "name": "envoy.filters.http.dynamic_modules",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+                        "dynamic_module_config": {"name": "wasm_ratelimit"},
+                        "filter_name": name,
+                        "filter_config": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": value
+                        }
+                    }
+                });
+                return;
+            }
+            map.values_mut().for_each(to_native);
+        }
+        Value::Array(items) => items.iter_mut().for_each(to_native),
+        _ => {}
+    }
 }

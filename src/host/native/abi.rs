@@ -1,0 +1,1217 @@
+//! Envoy's dynamic-module ABI, as far as this filter uses it: the only `unsafe` of the native
+//! build.
+//!
+//! The declarations are written by hand from `source/extensions/dynamic_modules/abi/abi.h`
+//! (envoyproxy/envoy) and checked against the Envoy 1.40.0 binary: every callback is exported by
+//! it, and every signature is exercised by the integration tests in a running Envoy (a wrong
+//! signature is not caught when the module loads). Envoy calls the `envoy_dynamic_module_on_*`
+//! hooks below; each turns raw pointers into references, catches panics (a panic unwinding out
+//! of an `extern "C"` function aborts the whole Envoy process) and hands over to safe code in
+//! the parent module. Buffers Envoy lends are valid until the hook that received them returns.
+#![allow(non_camel_case_types)]
+
+use super::{Filter, FilterConfig};
+use std::ffi::c_void;
+use std::os::raw::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::{null, null_mut};
+
+// --------------------------------------------------------------------------------------------
+// Types
+// --------------------------------------------------------------------------------------------
+
+type ConfigEnvoyPtr = *mut c_void;
+type ConfigModulePtr = *const c_void;
+type FilterEnvoyPtr = *mut c_void;
+type FilterModulePtr = *const c_void;
+type SchedulerPtr = *mut c_void;
+
+/// Bytes Envoy lends.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl EnvoyBuffer {
+    const NULL: EnvoyBuffer = EnvoyBuffer {
+        ptr: null(),
+        length: 0,
+    };
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// `ptr..ptr + length` must be readable for `'a` (for Envoy's buffers: at most until the
+    /// hook that received them returns).
+    unsafe fn bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller vouches for the range.
+            unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length) }
+        }
+    }
+}
+
+/// Bytes the module lends to Envoy for the duration of one call (Envoy copies what it keeps).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ModuleBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl ModuleBuffer {
+    fn of(bytes: &[u8]) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: bytes.as_ptr().cast(),
+            length: bytes.len(),
+        }
+    }
+}
+
+/// A header the module lends to Envoy.
+#[repr(C)]
+struct ModuleHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
+impl ModuleHeader {
+    fn of(key: &str, value: &[u8]) -> ModuleHeader {
+        ModuleHeader {
+            key_ptr: key.as_ptr().cast(),
+            key_length: key.len(),
+            value_ptr: value.as_ptr().cast(),
+            value_length: value.len(),
+        }
+    }
+}
+
+/// A header Envoy lends (valid until the hook returns).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+enum HeaderType {
+    Request = 0,
+    Response = 2,
+}
+
+/// Log levels (spdlog's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+/// What a request or response header hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadersStatus {
+    /// Go on with the next filter.
+    Continue = 0,
+    /// Wait: the module continues the stream later (or has replied).
+    StopIteration = 1,
+}
+
+/// What a body hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum BodyStatus {
+    Continue = 0,
+}
+
+/// What a trailers hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum TrailersStatus {
+    Continue = 0,
+}
+
+/// What the local-reply hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum LocalReplyStatus {
+    Continue = 0,
+}
+
+/// `envoy_dynamic_module_type_attribute_id` values (Envoy 1.40's enum order).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct AttributeId(u32);
+
+const REQUEST_PATH: AttributeId = AttributeId(0);
+const REQUEST_HOST: AttributeId = AttributeId(2);
+const REQUEST_METHOD: AttributeId = AttributeId(4);
+/// `source.address`: `ip:port`, `[ipv6]:port`.
+const SOURCE_ADDRESS: AttributeId = AttributeId(24);
+
+/// Results Envoy returns: `u32`s, since an out-of-range value in a Rust enum would be undefined
+/// behaviour.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Code(u32);
+
+const SUCCESS: Code = Code(0);
+
+// --------------------------------------------------------------------------------------------
+// Callbacks (implemented by Envoy)
+// --------------------------------------------------------------------------------------------
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
+
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_increment_gauge(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_decrement_gauge(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_add_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        filter: FilterEnvoyPtr,
+        status: u32,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: FilterEnvoyPtr,
+        id: AttributeId,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+        filter: FilterEnvoyPtr,
+    ) -> SchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: ConfigEnvoyPtr,
+    ) -> SchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: SchedulerPtr);
+
+    fn envoy_dynamic_module_callback_http_filter_start_http_stream(
+        filter: FilterEnvoyPtr,
+        stream_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        end_stream: bool,
+        timeout_ms: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+        config: ConfigEnvoyPtr,
+        stream_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        end_stream: bool,
+        timeout_ms: u64,
+    ) -> Code;
+}
+
+// --------------------------------------------------------------------------------------------
+// Safe wrappers
+// --------------------------------------------------------------------------------------------
+
+/// Writes a log line through Envoy's `dynamic_modules` logger.
+pub fn log(level: LogLevel, message: &str) {
+    // SAFETY: the message is borrowed for the call only; Envoy copies it.
+    unsafe { envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes())) }
+}
+
+/// Whether Envoy would print a line at `level`.
+pub fn log_enabled(level: LogLevel) -> bool {
+    // SAFETY: a plain query.
+    unsafe { envoy_dynamic_module_callback_log_enabled(level) }
+}
+
+/// Label values lent to Envoy for one call.
+fn labels(values: &[&str]) -> (Vec<ModuleBuffer>, usize) {
+    let v: Vec<ModuleBuffer> = values
+        .iter()
+        .map(|s| ModuleBuffer::of(s.as_bytes()))
+        .collect();
+    let n = v.len();
+    (v, n)
+}
+
+/// Envoy's filter configuration object: valid from `config_new` until `config_destroy`. Its
+/// callbacks are made on the main thread only (`config_new`, config scheduler events, config
+/// stream events).
+#[derive(Clone, Copy)]
+pub struct ConfigHandle(ConfigEnvoyPtr);
+
+// SAFETY: the pointer is only dereferenced by Envoy, in calls this module makes on the main
+// thread; holding it elsewhere (in the shared module config) is fine.
+unsafe impl Send for ConfigHandle {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigHandle {}
+
+impl ConfigHandle {
+    /// Defines a counter (only during `config_new`); its id, if Envoy took it.
+    pub fn define_counter(&self, name: &str, label_names: &[&str]) -> Option<usize> {
+        let (mut names, n) = labels(label_names);
+        let mut id = 0usize;
+        // SAFETY: `self.0` is live during config_new; name and labels are copied by Envoy.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                names.as_mut_ptr(),
+                n,
+                &mut id,
+            )
+        };
+        (code == SUCCESS).then_some(id)
+    }
+
+    /// Defines a gauge (only during `config_new`).
+    pub fn define_gauge(&self, name: &str, label_names: &[&str]) -> Option<usize> {
+        let (mut names, n) = labels(label_names);
+        let mut id = 0usize;
+        // SAFETY: as for define_counter.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                names.as_mut_ptr(),
+                n,
+                &mut id,
+            )
+        };
+        (code == SUCCESS).then_some(id)
+    }
+
+    /// Adds `n` to a labelled counter (main thread).
+    pub fn increment_counter(&self, id: usize, label_values: &[&str], n: u64) {
+        let (mut values, len) = labels(label_values);
+        // SAFETY: `self.0` is live until config_destroy; label values are copied.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                self.0,
+                id,
+                values.as_mut_ptr(),
+                len,
+                n,
+            )
+        };
+    }
+
+    /// Adds `n` to a labelled gauge (main thread; 0 makes the series appear).
+    pub fn increment_gauge(&self, id: usize, label_values: &[&str], n: u64) {
+        let (mut values, len) = labels(label_values);
+        // SAFETY: `self.0` is live until config_destroy; label values are copied.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+                self.0,
+                id,
+                values.as_mut_ptr(),
+                len,
+                n,
+            )
+        };
+    }
+
+    /// A scheduler whose events reach `on_http_filter_config_scheduled` on the main thread.
+    pub fn scheduler(&self) -> Option<ConfigScheduler> {
+        // SAFETY: `self.0` is live (called from config_new).
+        let s = unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0) };
+        (!s.is_null()).then_some(ConfigScheduler(s))
+    }
+
+    /// Starts a gRPC call owned by the configuration (main thread); its events reach the
+    /// `on_http_filter_config_http_stream_*` hooks.
+    pub fn start_grpc(
+        &self,
+        cluster: &str,
+        path: &str,
+        frame: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u64, Code> {
+        let mut headers = grpc_headers(cluster, path);
+        let mut id = 0u64;
+        // SAFETY: `self.0` is live; headers and body are copied by Envoy during the call.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+                self.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(frame),
+                true,
+                u64::from(timeout_ms),
+            )
+        };
+        if code == SUCCESS {
+            Ok(id)
+        } else {
+            Err(code)
+        }
+    }
+}
+
+/// The request headers of a unary gRPC call (HTTP/2 on the cluster).
+fn grpc_headers<'a>(authority: &'a str, path: &'a str) -> [ModuleHeader; 6] {
+    [
+        ModuleHeader::of(":method", b"POST"),
+        ModuleHeader::of(":path", path.as_bytes()),
+        ModuleHeader::of(":authority", authority.as_bytes()),
+        ModuleHeader::of(":scheme", b"http"),
+        ModuleHeader::of("content-type", b"application/grpc"),
+        ModuleHeader::of("te", b"trailers"),
+    ]
+}
+
+/// A scheduler for the main thread. Owned by the module: deleted once, on drop.
+pub struct ConfigScheduler(SchedulerPtr);
+
+// SAFETY: Envoy's config scheduler may be committed from any thread (it posts to the main
+// dispatcher); it is deleted once, on drop.
+unsafe impl Send for ConfigScheduler {}
+// SAFETY: as above; `commit` takes `&self` and Envoy's commit is thread-safe.
+unsafe impl Sync for ConfigScheduler {}
+
+impl ConfigScheduler {
+    /// Posts `event` to the main thread.
+    pub fn commit(&self, event: u64) {
+        // SAFETY: the scheduler is live until dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event) }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by config_scheduler_new, deleted exactly once here.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
+    }
+}
+
+/// A scheduler bound to one stream's worker. Owned by the module: deleted once, on drop; a
+/// commit after the stream is gone does nothing.
+pub struct Scheduler(SchedulerPtr);
+
+// SAFETY: Envoy's filter scheduler may be committed and deleted from any thread (it holds a weak
+// reference to the filter and posts to the worker's dispatcher).
+unsafe impl Send for Scheduler {}
+
+impl Scheduler {
+    /// Posts `event` to the stream's worker (`on_http_filter_scheduled`).
+    pub fn commit(&self, event: u64) {
+        // SAFETY: the scheduler is live until dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0, event) }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by scheduler_new, deleted exactly once here.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+    }
+}
+
+/// One stream's Envoy filter, for the duration of one hook (not `Send`: worker thread only).
+pub struct Stream<'hook> {
+    ptr: FilterEnvoyPtr,
+    _hook: std::marker::PhantomData<&'hook ()>,
+}
+
+impl Stream<'_> {
+    fn attribute(&self, id: AttributeId) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `ptr` is live during the hook; the value stays valid until the hook returns
+        // and no header of the request is set meanwhile (this filter only sets response
+        // headers).
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.ptr, id, &mut out)
+                .then(|| out.bytes())
+        }
+    }
+
+    /// `source.address` (`ip:port`).
+    pub fn source_address(&self) -> Option<&[u8]> {
+        self.attribute(SOURCE_ADDRESS)
+    }
+
+    /// `:path`, query included.
+    pub fn path(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_PATH)
+    }
+
+    /// `:method`.
+    pub fn method(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_METHOD)
+    }
+
+    /// `:authority`.
+    pub fn authority(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_HOST)
+    }
+
+    /// A request header's first value (`Some(b"")` for an empty value).
+    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: as for attribute(); Envoy copies the key.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.ptr,
+                HeaderType::Request,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                null_mut(),
+            )
+            .then(|| out.bytes())
+        }
+    }
+
+    /// Adds (`append`) or sets a response header.
+    pub fn response_header(&self, name: &str, value: &str, append: bool) {
+        let (k, v) = (
+            ModuleBuffer::of(name.as_bytes()),
+            ModuleBuffer::of(value.as_bytes()),
+        );
+        // SAFETY: `ptr` is live; key and value are copied.
+        let _ = unsafe {
+            if append {
+                envoy_dynamic_module_callback_http_add_header(self.ptr, HeaderType::Response, k, v)
+            } else {
+                envoy_dynamic_module_callback_http_set_header(self.ptr, HeaderType::Response, k, v)
+            }
+        };
+    }
+
+    /// Sends a local reply. Envoy calls this filter's `local_reply` hook before returning (and
+    /// not its response hooks): hold no borrow of the filter's state across this call.
+    pub fn send_response<'a>(
+        &self,
+        status: u16,
+        headers: impl Iterator<Item = (&'a str, &'a str)>,
+        body: &[u8],
+        details: &str,
+    ) {
+        let mut h: Vec<ModuleHeader> = headers
+            .map(|(k, v)| ModuleHeader::of(k, v.as_bytes()))
+            .collect();
+        // SAFETY: `ptr` is live; headers, body and details are copied during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self.ptr,
+                u32::from(status),
+                h.as_mut_ptr(),
+                h.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
+    /// Lets a stopped request go on. Envoy may run later filters and this filter's response
+    /// hooks before returning: hold no borrow of the filter's state across this call.
+    pub fn continue_decoding(&self) {
+        // SAFETY: `ptr` is live.
+        unsafe { envoy_dynamic_module_callback_http_filter_continue_decoding(self.ptr) }
+    }
+
+    /// A scheduler for this stream's worker.
+    pub fn scheduler(&self) -> Option<Scheduler> {
+        // SAFETY: `ptr` is live; the scheduler is owned (and deleted) by the returned value.
+        let s = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr) };
+        (!s.is_null()).then_some(Scheduler(s))
+    }
+
+    /// Moves a labelled gauge.
+    pub fn gauge_add(&self, id: usize, label_values: &[&str], delta: i64) {
+        let (mut values, n) = labels(label_values);
+        // SAFETY: `ptr` is live; label values are copied.
+        let _ = unsafe {
+            if delta >= 0 {
+                envoy_dynamic_module_callback_http_filter_increment_gauge(
+                    self.ptr,
+                    id,
+                    values.as_mut_ptr(),
+                    n,
+                    delta.unsigned_abs(),
+                )
+            } else {
+                envoy_dynamic_module_callback_http_filter_decrement_gauge(
+                    self.ptr,
+                    id,
+                    values.as_mut_ptr(),
+                    n,
+                    delta.unsigned_abs(),
+                )
+            }
+        };
+    }
+
+    /// Starts a gRPC call owned by this stream; its events reach the
+    /// `on_http_filter_http_stream_*` hooks (none after the stream is gone).
+    pub fn start_grpc(
+        &self,
+        cluster: &str,
+        path: &str,
+        frame: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u64, Code> {
+        let mut headers = grpc_headers(cluster, path);
+        let mut id = 0u64;
+        // SAFETY: `ptr` is live; headers and body are copied during the call.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_start_http_stream(
+                self.ptr,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(frame),
+                true,
+                u64::from(timeout_ms),
+            )
+        };
+        if code == SUCCESS {
+            Ok(id)
+        } else {
+            Err(code)
+        }
+    }
+}
+
+/// Header fields Envoy lends to a stream hook, as byte pairs.
+///
+/// # Safety
+/// `headers..headers + n` must be Envoy's array for the current hook.
+unsafe fn header_pairs<'a>(
+    headers: *const EnvoyHeader,
+    n: usize,
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    let all: &[EnvoyHeader] = if headers.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for the array.
+        unsafe { std::slice::from_raw_parts(headers, n) }
+    };
+    all.iter().map(|h| {
+        // SAFETY: each field is Envoy's, valid for the hook.
+        unsafe {
+            (
+                EnvoyBuffer {
+                    ptr: h.key_ptr,
+                    length: h.key_length,
+                }
+                .bytes(),
+                EnvoyBuffer {
+                    ptr: h.value_ptr,
+                    length: h.value_length,
+                }
+                .bytes(),
+            )
+        }
+    })
+}
+
+/// Data chunks Envoy lends to a stream hook.
+///
+/// # Safety
+/// `chunks..chunks + n` must be Envoy's array for the current hook.
+unsafe fn chunks<'a>(chunks: *const EnvoyBuffer, n: usize) -> impl Iterator<Item = &'a [u8]> {
+    let all: &[EnvoyBuffer] = if chunks.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for the array.
+        unsafe { std::slice::from_raw_parts(chunks, n) }
+    };
+    // SAFETY: each chunk is Envoy's, valid for the hook.
+    all.iter().map(|c| unsafe { c.bytes() })
+}
+
+// --------------------------------------------------------------------------------------------
+// Hooks (called by Envoy)
+// --------------------------------------------------------------------------------------------
+
+/// Runs a hook body, turning a panic into `fallback` (counted and logged by the parent module).
+fn guard<R>(fallback: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            super::panicked();
+            fallback()
+        }
+    }
+}
+
+/// The module's configuration object.
+///
+/// # Safety
+/// `ptr` must come from `config_new` and not yet be destroyed.
+unsafe fn config<'a>(ptr: ConfigModulePtr) -> Option<&'a FilterConfig> {
+    // SAFETY: the caller vouches for the pointer; null is refused.
+    unsafe { ptr.cast::<FilterConfig>().as_ref() }
+}
+
+/// The module's stream object and Envoy's stream for one hook.
+///
+/// # Safety
+/// `filter` must come from `on_http_filter_new` and not yet be destroyed; `envoy` must be the
+/// pointer Envoy passed to the current hook.
+unsafe fn stream<'a>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> Option<(&'a Filter, Stream<'a>)> {
+    // SAFETY: the caller vouches for the pointer. Only shared references are made: the
+    // filter's state sits in a RefCell, so hooks Envoy runs inside another hook (a local reply,
+    // continue_decoding) cannot alias a `&mut`.
+    let f = unsafe { filter.cast::<Filter>().as_ref() }?;
+    Some((
+        f,
+        Stream {
+            ptr: envoy,
+            _hook: std::marker::PhantomData,
+        },
+    ))
+}
+
+/// Tells Envoy which ABI this module was built against.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    super::program_init();
+    c"v0.2.0".as_ptr()
+}
+
+/// A new filter configuration (main thread): the plugin configuration as JSON. Null refuses it.
+///
+/// # Safety
+/// Called by Envoy with buffers valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    envoy: ConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> ConfigModulePtr {
+    guard(null, || {
+        // SAFETY: both buffers are Envoy's, valid during this call; they are copied.
+        let (name, config) = unsafe { (name.bytes(), config.bytes()) };
+        match FilterConfig::new(ConfigHandle(envoy), name, config) {
+            Some(c) => Box::into_raw(Box::new(c)).cast_const().cast(),
+            None => null(),
+        }
+    })
+}
+
+/// A configuration is gone (main thread), after every stream made from it.
+///
+/// # Safety
+/// Called by Envoy once per configuration.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(ptr: ConfigModulePtr) {
+    guard(
+        || (),
+        || {
+            if !ptr.is_null() {
+                // SAFETY: made by Box::into_raw in config_new; Envoy destroys it once, after
+                // the last stream that uses it.
+                drop(unsafe { Box::from_raw(ptr.cast_mut().cast::<FilterConfig>()) });
+            }
+        },
+    )
+}
+
+/// A configuration-level event (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    event: u64,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy passes the live configuration.
+            if let Some(c) = unsafe { config(ptr) } {
+                c.scheduled(event);
+            }
+        },
+    )
+}
+
+/// A configuration-level gRPC call's headers (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration and a header array valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    id: u64,
+    headers: *const EnvoyHeader,
+    n: usize,
+    _end_stream: bool,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy's configuration, and what it lends for this call.
+            let (c, lent) = unsafe { (config(ptr), header_pairs(headers, n)) };
+            if let Some(c) = c {
+                c.grpc_headers(id, lent);
+            }
+        },
+    )
+}
+
+/// A configuration-level gRPC call's body (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration and chunks valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    id: u64,
+    data: *const EnvoyBuffer,
+    n: usize,
+    _end_stream: bool,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy's configuration, and what it lends for this call.
+            let (c, lent) = unsafe { (config(ptr), chunks(data, n)) };
+            if let Some(c) = c {
+                c.grpc_data(id, lent);
+            }
+        },
+    )
+}
+
+/// A configuration-level gRPC call's trailers (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration and a trailer array valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    id: u64,
+    trailers: *const EnvoyHeader,
+    n: usize,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy's configuration, and what it lends for this call.
+            let (c, lent) = unsafe { (config(ptr), header_pairs(trailers, n)) };
+            if let Some(c) = c {
+                c.grpc_headers(id, lent);
+            }
+        },
+    )
+}
+
+/// A configuration-level gRPC call is complete (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    id: u64,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy's configuration.
+            if let Some(c) = unsafe { config(ptr) } {
+                c.grpc_done(id, None);
+            }
+        },
+    )
+}
+
+/// A configuration-level gRPC call was reset (main thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+    _envoy: ConfigEnvoyPtr,
+    ptr: ConfigModulePtr,
+    id: u64,
+    reason: u32,
+) {
+    guard(
+        || (),
+        || {
+            // SAFETY: Envoy's configuration.
+            if let Some(c) = unsafe { config(ptr) } {
+                c.grpc_done(id, Some(reason));
+            }
+        },
+    )
+}
+
+/// A new HTTP stream (worker thread).
+///
+/// # Safety
+/// Called by Envoy with a live configuration.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    ptr: ConfigModulePtr,
+    _envoy: FilterEnvoyPtr,
+) -> FilterModulePtr {
+    guard(null, || {
+        // SAFETY: Envoy destroys a configuration only after every stream made from it (each
+        // stream holds a reference to it), so the reference outlives the filter.
+        match unsafe { config(ptr) } {
+            Some(c) => Box::into_raw(Box::new(Filter::new(c))).cast_const().cast(),
+            None => null(),
+        }
+    })
+}
+
+/// A stream is gone (worker thread); Envoy's side may no longer be called.
+///
+/// # Safety
+/// Called by Envoy once per stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModulePtr) {
+    guard(
+        || (),
+        || {
+            if !filter.is_null() {
+                // SAFETY: made by Box::into_raw in filter_new; destroyed once.
+                drop(unsafe { Box::from_raw(filter.cast_mut().cast::<Filter>()) });
+            }
+        },
+    )
+}
+
+/// The request headers: where a request is decided.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    _end_of_stream: bool,
+) -> HeadersStatus {
+    // SAFETY: Envoy's live stream for this hook.
+    let Some((f, s)) = (unsafe { stream(envoy, filter) }) else {
+        return HeadersStatus::Continue;
+    };
+    guard(|| f.failed(&s), || f.request_headers(&s))
+}
+
+/// The response headers: the rate-limit fields of an admitted request.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    _end_of_stream: bool,
+) -> HeadersStatus {
+    // SAFETY: Envoy's live stream for this hook.
+    let Some((f, s)) = (unsafe { stream(envoy, filter) }) else {
+        return HeadersStatus::Continue;
+    };
+    guard(|| HeadersStatus::Continue, || f.response_headers(&s))
+}
+
+/// The stream ends, however it ends (worker thread).
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.complete(&s));
+    }
+}
+
+/// A scheduled event for this stream (worker thread): a held request's turn.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    event: u64,
+) {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.scheduled(&s, event));
+    }
+}
+
+/// A sync global rule's gRPC answer: headers (or the whole answer, trailers-only).
+///
+/// # Safety
+/// Called by Envoy with a live stream and a header array valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    headers: *const EnvoyHeader,
+    n: usize,
+    _end_stream: bool,
+) {
+    // SAFETY: Envoy's live stream, and what it lends for this hook.
+    let (f, lent) = unsafe { (stream(envoy, filter), header_pairs(headers, n)) };
+    if let Some((f, _)) = f {
+        guard(|| (), || f.grpc_headers(id, lent));
+    }
+}
+
+/// A sync global rule's gRPC answer: body.
+///
+/// # Safety
+/// Called by Envoy with a live stream and chunks valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    data: *const EnvoyBuffer,
+    n: usize,
+    _end_stream: bool,
+) {
+    // SAFETY: Envoy's live stream, and what it lends for this hook.
+    let (f, lent) = unsafe { (stream(envoy, filter), chunks(data, n)) };
+    if let Some((f, _)) = f {
+        guard(|| (), || f.grpc_data(id, lent));
+    }
+}
+
+/// A sync global rule's gRPC answer: trailers.
+///
+/// # Safety
+/// Called by Envoy with a live stream and a trailer array valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    trailers: *const EnvoyHeader,
+    n: usize,
+) {
+    // SAFETY: Envoy's live stream, and what it lends for this hook.
+    let (f, lent) = unsafe { (stream(envoy, filter), header_pairs(trailers, n)) };
+    if let Some((f, _)) = f {
+        guard(|| (), || f.grpc_headers(id, lent));
+    }
+}
+
+/// A sync global rule's gRPC call is complete.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+) {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.grpc_done(&s, id, None));
+    }
+}
+
+/// A sync global rule's gRPC call was reset.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    reason: u32,
+) {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.grpc_done(&s, id, Some(reason)));
+    }
+}
+
+// Hooks Envoy requires that this filter has no use for.
+
+/// Request body: passed on.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: bool,
+) -> BodyStatus {
+    BodyStatus::Continue
+}
+
+/// Request trailers: passed on.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) -> TrailersStatus {
+    TrailersStatus::Continue
+}
+
+/// Response body: passed on.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: bool,
+) -> BodyStatus {
+    BodyStatus::Continue
+}
+
+/// Response trailers: passed on.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) -> TrailersStatus {
+    TrailersStatus::Continue
+}
+
+/// Local replies (ours and others'): left as they are.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _code: u32,
+    _details: EnvoyBuffer,
+    _reset_imminent: bool,
+) -> LocalReplyStatus {
+    LocalReplyStatus::Continue
+}
+
+/// Flow control: nothing to do.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) {
+}
+
+/// Flow control: nothing to do.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) {
+}
+
+/// One-shot callouts: not used.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _id: u64,
+    _result: u32,
+    _headers: *const EnvoyHeader,
+    _headers_size: usize,
+    _body: *const EnvoyBuffer,
+    _body_size: usize,
+) {
+}
