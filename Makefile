@@ -98,13 +98,15 @@ OCI_TAG := 0.1.0
 oci: build
 	python3 deploy/oci/build.py $(WASM) target/oci/wasm-ratelimit $(OCI_TAG)
 
-bench-tools: build envoy rls-server
+bench-tools: build build-native envoy rls-server
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	cargo build --release --target $(TARGET) --manifest-path bench/noop/Cargo.toml
+	cargo build --release --target $(TARGET) --manifest-path bench/floor-wasm/Cargo.toml
+	cargo build --release --manifest-path bench/floor-native/Cargo.toml
 	cargo build --release --manifest-path bench/loadgen/Cargo.toml
 
-# Writes BENCHMARKS.md and bench/results.json (under 10 minutes from a fresh checkout;
-# BENCH_ARGS=--quick for a one-minute smoke run).
+# Writes BENCHMARKS.md and bench/results.json (about 15 minutes from a fresh checkout;
+# BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
 

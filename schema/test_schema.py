@@ -31,7 +31,8 @@ def accepted_configs():
     """(label, config) for every configuration the filter accepts that the repo ships."""
     for path in sorted((ROOT / "tests/fixtures/good").glob("*.json")):
         yield str(path.relative_to(ROOT)), json.loads(path.read_text())
-    for path in sorted(ROOT.glob("examples/*/envoy.yaml")) + [ROOT / "envoy.yaml"]:
+    for path in sorted(ROOT.glob("examples/*/envoy.yaml")) + [ROOT / "envoy.yaml",
+                                                              ROOT / "envoy-native.yaml"]:
         for doc in yaml.safe_load_all(path.read_text()):
             for cfg in find_plugin_configs(doc):
                 yield str(path.relative_to(ROOT)), cfg

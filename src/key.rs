@@ -105,6 +105,13 @@ pub fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// A value as rules see it: an empty (or whitespace-only) header or query value counts as
+/// absent. Envoy strips the whitespace around header values, and the proxy-wasm host reports an
+/// empty header as missing, so this is the one meaning both builds can give.
+pub fn present(value: Option<&[u8]>) -> Option<&[u8]> {
+    value.filter(|v| !v.trim_ascii().is_empty())
+}
+
 /// Whether every condition of `m` holds for the request.
 pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
     if m.path.is_some() || m.path_prefix.is_some() {
@@ -135,7 +142,7 @@ pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
         }
     }
     m.headers.iter().all(|h| {
-        let value = req.header(&h.name);
+        let value = present(req.header(&h.name));
         match &h.condition {
             HeaderCondition::Present(present) => value.is_some() == *present,
             HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
@@ -176,10 +183,10 @@ pub fn visit_parts(
     for part in parts {
         match part {
             KeyPart::RemoteAddress => f(part, strip_port(req.source_address()?).as_bytes()),
-            KeyPart::Header(name) => f(part, req.header(name)?),
+            KeyPart::Header(name) => f(part, present(req.header(name))?),
             KeyPart::Query(name) => {
                 let (_, query) = split_path(req.path()?);
-                f(part, query_param(query?, name)?.as_bytes())
+                f(part, present(query_param(query?, name).map(str::as_bytes))?)
             }
             KeyPart::Path => f(part, split_path(req.path()?).0.as_bytes()),
             KeyPart::Method => f(part, req.method()?.as_bytes()),
@@ -268,6 +275,13 @@ impl Attributes for FakeRequest {
 mod tests {
     use super::*;
     use crate::config::HeaderMatch;
+
+    impl FakeRequest {
+        fn header_value(mut self, name: &str, value: &str) -> FakeRequest {
+            self.headers.push((name.into(), value.as_bytes().to_vec()));
+            self
+        }
+    }
 
     fn req(addr: &str, path: &str) -> FakeRequest {
         FakeRequest {
@@ -412,6 +426,39 @@ mod tests {
         ours.write(b"10.0.0.1");
         std.write(b"10.0.0.1");
         assert_eq!(ours.finish(), std.finish());
+    }
+
+    #[test]
+    fn empty_values_count_as_absent() {
+        let m = |condition| Match {
+            headers: vec![HeaderMatch {
+                name: "x-k".into(),
+                condition,
+            }],
+            ..Match::default()
+        };
+        let parts = [KeyPart::Header("x-k".into())];
+        for value in ["", "  ", "\t"] {
+            let mut r = req("1.1.1.1:1", "/").header_value("x-k", value);
+            assert!(!matches(&m(HeaderCondition::Present(true)), &mut r));
+            assert!(matches(&m(HeaderCondition::Present(false)), &mut r));
+            assert_eq!(
+                client_key(Seed([1, 1]), 0, &parts, &mut r),
+                None,
+                "{value:?}"
+            );
+        }
+        let mut r = req("1.1.1.1:1", "/").header_value("x-k", "v");
+        assert!(matches(&m(HeaderCondition::Present(true)), &mut r));
+        let q = [KeyPart::Query("k".into())];
+        for path in ["/?k", "/?k=", "/?a=1&k=&b=2"] {
+            assert_eq!(
+                client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", path)),
+                None,
+                "{path}"
+            );
+        }
+        assert!(client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", "/?k=v")).is_some());
     }
 
     #[test]

@@ -390,12 +390,77 @@ fn memory_stays_bounded_under_many_keys() {
         "memory: +{first} B for the first 20k keys ({} B per tracked key at capacity 4096), +{second} B for the next 20k",
         first / 4096
     );
-    // The table is full after the first 20k (5× capacity): the second 20k adds (almost) nothing.
-    assert!(first < 4096 * 256, "table grew {first} B");
-    assert!(
-        second < first / 4,
-        "memory kept growing: +{first} then +{second}"
-    );
+    match common::build() {
+        // Shared-data entries are made as keys arrive: the table is full after the first 20k
+        // (5× capacity), and the second 20k adds (almost) nothing.
+        common::Build::Wasm => {
+            assert!(first < 4096 * 256, "table grew {first} B");
+            assert!(
+                second < first / 4,
+                "memory kept growing: +{first} then +{second}"
+            );
+        }
+        // The process table is allocated whole with the configuration: keys add nothing.
+        common::Build::Native => {
+            assert!(
+                first < 64 * 1024 && second < 64 * 1024,
+                "+{first}, +{second}"
+            );
+        }
+    }
     // ...and still limited after 40k other keys passed through its bucket's neighbourhood.
     assert_eq!(user(&mut c, "heavy").status, 429);
+}
+
+/// The native build's table costs its capacity up front: what one tracked key costs, measured
+/// as the difference between two configurations.
+#[test]
+fn native_table_memory_per_key() {
+    if common::build() != common::Build::Native {
+        eprintln!("native only: the wasm build's memory per key is measured above");
+        return;
+    }
+    let allocated = |capacity: u64| {
+        let envoy = Envoy::start(&format!(
+            r#"{{"capacity": {capacity}, "rules": [{{"name": "r", "rate_limit": {{"requests_per_unit": 5, "unit": "hour"}}}}]}}"#
+        ));
+        envoy.memory_allocated()
+    };
+    let (small, big) = (allocated(4_096), allocated(262_144));
+    let per_key = big.saturating_sub(small) / (262_144 - 4_096);
+    eprintln!("native table: {small} -> {big} B allocated, {per_key} B per key of capacity");
+    assert!((16..=64).contains(&per_key), "{per_key} B per key");
+}
+
+#[test]
+fn empty_values_count_as_absent_in_keys_and_matches() {
+    let config = r#"{"rules": [
+        {"name": "by-key", "key": ["header:x-k"], "rate_limit": {"requests_per_unit": 1, "unit": "hour"}},
+        {"name": "by-query", "key": ["query:u"], "rate_limit": {"requests_per_unit": 1, "unit": "hour"}},
+        {"name": "keyed-only", "match": {"headers": [{"name": "x-m", "present": true}]},
+         "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    // Empty header values, value-less query parameters: no rule applies, however many.
+    for _ in 0..3 {
+        let r = c
+            .send("GET", "/?u&v=1", &[("x-k", ""), ("x-m", "")])
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("ratelimit-policy"), None, "no rule applied");
+        let r = c.send("GET", "/?u=", &[("x-k", "  ")]).unwrap();
+        assert_eq!((r.status, r.header("ratelimit-policy")), (200, None));
+    }
+    // With values, each rule applies: one request each, then 429.
+    let with = |c: &mut Client| {
+        c.send("GET", "/?u=a", &[("x-k", "k"), ("x-m", "1")])
+            .unwrap()
+    };
+    let first = with(&mut c);
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"by-key\";q=1;w=3600, \"by-query\";q=1;w=3600, \"keyed-only\";q=1;w=3600")
+    );
+    assert_eq!(with(&mut c).status, 429);
 }

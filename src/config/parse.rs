@@ -657,9 +657,26 @@ impl Validator {
             }
         };
         let condition = match (map.get("value"), map.get("present")) {
-            (Some(value), None) => self
-                .string(value, &join(path, "value"))
-                .map(|s| HeaderCondition::Equals(s.to_string())),
+            (Some(value), None) => {
+                let p = join(path, "value");
+                match self.string(value, &p) {
+                    Some(s) if s.trim().is_empty() => {
+                        self.error(
+                            &p,
+                            "an empty value can never match: a header with an empty value counts as absent (use \"present\": false)",
+                        );
+                        None
+                    }
+                    Some(s) if s.trim() != s => {
+                        self.error(
+                            &p,
+                            format!("{s:?} can never match: Envoy strips the whitespace around header values"),
+                        );
+                        None
+                    }
+                    other => other.map(|s| HeaderCondition::Equals(s.to_string())),
+                }
+            }
             (None, Some(present)) => self
                 .boolean(present, &join(path, "present"))
                 .map(HeaderCondition::Present),
