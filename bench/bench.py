@@ -295,6 +295,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke test")
+    ap.add_argument("--only", help="comma-separated main variants: measure just those, print "
+                    "the table, write nothing (for development)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 2
@@ -333,6 +335,15 @@ def main():
     print(f"Envoy {envoy_version}; {args.rounds} rounds of {args.seconds} s, "
           f"{args.connections} connections; scratch {work}", flush=True)
     specs = [(name, filters) for name, filters, _ in variants]
+    if args.only:
+        keep = args.only.split(",")
+        runs = closed_loop(args.envoy, [s for s in specs if s[0] in keep], args.rounds, args, lua,
+                           work, label="variants")
+        first = runs[keep[0]]
+        for name, s in runs.items():
+            print(f"{name:14} {s['rps']:8.0f} rps  {s['cpu_us_per_req']:6.1f} µs/req  "
+                  f"× {keep[0]} {s['rps'] / first['rps']:.3f}")
+        return
     main_runs = closed_loop(args.envoy, specs, args.rounds, args, lua, work, label="variants")
 
     # The cost curve: number of matching rules, number of distinct client keys, both builds.

@@ -17,6 +17,7 @@ use crate::metrics::{Counter, Gauge};
 use crate::runtime::Runtime;
 use crate::store::Store;
 use crate::table;
+use smallvec::SmallVec;
 use std::fmt;
 use std::sync::PoisonError;
 
@@ -71,27 +72,15 @@ pub struct Held {
     pub(crate) rules: PerRule<(usize, bool)>,
 }
 
-/// Header fields to add to an upstream's response.
+/// What to add to an upstream's response: the verdicts its rate-limit fields report (written
+/// when the response comes, by [`Runtime::each_addition`]), and the headers the services of
+/// sync global rules asked to add.
 #[derive(Debug)]
 pub struct Additions {
-    fields: Fields,
-    /// Headers the services of sync global rules asked to add.
+    /// (rule index, verdict); empty when the configuration sends no fields on allowed
+    /// responses.
+    verdicts: SmallVec<[(usize, Verdict); 2]>,
     service: Vec<(String, String)>,
-}
-
-impl Additions {
-    /// Every field: (name, value, whether to append rather than replace). The IETF fields are
-    /// lists: an upstream's own policies stay beside ours. The others replace.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, bool)> {
-        self.service
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str(), false))
-            .chain(
-                self.fields
-                    .iter()
-                    .map(|(k, v)| (k, v, k.starts_with("ratelimit"))),
-            )
-    }
 }
 
 /// A local reply refusing a request.
@@ -227,7 +216,7 @@ impl<S: Store> Runtime<S> {
     pub fn finish(&self, host: &mut impl Host, p: Pending) -> Decision {
         // A failing clock reads as 0, which the algorithms clamp to each key's last time.
         let now = host.now_ms();
-        let mut reported: PerRule<(&str, Verdict)> = PerRule::new();
+        let mut reported: PerRule<(usize, Verdict)> = PerRule::new();
         let mut service = Vec::new();
         let mut refused = false;
         let mut held = Held::default();
@@ -246,7 +235,7 @@ impl<S: Store> Runtime<S> {
                         refused |= !rule.shadow;
                         self.refusal(host, q.rule, 0, &v, 1);
                     }
-                    reported.push((rule.name.as_str(), v));
+                    reported.push((q.rule, v));
                 }
                 Err(e) => {
                     self.metrics.add(q.rule, Counter::GlobalErrors, 1);
@@ -294,28 +283,22 @@ impl<S: Store> Runtime<S> {
                         }
                     }
                 }
-                reported.push((rule.name.as_str(), v));
+                reported.push((a.rule, v));
             }
         }
         let response = self.config.response;
         if !allowed {
-            return Decision::Reply(reply(response.status, response.headers, &reported, service));
+            let named = self.named(&reported);
+            return Decision::Reply(reply(response.status, response.headers, &named, service));
         }
-        let additions = (response.on_allowed && response.headers != HeaderStyle::None)
-            .then(|| headers::rate_limit_headers(response.headers, &reported, false))
-            .filter(|f| !f.is_empty())
-            .map(|fields| Additions {
-                fields,
-                service: Vec::new(),
-            });
-        let additions = match (additions, service.is_empty()) {
-            (a, true) => a,
-            (Some(a), false) => Some(Additions { service, ..a }),
-            (None, false) => Some(Additions {
-                fields: Fields::default(),
-                service,
-            }),
+        let fields = response.on_allowed && response.headers != HeaderStyle::None;
+        let verdicts = if fields {
+            reported.iter().copied().collect()
+        } else {
+            SmallVec::new()
         };
+        let additions = (!verdicts.is_empty() || !service.is_empty())
+            .then_some(Additions { verdicts, service });
         let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
@@ -345,6 +328,33 @@ impl<S: Store> Runtime<S> {
             self.metrics.add(rule, Counter::Abandoned, 1);
         }
         self.metrics.gauge(Gauge::DelayQueue, -1);
+    }
+
+    /// The verdicts with their rules' names.
+    fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<(&'a str, Verdict)> {
+        verdicts
+            .iter()
+            .filter_map(|&(i, v)| Some((self.config.rules.get(i)?.name.as_str(), v)))
+            .collect()
+    }
+
+    /// Every field to add to an admitted request's response: `emit(name, value, append)`, the
+    /// values written into `buf` (keep one per thread: nothing is allocated then). The
+    /// rate-limit fields are added, not replaced, as Envoy's own local rate limit filter does
+    /// (an upstream's own fields stay beside them; replacing costs a search of the response's
+    /// headers per field); the services' headers replace.
+    pub fn each_addition(
+        &self,
+        a: &Additions,
+        buf: &mut String,
+        mut emit: impl FnMut(&str, &str, bool),
+    ) {
+        for (k, v) in &a.service {
+            emit(k, v, false);
+        }
+        let named = self.named(&a.verdicts);
+        let style = self.config.response.headers;
+        headers::each_rate_limit_header(style, &named, false, buf, |k, v| emit(k, v, true));
     }
 
     /// Counts a request that went on at once.
@@ -513,11 +523,14 @@ mod tests {
         out
     }
 
-    fn fields(a: &Option<Additions>) -> Vec<(String, String, bool)> {
-        a.iter()
-            .flat_map(Additions::iter)
-            .map(|(k, v, append)| (k.to_string(), v.to_string(), append))
-            .collect()
+    fn fields(rt: &Runtime<MemoryStore>, a: &Option<Additions>) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        if let Some(a) = a {
+            rt.each_addition(a, &mut String::new(), |k, v, append| {
+                out.push((k.to_string(), v.to_string(), append))
+            });
+        }
+        out
     }
 
     const PER_CLIENT: &str = r#"{"rules": [{"name": "per-client", "key": ["remote_address"],
@@ -533,13 +546,13 @@ mod tests {
         // 1 of 2 used at 600 s (a window boundary): the whole quota is back once that request
         // has decayed out of the sliding window, 120 s on.
         assert_eq!(
-            fields(&a),
+            fields(&rt, &a),
             [
                 ("ratelimit-policy", "\"per-client\";q=2;w=60", true),
                 ("ratelimit", "\"per-client\";r=1;t=120", true),
-                ("x-ratelimit-limit", "2", false),
-                ("x-ratelimit-remaining", "1", false),
-                ("x-ratelimit-reset", "120", false),
+                ("x-ratelimit-limit", "2", true),
+                ("x-ratelimit-remaining", "1", true),
+                ("x-ratelimit-reset", "120", true),
             ]
             .map(|(k, v, a)| (k.to_string(), v.to_string(), a))
         );
@@ -704,7 +717,7 @@ mod tests {
         let Decision::Continue(a) = rt.finish(&mut host, p) else {
             panic!("refused")
         };
-        let f = fields(&a);
+        let f = fields(&rt, &a);
         assert_eq!(f[0], ("x-from-service".into(), "1".into(), false));
         assert!(f.contains(&(
             "ratelimit-policy".into(),

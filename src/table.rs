@@ -116,31 +116,12 @@ impl Slot {
         }
         let mut entries: [Option<(u64, State)>; WAYS] = Default::default();
         for (entry, raw) in entries.iter_mut().zip(rest.chunks_exact(ENTRY_LEN)) {
-            let (fp, rest) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
-            let (&tag, state) = rest.split_first().ok_or(Corrupt)?;
+            let (fp, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
             let fp = u64::from_le_bytes(*fp);
             if fp == 0 {
                 continue;
             }
-            let state = match tag {
-                TAG_SLIDING_WINDOW => state
-                    .get(..sliding_window::STATE_LEN)
-                    .and_then(sliding_window::State::decode)
-                    .map(State::SlidingWindow),
-                TAG_FIXED_WINDOW => state
-                    .get(..fixed_window::STATE_LEN)
-                    .and_then(fixed_window::State::decode)
-                    .map(State::FixedWindow),
-                TAG_GCRA => state
-                    .get(..gcra::STATE_LEN)
-                    .and_then(gcra::State::decode)
-                    .map(State::Gcra),
-                TAG_BLOCKED => state.first_chunk::<8>().map(|b| State::Blocked {
-                    until_ms: u64::from_le_bytes(*b),
-                }),
-                _ => None,
-            };
-            *entry = Some((fp, state.ok_or(Corrupt)?));
+            *entry = Some((fp, decode_state(tagged)?));
         }
         Ok(Slot::Bucket(entries))
     }
@@ -239,6 +220,74 @@ impl Slot {
             }
         }
     }
+}
+
+/// Decodes an entry's tag and state (the bytes after its fingerprint).
+fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
+    let (&tag, state) = tagged.split_first().ok_or(Corrupt)?;
+    let state = match tag {
+        TAG_SLIDING_WINDOW => state
+            .get(..sliding_window::STATE_LEN)
+            .and_then(sliding_window::State::decode)
+            .map(State::SlidingWindow),
+        TAG_FIXED_WINDOW => state
+            .get(..fixed_window::STATE_LEN)
+            .and_then(fixed_window::State::decode)
+            .map(State::FixedWindow),
+        TAG_GCRA => state
+            .get(..gcra::STATE_LEN)
+            .and_then(gcra::State::decode)
+            .map(State::Gcra),
+        TAG_BLOCKED => state.first_chunk::<8>().map(|b| State::Blocked {
+            until_ms: u64::from_le_bytes(*b),
+        }),
+        _ => None,
+    };
+    state.ok_or(Corrupt)
+}
+
+/// Looks a key up in a bucket's bytes without decoding the other entries: its entry's index
+/// and state, or `None` if the bucket does not hold it. The whole bucket is checked as
+/// [`Slot::decode`] checks it (version, length, every entry's tag), so a bucket this accepts is
+/// one `decode` accepts. Missing or empty bytes are an empty bucket.
+pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, Corrupt> {
+    let bytes = match bytes {
+        None | Some([]) => return Ok(None),
+        Some(b) => b,
+    };
+    let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
+    if version != VERSION || rest.len() != WAYS * ENTRY_LEN {
+        return Err(Corrupt);
+    }
+    let mut found = None;
+    for (i, raw) in rest.chunks_exact(ENTRY_LEN).enumerate() {
+        let (f, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
+        let f = u64::from_le_bytes(*f);
+        if f == 0 {
+            continue;
+        }
+        if f == fp && found.is_none() {
+            found = Some((i, decode_state(tagged)?));
+        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_BLOCKED))) {
+            return Err(Corrupt);
+        }
+    }
+    Ok(found)
+}
+
+/// Overwrites entry `i` of a bucket's bytes with `fp` and `state`, as [`Slot::encode`] writes
+/// it; false (nothing written) if there is no entry `i` or `state` is a sliding log.
+pub fn store_entry(bytes: &mut [u8; BUCKET_LEN], i: usize, fp: u64, state: &State) -> bool {
+    if matches!(state, State::SlidingLog(_)) {
+        return false;
+    }
+    let start = 1 + i * ENTRY_LEN;
+    let Some(raw) = bytes.get_mut(start..start + ENTRY_LEN) else {
+        return false;
+    };
+    raw.fill(0);
+    encode_entry(fp, state, raw);
+    true
 }
 
 fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {

@@ -13,6 +13,23 @@
 use super::codec::{Reader, Writer};
 use super::Verdict;
 
+/// `saturating_mul` without a 128-bit multiplication (a library call in wasm32) when both
+/// factors fit 32 bits, as they always do here but for absurd inputs.
+trait SatMul {
+    fn sat_mul(self, other: u64) -> u64;
+}
+
+impl SatMul for u64 {
+    #[inline]
+    fn sat_mul(self, other: u64) -> u64 {
+        if (self | other) >> 32 == 0 {
+            self * other
+        } else {
+            self.saturating_mul(other)
+        }
+    }
+}
+
 /// The stored state of one key: 20 bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
@@ -98,13 +115,13 @@ impl Window {
     /// The usage estimate scaled by `w`.
     fn scaled_usage(&self) -> u64 {
         self.previous
-            .saturating_mul(self.w - self.elapsed)
-            .saturating_add(self.current.saturating_mul(self.w))
+            .sat_mul(self.w - self.elapsed)
+            .saturating_add(self.current.sat_mul(self.w))
     }
 
     /// Whole requests left within `limit`, rounded down.
     fn remaining(&self, limit: u64) -> u64 {
-        let cap = limit.saturating_mul(self.w);
+        let cap = limit.sat_mul(self.w);
         cap.saturating_sub(self.scaled_usage()) / self.w
     }
 
@@ -119,7 +136,7 @@ impl Window {
         let wait = if cur.saturating_add(cost) <= limit {
             // Still in this window, once enough of `previous` has decayed: we need
             // prev × (w − e') ≤ (limit − cur − cost) × w.
-            match (limit - cur - cost).saturating_mul(w).checked_div(prev) {
+            match (limit - cur - cost).sat_mul(w).checked_div(prev) {
                 None => 0,
                 Some(k) if k >= w - e => 0,
                 Some(k) => w - k - e,
@@ -127,7 +144,7 @@ impl Window {
         } else {
             // In the next window `current` becomes the decaying previous count.
             let to_next = w - e;
-            match (limit - cost).saturating_mul(w).checked_div(cur) {
+            match (limit - cost).sat_mul(w).checked_div(cur) {
                 None => to_next,
                 Some(k) if k >= w => to_next,
                 Some(k) => to_next + (w - k),
@@ -147,10 +164,7 @@ pub fn decide(
     cost: u64,
 ) -> (Verdict, Option<State>) {
     let win = state.unwrap_or_default().at(now_ms, window_ms);
-    let allowed = win
-        .scaled_usage()
-        .saturating_add(cost.saturating_mul(win.w))
-        <= limit.saturating_mul(win.w);
+    let allowed = win.scaled_usage().saturating_add(cost.sat_mul(win.w)) <= limit.sat_mul(win.w);
     if !allowed {
         let remaining = win.remaining(limit);
         let verdict = Verdict {

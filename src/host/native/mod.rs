@@ -321,6 +321,8 @@ fn now_ms() -> u64 {
 }
 
 thread_local! {
+    /// The value of the response field being added, reused by every response of this worker.
+    static FIELD_VALUE: RefCell<String> = const { RefCell::new(String::new()) };
     /// Requests held by delay mode on this worker.
     static HELD: Cell<usize> = const { Cell::new(0) };
 }
@@ -384,7 +386,8 @@ struct Holding {
 #[derive(Default)]
 struct State {
     additions: Option<Additions>,
-    asking: Option<Asking>,
+    /// Boxed: only sync global rules ask, and the stream object stays small.
+    asking: Option<Box<Asking>>,
     holding: Option<Holding>,
 }
 
@@ -457,7 +460,7 @@ impl Filter {
             let decision = rt.finish(&mut NativeHost { stream: s }, pending);
             return self.carry_out(s, decision);
         }
-        self.state.borrow_mut().asking = Some(Asking { pending, calls });
+        self.state.borrow_mut().asking = Some(Box::new(Asking { pending, calls }));
         HeadersStatus::StopIteration
     }
 
@@ -575,9 +578,15 @@ impl Filter {
         let Some(additions) = self.state.borrow_mut().additions.take() else {
             return HeadersStatus::Continue;
         };
-        for (name, value, append) in additions.iter() {
-            s.response_header(name, value, append);
-        }
+        FIELD_VALUE.with(|buf| {
+            if let Ok(mut buf) = buf.try_borrow_mut() {
+                self.config
+                    .rt
+                    .each_addition(&additions, &mut buf, |name, value, append| {
+                        s.response_header(name, value, append)
+                    });
+            }
+        });
         HeadersStatus::Continue
     }
 

@@ -131,6 +131,7 @@ unsafe fn owned(ptr: *mut u8, size: usize) -> Option<Vec<u8>> {
 
 /// Writes a log line at `level`.
 pub fn log(level: Level, message: &str) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) })
 }
 
@@ -141,23 +142,26 @@ pub fn log(level: Level, message: &str) -> Result<(), Status> {
 /// see BENCHMARKS.md); the proxy-wasm call is the fallback.
 pub fn now_ms() -> Result<u64, Status> {
     if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        if let Ok(ms) = u64::try_from(d.as_millis()) {
-            return Ok(ms);
-        }
+        // Not `as_millis()`: its u128 arithmetic is a library call in wasm32.
+        return Ok(d.as_secs() * 1000 + u64::from(d.subsec_millis()));
     }
     let mut ns = 0u64;
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
     Ok(ns / 1_000_000)
 }
 
 /// Asks for `on_tick` every `ms` milliseconds on this VM's root context.
 pub fn set_tick_period(ms: u32) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
 fn buffer(kind: u32, size: usize) -> Result<Option<Vec<u8>>, Status> {
     let (mut ptr, mut len) = (null_mut(), 0usize);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     match check(unsafe { proxy_get_buffer_bytes(kind, 0, size, &mut ptr, &mut len) }) {
+        // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
@@ -179,7 +183,9 @@ pub fn grpc_response(size: usize) -> Result<Option<Vec<u8>>, Status> {
 /// The gRPC status of the call whose answer is being delivered.
 pub fn grpc_status() -> Result<u32, Status> {
     let (mut code, mut ptr, mut len) = (0u32, null_mut(), 0usize);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_get_status(&mut code, &mut ptr, &mut len) })?;
+    // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
     drop(unsafe { owned(ptr, len) });
     Ok(code)
 }
@@ -208,9 +214,11 @@ pub fn grpc_call(
 /// A header's value, as bytes.
 pub fn header(map: Map, name: &str) -> Result<Option<Vec<u8>>, Status> {
     let (mut ptr, mut len) = (null_mut(), 0usize);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     match check(unsafe {
         proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut ptr, &mut len)
     }) {
+        // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
@@ -219,6 +227,7 @@ pub fn header(map: Map, name: &str) -> Result<Option<Vec<u8>>, Status> {
 
 /// Adds a header line (keeps existing lines of the same name).
 pub fn add_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe {
         proxy_add_header_map_value(
             map as u32,
@@ -232,6 +241,7 @@ pub fn add_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
 
 /// Sets a header, replacing existing lines of the same name.
 pub fn replace_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe {
         proxy_replace_header_map_value(
             map as u32,
@@ -243,16 +253,14 @@ pub fn replace_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
     })
 }
 
-/// A property such as `["source", "address"]`.
-pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
-    let mut encoded = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
-    for part in path {
-        encoded.extend_from_slice(part.as_bytes());
-        encoded.push(0);
-    }
+/// A property by its encoded path, each part followed by a NUL: `b"source\0address\0"` (a
+/// constant, so reading one allocates nothing but the value).
+pub fn property(encoded: &[u8]) -> Result<Option<Vec<u8>>, Status> {
     let (mut ptr, mut len) = (null_mut(), 0usize);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     match check(unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut ptr, &mut len) })
     {
+        // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
@@ -262,9 +270,11 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 /// A shared-data value and its CAS; `(None, None)` for a key never written.
 pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
     let (mut ptr, mut len, mut cas) = (null_mut(), 0usize, 0u32);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     match check(unsafe {
         proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut len, &mut cas)
     }) {
+        // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
         Ok(()) => Ok((unsafe { owned(ptr, len) }, (cas != 0).then_some(cas))),
         Err(NOT_FOUND) => Ok((None, None)),
         Err(s) => Err(s),
@@ -273,6 +283,7 @@ pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
 
 /// Writes shared data if its CAS still equals `cas` (0: unconditionally).
 pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe {
         proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
     })
@@ -306,6 +317,7 @@ pub fn send_local_response(
     body: &[u8],
 ) -> Result<(), Status> {
     let map = serialize(headers);
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe {
         proxy_send_local_response(
             u32::from(status),
@@ -323,6 +335,7 @@ pub fn send_local_response(
 /// Defines (or finds) a counter by name.
 pub fn define_counter(name: &str) -> Result<u32, Status> {
     let mut id = 0u32;
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_define_metric(0, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
@@ -330,29 +343,34 @@ pub fn define_counter(name: &str) -> Result<u32, Status> {
 /// Defines (or finds) a gauge by name.
 pub fn define_gauge(name: &str) -> Result<u32, Status> {
     let mut id = 0u32;
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_define_metric(1, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
 /// Moves a gauge by `delta` (Envoy adds or subtracts; gauges are shared by all workers).
 pub fn gauge_add(id: u32, delta: i64) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_increment_metric(id, delta) })
 }
 
 /// Makes later host calls act on the stream `context_id` (from a root context's tick).
 /// `Err(BadArgument)` when that stream is gone.
 pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_set_effective_context(context_id) })
 }
 
 /// Resumes the paused request of the effective context.
 pub fn resume_request() -> Result<(), Status> {
     const HTTP_REQUEST: u32 = 0;
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_continue_stream(HTTP_REQUEST) })
 }
 
 /// Adds `n` (> 0) to a counter.
 pub fn increment(id: u32, n: u64) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX)) })
 }
 

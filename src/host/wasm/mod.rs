@@ -166,7 +166,7 @@ impl MetricIds {
     }
 }
 
-fn property_string(path: &[&str]) -> Option<String> {
+fn property_string(path: &[u8]) -> Option<String> {
     abi::property(path)
         .ok()
         .flatten()
@@ -214,6 +214,8 @@ impl Waiting {
 }
 
 thread_local! {
+    /// The value of the response field being added, reused by every response of this worker.
+    static FIELD_VALUE: RefCell<String> = const { RefCell::new(String::new()) };
     /// Requests held by delay mode on this worker.
     static WAITING: RefCell<Vec<Waiting>> = const { RefCell::new(Vec::new()) };
 }
@@ -252,8 +254,8 @@ impl Root {
         let config = Config::parse(&bytes).map_err(|e| e.to_string())?;
         // Istio sets no vm_id, so every plugin on a proxy shares one shared-data namespace:
         // keys carry the plugin's root id.
-        let root_id = property_string(&["plugin_root_id"]).unwrap_or_default();
-        let plugin = property_string(&["plugin_name"])
+        let root_id = property_string(b"plugin_root_id\0").unwrap_or_default();
+        let plugin = property_string(b"plugin_name\0")
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into());
         let prefix = format!("wasm-ratelimit/{root_id}/");
@@ -430,7 +432,7 @@ fn request_header_string(name: &str) -> Option<String> {
 impl Attributes for WasmHost {
     fn source_address(&mut self) -> Option<&str> {
         self.source
-            .get_or_insert_with(|| property_string(&["source", "address"]))
+            .get_or_insert_with(|| property_string(b"source\0address\0"))
             .as_deref()
     }
     fn path(&mut self) -> Option<&str> {
@@ -488,7 +490,8 @@ struct Asking {
 struct Request {
     id: u32,
     served: Option<Rc<Served>>,
-    asking: Option<Asking>,
+    /// Boxed: only sync global rules ask, and the stream context stays small.
+    asking: Option<Box<Asking>>,
     /// Fields to add to the upstream's response.
     additions: Option<Additions>,
     /// Whether this filter sent a local reply (which passes through our response hook too).
@@ -534,7 +537,7 @@ impl Request {
             } = asking;
             return self.carry_out(served, rt.finish(&mut host, pending));
         }
-        self.asking = Some(asking);
+        self.asking = Some(Box::new(asking));
         Action::Pause // on_grpc_call_response goes on
     }
 
@@ -606,7 +609,7 @@ impl Context for Request {
                 pending, mut host, ..
             }),
             Some(served),
-        ) = (self.asking.take(), self.served.clone())
+        ) = (self.asking.take().map(|a| *a), self.served.clone())
         else {
             return;
         };
@@ -645,16 +648,23 @@ impl HttpContext for Request {
         if self.local_reply {
             return Action::Continue; // our own reply already carries the fields
         }
-        let Some(additions) = self.additions.take() else {
+        let (Some(additions), Some(served)) = (self.additions.take(), self.served.as_ref()) else {
             return Action::Continue;
         };
-        for (name, value, append) in additions.iter() {
-            let _ = if append {
-                abi::add_header(Map::ResponseHeaders, name, value)
-            } else {
-                abi::replace_header(Map::ResponseHeaders, name, value)
+        FIELD_VALUE.with(|buf| {
+            let Ok(mut buf) = buf.try_borrow_mut() else {
+                return;
             };
-        }
+            served
+                .rt
+                .each_addition(&additions, &mut buf, |name, value, append| {
+                    let _ = if append {
+                        abi::add_header(Map::ResponseHeaders, name, value)
+                    } else {
+                        abi::replace_header(Map::ResponseHeaders, name, value)
+                    };
+                });
+        });
         Action::Continue
     }
 }
