@@ -173,7 +173,7 @@ fn delay_mode_spaces_requests_at_the_drain_rate() {
 }
 
 #[test]
-fn a_client_that_leaves_while_held_leaves_no_trace() {
+fn a_client_that_leaves_while_held_is_counted_as_abandoned() {
     // One per second, up to 5 s of waiting: the second request is held for about a second.
     let envoy = Envoy::start(&rule(
         "leaky_bucket",
@@ -199,4 +199,10 @@ fn a_client_that_leaves_while_held_leaves_no_trace() {
     let r = c.get("/").unwrap();
     assert_eq!(r.status, 200);
     assert!(!envoy.log().contains("panic"));
+    // Counted as what happened: two went on (the second after waiting), one was abandoned.
+    let m = |name, n| envoy.wait_stat(&common::metric(Some("r"), name), n);
+    assert_eq!(
+        (m("abandoned", 1), m("allowed", 2), m("delayed", 1)),
+        (Some(1), Some(2), Some(1))
+    );
 }

@@ -242,10 +242,15 @@ pub struct Refused {
 }
 
 fn spawn(yaml: &str, concurrency: u32) -> (Child, PathBuf, PathBuf) {
-    spawn_with(yaml, concurrency, &native_dir())
+    spawn_with(yaml, concurrency, &native_dir(), &[])
 }
 
-fn spawn_with(yaml: &str, concurrency: u32, module_dir: &Path) -> (Child, PathBuf, PathBuf) {
+fn spawn_with(
+    yaml: &str,
+    concurrency: u32,
+    module_dir: &Path,
+    extra: &[&str],
+) -> (Child, PathBuf, PathBuf) {
     let dir = scratch_dir();
     let cfg = dir.join("envoy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
@@ -262,6 +267,7 @@ fn spawn_with(yaml: &str, concurrency: u32, module_dir: &Path) -> (Child, PathBu
         .arg(&admin_file)
         .arg("--log-path")
         .arg(&log)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -288,7 +294,16 @@ impl Envoy {
 
     /// Starts Envoy with dynamic modules searched in `module_dir`.
     pub fn start_with_modules(yaml: &str, concurrency: u32, module_dir: &Path) -> Envoy {
-        let (mut child, admin_file, log) = spawn_with(yaml, concurrency, module_dir);
+        Envoy::start_full(yaml, concurrency, module_dir, &[])
+    }
+
+    /// Starts Envoy with more command-line arguments.
+    pub fn start_yaml_args(yaml: &str, extra: &[&str]) -> Envoy {
+        Envoy::start_full(yaml, 2, &native_dir(), extra)
+    }
+
+    fn start_full(yaml: &str, concurrency: u32, module_dir: &Path, extra: &[&str]) -> Envoy {
+        let (mut child, admin_file, log) = spawn_with(yaml, concurrency, module_dir, extra);
         let deadline = Instant::now() + Duration::from_secs(30);
         let admin: SocketAddr = loop {
             if let Ok(s) = std::fs::read_to_string(&admin_file) {
