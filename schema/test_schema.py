@@ -22,6 +22,8 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 NOT_EXPRESSIBLE = {
     "duplicate_name": "names must be unique across the items of an array",
     "cost_above_limit": "compares one field with another (cost against requests_per_unit/burst)",
+    "response_cost_reserve_above_limit": "compares one field with another (reserve against requests_per_unit/burst)",
+    "remote_address_twice": "two items of different forms (a string and an object) naming one key part",
     "empty": "not a JSON document",
     "invalid_json": "not a JSON document",
 }

@@ -37,6 +37,9 @@ pub struct Check {
     pub cost: u64,
     /// A shadow rule counts and reports but never refuses (not even by `failure_mode`).
     pub shadow: bool,
+    /// Decide whether the key has room for `cost` (a reserve), but count nothing: what the
+    /// request used is charged once its response is known ([`settle`]).
+    pub charge_later: bool,
 }
 
 impl Check {
@@ -54,6 +57,16 @@ impl Check {
             self.policy.decide(log.as_ref(), now_ms, cost)
         } else {
             self.policy.decide(self.state(slot), now_ms, cost)
+        }
+    }
+
+    /// What a rule charged later reports: if it admits, the quota left now (nothing is
+    /// counted yet), else its refusal.
+    fn reported(&self, verdict: Verdict, state: Option<&State>, now_ms: u64) -> Verdict {
+        if verdict.allowed {
+            self.policy.decide(state, now_ms, 0).0
+        } else {
+            verdict
         }
     }
 
@@ -216,10 +229,12 @@ fn decide_one(
                 return done(out, !fails_closed);
             }
         };
-        let (verdict, next) =
-            check
-                .policy
-                .decide(found.as_ref().map(|(_, s)| s), now_ms, check.cost);
+        let state = found.as_ref().map(|(_, s)| s);
+        let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
+        if check.charge_later {
+            out.verdict = Some(check.reported(verdict, state, now_ms));
+            return done(out, verdict.allowed || check.shadow);
+        }
         out.verdict = Some(verdict);
         if !verdict.allowed && !check.shadow {
             return done(out, false); // refused: nothing is written
@@ -288,8 +303,12 @@ fn decide_general(
                 w.before = check.current(&r.slot);
                 let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
-                out.verdict = Some(verdict);
-                w.pending = state.map(|s| (r, s));
+                if check.charge_later {
+                    out.verdict = Some(check.reported(verdict, w.before.as_ref(), now_ms));
+                } else {
+                    out.verdict = Some(verdict);
+                    w.pending = state.map(|s| (r, s));
+                }
             }
             Err(f) => {
                 refused |= failure_mode == FailureMode::Deny && !check.shadow;
@@ -366,6 +385,72 @@ fn decide_general(
     }
 }
 
+/// What an admitted request owes a rule once its response is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owed {
+    /// The usage the response reported (or the default, if it never did).
+    Charge(u64),
+    /// The in-flight slot taken at this time.
+    GiveBack {
+        /// When the slot was taken, ms since the epoch.
+        taken_ms: u64,
+    },
+}
+
+/// Settles what a request owes one rule's key in `slot` at `now_ms`: charges its usage, or
+/// gives its in-flight slot back. The outcome's verdict is the key's quota after a charge (for
+/// the response's fields); a give-back reports none. A key that was forgotten meanwhile is
+/// charged afresh; a slot whose key was forgotten is already free.
+pub fn settle(
+    store: &impl Store,
+    slot: u64,
+    fingerprint: u64,
+    policy: &Policy,
+    owed: Owed,
+    now_ms: u64,
+) -> RuleOutcome {
+    let mut out = RuleOutcome::default();
+    for _ in 0..MAX_ATTEMPTS {
+        let mut r = match read(store, slot) {
+            Ok(r) => r,
+            Err(f) => {
+                out.failure = Some(f);
+                return out;
+            }
+        };
+        let state = r.slot.find(fingerprint);
+        let next = match owed {
+            Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
+                out.verdict = Some(v);
+                s
+            }),
+            Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
+        };
+        let Some(next) = next else {
+            return out; // nothing to change
+        };
+        let placement = r.slot.put(fingerprint, next, now_ms);
+        if placement == Placement::Full {
+            out.failure = Some(Failure::NoRoom);
+            return out;
+        }
+        match store.write(slot, r.slot.encode().as_ref(), r.cas) {
+            Ok(()) => {
+                out.evicted = placement == Placement::Evicted;
+                out.filled = placement == Placement::Filled;
+                return out;
+            }
+            Err(StoreError::Conflict) => out.retries += 1,
+            Err(StoreError::Unavailable(e)) => {
+                out.failure = Some(Failure::Unavailable(e));
+                return out;
+            }
+        }
+    }
+    out.failure = Some(Failure::RetriesExhausted);
+    out
+}
+
 /// A refused request: rules that would have admitted it report the quota as it is without
 /// this request, which consumed nothing.
 fn refused_outcome(
@@ -432,6 +517,7 @@ mod tests {
             },
             cost: 1,
             shadow: false,
+            charge_later: false,
         }
     }
 
@@ -494,6 +580,7 @@ mod tests {
                     policy: policies[next(3) as usize],
                     cost: 1 + next(2),
                     shadow: next(5) == 0,
+                    charge_later: next(4) == 0,
                 };
                 if next(500) == 0 {
                     for s in [&fast, &general] {
@@ -708,6 +795,75 @@ mod tests {
         );
         assert!(decide(&mem, &checks, 0, FailureMode::Deny).allowed);
     }
+    #[test]
+    fn charged_later_counts_nothing_until_settled() {
+        let store = MemoryStore::new();
+        let later = Check {
+            cost: 4, // the reserve
+            charge_later: true,
+            ..check(0, 3, 10, MINUTE)
+        };
+        for _ in 0..5 {
+            let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+            assert!(o.allowed);
+            assert_eq!(o.rules[0].verdict.unwrap().remaining, 10, "nothing counted");
+        }
+        assert!(store.is_empty(), "nothing written");
+        // Charged 8: 2 left, less than the reserve of 4.
+        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
+        assert_eq!(out.verdict.unwrap().remaining, 2);
+        assert!(out.filled);
+        let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+        assert!(!o.allowed);
+        assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
+        // Over the limit: charged whatever it says.
+        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
+        assert_eq!(out.verdict.unwrap().remaining, 0);
+        assert_eq!(current(stored(&store, 0, 3)), 38);
+    }
+
+    #[test]
+    fn in_flight_slots_come_back_through_settle() {
+        let store = MemoryStore::new();
+        let flight = Check {
+            policy: Policy::InFlight {
+                max: 2,
+                lease_ms: MINUTE,
+            },
+            ..check(0, 3, 0, 0)
+        };
+        let take = |now| decide(&store, &[flight], now, FailureMode::Deny).allowed;
+        assert!(take(1_000) && take(1_001) && !take(1_002));
+        let back = settle(
+            &store,
+            0,
+            3,
+            &flight.policy,
+            Owed::GiveBack { taken_ms: 1_000 },
+            1_500,
+        );
+        assert_eq!((back.verdict, back.failure), (None, None));
+        assert!(take(1_600) && !take(1_601));
+        // A key the table forgot: nothing to give back, nothing written.
+        let other = settle(
+            &store,
+            1,
+            9,
+            &flight.policy,
+            Owed::GiveBack { taken_ms: 1_000 },
+            2_000,
+        );
+        assert_eq!(other, RuleOutcome::default());
+        assert!(store.read(1, |b, _| b.is_none()).unwrap());
+        // A refused request of two rules gives its slot back (the refund path).
+        let both = [flight, check(1, 5, 0, MINUTE)];
+        let store2 = MemoryStore::new();
+        for _ in 0..3 {
+            assert!(!decide(&store2, &both, 1_000, FailureMode::Deny).allowed);
+        }
+        assert!(decide(&store2, &[flight], 1_000, FailureMode::Deny).allowed);
+        assert!(decide(&store2, &[flight], 1_000, FailureMode::Deny).allowed);
+    }
 }
 
 #[cfg(test)]
@@ -727,6 +883,7 @@ mod blocked_tests {
             },
             cost: 1,
             shadow: false,
+            charge_later: false,
         };
         assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
         let (mut slot, cas) = store

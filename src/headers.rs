@@ -3,13 +3,26 @@
 //! IETF fields follow draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and
 //! `RateLimit` are structured-field Lists whose items are the policy names as sf-strings, with
 //! integer parameters `q` (quota), `w` (window, s), `r` (remaining) and `t` (seconds until more
-//! quota is available). Every applied rule is reported there; the X-RateLimit fields report the
-//! most restrictive one. Rule names are limited to `[A-Za-z0-9_.-]`, so they never need escaping
-//! inside an sf-string or a JSON string.
+//! quota is available), and the sf-string `qu` (quota unit) for a quota that does not count
+//! requests. A quota without a window (requests in flight) has neither `w` nor `t`. Every
+//! applied rule is reported there; the X-RateLimit fields report the most restrictive one. Rule
+//! names are limited to `[A-Za-z0-9_.-]` and quota units to `[a-z0-9-]`, so they never need
+//! escaping inside an sf-string or a JSON string.
 
-use crate::config::HeaderStyle;
+use crate::config::{HeaderStyle, CONCURRENT_REQUESTS};
 use crate::limiter::Verdict;
 use std::fmt::Write;
+
+/// What one rule reports of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report<'a> {
+    /// The rule's name.
+    pub name: &'a str,
+    /// Its quota unit (`qu`); `None` for requests.
+    pub unit: Option<&'a str>,
+    /// Its verdict.
+    pub verdict: Verdict,
+}
 
 /// Appends the decimal digits of `n`. `core::fmt` is several times slower than `itoa` inside
 /// Envoy's V8, and every allowed response formats five numbers.
@@ -27,11 +40,11 @@ pub fn ceil_seconds(ms: u64) -> u64 {
 
 /// The `Retry-After` value in seconds for a refused request: the latest retry time of the rules
 /// that refused it, at least 1.
-pub fn retry_after_seconds(rules: &[(&str, Verdict)]) -> u64 {
+pub fn retry_after_seconds(rules: &[Report]) -> u64 {
     rules
         .iter()
-        .filter(|(_, v)| !v.allowed)
-        .map(|(_, v)| ceil_seconds(v.retry_after_ms))
+        .filter(|r| !r.verdict.allowed)
+        .map(|r| ceil_seconds(r.verdict.retry_after_ms))
         .max()
         .unwrap_or(1)
         .max(1)
@@ -39,10 +52,11 @@ pub fn retry_after_seconds(rules: &[(&str, Verdict)]) -> u64 {
 
 /// The rule the X-RateLimit fields report: a refusing rule first, else the one with the least
 /// remaining quota, then the longest wait.
-pub fn most_restrictive<'a>(rules: &'a [(&'a str, Verdict)]) -> Option<&'a (&'a str, Verdict)> {
-    rules
-        .iter()
-        .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms))
+pub fn most_restrictive<'a>(rules: &'a [Report<'a>]) -> Option<&'a Report<'a>> {
+    rules.iter().min_by_key(|r| {
+        let v = &r.verdict;
+        (v.allowed, v.remaining, u64::MAX - v.reset_ms)
+    })
 }
 
 /// Up to six header fields whose values share one buffer: a single allocation per reply.
@@ -81,7 +95,7 @@ impl Fields {
 /// The rate-limit header fields for a response, collected (for a local reply). `limited` adds
 /// `X-RateLimit-Retry-After`; `Retry-After` itself is added by the caller of a limited reply
 /// whatever the style.
-pub fn rate_limit_headers(style: HeaderStyle, rules: &[(&str, Verdict)], limited: bool) -> Fields {
+pub fn rate_limit_headers(style: HeaderStyle, rules: &[Report], limited: bool) -> Fields {
     let mut out = Fields {
         buf: String::with_capacity(64 * rules.len() + 48),
         ..Fields::default()
@@ -99,7 +113,7 @@ pub fn rate_limit_headers(style: HeaderStyle, rules: &[(&str, Verdict)], limited
 /// path's code is cold in the CPU's caches at every request.
 pub fn each_rate_limit_header(
     style: HeaderStyle,
-    rules: &[(&str, Verdict)],
+    rules: &[Report],
     limited: bool,
     buf: &mut String,
     mut emit: impl FnMut(&'static str, &str),
@@ -109,34 +123,44 @@ pub fn each_rate_limit_header(
     }
     if style.ietf() {
         buf.clear();
-        for (i, (name, v)) in rules.iter().enumerate() {
+        for (i, r) in rules.iter().enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
             buf.push('"');
-            buf.push_str(name);
+            buf.push_str(r.name);
             buf.push_str("\";q=");
-            push_u64(buf, v.limit);
-            buf.push_str(";w=");
-            push_u64(buf, v.window_s);
+            push_u64(buf, r.verdict.limit);
+            if r.verdict.window_s > 0 {
+                buf.push_str(";w=");
+                push_u64(buf, r.verdict.window_s);
+            }
+            if let Some(unit) = r.unit {
+                buf.push_str(";qu=\"");
+                buf.push_str(unit);
+                buf.push('"');
+            }
         }
         emit("ratelimit-policy", buf);
         buf.clear();
-        for (i, (name, v)) in rules.iter().enumerate() {
+        for (i, r) in rules.iter().enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
             buf.push('"');
-            buf.push_str(name);
+            buf.push_str(r.name);
             buf.push_str("\";r=");
-            push_u64(buf, v.remaining);
-            buf.push_str(";t=");
-            push_u64(buf, ceil_seconds(v.reset_ms));
+            push_u64(buf, r.verdict.remaining);
+            if r.verdict.window_s > 0 {
+                buf.push_str(";t=");
+                push_u64(buf, ceil_seconds(r.verdict.reset_ms));
+            }
         }
         emit("ratelimit", buf);
     }
     if style.x_ratelimit() {
-        if let Some((_, v)) = most_restrictive(rules) {
+        if let Some(r) = most_restrictive(rules) {
+            let v = &r.verdict;
             let mut d = itoa::Buffer::new();
             emit("x-ratelimit-limit", d.format(v.limit));
             emit("x-ratelimit-remaining", d.format(v.remaining));
@@ -152,18 +176,29 @@ pub fn each_rate_limit_header(
 }
 
 /// The `application/problem+json` body of a limited reply.
-pub fn problem_body(status: u16, rules: &[(&str, Verdict)], retry_after_s: u64) -> String {
-    let refused: Vec<&(&str, Verdict)> = rules.iter().filter(|(_, v)| !v.allowed).collect();
+pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String {
+    let refused: Vec<&Report> = rules.iter().filter(|r| !r.verdict.allowed).collect();
     let mut names = String::new();
-    for (i, (name, _)) in refused.iter().enumerate() {
+    for (i, r) in refused.iter().enumerate() {
         let sep = if i == 0 { "" } else { "," };
-        let _ = write!(names, "{sep}\"{name}\"");
+        let _ = write!(names, "{sep}\"{}\"", r.name);
     }
     let detail = match refused.first() {
-        Some((name, v)) => format!(
-            "Rate limit \\\"{name}\\\" of {} requests per {} s exceeded; retry in {retry_after_s} s.",
-            v.limit, v.window_s
-        ),
+        Some(r) => {
+            let (name, v) = (r.name, &r.verdict);
+            match r.unit {
+                Some(CONCURRENT_REQUESTS) => format!(
+                    "Rate limit \\\"{name}\\\" of {} requests in flight exceeded; retry in {retry_after_s} s.",
+                    v.limit
+                ),
+                unit => format!(
+                    "Rate limit \\\"{name}\\\" of {} {} per {} s exceeded; retry in {retry_after_s} s.",
+                    v.limit,
+                    unit.unwrap_or("requests"),
+                    v.window_s
+                ),
+            }
+        }
         None => format!("The rate limiter could not decide; retry in {retry_after_s} s."),
     };
     format!(
@@ -175,6 +210,14 @@ pub fn problem_body(status: u16, rules: &[(&str, Verdict)], retry_after_s: u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn r(name: &str, verdict: Verdict) -> Report<'_> {
+        Report {
+            name,
+            unit: None,
+            verdict,
+        }
+    }
 
     fn v(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry: u64) -> Verdict {
         Verdict {
@@ -191,8 +234,8 @@ mod tests {
     #[test]
     fn ietf_and_x_fields_for_two_rules() {
         let rules = [
-            ("per-client", v(true, 100, 42, 16_200, 0)),
-            ("global", v(true, 1000, 7, 3_000, 0)),
+            r("per-client", v(true, 100, 42, 16_200, 0)),
+            r("global", v(true, 1000, 7, 3_000, 0)),
         ];
         let h = rate_limit_headers(HeaderStyle::Both, &rules, false);
         assert_eq!(
@@ -225,8 +268,8 @@ mod tests {
     #[test]
     fn limited_reply() {
         let rules = [
-            ("a", v(true, 100, 0, 1_000, 0)),
-            ("b", v(false, 5, 0, 41_001, 41_001)),
+            r("a", v(true, 100, 0, 1_000, 0)),
+            r("b", v(false, 5, 0, 41_001, 41_001)),
         ];
         assert_eq!(retry_after_seconds(&rules), 42);
         let h = rate_limit_headers(HeaderStyle::XRateLimit, &rules, true);
@@ -250,6 +293,60 @@ mod tests {
             "Rate limit \"b\" of 5 requests per 60 s exceeded; retry in 42 s."
         );
         // Never less than a second, even when the wait is shorter.
-        assert_eq!(retry_after_seconds(&[("c", v(false, 1, 0, 1, 1))]), 1);
+        assert_eq!(retry_after_seconds(&[r("c", v(false, 1, 0, 1, 1))]), 1);
+    }
+
+    #[test]
+    fn quota_units_and_requests_in_flight() {
+        let tokens = Report {
+            unit: Some("tokens"),
+            ..r("llm", v(true, 10_000, 6_000, 30_000, 0))
+        };
+        let flight = Report {
+            unit: Some(CONCURRENT_REQUESTS),
+            verdict: Verdict {
+                window_s: 0,
+                ..v(true, 10, 3, 0, 0)
+            },
+            name: "tenant",
+        };
+        let h = rate_limit_headers(HeaderStyle::Ietf, &[tokens, flight], false);
+        assert_eq!(
+            h.iter().collect::<Vec<_>>(),
+            vec![
+                (
+                    "ratelimit-policy",
+                    "\"llm\";q=10000;w=60;qu=\"tokens\", \"tenant\";q=10;qu=\"concurrent-requests\""
+                ),
+                ("ratelimit", "\"llm\";r=6000;t=30, \"tenant\";r=3"),
+            ]
+        );
+        let refused = Report {
+            verdict: Verdict {
+                allowed: false,
+                retry_after_ms: 1_000,
+                ..flight.verdict
+            },
+            ..flight
+        };
+        let body: serde_json::Value =
+            serde_json::from_str(&problem_body(429, &[refused], 1)).unwrap();
+        assert_eq!(
+            body["detail"],
+            "Rate limit \"tenant\" of 10 requests in flight exceeded; retry in 1 s."
+        );
+        let body: serde_json::Value = serde_json::from_str(&problem_body(
+            429,
+            &[Report {
+                verdict: v(false, 10_000, 0, 5_000, 5_000),
+                ..tokens
+            }],
+            5,
+        ))
+        .unwrap();
+        assert_eq!(
+            body["detail"],
+            "Rate limit \"llm\" of 10000 tokens per 60 s exceeded; retry in 5 s."
+        );
     }
 }

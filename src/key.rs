@@ -3,9 +3,10 @@
 //! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
-use crate::config::{HeaderCondition, KeyPart, Match};
+use crate::config::{HeaderCondition, KeyPart, Match, Prefixes};
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The 128-bit SipHash key of every client-key hash.
 ///
@@ -84,6 +85,85 @@ pub fn strip_port(address: &str) -> &str {
         // Exactly one colon: IPv4 with port. More colons would be a bare IPv6 address.
         Some((ip, port)) if !ip.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => ip,
         _ => address,
+    }
+}
+
+/// A client network in a key: `[4 or 6, prefix length, masked address bytes]`. It never starts
+/// with a printable byte, so it cannot be mistaken for an address as text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Network {
+    bytes: [u8; 18],
+    len: usize,
+}
+
+impl Network {
+    /// The bytes a key is made of.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&self.bytes)
+    }
+
+    /// Reads [`Network::as_bytes`] back; `None` for anything else (an address as text).
+    fn from_bytes(bytes: &[u8]) -> Option<IpNetwork> {
+        match bytes {
+            [4, prefix, a, b, c, d] => Some((IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)), *prefix)),
+            [6, prefix, rest @ ..] => {
+                let octets: [u8; 16] = rest.try_into().ok()?;
+                Some((IpAddr::V6(Ipv6Addr::from(octets)), *prefix))
+            }
+            _ => None,
+        }
+    }
+}
+
+type IpNetwork = (IpAddr, u8);
+
+/// Keeps the first `prefix` bits of `octets`.
+fn mask(octets: &mut [u8], prefix: u8) {
+    for (i, byte) in octets.iter_mut().enumerate() {
+        let keep = usize::from(prefix).saturating_sub(i * 8).min(8);
+        *byte &= !(0xffu8.checked_shr(keep as u32).unwrap_or(0));
+    }
+}
+
+/// The network an address (without its port) is keyed by, or `None` when the address is its
+/// own key: an IPv4 address keyed per address (as text, as keys have always been), or not an IP
+/// address at all (a pipe). IPv4 clients seen through an IPv6 socket (`::ffff:a.b.c.d`) are
+/// IPv4 clients.
+pub fn network(address: &str, prefixes: Prefixes) -> Option<Network> {
+    if !address.contains(':') && prefixes.v4 >= 32 {
+        return None; // the common case, without parsing
+    }
+    let ip: IpAddr = address.parse().ok()?;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    let mut out = Network {
+        bytes: [0; 18],
+        len: 0,
+    };
+    let (version, prefix, octets): (u8, u8, &[u8]) = match &ip {
+        IpAddr::V4(v4) => (4, prefixes.v4.min(32), &v4.octets()[..]),
+        IpAddr::V6(v6) => (6, prefixes.v6.min(128), &v6.octets()[..]),
+    };
+    let (head, body) = out.bytes.split_at_mut(2);
+    head.copy_from_slice(&[version, prefix]);
+    let body = body.get_mut(..octets.len())?;
+    body.copy_from_slice(octets);
+    mask(body, prefix);
+    out.len = 2 + octets.len();
+    Some(out)
+}
+
+/// A key part's value as a rate limit service sees it: a network as `a.b.c.0/24` or
+/// `2001:db8:1:2::/64` (a whole address without `/n`), anything else as it is.
+fn descriptor_value(value: &[u8]) -> Vec<u8> {
+    match Network::from_bytes(value) {
+        Some((ip @ IpAddr::V4(_), 32)) | Some((ip @ IpAddr::V6(_), 128)) => {
+            ip.to_string().into_bytes()
+        }
+        Some((ip, prefix)) => format!("{ip}/{prefix}").into_bytes(),
+        None => value.to_vec(),
     }
 }
 
@@ -182,7 +262,13 @@ pub fn visit_parts(
 ) -> Option<()> {
     for part in parts {
         match part {
-            KeyPart::RemoteAddress => f(part, strip_port(req.source_address()?).as_bytes()),
+            KeyPart::RemoteAddress(prefixes) => {
+                let address = strip_port(req.source_address()?);
+                match network(address, *prefixes) {
+                    Some(net) => f(part, net.as_bytes()),
+                    None => f(part, address.as_bytes()),
+                }
+            }
             KeyPart::Header(name) => f(part, present(req.header(name))?),
             KeyPart::Query(name) => {
                 let (_, query) = split_path(req.path()?);
@@ -230,7 +316,11 @@ pub fn descriptor_entries(
 ) -> Option<Descriptor> {
     let mut entries = vec![("rule".to_string(), rule.as_bytes().to_vec())];
     visit_parts(parts, req, |part, value| {
-        entries.push((part.to_string(), value.to_vec()))
+        let value = match part {
+            KeyPart::RemoteAddress(_) => descriptor_value(value),
+            _ => value.to_vec(),
+        };
+        entries.push((part.descriptor_key(), value))
     })?;
     Some(entries)
 }
@@ -274,7 +364,7 @@ impl Attributes for FakeRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HeaderMatch;
+    use crate::config::{HeaderMatch, DEFAULT_PREFIXES};
 
     impl FakeRequest {
         fn header_value(mut self, name: &str, value: &str) -> FakeRequest {
@@ -355,7 +445,10 @@ mod tests {
     #[test]
     fn keys_separate_clients_and_rules() {
         let seed = Seed([3, 4]);
-        let parts = [KeyPart::RemoteAddress, KeyPart::Header("x-api-key".into())];
+        let parts = [
+            KeyPart::RemoteAddress(DEFAULT_PREFIXES),
+            KeyPart::Header("x-api-key".into()),
+        ];
         let fp = rule_fingerprint(seed, "r", &parts, "sliding_window");
         let k = |r: &mut FakeRequest| client_key(seed, fp, &parts, r);
         // Same address, other port: same client.
@@ -410,7 +503,7 @@ mod tests {
 
     #[test]
     fn seeds_change_hashes_and_round_trip() {
-        let parts = [KeyPart::RemoteAddress];
+        let parts = [KeyPart::RemoteAddress(DEFAULT_PREFIXES)];
         let r = &mut req("10.0.0.1:1", "/");
         assert_ne!(
             client_key(Seed([1, 2]), 0, &parts, r),
@@ -485,5 +578,61 @@ mod tests {
         let mut post = req("1.1.1.1:1", "/");
         post.method = Some("POST".into());
         assert_ne!(one(KeyPart::Method, &mut post), one(KeyPart::Method, a));
+    }
+
+    #[test]
+    fn clients_are_keyed_by_network() {
+        let seed = Seed([7, 8]);
+        let key = |prefixes: Prefixes, addr: &str| {
+            let parts = [KeyPart::RemoteAddress(prefixes)];
+            client_key(seed, 1, &parts, &mut req(addr, "/"))
+        };
+        let d = DEFAULT_PREFIXES;
+        // IPv4 per address by default, IPv6 per /64.
+        assert_ne!(key(d, "10.1.2.3:1"), key(d, "10.1.2.4:1"));
+        assert_eq!(
+            key(d, "[2001:db8:1:2::1]:1"),
+            key(d, "[2001:db8:1:2:ffff::9]:7")
+        );
+        assert_ne!(key(d, "[2001:db8:1:2::1]:1"), key(d, "[2001:db8:1:3::1]:1"));
+        // /24 and /48.
+        let wide = Prefixes { v4: 24, v6: 48 };
+        assert_eq!(key(wide, "10.1.2.3:1"), key(wide, "10.1.2.250:9"));
+        assert_ne!(key(wide, "10.1.2.3:1"), key(wide, "10.1.3.3:1"));
+        assert_eq!(
+            key(wide, "[2001:db8:1:2::1]:1"),
+            key(wide, "[2001:db8:1:ff::1]:1")
+        );
+        assert_ne!(
+            key(wide, "[2001:db8:1::1]:1"),
+            key(wide, "[2001:db8:2::1]:1")
+        );
+        // Odd prefixes mask inside a byte.
+        let odd = Prefixes { v4: 23, v6: 127 };
+        assert_eq!(key(odd, "10.1.2.3:1"), key(odd, "10.1.3.3:1"));
+        assert_ne!(key(odd, "10.1.2.3:1"), key(odd, "10.1.4.3:1"));
+        assert_eq!(key(odd, "[::2]:1"), key(odd, "[::3]:1"));
+        assert_ne!(key(odd, "[::3]:1"), key(odd, "[::4]:1"));
+        // An IPv4 client on an IPv6 socket is an IPv4 client.
+        assert_eq!(key(wide, "[::ffff:10.1.2.3]:1"), key(wide, "10.1.2.9:1"));
+        // Not an IP address: the text is the key.
+        assert!(key(wide, "/tmp/envoy.sock").is_some());
+        // What a rate limit service is sent.
+        let sent = |prefixes: Prefixes, addr: &str| {
+            let parts = [KeyPart::RemoteAddress(prefixes)];
+            let e = descriptor_entries("r", &parts, &mut req(addr, "/")).unwrap();
+            (e[1].0.clone(), String::from_utf8(e[1].1.clone()).unwrap())
+        };
+        assert_eq!(
+            sent(d, "10.1.2.3:1"),
+            ("remote_address".into(), "10.1.2.3".into())
+        );
+        assert_eq!(sent(wide, "10.1.2.3:1").1, "10.1.2.0/24");
+        assert_eq!(sent(d, "[2001:db8:1:2:3::1]:1").1, "2001:db8:1:2::/64");
+        assert_eq!(
+            sent(Prefixes { v4: 32, v6: 128 }, "[2001:db8::1]:1").1,
+            "2001:db8::1"
+        );
+        assert_eq!(sent(d, "[::ffff:10.0.0.7]:5").1, "10.0.0.7");
     }
 }

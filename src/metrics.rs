@@ -29,11 +29,15 @@ pub enum Counter {
     GlobalErrors,
     /// Requests held by delay mode whose client went away before their turn.
     Abandoned,
+    /// Units charged after responses (a rule charged by its responses: tokens, bytes).
+    UsageCharged,
+    /// Responses that never reported their usage and were charged the rule's default.
+    UsageUnreported,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 10] = [
+    pub const ALL: [Counter; 12] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -44,6 +48,8 @@ impl Counter {
         Counter::ShadowLimited,
         Counter::GlobalErrors,
         Counter::Abandoned,
+        Counter::UsageCharged,
+        Counter::UsageUnreported,
     ];
 
     /// The name in the metric names.
@@ -59,6 +65,8 @@ impl Counter {
             Counter::ShadowLimited => "shadow_limited",
             Counter::GlobalErrors => "global_errors",
             Counter::Abandoned => "abandoned",
+            Counter::UsageCharged => "usage_charged",
+            Counter::UsageUnreported => "usage_unreported",
         }
     }
 }
@@ -70,17 +78,20 @@ pub enum Gauge {
     TrackedKeys,
     /// Requests held by delay mode right now.
     DelayQueue,
+    /// In-flight slots held right now (requests admitted by `in_flight` rules, not yet done).
+    InFlight,
 }
 
 impl Gauge {
     /// Every gauge, in the order of the accumulators.
-    pub const ALL: [Gauge; 2] = [Gauge::TrackedKeys, Gauge::DelayQueue];
+    pub const ALL: [Gauge; 3] = [Gauge::TrackedKeys, Gauge::DelayQueue, Gauge::InFlight];
 
     /// The name in the metric names.
     pub fn name(self) -> &'static str {
         match self {
             Gauge::TrackedKeys => "tracked_keys",
             Gauge::DelayQueue => "delay_queue",
+            Gauge::InFlight => "in_flight",
         }
     }
 }
@@ -98,7 +109,7 @@ pub fn name(plugin: &str, rule: Option<&str>, metric: &str) -> String {
 #[derive(Debug)]
 pub struct Metrics {
     counters: Box<[AtomicU64]>,
-    gauges: [AtomicI64; 2],
+    gauges: [AtomicI64; Gauge::ALL.len()],
 }
 
 impl Metrics {

@@ -4,13 +4,17 @@
 //! [`Runtime::start`] matches the rules, builds each client key and cost, and either decides at
 //! once or returns the questions for the services of sync global rules; once they are answered,
 //! [`Runtime::finish`] decides. A [`Decision`] says what the host must do: let the request go
-//! on (and add fields to the response), hold it until a time, or send a local reply. The host
-//! only reads attributes ([`Host`]), carries out the decision and provides the store.
+//! on (and add fields to the response), hold it until a time, or send a local reply. An
+//! admitted request leaves an [`Admitted`] for its response: [`Runtime::response_headers`]
+//! writes its fields, and what its rules are owed once the response is known (usage charged
+//! from the response, in-flight slots) is settled by [`Runtime::response_trailers`] and
+//! [`Runtime::settle`] as the response passes. The host only reads attributes ([`Host`],
+//! [`Response`]), carries out the decision and provides the store.
 
-use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel};
-use crate::engine::{self, Check, PerRule};
+use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel, Usage};
+use crate::engine::{self, Check, Owed, PerRule, RuleOutcome};
 use crate::global::{self, Answer, Question, Target};
-use crate::headers::{self, Fields};
+use crate::headers::{self, Fields, Report};
 use crate::key::{self, Attributes, Descriptor};
 use crate::limiter::{Policy, Verdict};
 use crate::metrics::{Counter, Gauge};
@@ -35,6 +39,13 @@ pub trait Host: Attributes {
     fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>);
 }
 
+/// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
+/// trailer in [`Runtime::response_trailers`].
+pub trait Response {
+    /// A field's value by lower-case name.
+    fn field(&mut self, name: &str) -> Option<&[u8]>;
+}
+
 /// What to do once a request's headers are in.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // boxing the common variant would allocate per request
@@ -49,15 +60,15 @@ pub enum Start {
 /// What the host does with a request.
 #[derive(Debug)]
 pub enum Decision {
-    /// Let it go on, adding these fields to the upstream's response (`None`: nothing to add).
-    Continue(Option<Additions>),
+    /// Let it go on, keeping what its response needs (`None`: nothing).
+    Continue(Option<Admitted>),
     /// Hold it until `until_ms` (delay mode), then let it go on and call
     /// [`Runtime::release`]; if its client goes away first, call [`Runtime::abandon`].
     Hold {
         /// When to let it go on, ms since the epoch.
         until_ms: u64,
-        /// The fields for the upstream's response.
-        additions: Option<Additions>,
+        /// What its response needs.
+        admitted: Option<Admitted>,
         /// What to count when it goes on or is abandoned.
         held: Held,
     },
@@ -72,15 +83,49 @@ pub struct Held {
     pub(crate) rules: PerRule<(usize, bool)>,
 }
 
-/// What to add to an upstream's response: the verdicts its rate-limit fields report (written
-/// when the response comes, by [`Runtime::each_addition`]), and the headers the services of
-/// sync global rules asked to add.
+/// What an admitted request leaves for its response: the verdicts its rate-limit fields report
+/// (written by [`Runtime::response_headers`]), the headers the services of sync global rules
+/// asked to add, and what its rules are owed once the response is known. The host keeps it
+/// until the stream ends and then hands it to [`Runtime::settle`].
 #[derive(Debug)]
-pub struct Additions {
+pub struct Admitted {
     /// (rule index, verdict); empty when the configuration sends no fields on allowed
     /// responses.
     verdicts: SmallVec<[(usize, Verdict); 2]>,
     service: Vec<(String, String)>,
+    /// Not settled yet.
+    owed: Vec<Debt>,
+    /// Response body bytes so far.
+    body_bytes: u64,
+}
+
+impl Admitted {
+    /// Counts response body bytes as they pass (nothing is buffered).
+    pub fn body(&mut self, bytes: u64) {
+        self.body_bytes = self.body_bytes.saturating_add(bytes);
+    }
+
+    /// Whether anything is still owed: the host must keep this until the stream ends.
+    pub fn owes(&self) -> bool {
+        !self.owed.is_empty()
+    }
+}
+
+/// What an admitted request owes one rule's key.
+#[derive(Clone, Copy, Debug)]
+struct Debt {
+    rule: usize,
+    slot: u64,
+    fingerprint: u64,
+    kind: DebtKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DebtKind {
+    /// The usage the response reports (the rule's [`config::Charge`] says where).
+    Usage,
+    /// The in-flight slot taken at this time, ms.
+    Slot(u64),
 }
 
 /// A local reply refusing a request.
@@ -163,6 +208,7 @@ impl<S: Store> Runtime<S> {
             let cost = match &rule.cost {
                 Cost::Fixed(n) => u64::from(*n),
                 Cost::Header(name) => config::parse_cost(host.header(name)),
+                Cost::Response(charge) => charge.admission(),
             };
             let descriptor = match &rule.global {
                 Some(_) => key::descriptor_entries(&rule.name, &rule.key, host),
@@ -195,6 +241,7 @@ impl<S: Store> Runtime<S> {
                 policy,
                 cost,
                 shadow: rule.shadow,
+                charge_later: rule.charge().is_some(),
             });
             p.applied.push(Applied {
                 rule: i,
@@ -247,19 +294,13 @@ impl<S: Store> Runtime<S> {
         let outcome = (!refused && !p.checks.is_empty())
             .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        let mut owed = Vec::new();
         if let Some(outcome) = &outcome {
             for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
                 let Some(rule) = self.config.rules.get(a.rule) else {
                     continue;
                 };
-                self.metrics
-                    .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
-                self.metrics
-                    .add(a.rule, Counter::SlotEvictions, u64::from(out.evicted));
-                if out.filled {
-                    self.metrics.gauge(Gauge::TrackedKeys, 1);
-                }
-                if let Some(failure) = &out.failure {
+                if let Some(failure) = self.store_work(a.rule, out) {
                     self.failed(host, a.rule, now, &format!("{failure:?}"));
                 }
                 let Some(v) = out.verdict else {
@@ -269,6 +310,22 @@ impl<S: Store> Runtime<S> {
                     self.refusal(host, a.rule, a.hash, &v, check.cost);
                 } else if allowed {
                     held.rules.push((a.rule, v.delay_ms > 0));
+                    let kind = match check.policy {
+                        Policy::InFlight { .. } => Some(DebtKind::Slot(now)),
+                        _ if check.charge_later => Some(DebtKind::Usage),
+                        _ => None,
+                    };
+                    if let Some(kind) = kind {
+                        if kind != DebtKind::Usage {
+                            self.metrics.gauge(Gauge::InFlight, 1);
+                        }
+                        owed.push(Debt {
+                            rule: a.rule,
+                            slot: check.slot,
+                            fingerprint: check.fingerprint,
+                            kind,
+                        });
+                    }
                     if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
                         if g.mode == GlobalMode::Async {
                             let target = Target {
@@ -297,19 +354,36 @@ impl<S: Store> Runtime<S> {
         } else {
             SmallVec::new()
         };
-        let additions = (!verdicts.is_empty() || !service.is_empty())
-            .then_some(Additions { verdicts, service });
+        let admitted =
+            (!verdicts.is_empty() || !service.is_empty() || !owed.is_empty()).then_some(Admitted {
+                verdicts,
+                service,
+                owed,
+                body_bytes: 0,
+            });
         let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
             return Decision::Hold {
                 until_ms: now.saturating_add(delay),
-                additions,
+                admitted,
                 held,
             };
         }
         self.release_counts(&held);
-        Decision::Continue(additions)
+        Decision::Continue(admitted)
+    }
+
+    /// Counts what the store did for a rule; returns why it could not decide, if it could not.
+    fn store_work<'o>(&self, rule: usize, out: &'o RuleOutcome) -> Option<&'o engine::Failure> {
+        self.metrics
+            .add(rule, Counter::StoreRetries, u64::from(out.retries));
+        self.metrics
+            .add(rule, Counter::SlotEvictions, u64::from(out.evicted));
+        if out.filled {
+            self.metrics.gauge(Gauge::TrackedKeys, 1);
+        }
+        out.failure.as_ref()
     }
 
     /// A held request went on: every rule it matched admitted it.
@@ -330,31 +404,132 @@ impl<S: Store> Runtime<S> {
         self.metrics.gauge(Gauge::DelayQueue, -1);
     }
 
-    /// The verdicts with their rules' names.
-    fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<(&'a str, Verdict)> {
+    /// The verdicts with their rules' names and quota units.
+    fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<Report<'a>> {
         verdicts
             .iter()
-            .filter_map(|&(i, v)| Some((self.config.rules.get(i)?.name.as_str(), v)))
+            .filter_map(|&(i, verdict)| {
+                let rule = self.config.rules.get(i)?;
+                Some(Report {
+                    name: &rule.name,
+                    unit: rule.quota_unit.as_deref(),
+                    verdict,
+                })
+            })
             .collect()
     }
 
-    /// Every field to add to an admitted request's response: `emit(name, value, append)`, the
-    /// values written into `buf` (keep one per thread: nothing is allocated then). The
-    /// rate-limit fields are added, not replaced, as Envoy's own local rate limit filter does
-    /// (an upstream's own fields stay beside them; replacing costs a search of the response's
-    /// headers per field); the services' headers replace.
-    pub fn each_addition(
+    /// The response's headers are in: charges the rules whose usage they report, then hands
+    /// every field to add to `emit(name, value, append)`, the values written into `buf` (keep
+    /// one per thread: nothing is allocated then). A rule charged here reports its quota after
+    /// the charge; one charged later (body, trailers) reports the quota as it was at admission.
+    /// The rate-limit fields are added, not replaced, as Envoy's own local rate limit filter
+    /// does (an upstream's own fields stay beside them; replacing costs a search of the
+    /// response's headers per field); the services' headers replace.
+    pub fn response_headers(
         &self,
-        a: &Additions,
+        a: &mut Admitted,
+        response: &mut impl Response,
+        now_ms: u64,
         buf: &mut String,
         mut emit: impl FnMut(&str, &str, bool),
     ) {
+        if !a.owed.is_empty() {
+            self.charge_reported(a, response, now_ms);
+        }
         for (k, v) in &a.service {
             emit(k, v, false);
         }
         let named = self.named(&a.verdicts);
         let style = self.config.response.headers;
         headers::each_rate_limit_header(style, &named, false, buf, |k, v| emit(k, v, true));
+    }
+
+    /// The response's trailers are in: charges the rules whose usage they report.
+    pub fn response_trailers(&self, a: &mut Admitted, trailers: &mut impl Response, now_ms: u64) {
+        if !a.owed.is_empty() {
+            self.charge_reported(a, trailers, now_ms);
+        }
+    }
+
+    /// The stream is over, however it ended: charges what is still owed (the body's bytes, or
+    /// the default for a response that never reported its usage) and gives the in-flight
+    /// slots back.
+    pub fn settle(&self, a: Admitted, now_ms: u64) {
+        for debt in &a.owed {
+            let owed = match (debt.kind, self.charge_of(debt.rule)) {
+                (DebtKind::Slot(taken_ms), _) => {
+                    self.metrics.gauge(Gauge::InFlight, -1);
+                    Owed::GiveBack { taken_ms }
+                }
+                (DebtKind::Usage, Some(Usage::BodyBytes)) => Owed::Charge(a.body_bytes),
+                (DebtKind::Usage, _) => {
+                    self.metrics.add(debt.rule, Counter::UsageUnreported, 1);
+                    let default = self.config.rules.get(debt.rule).and_then(|r| r.charge());
+                    Owed::Charge(default.map_or(1, |c| u64::from(c.default)))
+                }
+            };
+            self.pay(debt, owed, now_ms);
+        }
+    }
+
+    /// Charges the usage debts whose header `fields` carries, updating their verdicts.
+    fn charge_reported(&self, a: &mut Admitted, fields: &mut impl Response, now_ms: u64) {
+        let mut i = 0;
+        while let Some(debt) = a.owed.get(i).copied() {
+            let reported = match (debt.kind, self.charge_of(debt.rule)) {
+                (DebtKind::Usage, Some(Usage::Header(name))) => {
+                    fields.field(name).and_then(config::parse_usage)
+                }
+                _ => None,
+            };
+            let Some(usage) = reported else {
+                i += 1;
+                continue;
+            };
+            a.owed.swap_remove(i);
+            if let Some(v) = self.pay(&debt, Owed::Charge(usage), now_ms) {
+                if let Some(slot) = a.verdicts.iter_mut().find(|(r, _)| *r == debt.rule) {
+                    slot.1 = v;
+                }
+            }
+        }
+    }
+
+    /// Settles one debt in the store; the key's quota after a charge.
+    fn pay(&self, debt: &Debt, owed: Owed, now_ms: u64) -> Option<Verdict> {
+        let policy = &self.compiled.get(debt.rule)?.policy;
+        let out = engine::settle(
+            &self.store,
+            debt.slot,
+            debt.fingerprint,
+            policy,
+            owed,
+            now_ms,
+        );
+        if let Owed::Charge(n) = owed {
+            self.metrics.add(debt.rule, Counter::UsageCharged, n);
+        }
+        if let Some(failure) = self.store_work(debt.rule, &out) {
+            // The request went through already: what it owed is lost (failing open).
+            self.metrics.add(debt.rule, Counter::FailedOpen, 1);
+            if self.may_log_failure(now_ms) {
+                let name = self
+                    .config
+                    .rules
+                    .get(debt.rule)
+                    .map_or("", |r| r.name.as_str());
+                log::warn!(
+                    "rule {name} could not settle {owed:?} ({failure:?}): it is not counted"
+                );
+            }
+        }
+        out.verdict
+    }
+
+    /// Where a rule's usage comes from, if it is charged by its responses.
+    fn charge_of(&self, rule: usize) -> Option<&Usage> {
+        Some(&self.config.rules.get(rule)?.charge()?.usage)
     }
 
     /// Counts a request that went on at once.
@@ -415,7 +590,7 @@ impl<S: Store> Runtime<S> {
 fn reply(
     status: u16,
     style: HeaderStyle,
-    reported: &[(&str, Verdict)],
+    reported: &[Report],
     service: Vec<(String, String)>,
 ) -> Reply {
     let retry_after = headers::retry_after_seconds(reported);
@@ -440,7 +615,7 @@ mod tests {
     use crate::config::Config;
     use crate::key::{FakeRequest, Seed};
     use crate::metrics::Counter;
-    use crate::rls::{Code, DescriptorStatus, Response};
+    use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
     use crate::store::MemoryStore;
 
     /// A host made of plain fields: a request, a clock, a count of held requests, a log.
@@ -523,14 +698,49 @@ mod tests {
         out
     }
 
-    fn fields(rt: &Runtime<MemoryStore>, a: &Option<Additions>) -> Vec<(String, String, bool)> {
+    /// A response's header fields or trailers.
+    #[derive(Default)]
+    struct FakeResponse(Vec<(String, Vec<u8>)>);
+
+    impl FakeResponse {
+        fn with(name: &str, value: &str) -> FakeResponse {
+            FakeResponse(vec![(name.into(), value.as_bytes().to_vec())])
+        }
+    }
+
+    impl Response for FakeResponse {
+        fn field(&mut self, name: &str) -> Option<&[u8]> {
+            self.0
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice())
+        }
+    }
+
+    /// The fields the response gets, its headers being `response`.
+    fn respond(
+        rt: &Runtime<MemoryStore>,
+        a: &mut Option<Admitted>,
+        response: &mut FakeResponse,
+        now: u64,
+    ) -> Vec<(String, String, bool)> {
         let mut out = Vec::new();
         if let Some(a) = a {
-            rt.each_addition(a, &mut String::new(), |k, v, append| {
+            rt.response_headers(a, response, now, &mut String::new(), |k, v, append| {
                 out.push((k.to_string(), v.to_string(), append))
             });
         }
         out
+    }
+
+    fn fields(rt: &Runtime<MemoryStore>, a: &Option<Admitted>) -> Vec<(String, String, bool)> {
+        let mut a = a.as_ref().map(|a| Admitted {
+            verdicts: a.verdicts.clone(),
+            service: a.service.clone(),
+            owed: Vec::new(),
+            body_bytes: 0,
+        });
+        respond(rt, &mut a, &mut FakeResponse::default(), 0)
     }
 
     const PER_CLIENT: &str = r#"{"rules": [{"name": "per-client", "key": ["remote_address"],
@@ -669,7 +879,7 @@ mod tests {
         "failure_mode": "deny"}"#;
 
     fn ok(code: Code, remaining: u32) -> Answer {
-        Ok(Response {
+        Ok(RlsResponse {
             overall_code: code,
             statuses: vec![DescriptorStatus {
                 code,
@@ -801,5 +1011,201 @@ mod tests {
         assert_eq!(r.status, 429);
         assert!(r.body.contains("could not decide"));
         assert_eq!(r.headers().count(), 2);
+    }
+
+    const TOKENS: &str = r#"{"rules": [{"name": "llm", "key": ["header:x-api-key"],
+        "rate_limit": {"requests_per_unit": 10000, "unit": "minute"},
+        "cost": {"response": "header:x-usage-tokens", "reserve": 4000, "default": 500}}]}"#;
+
+    fn admitted(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Option<Admitted> {
+        match decided(rt, host) {
+            Decision::Continue(a) => a,
+            other => panic!("not admitted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn usage_is_charged_when_the_response_reports_it() {
+        let rt = runtime(TOKENS);
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-api-key", "k");
+        let now = host.now;
+        // Admitted while 4,000 tokens fit; nothing is counted yet.
+        let mut a = admitted(&rt, &mut host);
+        let mut b = admitted(&rt, &mut host);
+        // The upstream says the first used 5,000: charged at its headers, and its fields
+        // report the quota after the charge.
+        let f = respond(
+            &rt,
+            &mut a,
+            &mut FakeResponse::with("x-usage-tokens", "5000"),
+            now,
+        );
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"llm\";q=10000;w=60;qu=\"tokens\"".into(),
+            true
+        )));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "5000".into(), true)),
+            "{f:?}"
+        );
+        assert!(!a.as_ref().unwrap().owes());
+        // The second reports nothing in its headers but in its trailers: 3,000.
+        let f = respond(&rt, &mut b, &mut FakeResponse::default(), now);
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "10000".into(), true)),
+            "{f:?}"
+        );
+        let mut b = b.unwrap();
+        assert!(b.owes());
+        rt.response_trailers(
+            &mut b,
+            &mut FakeResponse::with("x-usage-tokens", " 3000 "),
+            now,
+        );
+        assert!(!b.owes());
+        rt.settle(b, now);
+        // 8,000 used: 2,000 left, less than the reserve: refused, with the exact wait (the
+        // usage must decay to 6,000).
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted without room for the reserve")
+        };
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "Rate limit \"llm\" of 10000 tokens per 60 s exceeded; retry in 75 s."
+        );
+        // Another key is not affected; a response that never says is charged the default.
+        let mut other = FakeHost::new("10.0.0.1", "/").header("x-api-key", "other");
+        let c = admitted(&rt, &mut other).unwrap();
+        rt.settle(c, now);
+        let counted = counts(&rt);
+        assert!(
+            counted.contains(&(0, Counter::UsageCharged, 8_500)),
+            "{counted:?}"
+        );
+        assert!(counted.contains(&(0, Counter::UsageUnreported, 1)));
+        assert!(counted.contains(&(0, Counter::Allowed, 3)));
+        assert!(counted.contains(&(0, Counter::Limited, 1)));
+        let f = fields(&rt, &admitted(&rt, &mut other));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "9500".into(), true)),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn a_key_over_its_limit_stays_refused_until_its_usage_decays() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "llm", "algorithm": "token_bucket", "burst": 1000,
+                "rate_limit": {"requests_per_unit": 1000, "unit": "second"},
+                "cost": {"response": "header:x-usage-tokens"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let now = host.now;
+        let mut a = admitted(&rt, &mut host);
+        respond(
+            &rt,
+            &mut a,
+            &mut FakeResponse::with("x-usage-tokens", "3000"),
+            now,
+        );
+        // 2,000 over: refused for 2 s (and one token's worth), then admitted again.
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        assert!(r.headers().any(|h| h == ("retry-after", "3")), "{r:?}");
+        host.now = now + 2_000;
+        assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
+        host.now = now + 2_001;
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+    }
+
+    #[test]
+    fn body_bytes_are_counted_as_they_pass_and_charged_at_the_end() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "dl", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 1000, "unit": "day"},
+                "cost": {"response": "body_bytes"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let now = host.now;
+        let mut a = admitted(&rt, &mut host);
+        let f = respond(&rt, &mut a, &mut FakeResponse::default(), now);
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"dl\";q=1000;w=86400;qu=\"content-bytes\"".into(),
+            true
+        )));
+        let mut a = a.unwrap();
+        for chunk in [400, 300, 200] {
+            a.body(chunk);
+        }
+        rt.settle(a, now);
+        let f = fields(&rt, &admitted(&rt, &mut host));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "100".into(), true)),
+            "{f:?}"
+        );
+        assert!(counts(&rt).contains(&(0, Counter::UsageCharged, 900)));
+    }
+
+    #[test]
+    fn in_flight_slots_are_taken_and_given_back() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "tenant", "key": ["header:x-tenant"],
+                "in_flight": {"max": 2}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "t");
+        let now = host.now;
+        let a = admitted(&rt, &mut host).unwrap();
+        let b = admitted(&rt, &mut host).unwrap();
+        assert!(a.owes() && b.owes());
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("a third in flight")
+        };
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert!(headers.contains(&("retry-after", "1")));
+        assert!(headers.contains(&(
+            "ratelimit-policy",
+            "\"tenant\";q=2;qu=\"concurrent-requests\""
+        )));
+        assert!(headers.contains(&("ratelimit", "\"tenant\";r=0")));
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert!(gauges.contains(&(Gauge::InFlight, 2)));
+        // One ends: a slot is free again, at once.
+        rt.settle(a, now + 5);
+        let c = admitted(&rt, &mut host).unwrap();
+        assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
+        rt.settle(b, now + 6);
+        rt.settle(c, now + 7);
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert!(gauges.contains(&(Gauge::InFlight, -2)), "{gauges:?}");
+        for _ in 0..2 {
+            assert!(admitted(&rt, &mut host).is_some());
+        }
+    }
+
+    #[test]
+    fn a_request_refused_by_another_rule_takes_no_slot() {
+        let rt = runtime(
+            r#"{"rules": [
+                {"name": "flight", "in_flight": {"max": 5}},
+                {"name": "rate", "match": {"path": "/limited"},
+                 "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut limited = FakeHost::new("10.0.0.1", "/limited");
+        let a = admitted(&rt, &mut limited).unwrap();
+        for _ in 0..10 {
+            assert!(matches!(decided(&rt, &mut limited), Decision::Reply(_)));
+        }
+        rt.settle(a, limited.now);
+        // All five slots are free: the refused requests took none.
+        let mut other = FakeHost::new("10.0.0.1", "/other");
+        let held: Vec<Admitted> = (0..5).filter_map(|_| admitted(&rt, &mut other)).collect();
+        assert_eq!(held.len(), 5);
+        assert!(matches!(decided(&rt, &mut other), Decision::Reply(_)));
     }
 }

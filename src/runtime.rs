@@ -49,7 +49,7 @@ impl<S: Store> Runtime<S> {
                     seed,
                     &rule.name,
                     &rule.key,
-                    rule.algorithm.name(),
+                    rule.limit.algorithm_name(),
                 ),
                 policy: rule.policy(),
             })

@@ -10,7 +10,7 @@
 //! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 
-use crate::limiter::{fixed_window, gcra, sliding_log, sliding_window, State};
+use crate::limiter::{fixed_window, gcra, in_flight, sliding_log, sliding_window, State};
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
@@ -31,6 +31,7 @@ const TAG_SLIDING_WINDOW: u8 = 1;
 const TAG_FIXED_WINDOW: u8 = 2;
 const TAG_GCRA: u8 = 3;
 const TAG_BLOCKED: u8 = 4;
+const TAG_IN_FLIGHT: u8 = 5;
 
 /// The number of buckets for a configured capacity (rounded up).
 pub fn buckets_for(capacity: u32) -> u32 {
@@ -241,6 +242,10 @@ fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
         TAG_BLOCKED => state.first_chunk::<8>().map(|b| State::Blocked {
             until_ms: u64::from_le_bytes(*b),
         }),
+        TAG_IN_FLIGHT => state
+            .get(..in_flight::STATE_LEN)
+            .and_then(in_flight::State::decode)
+            .map(State::InFlight),
         _ => None,
     };
     state.ok_or(Corrupt)
@@ -268,7 +273,7 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
         }
         if f == fp && found.is_none() {
             found = Some((i, decode_state(tagged)?));
-        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_BLOCKED))) {
+        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_IN_FLIGHT))) {
             return Err(Corrupt);
         }
     }
@@ -301,6 +306,7 @@ fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
         State::FixedWindow(s) => (TAG_FIXED_WINDOW, &s.encode()),
         State::Gcra(s) => (TAG_GCRA, &s.encode()),
         State::Blocked { until_ms } => (TAG_BLOCKED, &until_ms.to_le_bytes()),
+        State::InFlight(s) => (TAG_IN_FLIGHT, &s.encode()),
         State::SlidingLog(_) => return,
     };
     *tag = t;

@@ -8,9 +8,9 @@ mod common;
 
 use common::Rng;
 use std::time::{Duration, Instant};
-use wasm_ratelimit::config::{Config, KeyPart, Match};
+use wasm_ratelimit::config::{Config, KeyPart, Match, Prefixes};
 use wasm_ratelimit::key::Seed;
-use wasm_ratelimit::key::{client_key, matches, FakeRequest};
+use wasm_ratelimit::key::{client_key, descriptor_entries, matches, FakeRequest};
 use wasm_ratelimit::limiter::{gcra, Policy};
 use wasm_ratelimit::table::{Slot, LOG_SLOTS};
 
@@ -126,7 +126,7 @@ fn config_parser_takes_any_bytes() {
 fn key_builder_takes_any_header_bytes() {
     let seed = Seed([1, 2]);
     let parts = [
-        KeyPart::RemoteAddress,
+        KeyPart::RemoteAddress(Prefixes { v4: 23, v6: 57 }),
         KeyPart::Header("x-api-key".into()),
         KeyPart::Query("u".into()),
         KeyPart::Path,
@@ -142,8 +142,34 @@ fn key_builder_takes_any_header_bytes() {
         |rng, _| {
             let text = |rng: &mut Rng, max| String::from_utf8_lossy(&rng.bytes(max)).into_owned();
             let huge = rng.below(50) == 0;
+            // Addresses: random text, or IPv4 / IPv6 (with or without a port), some malformed.
+            let address = match rng.below(4) {
+                0 => text(rng, 60),
+                1 => format!(
+                    "{}.{}.{}.{}:{}",
+                    rng.below(300),
+                    rng.below(256),
+                    rng.below(256),
+                    rng.below(256),
+                    rng.below(70_000)
+                ),
+                2 => format!(
+                    "[{:x}:{:x}::{:x}]:{}",
+                    rng.below(1 << 17),
+                    rng.below(1 << 16),
+                    rng.below(1 << 16),
+                    rng.below(9)
+                ),
+                _ => format!(
+                    "::ffff:{}.{}.{}.{}",
+                    rng.below(256),
+                    rng.below(256),
+                    rng.below(256),
+                    rng.below(256)
+                ),
+            };
             let mut req = FakeRequest {
-                source_address: Some(text(rng, 60)),
+                source_address: Some(address),
                 path: Some(format!("/{}?u={}", text(rng, 50), text(rng, 20))),
                 method: Some(text(rng, 8)),
                 authority: Some(text(rng, if huge { 100_000 } else { 40 })),
@@ -161,6 +187,7 @@ fn key_builder_takes_any_header_bytes() {
             }
             let _ = matches(matcher, &mut req);
             let _ = client_key(seed, 7, &parts, &mut req);
+            let _ = descriptor_entries("r", &parts, &mut req);
         },
     );
 }

@@ -83,6 +83,26 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
             "rules[0].cost.zzz",
             &d["rule"]["properties"]["cost"]["oneOf"][1]["properties"],
         ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "cost": {{"response": "body_bytes", "zzz": 1}}}}]}}"#),
+            "rules[0].cost.zzz",
+            &d["rule"]["properties"]["cost"]["oneOf"][2]["properties"],
+        ),
+        (
+            r#"{"rules": [{"name": "a", "in_flight": {"max": 1, "zzz": 1}}]}"#.to_string(),
+            "rules[0].in_flight.zzz",
+            &d["rule"]["properties"]["in_flight"]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "key": [{{"remote_address": {{"zzz": 1}}}}]}}]}}"#),
+            "rules[0].key[0].remote_address.zzz",
+            &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"]["remote_address"]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "key": [{{"zzz": 1}}]}}]}}"#),
+            "rules[0].key[0].zzz",
+            &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"],
+        ),
     ];
     for (config, path, properties) in cases {
         assert_eq!(expected_list(&config, path), keys(properties), "{path}");

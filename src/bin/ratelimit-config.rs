@@ -17,7 +17,8 @@ fn main() {
 mod cli {
     use std::io::Read;
     use wasm_ratelimit::config::{
-        Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Match, Rule,
+        Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Limit, Match, Rule,
+        Usage,
     };
     use wasm_ratelimit::manifest::plugin_configs;
 
@@ -102,12 +103,10 @@ mod cli {
         );
         for r in &c.rules {
             out.push_str(&format!(
-                "  rule {}{}: {} per {} ({}), key [{}], match {}{}\n",
+                "  rule {}{}: {}, key [{}], match {}{}\n",
                 r.name,
                 if r.shadow { " (shadow)" } else { "" },
-                r.quota.requests_per_unit,
-                r.quota.unit.name(),
-                algorithm(r),
+                limit(r),
                 r.key
                     .iter()
                     .map(ToString::to_string)
@@ -118,6 +117,18 @@ mod cli {
                     Cost::Fixed(1) => String::new(),
                     Cost::Fixed(n) => format!(", cost {n}"),
                     Cost::Header(h) => format!(", cost from header {h}"),
+                    Cost::Response(c) => format!(
+                        ", charged after the response from {} (reserve {}{})",
+                        match &c.usage {
+                            Usage::Header(h) => format!("header or trailer {h}"),
+                            Usage::BodyBytes => "its body bytes".into(),
+                        },
+                        c.reserve,
+                        match c.usage {
+                            Usage::Header(_) => format!(", default {}", c.default),
+                            Usage::BodyBytes => String::new(),
+                        }
+                    ),
                 },
             ));
             if let Some(g) = &r.global {
@@ -140,8 +151,14 @@ mod cli {
         out
     }
 
-    fn algorithm(r: &Rule) -> String {
-        match r.algorithm {
+    fn limit(r: &Rule) -> String {
+        let (quota, algorithm) = match r.limit {
+            Limit::Rate { quota, algorithm } => (quota, algorithm),
+            Limit::InFlight { max, lease_ms } => {
+                return format!("{max} in flight (lease {} s)", lease_ms / 1000)
+            }
+        };
+        let algorithm = match algorithm {
             Algorithm::TokenBucket { burst } => format!("token_bucket, burst {burst}"),
             Algorithm::LeakyBucket {
                 burst,
@@ -149,7 +166,15 @@ mod cli {
             } => format!("leaky_bucket, burst {burst}, delay up to {d} ms"),
             Algorithm::LeakyBucket { burst, .. } => format!("leaky_bucket, burst {burst}"),
             other => other.name().to_string(),
-        }
+        };
+        format!(
+            "{} {}per {} ({algorithm})",
+            quota.requests_per_unit,
+            r.quota_unit
+                .as_deref()
+                .map_or(String::new(), |u| format!("{u} ")),
+            quota.unit.name(),
+        )
     }
 
     fn matcher(m: &Match) -> String {

@@ -51,17 +51,68 @@ pub struct Rule {
     pub matcher: Match,
     /// The parts joined into the client key; empty means one counter for the whole rule.
     pub key: Vec<KeyPart>,
-    /// How many requests per unit of time one key may make.
-    pub quota: Quota,
-    /// How the quota is enforced.
-    pub algorithm: Algorithm,
+    /// What the rule limits, and how.
+    pub limit: Limit,
     /// What one request costs.
     pub cost: Cost,
+    /// What the quota counts, as the `qu` of `RateLimit-Policy`; `None` for requests.
+    pub quota_unit: Option<String>,
     /// Count and report, but never refuse (a soft rollout).
     pub shadow: bool,
     /// A rate limit service shared by many Envoys, if the rule is global.
     pub global: Option<Global>,
 }
+
+/// What a rule limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// A quota per unit of time, enforced by an algorithm (`rate_limit`).
+    Rate {
+        /// How much per unit of time one key may use.
+        quota: Quota,
+        /// How the quota is enforced.
+        algorithm: Algorithm,
+    },
+    /// Requests in flight at once (`in_flight`).
+    InFlight {
+        /// At most this many.
+        max: u32,
+        /// A slot never given back is freed between one and two leases after it was taken, ms.
+        lease_ms: u32,
+    },
+}
+
+impl Limit {
+    /// The algorithm's name (part of the rule's identity across reloads).
+    pub fn algorithm_name(&self) -> &'static str {
+        match self {
+            Limit::Rate { algorithm, .. } => algorithm.name(),
+            Limit::InFlight { .. } => "in_flight",
+        }
+    }
+
+    /// The most one request can ever be admitted for: a fixed cost or a reserve above it can
+    /// never pass.
+    pub fn capacity(&self) -> u32 {
+        match *self {
+            Limit::Rate {
+                algorithm: Algorithm::TokenBucket { burst } | Algorithm::LeakyBucket { burst, .. },
+                ..
+            } => burst,
+            Limit::Rate { quota, .. } => quota.requests_per_unit,
+            Limit::InFlight { max, .. } => max,
+        }
+    }
+}
+
+/// The quota unit of a rule charged by its responses' body bytes (the draft's registry).
+pub const CONTENT_BYTES: &str = "content-bytes";
+/// The quota unit of an `in_flight` rule (the draft's registry).
+pub const CONCURRENT_REQUESTS: &str = "concurrent-requests";
+/// The quota unit of a rule charged by a response header, unless configured otherwise.
+pub const DEFAULT_USAGE_UNIT: &str = "tokens";
+/// The default lease of an in-flight slot, s.
+pub const DEFAULT_LEASE_S: u64 = 300;
 
 /// A rule's global backend: Envoy's rate limit service protocol over a gRPC cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +187,37 @@ pub enum Cost {
     /// The value of this request header (lower-case name), set by a trusted upstream filter; a
     /// missing or invalid value costs 1.
     Header(String),
+    /// What the response says it used, charged once it is known: the request is admitted
+    /// while the key's usage leaves room for `reserve` (at least 1).
+    Response(Charge),
+}
+
+/// A cost known only from the response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Charge {
+    /// Where the usage comes from.
+    pub usage: Usage,
+    /// Room a key must have left to be admitted (at least 1 is always required).
+    pub reserve: u32,
+    /// What a response that never reports its usage is charged.
+    pub default: u32,
+}
+
+impl Charge {
+    /// What admission asks of the key's quota.
+    pub fn admission(&self) -> u64 {
+        u64::from(self.reserve.max(1))
+    }
+}
+
+/// Where a response's usage comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Usage {
+    /// A response header of this (lower-case) name, or the trailer of that name if the
+    /// headers do not carry it.
+    Header(String),
+    /// The response body's bytes, counted as they pass.
+    BodyBytes,
 }
 
 /// The longest `max_delay_ms` accepted.
@@ -144,9 +226,18 @@ pub const MAX_DELAY_MS: u64 = 60_000;
 impl Rule {
     /// The algorithm and its numbers, as the limiter needs them.
     pub fn policy(&self) -> Policy {
-        let limit = u64::from(self.quota.requests_per_unit);
-        let window_ms = self.quota.window_ms();
-        match self.algorithm {
+        let (quota, algorithm) = match self.limit {
+            Limit::Rate { quota, algorithm } => (quota, algorithm),
+            Limit::InFlight { max, lease_ms } => {
+                return Policy::InFlight {
+                    max: u64::from(max),
+                    lease_ms: u64::from(lease_ms),
+                }
+            }
+        };
+        let limit = u64::from(quota.requests_per_unit);
+        let window_ms = quota.window_ms();
+        match algorithm {
             Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
             Algorithm::FixedWindow => Policy::FixedWindow { limit, window_ms },
             Algorithm::SlidingLog => Policy::SlidingLog { limit, window_ms },
@@ -167,6 +258,14 @@ impl Rule {
             }),
         }
     }
+
+    /// The charge taken from the response, if the rule's cost comes from it.
+    pub fn charge(&self) -> Option<&Charge> {
+        match &self.cost {
+            Cost::Response(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 /// Parses a cost header's value: a decimal integer up to `u32::MAX`, else 1.
@@ -175,6 +274,12 @@ pub fn parse_cost(value: Option<&[u8]>) -> u64 {
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.trim().parse::<u32>().ok())
         .map_or(1, u64::from)
+}
+
+/// Parses a usage a response reports: a decimal integer (whitespace around it is ignored);
+/// anything else is `None` (not reported).
+pub fn parse_usage(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 /// Conditions a request must all meet for a rule to apply. The default matches every request.
@@ -211,11 +316,25 @@ pub enum HeaderCondition {
     Present(bool),
 }
 
+/// How a client address is aggregated into a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefixes {
+    /// Clients of one IPv4 network of this prefix length share a key (32: each address).
+    pub v4: u8,
+    /// Clients of one IPv6 network of this prefix length share a key.
+    pub v6: u8,
+}
+
+/// IPv4 clients are keyed per address, IPv6 clients per /64 (what one subscriber usually
+/// holds: keying per address would let a client walk around its limit).
+pub const DEFAULT_PREFIXES: Prefixes = Prefixes { v4: 32, v6: 64 };
+
 /// One part of a client key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyPart {
-    /// The downstream address without the port (Envoy's `source.address`).
-    RemoteAddress,
+    /// The downstream address without the port (Envoy's `source.address`), aggregated to a
+    /// network prefix.
+    RemoteAddress(Prefixes),
     /// A request header's value (lower-case name).
     Header(String),
     /// A query parameter's raw (not percent-decoded) value.
@@ -228,10 +347,32 @@ pub enum KeyPart {
     Authority,
 }
 
+impl KeyPart {
+    /// Whether two parts read the same attribute (a key takes each at most once).
+    pub fn same_part(&self, other: &KeyPart) -> bool {
+        match (self, other) {
+            (KeyPart::RemoteAddress(_), KeyPart::RemoteAddress(_)) => true,
+            (a, b) => a == b,
+        }
+    }
+
+    /// The entry key of this part in a rate limit service descriptor (`remote_address` for
+    /// every prefix: the value carries the network).
+    pub fn descriptor_key(&self) -> String {
+        match self {
+            KeyPart::RemoteAddress(_) => "remote_address".into(),
+            other => other.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for KeyPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyPart::RemoteAddress => f.write_str("remote_address"),
+            KeyPart::RemoteAddress(p) if *p == DEFAULT_PREFIXES => f.write_str("remote_address"),
+            KeyPart::RemoteAddress(p) => {
+                write!(f, "remote_address(ipv4 /{}, ipv6 /{})", p.v4, p.v6)
+            }
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Query(name) => write!(f, "query:{name}"),
             KeyPart::Path => f.write_str("path"),

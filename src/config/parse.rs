@@ -59,6 +59,13 @@ fn describe(v: &Value) -> String {
     }
 }
 
+/// Why a cost (or reserve) of `n` can never pass a rule admitting at most `capacity` at once.
+fn too_much(n: u64, capacity: u32) -> String {
+    format!(
+        "{n} exceeds the most the rule can ever admit at once ({capacity}): no request would pass"
+    )
+}
+
 fn is_tchar(c: char) -> bool {
     c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
 }
@@ -277,11 +284,13 @@ impl Validator {
                 "match",
                 "key",
                 "rate_limit",
+                "in_flight",
                 "algorithm",
                 "burst",
                 "on_limit",
                 "max_delay_ms",
                 "cost",
+                "quota_unit",
                 "shadow",
                 "global",
             ],
@@ -301,18 +310,27 @@ impl Validator {
             Some(k) => self.key(k, &join(path, "key")),
             None => Some(Vec::new()),
         };
-        let quota = match map.get("rate_limit") {
-            Some(q) => self.quota(q, &join(path, "rate_limit")),
-            None => {
-                self.error(&join(path, "rate_limit"), "required field is missing");
-                None
-            }
+        let limit = self.limit(map, path);
+        let cost = match (map.get("cost"), limit) {
+            (None, _) => Some(Cost::Fixed(1)),
+            (Some(c), Some(l)) => self.cost(c, &join(path, "cost"), l),
+            (Some(_), None) => None,
         };
-        let algorithm = quota.and_then(|q| self.algorithm(map, path, q));
-        let cost = match (map.get("cost"), algorithm, quota) {
-            (None, ..) => Some(Cost::Fixed(1)),
-            (Some(c), Some(a), Some(q)) => self.cost(c, &join(path, "cost"), a, q),
-            (Some(_), ..) => None,
+        let quota_unit = match map.get("quota_unit") {
+            Some(u) => self
+                .quota_unit(u, &join(path, "quota_unit"), limit)
+                .map(Some),
+            None => Some(match (&cost, limit) {
+                (_, Some(Limit::InFlight { .. })) => Some(CONCURRENT_REQUESTS.to_string()),
+                (Some(Cost::Response(c)), _) => Some(
+                    match c.usage {
+                        Usage::BodyBytes => CONTENT_BYTES,
+                        Usage::Header(_) => DEFAULT_USAGE_UNIT,
+                    }
+                    .to_string(),
+                ),
+                _ => None,
+            }),
         };
         let shadow = match map.get("shadow") {
             Some(b) => self.boolean(b, &join(path, "shadow")),
@@ -322,24 +340,39 @@ impl Validator {
             Some(g) => self.global(g, &join(path, "global")).map(Some),
             None => Some(None),
         };
-        if let (Some(Some(_)), Some(Algorithm::SlidingLog)) = (&global, algorithm) {
-            self.error(
-                &join(path, "algorithm"),
-                "sliding_log cannot be combined with \"global\"",
-            );
-        }
-        if let Some(Some(Global {
-            mode: GlobalMode::Sync,
-            ..
-        })) = &global
-        {
-            // The service decides a sync rule: local algorithm settings would be silently ignored.
-            for field in ["algorithm", "burst", "on_limit", "max_delay_ms"] {
-                if map.contains_key(field) {
-                    self.error(
-                        &join(path, field),
-                        "not used by a rule with \"global\" mode \"sync\" (the service decides)",
-                    );
+        if let Some(Some(g)) = &global {
+            let p = join(path, "global");
+            match (limit, &cost) {
+                (
+                    Some(Limit::Rate {
+                        algorithm: Algorithm::SlidingLog,
+                        ..
+                    }),
+                    _,
+                ) => self.error(
+                    &join(path, "algorithm"),
+                    "sliding_log cannot be combined with \"global\"",
+                ),
+                (Some(Limit::InFlight { .. }), _) => self.error(
+                    &p,
+                    "an \"in_flight\" rule cannot be global (the rate limit service protocol counts requests, it cannot give them back)",
+                ),
+                (_, Some(Cost::Response(_))) => self.error(
+                    &p,
+                    "a rule charged by its responses cannot be global (the rate limit service protocol counts at the request)",
+                ),
+                _ => {}
+            }
+            if g.mode == GlobalMode::Sync {
+                // The service decides a sync rule: local algorithm settings would be silently
+                // ignored.
+                for field in ["algorithm", "burst", "on_limit", "max_delay_ms"] {
+                    if map.contains_key(field) {
+                        self.error(
+                            &join(path, field),
+                            "not used by a rule with \"global\" mode \"sync\" (the service decides)",
+                        );
+                    }
                 }
             }
         }
@@ -347,12 +380,99 @@ impl Validator {
             name: name?,
             matcher: matcher?,
             key: key?,
-            quota: quota?,
-            algorithm: algorithm?,
+            limit: limit?,
             cost: cost?,
+            quota_unit: quota_unit?,
             shadow: shadow?,
             global: global?,
         })
+    }
+
+    /// `rate_limit` with its algorithm, or `in_flight`: exactly one.
+    fn limit(&mut self, map: &Map<String, Value>, path: &str) -> Option<Limit> {
+        match (map.get("rate_limit"), map.get("in_flight")) {
+            (Some(q), None) => {
+                let quota = self.quota(q, &join(path, "rate_limit"));
+                let algorithm = quota.and_then(|q| self.algorithm(map, path, q));
+                Some(Limit::Rate {
+                    quota: quota?,
+                    algorithm: algorithm?,
+                })
+            }
+            (None, Some(f)) => {
+                let mut ok = true;
+                for field in ["algorithm", "burst", "on_limit", "max_delay_ms", "cost"] {
+                    if map.contains_key(field) {
+                        self.error(
+                            &join(path, field),
+                            "not used by an \"in_flight\" rule (each request takes one slot)",
+                        );
+                        ok = false;
+                    }
+                }
+                let limit = self.in_flight(f, &join(path, "in_flight"));
+                limit.filter(|_| ok)
+            }
+            (Some(_), Some(_)) => {
+                self.error(
+                    path,
+                    "a rule has either \"rate_limit\" or \"in_flight\", not both (make two rules)",
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    &join(path, "rate_limit"),
+                    "required field is missing (or \"in_flight\" to limit requests in flight)",
+                );
+                None
+            }
+        }
+    }
+
+    fn in_flight(&mut self, v: &Value, path: &str) -> Option<Limit> {
+        let map = self.object(v, path, &["max", "lease_s"])?;
+        let max = match map.get("max") {
+            Some(n) => self.integer(n, &join(path, "max"), 1, u64::from(u32::MAX)),
+            None => {
+                self.error(&join(path, "max"), "required field is missing");
+                None
+            }
+        };
+        let lease_s = match map.get("lease_s") {
+            Some(n) => self.integer(n, &join(path, "lease_s"), 1, 86_400),
+            None => Some(DEFAULT_LEASE_S),
+        };
+        Some(Limit::InFlight {
+            max: u32::try_from(max?).ok()?,
+            lease_ms: u32::try_from(lease_s? * 1000).ok()?,
+        })
+    }
+
+    fn quota_unit(&mut self, v: &Value, path: &str, limit: Option<Limit>) -> Option<String> {
+        let s = self.string(v, path)?;
+        let valid = !s.is_empty()
+            && s.len() <= 32
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid {
+            self.error(
+                path,
+                format!("invalid quota unit {s:?} (expected 1 to 32 of a-z 0-9 -)"),
+            );
+            return None;
+        }
+        let in_flight = matches!(limit, Some(Limit::InFlight { .. }));
+        if in_flight != (s == CONCURRENT_REQUESTS) {
+            self.error(
+                path,
+                format!(
+                    "{CONCURRENT_REQUESTS:?} is the unit of \"in_flight\" rules, and theirs only"
+                ),
+            );
+            return None;
+        }
+        Some(s.to_string())
     }
 
     fn global(&mut self, v: &Value, path: &str) -> Option<Global> {
@@ -503,12 +623,25 @@ impl Validator {
         ok.then_some(algorithm)
     }
 
-    fn cost(&mut self, v: &Value, path: &str, a: Algorithm, q: Quota) -> Option<Cost> {
-        let capacity = match a {
-            Algorithm::TokenBucket { burst } | Algorithm::LeakyBucket { burst, .. } => burst,
-            _ => q.requests_per_unit,
-        };
+    fn cost(&mut self, v: &Value, path: &str, limit: Limit) -> Option<Cost> {
+        let capacity = limit.capacity();
         match v {
+            Value::Object(map) if map.contains_key("response") => {
+                let map = self.object(v, path, &["response", "reserve", "default"])?;
+                let charge = self.charge(map, path, capacity);
+                if let (Some(_), Limit::Rate { algorithm, .. }) = (&charge, limit) {
+                    let why = match algorithm {
+                        Algorithm::SlidingLog => Some("sliding_log stores one time per unit counted and cannot take a usage known only afterwards (use sliding_window)"),
+                        Algorithm::LeakyBucket { max_delay_ms: Some(_), .. } => Some("a request charged by its response cannot be delayed: its cost is not known when it would be held"),
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        self.error(&join(path, "response"), why);
+                        return None;
+                    }
+                }
+                charge.map(Cost::Response)
+            }
             Value::Object(_) => {
                 let map = self.object(v, path, &["header"])?;
                 let p = join(path, "header");
@@ -518,7 +651,10 @@ impl Validator {
                         self.header_name(name, &p).map(Cost::Header)
                     }
                     None => {
-                        self.error(&p, "required field is missing");
+                        self.error(
+                            &p,
+                            "required field is missing (or \"response\" for a cost the response reports)",
+                        );
                         None
                     }
                 }
@@ -526,15 +662,62 @@ impl Validator {
             _ => {
                 let n = self.integer(v, path, 1, u64::from(u32::MAX))?;
                 if n > u64::from(capacity) {
-                    self.error(
-                        path,
-                        format!("{n} exceeds the most the rule can ever admit at once ({capacity}): no request would pass"),
-                    );
+                    self.error(path, too_much(n, capacity));
                     return None;
                 }
                 u32::try_from(n).ok().map(Cost::Fixed)
             }
         }
+    }
+
+    /// A cost charged from the response: `response` (`header:NAME` or `body_bytes`), its
+    /// `reserve` and its `default`.
+    fn charge(&mut self, map: &Map<String, Value>, path: &str, capacity: u32) -> Option<Charge> {
+        let p = join(path, "response");
+        let usage = match map.get("response").map(|r| (r, self.string(r, &p))) {
+            Some((_, Some("body_bytes"))) => Some(Usage::BodyBytes),
+            Some((_, Some(s))) if s.starts_with("header:") => {
+                let name = s.trim_start_matches("header:");
+                self.header_name(name, &p).map(Usage::Header)
+            }
+            Some((_, Some(s))) => {
+                self.error(
+                    &p,
+                    format!("unknown usage {s:?} (expected header:NAME or body_bytes)"),
+                );
+                None
+            }
+            _ => None,
+        };
+        let reserve = match map.get("reserve") {
+            Some(r) => {
+                let rp = join(path, "reserve");
+                match self.integer(r, &rp, 0, u64::from(u32::MAX)) {
+                    Some(n) if n > u64::from(capacity) => {
+                        self.error(&rp, too_much(n, capacity));
+                        None
+                    }
+                    n => n,
+                }
+            }
+            None => Some(0),
+        };
+        let default = match (map.get("default"), &usage) {
+            (Some(_), Some(Usage::BodyBytes)) => {
+                self.error(
+                    &join(path, "default"),
+                    "not used with \"body_bytes\" (the bytes that passed are always known)",
+                );
+                None
+            }
+            (Some(d), _) => self.integer(d, &join(path, "default"), 0, u64::from(u32::MAX)),
+            (None, _) => reserve.map(|r| r.max(1)),
+        };
+        Some(Charge {
+            usage: usage?,
+            reserve: u32::try_from(reserve?).ok()?,
+            default: u32::try_from(default?).ok()?,
+        })
     }
 
     fn rule_name(&mut self, v: &Value, path: &str) -> Option<String> {
@@ -693,40 +876,22 @@ impl Validator {
 
     fn key(&mut self, v: &Value, path: &str) -> Option<Vec<KeyPart>> {
         let items = self.array(v, path)?;
-        let mut parts = Vec::with_capacity(items.len());
+        let mut parts: Vec<KeyPart> = Vec::with_capacity(items.len());
         let mut ok = true;
         for (i, item) in items.iter().enumerate() {
             let p = format!("{path}[{i}]");
-            let Some(s) = self.string(item, &p) else {
-                ok = false;
-                continue;
-            };
-            let part = match s {
-                "remote_address" => Some(KeyPart::RemoteAddress),
-                "path" => Some(KeyPart::Path),
-                "method" => Some(KeyPart::Method),
-                "authority" => Some(KeyPart::Authority),
+            let (part, s) = match item {
+                Value::Object(_) => (self.remote_address(item, &p), "remote_address"),
                 _ => {
-                    if let Some(name) = s.strip_prefix("header:") {
-                        self.header_name(name, &p).map(KeyPart::Header)
-                    } else if let Some(name) = s.strip_prefix("query:") {
-                        if name.is_empty() {
-                            self.error(&p, "empty query parameter name in \"query:\"");
-                            None
-                        } else {
-                            Some(KeyPart::Query(name.to_string()))
-                        }
-                    } else {
-                        self.error(
-                            &p,
-                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority)"),
-                        );
-                        None
-                    }
+                    let Some(s) = self.string(item, &p) else {
+                        ok = false;
+                        continue;
+                    };
+                    (self.key_part(s, &p), s)
                 }
             };
             match part {
-                Some(part) if parts.contains(&part) => {
+                Some(part) if parts.iter().any(|q| q.same_part(&part)) => {
                     self.error(&p, format!("duplicate key part {s:?}"));
                     ok = false;
                 }
@@ -735,6 +900,54 @@ impl Validator {
             }
         }
         ok.then_some(parts)
+    }
+
+    /// A key part written as a string.
+    fn key_part(&mut self, s: &str, p: &str) -> Option<KeyPart> {
+        match s {
+            "remote_address" => Some(KeyPart::RemoteAddress(DEFAULT_PREFIXES)),
+            "path" => Some(KeyPart::Path),
+            "method" => Some(KeyPart::Method),
+            "authority" => Some(KeyPart::Authority),
+            _ => {
+                if let Some(name) = s.strip_prefix("header:") {
+                    self.header_name(name, p).map(KeyPart::Header)
+                } else if let Some(name) = s.strip_prefix("query:") {
+                    if name.is_empty() {
+                        self.error(p, "empty query parameter name in \"query:\"");
+                        None
+                    } else {
+                        Some(KeyPart::Query(name.to_string()))
+                    }
+                } else {
+                    self.error(
+                            p,
+                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority, or {{\"remote_address\": {{\"ipv4_prefix\": N, \"ipv6_prefix\": M}}}})"),
+                        );
+                    None
+                }
+            }
+        }
+    }
+
+    /// `{"remote_address": {"ipv4_prefix": N, "ipv6_prefix": M}}`.
+    fn remote_address(&mut self, v: &Value, path: &str) -> Option<KeyPart> {
+        let map = self.object(v, path, &["remote_address"])?;
+        let p = join(path, "remote_address");
+        let Some(inner) = map.get("remote_address") else {
+            self.error(&p, "required field is missing");
+            return None;
+        };
+        let map = self.object(inner, &p, &["ipv4_prefix", "ipv6_prefix"])?;
+        let mut prefix = |field: &str, max: u64, default: u8| match map.get(field) {
+            Some(n) => self
+                .integer(n, &join(&p, field), 1, max)
+                .and_then(|n| u8::try_from(n).ok()),
+            None => Some(default),
+        };
+        let v4 = prefix("ipv4_prefix", 32, DEFAULT_PREFIXES.v4);
+        let v6 = prefix("ipv6_prefix", 128, DEFAULT_PREFIXES.v6);
+        Some(KeyPart::RemoteAddress(Prefixes { v4: v4?, v6: v6? }))
     }
 
     fn quota(&mut self, v: &Value, path: &str) -> Option<Quota> {
@@ -831,10 +1044,13 @@ mod tests {
         assert_eq!(r.name, "per-client");
         assert_eq!(
             r.key,
-            vec![KeyPart::RemoteAddress, KeyPart::Header("x-api-key".into())]
+            vec![
+                KeyPart::RemoteAddress(DEFAULT_PREFIXES),
+                KeyPart::Header("x-api-key".into())
+            ]
         );
         assert_eq!(r.matcher.headers[0].name, "x-tier");
-        assert_eq!(r.quota.window_ms(), 60_000);
+        assert!(matches!(r.limit, Limit::Rate { quota, .. } if quota.window_ms() == 60_000));
     }
 
     /// A rejecting leaky bucket is the token bucket's admission rule (both are one GCRA, which

@@ -59,6 +59,40 @@ pub fn decide(
     cost: u64,
 ) -> (Verdict, Option<State>) {
     let w = window_ms.max(1);
+    let (now, count) = at(state, now_ms, w);
+    let allowed = count.saturating_add(cost) <= limit;
+    let used = if allowed { count + cost } else { count };
+    let verdict = verdict(allowed, now, w, limit, used, cost);
+    let next = allowed.then(|| State {
+        last_ms: now,
+        window_ms: u32::try_from(w).unwrap_or(u32::MAX),
+        count: u32::try_from(used).unwrap_or(u32::MAX),
+    });
+    (verdict, next)
+}
+
+/// Counts `cost` whatever the limit says (a usage known only once the response is done): the
+/// key may end over its limit, and stays refused until the window ends.
+pub fn charge(
+    state: Option<State>,
+    now_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    cost: u64,
+) -> (Verdict, State) {
+    let w = window_ms.max(1);
+    let (now, count) = at(state, now_ms, w);
+    let used = count.saturating_add(cost).min(u64::from(u32::MAX));
+    let state = State {
+        last_ms: now,
+        window_ms: u32::try_from(w).unwrap_or(u32::MAX),
+        count: u32::try_from(used).unwrap_or(u32::MAX),
+    };
+    (verdict(true, now, w, limit, used, cost), state)
+}
+
+/// The clamped time and the count of the window holding it.
+fn at(state: Option<State>, now_ms: u64, w: u64) -> (u64, u64) {
     let s = state.unwrap_or_default();
     let now = now_ms.max(s.last_ms);
     let count = if now / w == s.last_ms / w {
@@ -66,15 +100,17 @@ pub fn decide(
     } else {
         0
     };
+    (now, count)
+}
+
+/// The verdict with `used` counted in the window holding `now`.
+fn verdict(allowed: bool, now: u64, w: u64, limit: u64, used: u64, cost: u64) -> Verdict {
     let to_next = w - now % w;
-    let allowed = count + cost <= limit;
-    let used = if allowed { count + cost } else { count };
-    let remaining = limit.saturating_sub(used);
-    let verdict = Verdict {
+    Verdict {
         allowed,
         limit,
         window_s: w / 1000,
-        remaining,
+        remaining: limit.saturating_sub(used),
         reset_ms: if used == 0 { 0 } else { to_next },
         retry_after_ms: if allowed {
             0
@@ -84,13 +120,7 @@ pub fn decide(
             to_next
         },
         delay_ms: 0,
-    };
-    let next = allowed.then(|| State {
-        last_ms: now,
-        window_ms: u32::try_from(w).unwrap_or(u32::MAX),
-        count: u32::try_from(used).unwrap_or(u32::MAX),
-    });
-    (verdict, next)
+    }
 }
 
 /// Takes back `cost` counted by a [`decide`] that stored `counted`.

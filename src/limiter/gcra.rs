@@ -103,6 +103,17 @@ fn to_ms(scaled: u128, l: u128) -> u64 {
     u64::try_from(scaled.div_ceil(l)).unwrap_or(u64::MAX)
 }
 
+/// Whole requests left with `debt` in a bucket of `cap` (units of `1/l` ms, `w` per request),
+/// and the units until one more request's worth is back (the debt falls to
+/// `cap − (remaining + 1)·w`).
+fn left(debt: u128, cap: u128, w: u128) -> (u128, u128) {
+    let remaining = cap.saturating_sub(debt) / w;
+    (
+        remaining,
+        debt.saturating_sub(cap.saturating_sub((remaining + 1) * w)),
+    )
+}
+
 /// Decides one request of `cost` at `now_ms`.
 pub fn decide(
     state: Option<State>,
@@ -123,9 +134,7 @@ pub fn decide(
     let allowed = fits && max_delay.is_none_or(|m| delay <= m);
     let after = if allowed { new_tat } else { start };
     let debt = after - now;
-    let remaining = cap.saturating_sub(debt) / w;
-    // One more request's worth of quota once the debt falls to cap − (remaining + 1)·T.
-    let reset = debt.saturating_sub(cap.saturating_sub((remaining + 1) * w));
+    let (remaining, reset) = left(debt, cap, w);
     let retry = if allowed {
         0
     } else if u128::from(cost) > u128::from(p.burst) {
@@ -157,6 +166,29 @@ pub fn decide(
         verdict,
         allowed.then(|| State::from_scaled(new_tat, l, p.window_ms)),
     )
+}
+
+/// Counts `cost` whatever the bucket holds (a usage known only once the response is done): the
+/// arrival time moves `cost·T` past now or its current value, so the key may go into debt
+/// beyond its burst and stays refused until the debt drains below it.
+pub fn charge(state: Option<State>, now_ms: u64, p: &Params, cost: u64) -> (Verdict, State) {
+    let l = u128::from(p.limit.max(1));
+    let w = u128::from(p.window_ms.max(1));
+    let cap = u128::from(p.burst) * w;
+    let now = u128::from(now_ms) * l;
+    let tat = state.map_or(0, |s| s.scaled(l)).max(now) + u128::from(cost) * w;
+    let debt = tat - now;
+    let (remaining, reset) = left(debt, cap, w);
+    let verdict = Verdict {
+        allowed: true,
+        limit: p.limit,
+        window_s: p.window_ms / 1000,
+        remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
+        reset_ms: to_ms(reset, l),
+        retry_after_ms: 0,
+        delay_ms: 0,
+    };
+    (verdict, State::from_scaled(tat, l, p.window_ms))
 }
 
 /// Takes back `cost` counted by a [`decide`] (the arrival time moves back by `cost·T`).

@@ -6,6 +6,7 @@
 mod codec;
 pub mod fixed_window;
 pub mod gcra;
+pub mod in_flight;
 pub mod sliding_log;
 pub mod sliding_window;
 
@@ -54,6 +55,13 @@ pub enum Policy {
         /// Window, ms.
         window_ms: u64,
     },
+    /// Requests in flight.
+    InFlight {
+        /// Requests in flight at once.
+        max: u64,
+        /// How long a slot never given back stays taken (at least), ms.
+        lease_ms: u64,
+    },
 }
 
 /// A key's stored state, for whichever algorithm its rule uses.
@@ -67,6 +75,8 @@ pub enum State {
     Gcra(gcra::State),
     /// See [`sliding_log`].
     SlidingLog(sliding_log::State),
+    /// See [`in_flight`].
+    InFlight(in_flight::State),
     /// A global rule's service said the key is over its limit until this time (ms): every
     /// request is refused until then, whatever the local counts say; afterwards the key starts
     /// afresh.
@@ -84,6 +94,7 @@ impl State {
             State::FixedWindow(s) => s.weight(now_ms),
             State::Gcra(s) => s.weight(now_ms),
             State::SlidingLog(s) => s.weight(now_ms),
+            State::InFlight(s) => s.weight(now_ms),
             // A blocked key is kept over any other: it is what the whole fleet decided.
             State::Blocked { until_ms } => (now_ms < *until_ms).then_some(u64::from(u32::MAX)),
         }
@@ -96,6 +107,7 @@ impl State {
             State::FixedWindow(s) => s.last_ms,
             State::Gcra(s) => s.tat_ms,
             State::SlidingLog(s) => s.times.last().copied().unwrap_or(0),
+            State::InFlight(s) => s.gen_ms,
             State::Blocked { until_ms } => *until_ms,
         }
     }
@@ -109,6 +121,7 @@ impl Policy {
             | Policy::FixedWindow { limit, window_ms }
             | Policy::SlidingLog { limit, window_ms } => (limit, window_ms),
             Policy::Gcra(p) => (p.limit, p.window_ms),
+            Policy::InFlight { max, .. } => (max, 0),
         }
     }
 
@@ -175,6 +188,69 @@ impl Policy {
                 let (v, n) = sliding_log::decide(s, now_ms, limit, window_ms, cost);
                 (v, n.map(State::SlidingLog))
             }
+            Policy::InFlight { max, lease_ms } => {
+                let s = match state {
+                    Some(State::InFlight(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = in_flight::decide(s, now_ms, max, lease_ms, cost);
+                (v, n.map(State::InFlight))
+            }
+        }
+    }
+
+    /// Counts `cost` for a key whatever its limit says: a usage known only once the response
+    /// is done. The verdict reports the quota left after it. `None` for the policies that
+    /// cannot be charged afterwards (the configuration refuses them).
+    pub fn charge(
+        &self,
+        state: Option<&State>,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<(Verdict, State)> {
+        let fresh = matches!(state, Some(State::Blocked { until_ms }) if now_ms >= *until_ms);
+        let state = if fresh { None } else { state };
+        match (*self, state) {
+            (_, Some(State::Blocked { .. })) => {
+                // The fleet refused the key until a time: what it used still counts afterwards.
+                Some((self.decide(state, now_ms, cost).0, state?.clone()))
+            }
+            (Policy::SlidingWindow { limit, window_ms }, s) => {
+                let s = match s {
+                    Some(State::SlidingWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = sliding_window::charge(s, now_ms, limit, window_ms, cost);
+                Some((v, State::SlidingWindow(n)))
+            }
+            (Policy::FixedWindow { limit, window_ms }, s) => {
+                let s = match s {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = fixed_window::charge(s, now_ms, limit, window_ms, cost);
+                Some((v, State::FixedWindow(n)))
+            }
+            (Policy::Gcra(params), s) => {
+                let s = match s {
+                    Some(State::Gcra(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = gcra::charge(s, now_ms, &params, cost);
+                Some((v, State::Gcra(n)))
+            }
+            (Policy::SlidingLog { .. } | Policy::InFlight { .. }, _) => None,
+        }
+    }
+
+    /// Gives back the in-flight slot taken at `taken_ms`; `None` if the key holds none (it was
+    /// forgotten, or this is not an in-flight policy).
+    pub fn give_back(&self, state: Option<&State>, taken_ms: u64, now_ms: u64) -> Option<State> {
+        match state {
+            Some(State::InFlight(s)) if matches!(self, Policy::InFlight { .. }) => {
+                Some(State::InFlight(in_flight::give_back(*s, taken_ms, now_ms)))
+            }
+            _ => None,
         }
     }
 
@@ -192,6 +268,9 @@ impl Policy {
             (State::SlidingLog(s), State::SlidingLog(c)) => {
                 let at = c.times.last().copied().unwrap_or(0);
                 State::SlidingLog(sliding_log::refund(s, at, cost))
+            }
+            (State::InFlight(s), State::InFlight(c)) => {
+                State::InFlight(in_flight::give_back(s, c.gen_ms, s.gen_ms))
             }
             (other, _) => other,
         }

@@ -178,8 +178,26 @@ pub fn decide(
         };
         return (verdict, None);
     }
+    let (verdict, counted) = count(win, limit, cost);
+    (verdict, Some(counted))
+}
+
+/// Counts `cost` whatever the limit says (a usage known only once the response is done): the
+/// key may end over its limit, and stays refused until its usage decays below it.
+pub fn charge(
+    state: Option<State>,
+    now_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    cost: u64,
+) -> (Verdict, State) {
+    count(state.unwrap_or_default().at(now_ms, window_ms), limit, cost)
+}
+
+/// Counts `cost` in `win`: the verdict and the state to store.
+fn count(win: Window, limit: u64, cost: u64) -> (Verdict, State) {
     let after = Window {
-        current: win.current + cost,
+        current: win.current.saturating_add(cost),
         ..win
     };
     let remaining = after.remaining(limit);
@@ -197,13 +215,13 @@ pub fn decide(
     let verdict = Verdict {
         allowed: true,
         limit,
-        window_s: win.w / 1000,
+        window_s: after.w / 1000,
         remaining,
         reset_ms,
         retry_after_ms: 0,
         delay_ms: 0,
     };
-    (verdict, Some(new_state))
+    (verdict, new_state)
 }
 
 /// Takes back `cost` counted by a [`decide`] that stored `counted` (used when a later rule of
@@ -318,7 +336,10 @@ mod tests {
             let mut t = 1_000_000 + rnd(1000);
             for _ in 0..rnd(20) {
                 t += rnd(300);
-                if let (_, Some(s)) = decide(state, t, &quota, 1) {
+                if rnd(6) == 0 {
+                    // A usage charged after the response: may push the key over its limit.
+                    state = Some(charge(state, t, quota.0, quota.1, rnd(20)).1);
+                } else if let (_, Some(s)) = decide(state, t, &quota, 1) {
                     state = Some(s);
                 }
             }

@@ -102,12 +102,17 @@ pub struct EnvoyHeader {
     value_length: usize,
 }
 
+/// `envoy_dynamic_module_type_http_header_type`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 enum HeaderType {
     Request = 0,
     Response = 2,
+    ResponseTrailer = 3,
 }
+
+/// `envoy_dynamic_module_type_http_body_type`: the response body's piece of the current hook.
+const RECEIVED_RESPONSE_BODY: u32 = 2;
 
 /// Log levels (spdlog's).
 #[repr(C)]
@@ -230,6 +235,10 @@ extern "C" {
         index: usize,
         optional_size: *mut usize,
     ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_body_size(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+    ) -> usize;
     fn envoy_dynamic_module_callback_http_add_header(
         filter: FilterEnvoyPtr,
         header_type: HeaderType,
@@ -535,20 +544,43 @@ impl Stream<'_> {
         self.attribute(REQUEST_HOST)
     }
 
-    /// A request header's first value (`Some(b"")` for an empty value).
-    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
+    fn header(&self, kind: HeaderType, name: &str) -> Option<&[u8]> {
         let mut out = EnvoyBuffer::NULL;
-        // SAFETY: as for attribute(); Envoy copies the key.
+        // SAFETY: as for attribute() (this filter sets no header of a map it reads while the
+        // value is in use); Envoy copies the key; false when the map is not available.
         unsafe {
             envoy_dynamic_module_callback_http_get_header(
                 self.ptr,
-                HeaderType::Request,
+                kind,
                 ModuleBuffer::of(name.as_bytes()),
                 &mut out,
                 0,
                 null_mut(),
             )
             .then(|| out.bytes())
+        }
+    }
+
+    /// A request header's first value (`Some(b"")` for an empty value).
+    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::Request, name)
+    }
+
+    /// A response header's first value, in the response headers hook.
+    pub fn response_header_value(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::Response, name)
+    }
+
+    /// A response trailer's first value, in the response trailers hook.
+    pub fn response_trailer(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::ResponseTrailer, name)
+    }
+
+    /// The bytes of the response body piece this body hook received.
+    pub fn received_response_body(&self) -> usize {
+        // SAFETY: `ptr` is live during the hook; Envoy answers 0 when there is no body.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_body_size(self.ptr, RECEIVED_RESPONSE_BODY)
         }
     }
 
@@ -1155,22 +1187,36 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     TrailersStatus::Continue
 }
 
-/// Response body: passed on.
+/// Response body: its bytes are counted as they pass (rules charged by body bytes).
+///
+/// # Safety
+/// Called by Envoy with a live stream.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    _: FilterEnvoyPtr,
-    _: FilterModulePtr,
-    _: bool,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    _end_of_stream: bool,
 ) -> BodyStatus {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.response_body(&s));
+    }
     BodyStatus::Continue
 }
 
-/// Response trailers: passed on.
+/// Response trailers: the usage they report is charged.
+///
+/// # Safety
+/// Called by Envoy with a live stream.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _: FilterEnvoyPtr,
-    _: FilterModulePtr,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
 ) -> TrailersStatus {
+    // SAFETY: Envoy's live stream for this hook.
+    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.response_trailers(&s));
+    }
     TrailersStatus::Continue
 }
 

@@ -14,7 +14,7 @@ use crate::config::{Config, FailureMode};
 use crate::global::Target;
 use crate::key::{Attributes, Seed};
 use crate::metrics::{Counter, Gauge};
-use crate::pipeline::{self, Additions, Decision, Held, Pending, Reply, Start};
+use crate::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
 use crate::rls::{self, GrpcAnswer};
 use crate::runtime::Runtime;
 use crate::store::ProcessStore;
@@ -385,7 +385,11 @@ struct Holding {
 /// What a stream remembers between hooks.
 #[derive(Default)]
 struct State {
-    additions: Option<Additions>,
+    /// What the response needs: fields to add, usage to charge, slots to give back.
+    admitted: Option<Admitted>,
+    /// Test builds: panic when the stream ends (`x-test-panic: end`).
+    #[cfg(feature = "panic-trigger")]
+    panic_at_end: bool,
     /// Boxed: only sync global rules ask, and the stream object stays small.
     asking: Option<Box<Asking>>,
     holding: Option<Holding>,
@@ -408,11 +412,11 @@ impl Filter {
     /// Decides the request (or asks the services first).
     fn request_headers(&self, s: &Stream) -> HeadersStatus {
         #[cfg(feature = "panic-trigger")]
-        if s.request_header("x-test-panic").is_some() {
+        match s.request_header("x-test-panic") {
+            Some(b"end") => self.state.borrow_mut().panic_at_end = true,
             #[allow(clippy::panic)]
-            {
-                panic!("x-test-panic");
-            }
+            Some(_) => panic!("x-test-panic"),
+            None => {}
         }
         let rt = &self.config.rt;
         match rt.start(&mut NativeHost { stream: s }) {
@@ -518,27 +522,27 @@ impl Filter {
         let config = self.config;
         config.publish_gauges(s);
         match decision {
-            Decision::Continue(additions) => {
-                self.state.borrow_mut().additions = additions;
+            Decision::Continue(admitted) => {
+                self.state.borrow_mut().admitted = admitted;
                 HeadersStatus::Continue
             }
             Decision::Hold {
                 until_ms,
-                additions,
+                admitted,
                 held,
             } => {
                 let Some(scheduler) = s.scheduler() else {
                     // No way to come back later: let it go now.
                     config.rt.release(&held);
                     config.publish_gauges(s);
-                    self.state.borrow_mut().additions = additions;
+                    self.state.borrow_mut().admitted = admitted;
                     return HeadersStatus::Continue;
                 };
                 let wait = Duration::from_millis(until_ms.saturating_sub(now_ms()));
                 let release = timer::Release::at(scheduler, EVENT_RELEASE, wait);
                 HELD.with(|h| h.set(h.get() + 1));
                 let mut state = self.state.borrow_mut();
-                state.additions = additions;
+                state.admitted = admitted;
                 state.holding = Some(Holding { held, release });
                 HeadersStatus::StopIteration
             }
@@ -573,31 +577,92 @@ impl Filter {
         s.continue_decoding();
     }
 
-    /// Adds the rate-limit fields to an admitted request's response.
+    /// Adds the rate-limit fields to an admitted request's response (charging first the
+    /// usage its headers report).
     fn response_headers(&self, s: &Stream) -> HeadersStatus {
-        let Some(additions) = self.state.borrow_mut().additions.take() else {
+        let mut state = self.state.borrow_mut();
+        let Some(admitted) = state.admitted.as_mut() else {
             return HeadersStatus::Continue;
         };
         FIELD_VALUE.with(|buf| {
             if let Ok(mut buf) = buf.try_borrow_mut() {
-                self.config
-                    .rt
-                    .each_addition(&additions, &mut buf, |name, value, append| {
-                        s.response_header(name, value, append)
-                    });
+                let mut fields = Fields {
+                    stream: s,
+                    trailers: false,
+                };
+                self.config.rt.response_headers(
+                    admitted,
+                    &mut fields,
+                    now_ms(),
+                    &mut buf,
+                    |name, value, append| s.response_header(name, value, append),
+                );
             }
         });
+        if !admitted.owes() {
+            state.admitted = None;
+        }
         HeadersStatus::Continue
     }
 
-    /// The stream ends: a request still held was abandoned by its client.
+    /// A piece of the response body passes.
+    fn response_body(&self, s: &Stream) {
+        if let Some(admitted) = self.state.borrow_mut().admitted.as_mut() {
+            admitted.body(s.received_response_body() as u64);
+        }
+    }
+
+    /// The response trailers: the usage they report is charged.
+    fn response_trailers(&self, s: &Stream) {
+        if let Some(admitted) = self.state.borrow_mut().admitted.as_mut() {
+            let mut fields = Fields {
+                stream: s,
+                trailers: true,
+            };
+            self.config
+                .rt
+                .response_trailers(admitted, &mut fields, now_ms());
+        }
+    }
+
+    /// The stream ends, however it ends: a request still held was abandoned by its client, and
+    /// what its rules are still owed is settled.
     fn complete(&self, s: &Stream) {
-        let holding = self.state.borrow_mut().holding.take();
+        let (holding, admitted) = {
+            let mut state = self.state.borrow_mut();
+            #[cfg(feature = "panic-trigger")]
+            if state.panic_at_end {
+                #[allow(clippy::panic)]
+                {
+                    panic!("x-test-panic: end");
+                }
+            }
+            (state.holding.take(), state.admitted.take())
+        };
         if let Some(h) = holding {
             drop(h.release); // the turn will not be posted
             HELD.with(|c| c.set(c.get().saturating_sub(1)));
             self.config.rt.abandon(&h.held);
-            self.config.publish_gauges(s);
+        }
+        if let Some(admitted) = admitted {
+            self.config.rt.settle(admitted, now_ms());
+        }
+        self.config.publish_gauges(s);
+    }
+}
+
+/// A response's header fields or trailers, as the pipeline reads them.
+struct Fields<'a, 'hook> {
+    stream: &'a Stream<'hook>,
+    trailers: bool,
+}
+
+impl pipeline::Response for Fields<'_, '_> {
+    fn field(&mut self, name: &str) -> Option<&[u8]> {
+        if self.trailers {
+            self.stream.response_trailer(name)
+        } else {
+            self.stream.response_header_value(name)
         }
     }
 }

@@ -24,6 +24,8 @@ pub enum Map {
     RequestHeaders = 0,
     /// Response headers.
     ResponseHeaders = 2,
+    /// Response trailers.
+    ResponseTrailers = 3,
 }
 
 /// Log levels of the ABI.

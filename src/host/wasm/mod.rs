@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::global::Target;
 use crate::key::{Attributes, Seed};
 use crate::metrics::{self, Counter, Gauge};
-use crate::pipeline::{self, Additions, Decision, Held, Pending, Reply, Start};
+use crate::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
 use crate::rls;
 use crate::runtime::Runtime;
 use crate::store::{Store, StoreError, CREATE_CAS};
@@ -389,8 +389,10 @@ impl RootContext for Root {
             id: context_id,
             served: self.served.clone(),
             asking: None,
-            additions: None,
+            admitted: None,
             local_reply: false,
+            #[cfg(feature = "panic-trigger")]
+            panic_at_end: false,
         }))
     }
 
@@ -492,10 +494,13 @@ struct Request {
     served: Option<Rc<Served>>,
     /// Boxed: only sync global rules ask, and the stream context stays small.
     asking: Option<Box<Asking>>,
-    /// Fields to add to the upstream's response.
-    additions: Option<Additions>,
+    /// What the upstream's response needs: fields to add, usage to charge, slots to give back.
+    admitted: Option<Admitted>,
     /// Whether this filter sent a local reply (which passes through our response hook too).
     local_reply: bool,
+    /// Test builds: panic when the stream ends (`x-test-panic: end`).
+    #[cfg(feature = "panic-trigger")]
+    panic_at_end: bool,
 }
 
 impl Request {
@@ -545,16 +550,16 @@ impl Request {
     fn carry_out(&mut self, served: &Rc<Served>, decision: Decision) -> Action {
         served.publish_gauges();
         match decision {
-            Decision::Continue(additions) => {
-                self.additions = additions;
+            Decision::Continue(admitted) => {
+                self.admitted = admitted;
                 Action::Continue
             }
             Decision::Hold {
                 until_ms,
-                additions,
+                admitted,
                 held,
             } => {
-                self.additions = additions;
+                self.admitted = admitted;
                 WAITING.with(|w| {
                     w.borrow_mut().push(Waiting {
                         context: self.id,
@@ -591,6 +596,18 @@ impl Context for Request {
         if let Some(w) = unhold(self.id) {
             w.abandon();
         }
+        // However the stream ended: what its rules are still owed.
+        if let (Some(admitted), Some(served)) = (self.admitted.take(), self.served.as_ref()) {
+            #[cfg(feature = "panic-trigger")]
+            if self.panic_at_end {
+                #[allow(clippy::panic)]
+                {
+                    panic!("x-test-panic: end");
+                }
+            }
+            served.rt.settle(admitted, abi::now_ms().unwrap_or(0));
+            served.publish_gauges();
+        }
         true
     }
 
@@ -624,15 +641,15 @@ impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         // Test builds only: a way to kill the VM on purpose and watch what Envoy does.
         #[cfg(feature = "panic-trigger")]
-        if abi::header(Map::RequestHeaders, "x-test-panic")
+        match abi::header(Map::RequestHeaders, "x-test-panic")
             .ok()
             .flatten()
-            .is_some()
+            .as_deref()
         {
+            Some(b"end") => self.panic_at_end = true, // when the stream ends, before settling
             #[allow(clippy::panic)]
-            {
-                panic!("x-test-panic");
-            }
+            Some(_) => panic!("x-test-panic"),
+            None => {}
         }
         let Some(served) = self.served.clone() else {
             return Action::Continue;
@@ -648,23 +665,73 @@ impl HttpContext for Request {
         if self.local_reply {
             return Action::Continue; // our own reply already carries the fields
         }
-        let (Some(additions), Some(served)) = (self.additions.take(), self.served.as_ref()) else {
+        let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) else {
             return Action::Continue;
+        };
+        let now = if admitted.owes() {
+            abi::now_ms().unwrap_or(0)
+        } else {
+            0 // not read: nothing is charged
         };
         FIELD_VALUE.with(|buf| {
             let Ok(mut buf) = buf.try_borrow_mut() else {
                 return;
             };
-            served
-                .rt
-                .each_addition(&additions, &mut buf, |name, value, append| {
+            let mut fields = HostFields::of(Map::ResponseHeaders);
+            served.rt.response_headers(
+                admitted,
+                &mut fields,
+                now,
+                &mut buf,
+                |name, value, append| {
                     let _ = if append {
                         abi::add_header(Map::ResponseHeaders, name, value)
                     } else {
                         abi::replace_header(Map::ResponseHeaders, name, value)
                     };
-                });
+                },
+            );
         });
+        if !admitted.owes() {
+            self.admitted = None;
+        }
         Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        // Called with each chunk as it passes (this filter never buffers the body).
+        if let Some(admitted) = self.admitted.as_mut() {
+            admitted.body(body_size as u64);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) {
+            let mut fields = HostFields::of(Map::ResponseTrailers);
+            served
+                .rt
+                .response_trailers(admitted, &mut fields, abi::now_ms().unwrap_or(0));
+        }
+        Action::Continue
+    }
+}
+
+/// A response's header fields or trailers, read from the host one at a time.
+struct HostFields {
+    map: Map,
+    value: Option<Vec<u8>>,
+}
+
+impl HostFields {
+    fn of(map: Map) -> HostFields {
+        HostFields { map, value: None }
+    }
+}
+
+impl pipeline::Response for HostFields {
+    fn field(&mut self, name: &str) -> Option<&[u8]> {
+        self.value = abi::header(self.map, name).ok().flatten();
+        self.value.as_deref()
     }
 }
