@@ -168,3 +168,46 @@ fn native_panic_with_failure_mode_deny_refuses_that_request() {
         r.body_str()
     );
 }
+
+/// A slot of an in-flight rule whose give-back is lost (the filter panics as the stream ends:
+/// in the wasm build the VM dies with it; the native build catches the panic) is freed by its
+/// lease: between one and two leases after it was taken, never before.
+#[test]
+fn a_lost_in_flight_slot_is_freed_by_its_lease() {
+    let config = r#"{"rules": [{"name": "flight", "in_flight": {"max": 1, "lease_s": 3}}]}"#;
+    let yaml = bootstrap_with_policy(config, &panic_build("PANIC_WASM"), Some("FAIL_RELOAD"));
+    let envoy = match build() {
+        Build::Wasm => Envoy::start_yaml_workers(&yaml, 1),
+        Build::Native => Envoy::start_with_modules(&yaml, 1, &panic_build("PANIC_NATIVE_DIR")),
+    };
+    let taken = Instant::now();
+    let r = Client::connect(envoy.addr)
+        .unwrap()
+        .send("GET", "/", &[("x-test-panic", "end")])
+        .unwrap();
+    assert_eq!(r.status, 200, "answered before the stream ends");
+    // The slot stays taken (the wasm build answers 503 until its new VM serves).
+    let mut seen = Vec::new();
+    let freed = loop {
+        let status = Client::connect(envoy.addr)
+            .unwrap()
+            .get("/")
+            .unwrap()
+            .status;
+        if status == 200 {
+            break taken.elapsed();
+        }
+        seen.push(status);
+        assert!(taken.elapsed() < Duration::from_secs(10), "{seen:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("lease 3 s: the lost slot was freed after {freed:?} ({seen:?})");
+    assert!(seen.contains(&429), "the slot was held: {seen:?}");
+    assert!(
+        freed >= Duration::from_secs(3) && freed < Duration::from_millis(6_500),
+        "freed after {freed:?}"
+    );
+    if build() == Build::Native {
+        assert_eq!(envoy.wait_stat(&common::metric(None, "panics"), 1), Some(1));
+    }
+}

@@ -18,6 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod upstream;
+
 /// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
 pub fn envoy_bin() -> String {
     std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
@@ -193,6 +195,77 @@ pub fn http_filter(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String 
 
 /// The bootstrap of one listener named `test` with the filter declared as `plugin`.
 pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+    bootstrap_full(plugin, plugin_config, wasm, &Listener::default())
+}
+
+/// What the test listener does besides the filter.
+#[derive(Default)]
+pub struct Listener<'a> {
+    /// Route every request to this upstream (HTTP/1.1, trailers on) instead of answering
+    /// `ok` directly.
+    pub upstream: Option<SocketAddr>,
+    /// Take the client address from this request header (Envoy's custom-header original IP
+    /// detection), so a test can be many clients, IPv6 ones included.
+    pub client_ip_header: Option<&'a str>,
+}
+
+/// A bootstrap for the filter in the build under test (plugin `test`) with `listener`.
+pub fn bootstrap_with(plugin_config: &str, listener: &Listener) -> String {
+    let plugin = Plugin {
+        name: "test",
+        root_id: "test",
+        vm_id: Some("test"),
+        failure_policy: None,
+    };
+    bootstrap_full(&plugin, plugin_config, &wasm_path(), listener)
+}
+
+/// The whole bootstrap.
+pub fn bootstrap_full(
+    plugin: &Plugin,
+    plugin_config: &str,
+    wasm: &Path,
+    listener: &Listener,
+) -> String {
+    let action = match listener.upstream {
+        Some(_) => "route: {cluster: upstream, timeout: 60s}".to_string(),
+        None => r#"direct_response: {status: 200, body: {inline_string: "ok\n"}}"#.to_string(),
+    };
+    let detection = match listener.client_ip_header {
+        Some(h) => format!(
+            r#"
+          original_ip_detection_extensions:
+          - name: envoy.http.original_ip_detection.custom_header
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.http.original_ip_detection.custom_header.v3.CustomHeaderConfig
+              header_name: {h}"#
+        ),
+        None => String::new(),
+    };
+    let clusters = match listener.upstream {
+        Some(a) => format!(
+            r#"  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: {{enable_trailers: true}}
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: {ip}, port_value: {port}}}
+"#,
+            ip = a.ip(),
+            port = a.port()
+        ),
+        None => String::new(),
+    };
     format!(
         r#"admin:
   address:
@@ -207,19 +280,19 @@ static_resources:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: test
+          stat_prefix: test{detection}
           route_config:
             virtual_hosts:
             - name: all
               domains: ["*"]
               routes:
               - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
+                {action}
           http_filters:
 {filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
+{clusters}"#,
         filter = http_filter(plugin, plugin_config, wasm),
     )
 }

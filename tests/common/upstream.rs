@@ -1,0 +1,173 @@
+//! A tiny HTTP/1.1 upstream whose answers the test chooses, request by request, with headers:
+//!
+//! - `x-delay-ms: N`: wait N ms before answering;
+//! - `x-usage: N`: answer with the header `x-usage-tokens: N`;
+//! - `x-usage-trailer: N`: answer chunked, with the trailer `x-usage-tokens: N`;
+//! - `x-body: N`: a body of N bytes (`x-chunked: 1`: in chunks of 1,000 bytes; else with a
+//!   content-length);
+//! - `x-reset-after: N`: send the headers (content-length `x-body`) and N body bytes, then close
+//!   the connection (a reset, as Envoy sees it);
+//! - `x-status: N`: answer with this status (200 otherwise).
+//!
+//! It counts the requests it is serving right now and the most it ever served at once.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A running upstream; it stops accepting when dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    counts: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    served: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Upstream {
+    /// Listens on a free loopback port.
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if c.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let c = c.clone();
+                std::thread::spawn(move || serve(conn, &c));
+            }
+        });
+        Upstream { addr, counts }
+    }
+
+    /// Requests being served right now.
+    pub fn in_flight(&self) -> usize {
+        self.counts.now.load(Ordering::SeqCst)
+    }
+
+    /// The most requests ever served at once.
+    pub fn most_in_flight(&self) -> usize {
+        self.counts.most.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered (or reset) so far.
+    pub fn served(&self) -> usize {
+        self.counts.served.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.counts.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr); // wakes the accept loop
+    }
+}
+
+/// Serves one keep-alive connection.
+fn serve(conn: TcpStream, c: &Counts) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut headers = Vec::new();
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        let get = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let num = |name: &str| get(name).and_then(|v| v.parse::<usize>().ok());
+        let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
+        c.most.fetch_max(now, Ordering::SeqCst);
+        if let Some(ms) = num("x-delay-ms") {
+            std::thread::sleep(Duration::from_millis(ms as u64));
+        }
+        let kept = answer(reader.get_mut(), &get, &num);
+        c.now.fetch_sub(1, Ordering::SeqCst);
+        c.served.fetch_add(1, Ordering::SeqCst);
+        if !kept {
+            return;
+        }
+    }
+}
+
+/// Writes one answer; false if the connection is to be closed (or broke).
+fn answer(
+    out: &mut TcpStream,
+    get: &dyn Fn(&str) -> Option<String>,
+    num: &dyn Fn(&str) -> Option<usize>,
+) -> bool {
+    let status = num("x-status").unwrap_or(200);
+    let body = vec![b'x'; num("x-body").unwrap_or(3)];
+    let mut head = format!("HTTP/1.1 {status} OK\r\n");
+    if let Some(u) = get("x-usage") {
+        head.push_str(&format!("x-usage-tokens: {u}\r\n"));
+    }
+    let trailer = get("x-usage-trailer");
+    let chunked = trailer.is_some() || get("x-chunked").is_some();
+    if chunked {
+        head.push_str("transfer-encoding: chunked\r\n");
+        if trailer.is_some() {
+            head.push_str("trailer: x-usage-tokens\r\n");
+        }
+    } else {
+        head.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut w = || -> std::io::Result<bool> {
+        out.write_all(head.as_bytes())?;
+        if let Some(n) = num("x-reset-after") {
+            out.write_all(&body[..n.min(body.len())])?;
+            out.flush()?;
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = out.shutdown(std::net::Shutdown::Both);
+            return Ok(false);
+        }
+        if chunked {
+            for piece in body.chunks(1000) {
+                out.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
+                out.write_all(piece)?;
+                out.write_all(b"\r\n")?;
+                out.flush()?;
+            }
+            out.write_all(b"0\r\n")?;
+            if let Some(t) = &trailer {
+                out.write_all(format!("x-usage-tokens: {t}\r\n").as_bytes())?;
+            }
+            out.write_all(b"\r\n")?;
+        } else {
+            out.write_all(&body)?;
+        }
+        out.flush()?;
+        Ok(true)
+    };
+    w().unwrap_or(false)
+}
