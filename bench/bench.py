@@ -150,6 +150,8 @@ static_resources:
               routes:
               - match: {{prefix: "/"}}
                 direct_response: {{status: 200, body: {{inline_string: "ok\\n"}}}}
+                # What an upstream charging by usage would report (read by the quota variants).
+                response_headers_to_add: [{{header: {{key: x-usage-tokens, value: "1"}}}}]
           http_filters:
 {filters}{ROUTER}""" + extra
 
@@ -262,18 +264,25 @@ def summarize(runs):
         max(sum(r["requests"] for r in runs), 1)}
 
 
-def interleaved(envoy_bin, specs, rounds, measure, workdir, label="", extra=""):
-    """Runs `measure(envoy)` for every (name, filters) spec, interleaved over `rounds`. Each
-    round starts a fresh Envoy per variant: instances of one build differ by up to ~10% (V8
-    tiering, memory layout), so a variant's median must span several processes."""
+def interleaved(envoy_bin, specs, rounds, measure, workdir, label="", extra="", cycles=1,
+                warmup=None):
+    """Runs `measure(envoy)` for every (name, filters) spec, interleaved: each round starts a
+    fresh Envoy per variant (instances of one build differ by up to ~10%: V8 tiering, memory
+    layout, so a variant's figures must span several processes), warms each up, then measures
+    every variant `cycles` times in a rotating order. The machine is shared: short bursts close
+    in time let a ratio compare variants under the same conditions (see `paired`)."""
     runs = {name: [] for name, _ in specs}
     for rnd in range(rounds):
         envoys = []
         try:
             envoys = [Envoy(envoy_bin, name, filters, workdir, extra) for name, filters in specs]
-            k = rnd % len(envoys)
-            for e in envoys[k:] + envoys[:k]:
-                runs[e.name].append(measure(e))
+            if warmup:
+                for e in envoys:
+                    warmup(e)
+            for cycle in range(cycles):
+                k = (rnd * cycles + cycle) % len(envoys)
+                for e in envoys[k:] + envoys[:k]:
+                    runs[e.name].append(measure(e))
         finally:
             for e in envoys:
                 e.stop()
@@ -282,24 +291,49 @@ def interleaved(envoy_bin, specs, rounds, measure, workdir, label="", extra=""):
     return runs
 
 
-def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label="", extra=""):
-    measure = lambda e: wrk(e, args.seconds, args.connections, (keys or {}).get(e.name, 1), lua)
-    runs = interleaved(envoy_bin, specs, rounds, measure, workdir, label, extra)
-    return {name: summarize(r) for name, r in runs.items()}
+def paired(runs, a, b):
+    """Variant `a` against `b`, burst by burst (the same round and cycle, so the same
+    conditions), medians: the throughput ratio, and the same ratio derived from Envoy CPU per
+    request (b's CPU / a's), which CPU time stolen by other tenants of the machine disturbs
+    less."""
+    pairs = list(zip(runs[a], runs[b]))
+    return {
+        "throughput": statistics.median(x["rps"] / y["rps"] for x, y in pairs),
+        "cpu": statistics.median(y["cpu_us_per_req"] / x["cpu_us_per_req"] for x, y in pairs),
+        "bursts": len(pairs),
+    }
+
+
+def paired_delta(runs, a, b):
+    """Envoy CPU µs per request that `a` adds over `b`, burst by burst, median."""
+    return statistics.median(x["cpu_us_per_req"] - y["cpu_us_per_req"]
+                             for x, y in zip(runs[a], runs[b]))
+
+
+def closed_loop(envoy_bin, specs, rounds, args, lua, workdir, keys=None, label="", extra="",
+                raw=False):
+    key_count = lambda e: (keys or {}).get(e.name, 1)
+    measure = lambda e: wrk(e, args.seconds, args.connections, key_count(e), lua)
+    warm = lambda e: wrk(e, 1, args.connections, key_count(e), lua)
+    runs = interleaved(envoy_bin, specs, rounds, measure, workdir, label, extra, args.cycles,
+                       warm)
+    summary = {name: summarize(r) for name, r in runs.items()}
+    return (summary, runs) if raw else summary
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--envoy", default=os.environ.get("ENVOY", "envoy"))
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument("--seconds", type=int, default=2)
+    ap.add_argument("--cycles", type=int, default=3, help="measurements of every variant per round")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke test")
     ap.add_argument("--only", help="comma-separated main variants: measure just those, print "
                     "the table, write nothing (for development)")
     args = ap.parse_args()
     if args.quick:
-        args.rounds, args.seconds = 1, 2
+        args.rounds, args.seconds, args.cycles = 1, 1, 1
     for tool in ("wrk", "taskset"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is required (make bench installs it)")
@@ -344,15 +378,21 @@ def main():
             print(f"{name:14} {s['rps']:8.0f} rps  {s['cpu_us_per_req']:6.1f} µs/req  "
                   f"× {keep[0]} {s['rps'] / first['rps']:.3f}")
         return
-    main_runs = closed_loop(args.envoy, specs, args.rounds, args, lua, work, label="variants")
+    main_runs, main_raw = closed_loop(args.envoy, specs, args.rounds, args, lua, work,
+                                      label="variants", raw=True)
+    pairs = {f"{a}/{b}": paired(main_raw, a, b) for a, b in (
+        ("native-1", "floor-native"), ("wasm-1", "floor-wasm"), ("floor-native", "local-rl"),
+        ("native-1", "local-rl"), ("wasm-1", "native-1"), ("floor-wasm", "noop-wasm"))}
 
     # The cost curve: number of matching rules, number of distinct client keys, both builds.
     curve_rounds = max(1, (args.rounds + 1) // 2)
     rules_specs = [(f"{b}-rules-{n}", ours([rule(f"r{i}", ["remote_address"]) for i in range(n)],
                                            build=b))
                    for b in ("native", "wasm") for n in (1, 3, 10)]
-    rules_runs = closed_loop(args.envoy, rules_specs, curve_rounds, args, lua, work,
-                             label="rules")
+    rules_runs, rules_raw = closed_loop(args.envoy, rules_specs, curve_rounds, args, lua, work,
+                                        label="rules", raw=True)
+    per_rule = {b: paired_delta(rules_raw, f"{b}-rules-10", f"{b}-rules-1") / 9
+                for b in ("native", "wasm")}
     key_counts = {"1": 1, "10k": 10_000, "1M": 1_000_000}
     keys_specs = [(f"{b}-keys-{k}", ours([rule("per-user", ["header:x-user"])],
                                          capacity=1_048_576, build=b))
@@ -360,6 +400,23 @@ def main():
     keys_runs = closed_loop(args.envoy, keys_specs, curve_rounds, args, lua, work,
                             keys={name: key_counts[name.rsplit("-", 1)[1]]
                                   for name, _ in keys_specs}, label="keys")
+
+    # What each quota unit adds to one rule per client, both builds.
+    per_client_rule = rule("q", ["remote_address"])
+    quota_rules = {
+        "plain": [per_client_rule],
+        "tokens": [per_client_rule | {"cost": {"response": "header:x-usage-tokens"}}],
+        "bytes": [per_client_rule | {"cost": {"response": "body_bytes"}}],
+        "in-flight": [{"name": "q", "key": ["remote_address"], "in_flight": {"max": NEVER}}],
+        "prefix": [rule("q", [{"remote_address": {"ipv4_prefix": 24}}])],
+    }
+    quota_specs = [(f"{b}-{name}", ours(rules, build=b))
+                   for b in ("native", "wasm") for name, rules in quota_rules.items()]
+    _, quota_raw = closed_loop(args.envoy, quota_specs, curve_rounds, args, lua, work,
+                               label="quota", raw=True)
+    quota = {f"{b}-{name}": {"cpu_us_per_req": summarize(quota_raw[f"{b}-{name}"])["cpu_us_per_req"],
+                             "added_us": paired_delta(quota_raw, f"{b}-{name}", f"{b}-plain")}
+             for b in ("native", "wasm") for name in quota_rules}
 
     memory = {b: memory_per_key(args, lua, work, b) for b in ("wasm", "native")}
 
@@ -380,9 +437,11 @@ def main():
         "global": global_results,
         "envoy": envoy_version, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "rounds": args.rounds, "seconds": args.seconds, "connections": args.connections,
-        "wasm_bytes": WASM.stat().st_size, "variants": main_runs,
+        "wasm_bytes": WASM.stat().st_size, "variants": main_runs, "paired": pairs,
+        "cycles": args.cycles, "quota": quota,
         "labels": {name: label for name, _, label in variants},
-        "rules_curve": rules_runs, "keys_curve": keys_runs, "memory": memory,
+        "rules_curve": rules_runs, "per_rule_us": per_rule, "keys_curve": keys_runs,
+        "memory": memory,
         "latency_half_rate": {"rate": half, "by_variant": latency},
         "duration_s": round(time.time() - started),
     }
@@ -515,7 +574,6 @@ def global_section(args, lua, work, rounds):
 def report(r):
     v = r["variants"]
     base, local = v["no-filter"], v["local-rl"]
-    ratio = lambda a, b: v[a]["rps"] / v[b]["rps"]
     lines = [
         "# Benchmarks",
         "",
@@ -523,7 +581,8 @@ def report(r):
         f"Envoy ({r['envoy']}) binary, listener and `direct_response` route for every variant, Envoy",
         "with `--concurrency 1` pinned to CPU 0, the load generator (wrk, 1 thread,",
         f"{r['connections']} keep-alive connections) pinned to CPU 1, variants interleaved over",
-        f"{r['rounds']} rounds of {r['seconds']} s (a fresh Envoy per variant and round), medians.",
+        f"{r['rounds']} rounds (a fresh Envoy per variant and round, warmed up) of {r['cycles']} bursts",
+        f"of {r['seconds']} s per variant in a rotating order, medians.",
         "Envoy CPU per request is the CPU time of all Envoy threads during a run divided by the",
         "requests served. Ratios compare variants within this run; absolute numbers depend on the",
         f"machine ({r['machine']}), which is shared and noisy.",
@@ -537,19 +596,26 @@ def report(r):
             f"{s['rps'] / local['rps']:.2f} | {s['cpu_us_per_req']:.1f} | "
             f"{s['cpu_us_per_req'] - base['cpu_us_per_req']:+.1f} | "
             f"{s['p50_us']:.0f} | {s['p99_us']:.0f} | {s['p999_us']:.0f} |")
+    p = r["paired"]
+    pr = lambda name: f"{p[name]['throughput']:.2f} | {p[name]['cpu']:.2f}"
     lines += [
         "",
         "Each build against the least work any per-client limiter of its kind must do (the floor",
         "probes: read `source.address`, one counter update in shared state, two response header",
-        "fields; [`bench/floor-native`](bench/floor-native), [`bench/floor-wasm`](bench/floor-wasm)):",
+        "fields; [`bench/floor-native`](bench/floor-native), [`bench/floor-wasm`](bench/floor-wasm)).",
+        "Ratios are taken burst by burst (the two variants measured one after the other, in the same",
+        f"round), medians over {p['wasm-1/floor-wasm']['bursts']} pairs; the second column derives",
+        "the same ratio from Envoy CPU per request, which CPU time taken by other tenants of the",
+        "machine disturbs less:",
         "",
-        "| | throughput ratio |",
-        "|---|---:|",
-        f"| native build, 1 rule per client, both header styles / dynamic-module floor | {ratio('native-1', 'floor-native'):.2f} |",
-        f"| wasm build, 1 rule per client, both header styles / proxy-wasm floor | {ratio('wasm-1', 'floor-wasm'):.2f} |",
-        f"| dynamic-module floor / Envoy local_ratelimit per client | {ratio('floor-native', 'local-rl'):.2f} |",
-        f"| native build, 1 rule / Envoy local_ratelimit per client | {ratio('native-1', 'local-rl'):.2f} |",
-        f"| wasm build, 1 rule / native build, 1 rule | {ratio('wasm-1', 'native-1'):.2f} |",
+        "| | throughput ratio | from CPU per request |",
+        "|---|---:|---:|",
+        f"| native build, 1 rule per client, both header styles / dynamic-module floor | {pr('native-1/floor-native')} |",
+        f"| wasm build, 1 rule per client, both header styles / proxy-wasm floor | {pr('wasm-1/floor-wasm')} |",
+        f"| dynamic-module floor / Envoy local_ratelimit per client | {pr('floor-native/local-rl')} |",
+        f"| native build, 1 rule / Envoy local_ratelimit per client | {pr('native-1/local-rl')} |",
+        f"| wasm build, 1 rule / native build, 1 rule | {pr('wasm-1/native-1')} |",
+        f"| proxy-wasm floor / no-op wasm filter | {pr('floor-wasm/noop-wasm')} |",
         "",
         f"In the 429 variants, {v['native-429']['non2xx_share']:.1%} (native) and "
         f"{v['wasm-429']['non2xx_share']:.1%} (wasm) of the requests were refused: they measure",
@@ -561,15 +627,17 @@ def report(r):
         "|---|---|---:|---:|---:|",
     ]
     rc = r["rules_curve"]
-    per_rule = {}
+    per_rule = r["per_rule_us"]
     for b in ("native", "wasm"):
         one = rc[f"{b}-rules-1"]["cpu_us_per_req"]
-        per_rule[b] = (rc[f"{b}-rules-10"]["cpu_us_per_req"] - one) / 9
         for n in (1, 3, 10):
             s = rc[f"{b}-rules-{n}"]
             per = "" if n == 1 else f"{(s['cpu_us_per_req'] - one) / (n - 1):.2f}"
             lines.append(f"| {n} | {b} | {s['rps']:.0f} | {s['cpu_us_per_req']:.1f} | {per} |")
     lines += [
+        "",
+        f"Each further rule, burst by burst (10 rules against 1, / 9): native {per_rule['native']:.2f} µs,",
+        f"wasm {per_rule['wasm']:.2f} µs.",
         "",
         "| distinct client keys (header `x-user`, capacity 1,048,576) | build | requests/s | Envoy CPU µs/req | p99 µs |",
         "|---|---|---:|---:|---:|",
@@ -579,6 +647,25 @@ def report(r):
             s = r["keys_curve"][f"{b}-keys-{k}"]
             lines.append(f"| {label} | {b} | {s['rps']:.0f} | {s['cpu_us_per_req']:.1f} | "
                          f"{s['p99_us']:.0f} |")
+    q = r["quota"]
+    lines += [
+        "",
+        "## Quota units",
+        "",
+        "What each kind of rule adds to one rule keyed by client address (Envoy CPU µs per request,",
+        "burst by burst against the plain rule): charged from a response header (`x-usage-tokens`,",
+        "which the route adds to every response), charged by body bytes, requests in flight, and",
+        "keyed per IPv4 /24.",
+        "",
+        "| rule | native µs/req | added | wasm µs/req | added |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (("plain", "1 rule per client"), ("tokens", "charged from a response header"),
+                        ("bytes", "charged by body bytes"), ("in-flight", "requests in flight"),
+                        ("prefix", "keyed per /24")):
+        n, w = q[f"native-{name}"], q[f"wasm-{name}"]
+        lines.append(f"| {label} | {n['cpu_us_per_req']:.1f} | {n['added_us']:+.2f} | "
+                     f"{w['cpu_us_per_req']:.1f} | {w['added_us']:+.2f} |")
     m = r["memory"]
     mw, mn = m["wasm"], m["native"]
     lines += [
@@ -610,9 +697,9 @@ def report(r):
         "",
         "| target | measured |",
         "|---|---|",
-        f"| native build, 1 rule per client ≥ 0.92× the dynamic-module floor | {ratio('native-1', 'floor-native'):.2f}× |",
+        f"| native build, 1 rule per client ≥ 0.92× the dynamic-module floor | {p['native-1/floor-native']['throughput']:.2f}× (from CPU: {p['native-1/floor-native']['cpu']:.2f}×) |",
         f"| native build, each further rule ≤ 1 µs | {per_rule['native']:.2f} µs |",
-        f"| wasm build, 1 rule per client ≥ 0.92× the proxy-wasm floor | {ratio('wasm-1', 'floor-wasm'):.2f}× |",
+        f"| wasm build, 1 rule per client ≥ 0.92× the proxy-wasm floor | {p['wasm-1/floor-wasm']['throughput']:.2f}× (from CPU: {p['wasm-1/floor-wasm']['cpu']:.2f}×) |",
         f"| memory per tracked key ≤ 64 B | wasm {mw['bytes_per_key']:.0f} B, native {mn['bytes_per_key']:.0f} B |",
         "",
     ]
