@@ -40,6 +40,9 @@ pub struct Check {
     /// Decide whether the key has room for `cost` (a reserve), but count nothing: what the
     /// request used is charged once its response is known ([`settle`]).
     pub charge_later: bool,
+    /// An elastic rule's base policy, when the limit in force (`policy`) differs from it: an
+    /// admitted request is reported as above the base if the base would have refused it.
+    pub base: Option<Policy>,
 }
 
 impl Check {
@@ -58,6 +61,15 @@ impl Check {
         } else {
             self.policy.decide(self.state(slot), now_ms, cost)
         }
+    }
+
+    /// Whether the base policy of an elastic rule would have refused a request its limit in
+    /// force admits.
+    fn above_base(&self, verdict: &Verdict, state: Option<&State>, now_ms: u64) -> bool {
+        verdict.allowed
+            && self
+                .base
+                .is_some_and(|b| !b.decide(state, now_ms, self.cost).0.allowed)
     }
 
     /// What a rule charged later reports: if it admits, the quota left now (nothing is
@@ -95,6 +107,8 @@ pub struct RuleOutcome {
     pub evicted: bool,
     /// Whether committing this rule used a table entry for the first time.
     pub filled: bool,
+    /// Whether an elastic rule admitted the request above its base limit.
+    pub above_base: bool,
 }
 
 /// Why the store could not decide for a rule.
@@ -231,6 +245,7 @@ fn decide_one(
         };
         let state = found.as_ref().map(|(_, s)| s);
         let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
+        out.above_base = check.above_base(&verdict, state, now_ms);
         if check.charge_later {
             out.verdict = Some(check.reported(verdict, state, now_ms));
             return done(out, verdict.allowed || check.shadow);
@@ -303,6 +318,7 @@ fn decide_general(
                 w.before = check.current(&r.slot);
                 let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
+                out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
                 if check.charge_later {
                     out.verdict = Some(check.reported(verdict, w.before.as_ref(), now_ms));
                 } else {
@@ -357,6 +373,7 @@ fn decide_general(
             }
             let (verdict, next) = check.decide(&r.slot, now_ms, check.cost);
             out.verdict = Some(verdict);
+            out.above_base = check.above_base(&verdict, check.current(&r.slot).as_ref(), now_ms);
             match next {
                 Some(s) => state = s,
                 None if check.shadow => break, // it would have refused: count nothing
@@ -518,6 +535,7 @@ mod tests {
             cost: 1,
             shadow: false,
             charge_later: false,
+            base: None,
         }
     }
 
@@ -581,6 +599,7 @@ mod tests {
                     cost: 1 + next(2),
                     shadow: next(5) == 0,
                     charge_later: next(4) == 0,
+                    base: None,
                 };
                 if next(500) == 0 {
                     for s in [&fast, &general] {
@@ -884,6 +903,7 @@ mod blocked_tests {
             cost: 1,
             shadow: false,
             charge_later: false,
+            base: None,
         };
         assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
         let (mut slot, cas) = store

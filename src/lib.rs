@@ -9,6 +9,7 @@
 //! compiled and tested natively; [`host`] holds the only code that knows its host.
 
 pub mod config;
+pub mod elastic;
 pub mod engine;
 pub mod global;
 pub mod headers;

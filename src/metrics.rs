@@ -33,11 +33,13 @@ pub enum Counter {
     UsageCharged,
     /// Responses that never reported their usage and were charged the rule's default.
     UsageUnreported,
+    /// Requests an elastic rule admitted above its base limit.
+    ElasticAllowed,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 13] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -50,6 +52,7 @@ impl Counter {
         Counter::Abandoned,
         Counter::UsageCharged,
         Counter::UsageUnreported,
+        Counter::ElasticAllowed,
     ];
 
     /// The name in the metric names.
@@ -67,6 +70,7 @@ impl Counter {
             Counter::Abandoned => "abandoned",
             Counter::UsageCharged => "usage_charged",
             Counter::UsageUnreported => "usage_unreported",
+            Counter::ElasticAllowed => "elastic_allowed",
         }
     }
 }
@@ -96,12 +100,28 @@ impl Gauge {
     }
 }
 
-/// A metric's full name: `wasm_ratelimit.<plugin>.<rule>.<counter>` for a rule's counter,
-/// `wasm_ratelimit.<plugin>.<gauge>` for a plugin's gauge (the README lists them).
+/// The per-rule gauge of an elastic rule: its limit in force as a percentage of its base.
+pub const ELASTIC_FACTOR: &str = "elastic_factor_percent";
+
+/// A metric's full name, with the plugin and the rule as tags Envoy can extract:
+/// `wasm_ratelimit.plugin=.=<plugin>;.;rule=.=<rule>;.;<counter>` for a rule's metric,
+/// `wasm_ratelimit.plugin=.=<plugin>;.;<gauge>` for a plugin's. With the `stats_tags` of the
+/// README in Envoy's bootstrap (Istio: `extraStatTags: [plugin, rule]`), Prometheus sees
+/// `wasm_ratelimit_<counter>{plugin="…",rule="…"}`. The encoding is Istio's own; `;` and `=`
+/// in a plugin name, and a trailing `.` (which Envoy drops from a tag value), would break it:
+/// they become `_` (rule names cannot hold them).
 pub fn name(plugin: &str, rule: Option<&str>, metric: &str) -> String {
+    let mut plugin: String = plugin
+        .chars()
+        .map(|c| if c == ';' || c == '=' { '_' } else { c })
+        .collect();
+    if plugin.ends_with('.') {
+        plugin.pop();
+        plugin.push('_');
+    }
     match rule {
-        Some(rule) => format!("wasm_ratelimit.{plugin}.{rule}.{metric}"),
-        None => format!("wasm_ratelimit.{plugin}.{metric}"),
+        Some(rule) => format!("wasm_ratelimit.plugin=.={plugin};.;rule=.={rule};.;{metric}"),
+        None => format!("wasm_ratelimit.plugin=.={plugin};.;{metric}"),
     }
 }
 
@@ -198,11 +218,15 @@ mod tests {
         );
         assert_eq!(
             name("demo", Some("per-client"), Counter::Allowed.name()),
-            "wasm_ratelimit.demo.per-client.allowed"
+            "wasm_ratelimit.plugin=.=demo;.;rule=.=per-client;.;allowed"
         );
         assert_eq!(
-            name("demo", None, Gauge::TrackedKeys.name()),
-            "wasm_ratelimit.demo.tracked_keys"
+            name("istio-system.gw", None, Gauge::TrackedKeys.name()),
+            "wasm_ratelimit.plugin=.=istio-system.gw;.;tracked_keys"
+        );
+        assert_eq!(
+            name("a;b=c.", None, "x"),
+            "wasm_ratelimit.plugin=.=a_b_c_;.;x"
         );
     }
 }

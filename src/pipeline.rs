@@ -97,6 +97,11 @@ pub struct Admitted {
     owed: Vec<Debt>,
     /// Response body bytes so far.
     body_bytes: u64,
+    /// The elastic rules whose backend health this response tells about.
+    watched: SmallVec<[usize; 1]>,
+    /// When the request was admitted, ms since the epoch (its response's latency is measured
+    /// from here).
+    admitted_ms: u64,
 }
 
 impl Admitted {
@@ -108,6 +113,12 @@ impl Admitted {
     /// Whether anything is still owed: the host must keep this until the stream ends.
     pub fn owes(&self) -> bool {
         !self.owed.is_empty()
+    }
+
+    /// Whether [`Runtime::response_headers`] needs the time (to charge, or to measure a
+    /// response's latency); otherwise any value will do.
+    pub fn needs_clock(&self) -> bool {
+        !self.owed.is_empty() || !self.watched.is_empty()
     }
 }
 
@@ -230,6 +241,14 @@ impl<S: Store> Runtime<S> {
                 u64::from(table::bucket_of(hash, self.buckets))
             };
             let mut policy = compiled.policy;
+            let mut base = None;
+            if let Some(w) = &compiled.watch {
+                let factor = w.factor.load(std::sync::atomic::Ordering::Relaxed);
+                if factor != crate::elastic::BASE {
+                    base = Some(policy);
+                    policy = policy.scaled(factor);
+                }
+            }
             if let (Policy::Gcra(gp), true) = (&mut policy, full) {
                 if gp.max_delay_ms.is_some() {
                     gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
@@ -242,6 +261,7 @@ impl<S: Store> Runtime<S> {
                 cost,
                 shadow: rule.shadow,
                 charge_later: rule.charge().is_some(),
+                base,
             });
             p.applied.push(Applied {
                 rule: i,
@@ -295,6 +315,7 @@ impl<S: Store> Runtime<S> {
             .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
         let mut owed = Vec::new();
+        let mut watched = SmallVec::new();
         if let Some(outcome) = &outcome {
             for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
                 let Some(rule) = self.config.rules.get(a.rule) else {
@@ -310,6 +331,14 @@ impl<S: Store> Runtime<S> {
                     self.refusal(host, a.rule, a.hash, &v, check.cost);
                 } else if allowed {
                     held.rules.push((a.rule, v.delay_ms > 0));
+                    if self.compiled.get(a.rule).is_some_and(|c| c.watch.is_some()) {
+                        watched.push(a.rule);
+                        self.metrics.add(
+                            a.rule,
+                            Counter::ElasticAllowed,
+                            u64::from(out.above_base),
+                        );
+                    }
                     let kind = match check.policy {
                         Policy::InFlight { .. } => Some(DebtKind::Slot(now)),
                         _ if check.charge_later => Some(DebtKind::Usage),
@@ -354,13 +383,18 @@ impl<S: Store> Runtime<S> {
         } else {
             SmallVec::new()
         };
-        let admitted =
-            (!verdicts.is_empty() || !service.is_empty() || !owed.is_empty()).then_some(Admitted {
-                verdicts,
-                service,
-                owed,
-                body_bytes: 0,
-            });
+        let admitted = (!verdicts.is_empty()
+            || !service.is_empty()
+            || !owed.is_empty()
+            || !watched.is_empty())
+        .then_some(Admitted {
+            verdicts,
+            service,
+            owed,
+            body_bytes: 0,
+            watched,
+            admitted_ms: now,
+        });
         let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
@@ -437,6 +471,9 @@ impl<S: Store> Runtime<S> {
         if !a.owed.is_empty() {
             self.charge_reported(a, response, now_ms);
         }
+        if !a.watched.is_empty() {
+            self.observe(a, response, now_ms);
+        }
         for (k, v) in &a.service {
             emit(k, v, false);
         }
@@ -470,6 +507,20 @@ impl<S: Store> Runtime<S> {
                 }
             };
             self.pay(debt, owed, now_ms);
+        }
+    }
+
+    /// Tells each elastic rule the request matched how its backend answered.
+    fn observe(&self, a: &mut Admitted, response: &mut impl Response, now_ms: u64) {
+        let status = response
+            .field(":status")
+            .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let latency = now_ms.saturating_sub(a.admitted_ms);
+        for rule in std::mem::take(&mut a.watched) {
+            if let Some(w) = self.compiled.get(rule).and_then(|c| c.watch.as_ref()) {
+                w.observe(status, latency);
+            }
         }
     }
 
@@ -739,6 +790,8 @@ mod tests {
             service: a.service.clone(),
             owed: Vec::new(),
             body_bytes: 0,
+            watched: SmallVec::new(),
+            admitted_ms: 0,
         });
         respond(rt, &mut a, &mut FakeResponse::default(), 0)
     }
@@ -1207,5 +1260,77 @@ mod tests {
         let held: Vec<Admitted> = (0..5).filter_map(|_| admitted(&rt, &mut other)).collect();
         assert_eq!(held.len(), 5);
         assert!(matches!(decided(&rt, &mut other), Decision::Reply(_)));
+    }
+
+    #[test]
+    fn an_elastic_limit_follows_the_backends_health() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "e", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 10, "unit": "hour"},
+                "elastic": {"ceiling": 2.0, "floor": 0.5, "max_bad_share": 0.1,
+                            "latency_ms": 500, "window_s": 10, "ramp_s": 5}}]}"#,
+        );
+        assert_eq!(rt.tick_period(), Some(crate::runtime::ELASTIC_TICK_MS));
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        // A healthy backend: 10 quick 200s a second (the requests of other keys, here on a
+        // separate rule-less path would do as well: only responses to the rule count).
+        let answer = |rt: &Runtime<MemoryStore>, host: &mut FakeHost, status: &str| {
+            let mut a = match decided(rt, host) {
+                Decision::Continue(a) => a,
+                other => return Err(Box::new(other)),
+            };
+            respond(
+                rt,
+                &mut a,
+                &mut FakeResponse::with(":status", status),
+                host.now + 20,
+            );
+            Ok(())
+        };
+        let mut factors = Vec::new();
+        for second in 0..6 {
+            for _ in 0..10 {
+                // Each second's requests come from a fresh client key, so the base limit
+                // never refuses them.
+                host.req.source_address = Some(format!("10.1.{second}.{}:1", factors.len()));
+                answer(&rt, &mut host, "200").unwrap();
+            }
+            host.now += 1_000;
+            rt.tick(host.now);
+            factors.extend(rt.elastic_factors().map(|(_, pct)| pct));
+        }
+        // 20 % of the span (0.5× → 2×) a second, from the base: 130 %, 160 %, ... 200 %.
+        assert_eq!(factors, [130, 160, 190, 200, 200, 200]);
+        // One client may now make 20 requests an hour, 10 of them above the base.
+        host.req.source_address = Some("10.9.9.9:1".into());
+        for i in 0..20 {
+            assert!(answer(&rt, &mut host, "200").is_ok(), "request {i}");
+        }
+        let Err(refused) = answer(&rt, &mut host, "200") else {
+            panic!("admitted over the ceiling")
+        };
+        let Decision::Reply(r) = *refused else {
+            panic!("{refused:?}")
+        };
+        assert!(
+            r.headers().any(|h| h == ("x-ratelimit-limit", "20")),
+            "{r:?}"
+        );
+        assert!(counts(&rt).contains(&(0, Counter::ElasticAllowed, 10)));
+        // The backend fails: within a tick of a second of 503s, the limit drops to the floor.
+        for i in 0..10 {
+            host.req.source_address = Some(format!("10.2.0.{i}:1"));
+            answer(&rt, &mut host, "503").unwrap();
+        }
+        host.now += 1_000;
+        rt.tick(host.now);
+        assert_eq!(rt.elastic_factors().collect::<Vec<_>>(), [(0, 50)]);
+        // Slow answers count as bad too.
+        assert!(rt.compiled[0]
+            .watch
+            .as_ref()
+            .unwrap()
+            .params
+            .is_bad(200, 501));
     }
 }

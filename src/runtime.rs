@@ -3,14 +3,15 @@
 //! and hands every request to [`crate::pipeline`].
 
 use crate::config::{Config, Rule};
+use crate::elastic::{self, Health};
 use crate::global::{self, Answer, Flush, Hits, Target};
 use crate::key::{self, Seed};
 use crate::limiter::Policy;
 use crate::metrics::{Counter, Metrics};
 use crate::rls;
-use crate::store::Store;
+use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// A rule with what is computed from it once.
@@ -21,7 +22,36 @@ pub(crate) struct Compiled {
     pub fingerprint: u64,
     /// The algorithm and its numbers.
     pub policy: Policy,
+    /// An elastic rule's view of its backend's health.
+    pub watch: Option<Watch>,
 }
+
+/// What one worker (or process) knows of an elastic rule: the factor in force, and the
+/// responses seen since it last reported them to the shared [`Health`].
+#[derive(Debug)]
+pub(crate) struct Watch {
+    pub params: elastic::Params,
+    /// The store slot of the rule's health.
+    slot: u64,
+    /// The factor in force, permille.
+    pub factor: AtomicU32,
+    total: AtomicU64,
+    bad: AtomicU64,
+}
+
+impl Watch {
+    /// Records one response to the rule's traffic.
+    pub fn observe(&self, status: u16, latency_ms: u64) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        if self.params.is_bad(status, latency_ms) {
+            self.bad.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How often the host must call [`Runtime::tick`] while a rule is elastic, ms: responses are
+/// reported to the shared health this often.
+pub const ELASTIC_TICK_MS: u32 = 250;
 
 /// Everything a request needs, built once per configuration.
 #[derive(Debug)]
@@ -36,6 +66,8 @@ pub struct Runtime<S> {
     pub(crate) hits: Mutex<Hits>,
     /// When a failure was last logged (ms), to log at most one a second.
     pub(crate) last_failure_log: AtomicU64,
+    /// When [`Runtime::tick`] last reported to the shared health (ms).
+    last_tick: AtomicU64,
 }
 
 impl<S: Store> Runtime<S> {
@@ -44,14 +76,20 @@ impl<S: Store> Runtime<S> {
         let compiled = config
             .rules
             .iter()
-            .map(|rule| Compiled {
-                fingerprint: key::rule_fingerprint(
-                    seed,
-                    &rule.name,
-                    &rule.key,
-                    rule.limit.algorithm_name(),
-                ),
-                policy: rule.policy(),
+            .map(|rule| {
+                let fingerprint =
+                    key::rule_fingerprint(seed, &rule.name, &rule.key, rule.limit.algorithm_name());
+                Compiled {
+                    fingerprint,
+                    policy: rule.policy(),
+                    watch: rule.elastic.map(|params| Watch {
+                        params,
+                        slot: table::HEALTH_SLOTS + fingerprint % (1 << 31),
+                        factor: AtomicU32::new(elastic::BASE),
+                        total: AtomicU64::new(0),
+                        bad: AtomicU64::new(0),
+                    }),
+                }
             })
             .collect();
         Runtime {
@@ -63,6 +101,7 @@ impl<S: Store> Runtime<S> {
             store,
             hits: Mutex::default(),
             last_failure_log: AtomicU64::new(0),
+            last_tick: AtomicU64::new(0),
         }
     }
 
@@ -100,6 +139,58 @@ impl<S: Store> Runtime<S> {
     /// asynchronously.
     pub fn flush_period(&self) -> Option<u32> {
         global::flush_period(&self.config.rules)
+    }
+
+    /// How often the host must call [`Runtime::tick`] (ms), if any rule is elastic.
+    pub fn tick_period(&self) -> Option<u32> {
+        self.compiled
+            .iter()
+            .any(|c| c.watch.is_some())
+            .then_some(ELASTIC_TICK_MS)
+    }
+
+    /// Reports the responses this runtime saw to each elastic rule's shared health, moves the
+    /// factor if a step is due, and takes the factor in force for the requests to come; at most
+    /// once per [`ELASTIC_TICK_MS`], however often it is called.
+    pub fn tick(&self, now_ms: u64) {
+        let last = self.last_tick.load(Ordering::Relaxed);
+        if now_ms < last.saturating_add(u64::from(ELASTIC_TICK_MS))
+            || self
+                .last_tick
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        for w in self.compiled.iter().filter_map(|c| c.watch.as_ref()) {
+            let total = w.total.swap(0, Ordering::Relaxed);
+            let bad = w.bad.swap(0, Ordering::Relaxed);
+            for _ in 0..crate::engine::MAX_ATTEMPTS {
+                let read = self.store.read(w.slot, |bytes, cas| {
+                    (bytes.and_then(Health::decode), cas.unwrap_or(CREATE_CAS))
+                });
+                let Ok((health, cas)) = read else { break };
+                let mut h = health.unwrap_or_default();
+                h.add(now_ms, &w.params, total, bad);
+                h.step(now_ms, &w.params);
+                match self.store.write(w.slot, &h.encode(), cas) {
+                    Ok(()) => {
+                        w.factor.store(h.factor, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(StoreError::Conflict) => continue,
+                    Err(StoreError::Unavailable(_)) => break,
+                }
+            }
+        }
+    }
+
+    /// Each elastic rule's limit in force, as a percentage of its base: `(rule, percent)`.
+    pub fn elastic_factors(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.compiled.iter().enumerate().filter_map(|(i, c)| {
+            let w = c.watch.as_ref()?;
+            Some((i, u64::from(w.factor.load(Ordering::Relaxed)) / 10))
+        })
     }
 
     /// The reports of async global rules' hits since the last flush, to send to each rule's

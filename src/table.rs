@@ -26,6 +26,9 @@ pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
 pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN;
 /// Store slots from here on hold sliding logs (one key each), below it buckets.
 pub const LOG_SLOTS: u64 = 1 << 32;
+/// Store slots from here on hold the shared health of elastic rules (one per rule), past every
+/// sliding-log slot.
+pub const HEALTH_SLOTS: u64 = 1 << 33;
 
 const TAG_SLIDING_WINDOW: u8 = 1;
 const TAG_FIXED_WINDOW: u8 = 2;

@@ -99,9 +99,19 @@ fn the_gateway_plugin_limits_logins_in_envoy() {
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
     let r = c.get("/").unwrap();
     assert_eq!(r.status, 200);
-    // Istio names the filter <namespace>.<name>: so do the metrics.
-    let stat = "wasmcustom.wasm_ratelimit.istio-ingress.ratelimit-gateway.login.limited";
-    assert_eq!(envoy.wait_stat(stat, 1), Some(1));
+    // Istio names the filter <namespace>.<name>: so do the metrics, and with the tags Istio's
+    // `extraStatTags: [plugin, rule]` extracts, Prometheus gets the name as a label.
+    let stat = common::metric_of("istio-ingress.ratelimit-gateway", Some("login"), "limited");
+    assert_eq!(envoy.wait_stat(&stat, 1), Some(1));
+    let prom = common::get(envoy.admin, "/stats/prometheus")
+        .unwrap()
+        .body_str();
+    assert!(
+        prom.contains(
+            "wasm_ratelimit_limited{plugin=\"istio-ingress.ratelimit-gateway\",rule=\"login\"} 1\n"
+        ),
+        "{prom}"
+    );
 }
 
 #[test]

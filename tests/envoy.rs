@@ -169,6 +169,39 @@ fn metrics_match_the_traffic() {
     prom(Some("enforced"), "slot_evictions", 0);
     prom(None, "tracked_keys", 4);
     prom(None, "delay_queue", 0);
+    // One metric per counter, with the plugin and the rule as labels (the wasm build through
+    // the bootstrap's stats_tags, the native build through the ABI's labels).
+    let family = match common::build() {
+        common::Build::Wasm => "wasm_ratelimit_allowed{",
+        common::Build::Native => "envoy_dynamicmodulescustom_wasm_ratelimit_allowed{",
+    };
+    let text = common::get(envoy.admin, "/stats/prometheus")
+        .unwrap()
+        .body_str();
+    let mut series: Vec<(Vec<(String, String)>, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (labels, value) = l.strip_prefix(family)?.split_once("} ")?;
+            let labels = labels
+                .split(',')
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k.to_string(), v.trim_matches('"').to_string())
+                })
+                .collect();
+            Some((labels, value.parse().unwrap()))
+        })
+        .collect();
+    series.sort();
+    let label = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert_eq!(
+        series,
+        [
+            (vec![label("plugin", "test"), label("rule", "enforced")], 4),
+            (vec![label("plugin", "test"), label("rule", "trial")], 3),
+        ],
+        "{text}"
+    );
     assert!(envoy.log_shows("limited rule=trial shadow=true key="));
 }
 

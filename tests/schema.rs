@@ -99,6 +99,11 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
             &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"]["remote_address"]["properties"],
         ),
         (
+            format!(r#"{{"rules": [{{{RULE}, "elastic": {{"ceiling": 2, "zzz": 1}}}}]}}"#),
+            "rules[0].elastic.zzz",
+            &d["elastic"]["properties"],
+        ),
+        (
             format!(r#"{{"rules": [{{{RULE}, "key": [{{"zzz": 1}}]}}]}}"#),
             "rules[0].key[0].zzz",
             &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"],

@@ -131,6 +131,18 @@ mod cli {
                     ),
                 },
             ));
+            if let Some(e) = &r.elastic {
+                out.push_str(&format!(
+                    "    elastic: up to {}x while healthy, {}x when {}% of responses are bad{} over {} s, ramp {} s\n",
+                    f64::from(e.ceiling) / 1000.0,
+                    f64::from(e.floor) / 1000.0,
+                    f64::from(e.max_bad) / 10.0,
+                    e.latency_ms
+                        .map_or(String::new(), |l| format!(" (5xx, 429 or over {l} ms)")),
+                    e.window_ms / 1000,
+                    e.ramp_ms / 1000,
+                ));
+            }
             if let Some(g) = &r.global {
                 out.push_str(&format!(
                     "    global {}: cluster {}, domain {}, timeout {} ms{}\n",

@@ -3,6 +3,7 @@
 
 mod parse;
 
+use crate::elastic;
 use crate::limiter::{gcra, Policy};
 use std::fmt;
 
@@ -61,7 +62,16 @@ pub struct Rule {
     pub shadow: bool,
     /// A rate limit service shared by many Envoys, if the rule is global.
     pub global: Option<Global>,
+    /// Let the limit follow the backend's health, if set.
+    pub elastic: Option<elastic::Params>,
 }
+
+/// Default `elastic.max_bad_share`, permille.
+pub const DEFAULT_MAX_BAD: u32 = 100;
+/// Default `elastic.window_s`.
+pub const DEFAULT_HEALTH_WINDOW_S: u64 = 10;
+/// Default `elastic.ramp_s`.
+pub const DEFAULT_RAMP_S: u64 = 30;
 
 /// What a rule limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

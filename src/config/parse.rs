@@ -3,6 +3,7 @@
 //! can act on, and so that all errors are reported at once, not just the first.
 
 use super::*;
+use crate::elastic;
 use crate::limiter::sliding_log;
 use serde_json::{Map, Value};
 
@@ -293,6 +294,7 @@ impl Validator {
                 "quota_unit",
                 "shadow",
                 "global",
+                "elastic",
             ],
         )?;
         let name = match map.get("name") {
@@ -340,6 +342,16 @@ impl Validator {
             Some(g) => self.global(g, &join(path, "global")).map(Some),
             None => Some(None),
         };
+        let elastic = match map.get("elastic") {
+            Some(e) => self.elastic(e, &join(path, "elastic"), limit).map(Some),
+            None => Some(None),
+        };
+        if let (Some(Some(_)), Some(Some(_))) = (&elastic, &global) {
+            self.error(
+                &join(path, "elastic"),
+                "a global rule's limit is the service's: it cannot be elastic",
+            );
+        }
         if let Some(Some(g)) = &global {
             let p = join(path, "global");
             match (limit, &cost) {
@@ -385,6 +397,105 @@ impl Validator {
             quota_unit: quota_unit?,
             shadow: shadow?,
             global: global?,
+            elastic: elastic?,
+        })
+    }
+
+    /// A number (integer or decimal) in `min..=max`.
+    fn number(&mut self, v: &Value, path: &str, min: f64, max: f64) -> Option<f64> {
+        match v.as_f64() {
+            Some(n) if (min..=max).contains(&n) => Some(n),
+            _ => {
+                self.error(
+                    path,
+                    format!(
+                        "expected a number from {min} to {max}, found {}",
+                        describe(v)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// `elastic`: the ceiling and floor of the limit, and how the backend's health is judged.
+    fn elastic(&mut self, v: &Value, path: &str, limit: Option<Limit>) -> Option<elastic::Params> {
+        let map = self.object(
+            v,
+            path,
+            &[
+                "ceiling",
+                "floor",
+                "max_bad_share",
+                "latency_ms",
+                "window_s",
+                "ramp_s",
+            ],
+        )?;
+        let permille = |n: f64| (n * 1000.0).round() as u32;
+        let ceiling = match map.get("ceiling") {
+            Some(c) => self
+                .number(c, &join(path, "ceiling"), 1.0, 100.0)
+                .map(permille),
+            None => {
+                self.error(&join(path, "ceiling"), "required field is missing");
+                None
+            }
+        };
+        let floor = match map.get("floor") {
+            Some(f) => self
+                .number(f, &join(path, "floor"), 0.01, 1.0)
+                .map(permille),
+            None => Some(elastic::BASE),
+        };
+        let max_bad = match map.get("max_bad_share") {
+            Some(b) => self
+                .number(b, &join(path, "max_bad_share"), 0.002, 0.999)
+                .map(permille),
+            None => Some(DEFAULT_MAX_BAD),
+        };
+        let latency_ms = match map.get("latency_ms") {
+            Some(l) => self
+                .integer(l, &join(path, "latency_ms"), 1, 600_000)
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some),
+            None => Some(None),
+        };
+        let mut seconds = |field: &str, min: u64, default: u64| match map.get(field) {
+            Some(n) => self
+                .integer(n, &join(path, field), min, 3_600)
+                .and_then(|n| u32::try_from(n * 1000).ok()),
+            None => u32::try_from(default * 1000).ok(),
+        };
+        let window_ms = seconds("window_s", 2, DEFAULT_HEALTH_WINDOW_S);
+        let ramp_ms = seconds("ramp_s", 1, DEFAULT_RAMP_S);
+        if let (
+            Some(c),
+            Some(Limit::Rate {
+                quota,
+                algorithm: Algorithm::SlidingLog,
+            }),
+        ) = (ceiling, limit)
+        {
+            let most = elastic::scale(u64::from(quota.requests_per_unit), c);
+            if most > u64::from(sliding_log::MAX_LIMIT) {
+                self.error(
+                    &join(path, "ceiling"),
+                    format!(
+                        "sliding_log holds at most {} requests: the ceiling would allow {most}",
+                        sliding_log::MAX_LIMIT
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(elastic::Params {
+            ceiling: ceiling?,
+            floor: floor?,
+            max_bad: max_bad?,
+            latency_ms: latency_ms?,
+            window_ms: window_ms?,
+            ramp_ms: ramp_ms?,
         })
     }
 
@@ -732,6 +843,14 @@ impl Validator {
                 format!(
                     "invalid rule name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"
                 ),
+            );
+            return None;
+        }
+        if s.ends_with('.') {
+            // Envoy drops a trailing dot from a tag value: "a." would be counted as rule "a".
+            self.error(
+                path,
+                format!("invalid rule name {s:?} (must not end with \".\")"),
             );
             return None;
         }

@@ -3,7 +3,7 @@
 //! what one rule says of one request. Where state lives and how it is updated is
 //! [`crate::engine`]'s business.
 
-mod codec;
+pub(crate) mod codec;
 pub mod fixed_window;
 pub mod gcra;
 pub mod in_flight;
@@ -122,6 +122,35 @@ impl Policy {
             | Policy::SlidingLog { limit, window_ms } => (limit, window_ms),
             Policy::Gcra(p) => (p.limit, p.window_ms),
             Policy::InFlight { max, .. } => (max, 0),
+        }
+    }
+
+    /// The policy with its limit (and burst) scaled by `factor` permille: an elastic rule's
+    /// limit in force.
+    pub fn scaled(&self, factor: u32) -> Policy {
+        let scale = |n: u64| crate::elastic::scale(n, factor);
+        match *self {
+            Policy::SlidingWindow { limit, window_ms } => Policy::SlidingWindow {
+                limit: scale(limit),
+                window_ms,
+            },
+            Policy::FixedWindow { limit, window_ms } => Policy::FixedWindow {
+                limit: scale(limit),
+                window_ms,
+            },
+            Policy::SlidingLog { limit, window_ms } => Policy::SlidingLog {
+                limit: scale(limit),
+                window_ms,
+            },
+            Policy::Gcra(p) => Policy::Gcra(gcra::Params {
+                limit: scale(p.limit),
+                burst: scale(p.burst),
+                ..p
+            }),
+            Policy::InFlight { max, lease_ms } => Policy::InFlight {
+                max: scale(max),
+                lease_ms,
+            },
         }
     }
 

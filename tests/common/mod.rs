@@ -58,8 +58,10 @@ pub fn metric(rule: Option<&str>, name: &str) -> String {
 /// A metric's name in `/stats` for any plugin.
 pub fn metric_of(plugin: &str, rule: Option<&str>, name: &str) -> String {
     match (build(), rule) {
-        (Build::Wasm, Some(r)) => format!("wasmcustom.wasm_ratelimit.{plugin}.{r}.{name}"),
-        (Build::Wasm, None) => format!("wasmcustom.wasm_ratelimit.{plugin}.{name}"),
+        (Build::Wasm, Some(r)) => {
+            format!("wasmcustom.wasm_ratelimit.plugin=.={plugin};.;rule=.={r};.;{name}")
+        }
+        (Build::Wasm, None) => format!("wasmcustom.wasm_ratelimit.plugin=.={plugin};.;{name}"),
         (Build::Native, Some(r)) => {
             format!("dynamicmodulescustom.wasm_ratelimit.{name}.plugin.{plugin}.rule.{r}")
         }
@@ -70,12 +72,11 @@ pub fn metric_of(plugin: &str, rule: Option<&str>, name: &str) -> String {
 }
 
 /// A metric's series in `/stats/prometheus` (name and labels, without the value), for plugin
-/// `test`.
+/// `test`, with the `stats_tags` of [`STATS_TAGS`] in the bootstrap.
 pub fn prometheus(rule: Option<&str>, name: &str) -> String {
-    let flat = |s: &str| s.replace(['.', '-'], "_");
     match (build(), rule) {
-        (Build::Wasm, Some(r)) => format!("wasm_ratelimit_test_{}_{name}{{}}", flat(r)),
-        (Build::Wasm, None) => format!("wasm_ratelimit_test_{name}{{}}"),
+        (Build::Wasm, Some(r)) => format!("wasm_ratelimit_{name}{{plugin=\"test\",rule=\"{r}\"}}"),
+        (Build::Wasm, None) => format!("wasm_ratelimit_{name}{{plugin=\"test\"}}"),
         (Build::Native, Some(r)) => format!(
             "envoy_dynamicmodulescustom_wasm_ratelimit_{name}{{plugin=\"test\",rule=\"{r}\"}}"
         ),
@@ -84,6 +85,16 @@ pub fn prometheus(rule: Option<&str>, name: &str) -> String {
         }
     }
 }
+
+/// The `stats_config` the README tells wasm users to add: Envoy extracts the plugin and the
+/// rule from the filter's metric names as Prometheus labels.
+pub const STATS_TAGS: &str = r#"stats_config:
+  stats_tags:
+  - tag_name: plugin
+    regex: '(plugin=\.=(.*?);\.;)'
+  - tag_name: rule
+    regex: '(rule=\.=(.*?);\.;)'
+"#;
 
 /// The filter: `$WASM`, else the release build in this checkout.
 pub fn wasm_path() -> PathBuf {
@@ -267,7 +278,7 @@ pub fn bootstrap_full(
         None => String::new(),
     };
     format!(
-        r#"admin:
+        r#"{STATS_TAGS}admin:
   address:
     socket_address: {{address: 127.0.0.1, port_value: 0}}
 static_resources:
@@ -467,11 +478,14 @@ impl Envoy {
 
     /// A stat's value from `/stats`.
     pub fn stat(&self, name: &str) -> Option<u64> {
-        let r = get(
-            self.admin,
-            &format!("/stats?filter=^{}$", name.replace('.', "\\.")),
-        )
-        .ok()?;
+        let filter: String = format!("^{}$", name.replace('.', "\\."))
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => (b as char).to_string(),
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        let r = get(self.admin, &format!("/stats?filter={filter}")).ok()?;
         r.body_str()
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))

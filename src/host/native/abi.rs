@@ -212,6 +212,13 @@ extern "C" {
         label_values_length: usize,
         value: u64,
     ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
     fn envoy_dynamic_module_callback_http_filter_increment_gauge(
         filter: FilterEnvoyPtr,
         id: usize,
@@ -404,6 +411,21 @@ impl ConfigHandle {
                 values.as_mut_ptr(),
                 len,
                 n,
+            )
+        };
+    }
+
+    /// Sets a labelled gauge.
+    pub fn set_gauge(&self, id: usize, label_values: &[&str], value: u64) {
+        let (mut values, n) = labels(label_values);
+        // SAFETY: `self.0` is live; label values are copied.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_set_gauge(
+                self.0,
+                id,
+                values.as_mut_ptr(),
+                n,
+                value,
             )
         };
     }

@@ -13,7 +13,7 @@ mod timer;
 use crate::config::{Config, FailureMode};
 use crate::global::Target;
 use crate::key::{Attributes, Seed};
-use crate::metrics::{Counter, Gauge};
+use crate::metrics::{self, Counter, Gauge};
 use crate::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
 use crate::rls::{self, GrpcAnswer};
 use crate::runtime::Runtime;
@@ -106,6 +106,8 @@ struct MetricIds {
     counters: Vec<Option<usize>>,
     gauges: Vec<Option<usize>>,
     panics: Option<usize>,
+    /// `wasm_ratelimit.elastic_factor_percent{plugin, rule}`.
+    elastic: Option<usize>,
 }
 
 impl MetricIds {
@@ -121,6 +123,7 @@ impl MetricIds {
                 .map(|g| h.define_gauge(&name(g.name()), &["plugin"]))
                 .collect(),
             panics: h.define_counter(&name("panics"), &["plugin"]),
+            elastic: h.define_gauge(&name(metrics::ELASTIC_FACTOR), &["plugin", "rule"]),
         }
     }
 
@@ -137,6 +140,15 @@ impl MetricIds {
         }
         if let Some(id) = self.panics {
             h.increment_counter(id, &[plugin], 0);
+        }
+        if let Some(id) = self.elastic {
+            for rule in rules.iter().filter(|r| r.elastic.is_some()) {
+                h.set_gauge(
+                    id,
+                    &[plugin, &rule.name],
+                    u64::from(crate::elastic::BASE / 10),
+                );
+            }
         }
     }
 }
@@ -182,9 +194,11 @@ impl FilterConfig {
             rt.rules().len(),
             rt.capacity()
         );
-        let period = rt
-            .flush_period()
-            .map_or(METRICS_PERIOD_MS, |f| u64::from(f).min(METRICS_PERIOD_MS));
+        let period = [rt.flush_period(), rt.tick_period()]
+            .into_iter()
+            .flatten()
+            .map(u64::from)
+            .fold(METRICS_PERIOD_MS, u64::min);
         let ticker = handle.scheduler().map(|s: ConfigScheduler| {
             timer::Ticker::start(s, EVENT_TICK, Duration::from_millis(period))
         });
@@ -212,6 +226,15 @@ impl FilterConfig {
             if now >= due(&self.last_flush, u64::from(period)) {
                 self.last_flush.store(now, Ordering::Relaxed);
                 self.flush();
+            }
+        }
+        if self.rt.tick_period().is_some() {
+            self.rt.tick(now);
+            let rules = self.rt.rules();
+            for (rule, percent) in self.rt.elastic_factors() {
+                if let (Some(id), Some(r)) = (self.ids.elastic, rules.get(rule)) {
+                    self.handle.set_gauge(id, &[&self.plugin, &r.name], percent);
+                }
             }
         }
         if now >= due(&self.last_publish, METRICS_PERIOD_MS) {

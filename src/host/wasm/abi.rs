@@ -108,6 +108,7 @@ extern "C" {
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, out_id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(id: u32, value: u64) -> u32;
 }
 
 fn check(status: u32) -> Result<(), Status> {
@@ -374,6 +375,12 @@ pub fn resume_request() -> Result<(), Status> {
 pub fn increment(id: u32, n: u64) -> Result<(), Status> {
     // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
     check(unsafe { proxy_increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX)) })
+}
+
+/// Sets a gauge to `value`.
+pub fn gauge_set(id: u32, value: u64) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
+    check(unsafe { proxy_record_metric(id, value) })
 }
 
 /// A `log` backend writing through [`log`], never panicking.

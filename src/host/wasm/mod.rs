@@ -118,6 +118,8 @@ struct MetricIds {
     counters: Vec<Vec<Option<u32>>>,
     /// Per [`Gauge::ALL`].
     gauges: Vec<Option<u32>>,
+    /// Per rule: the elastic factor's gauge, for elastic rules.
+    elastic: Vec<Option<u32>>,
 }
 
 impl MetricIds {
@@ -140,6 +142,23 @@ impl MetricIds {
                 .iter()
                 .map(|g| abi::define_gauge(&metrics::name(plugin, None, g.name())).ok())
                 .collect(),
+            elastic: config
+                .rules
+                .iter()
+                .map(|rule| {
+                    let name = metrics::name(plugin, Some(&rule.name), metrics::ELASTIC_FACTOR);
+                    rule.elastic.and_then(|_| abi::define_gauge(&name).ok())
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets the elastic rules' factor gauges.
+    fn publish_elastic(&self, rt: &Runtime<SharedData>) {
+        for (rule, percent) in rt.elastic_factors() {
+            if let Some(Some(id)) = self.elastic.get(rule) {
+                let _ = abi::gauge_set(*id, percent);
+            }
         }
     }
 
@@ -263,10 +282,13 @@ impl Root {
         Ok((Runtime::new(config, seed, SharedData::new(prefix)), plugin))
     }
 
-    /// The tick period when no request is held: metrics, and async global flushes.
+    /// The tick period when no request is held: metrics, async global flushes, elastic rules'
+    /// health.
     fn base_tick(rt: &Runtime<SharedData>) -> u32 {
-        rt.flush_period()
-            .map_or(METRICS_PERIOD_MS, |f| f.min(METRICS_PERIOD_MS))
+        [rt.flush_period(), rt.tick_period()]
+            .into_iter()
+            .flatten()
+            .fold(METRICS_PERIOD_MS, u32::min)
     }
 
     fn publish_metrics(&self) {
@@ -342,6 +364,7 @@ impl RootContext for Root {
                 );
                 let tick = Root::base_tick(&runtime);
                 let ids = MetricIds::define(&plugin, runtime.config());
+                ids.publish_elastic(&runtime);
                 self.served = Some(Rc::new(Served { rt: runtime, ids }));
                 if let Err(s) = abi::set_tick_period(tick) {
                     log::warn!(
@@ -372,6 +395,10 @@ impl RootContext for Root {
                 self.last_flush.set(now);
                 self.flush(&served);
             }
+        }
+        if served.rt.tick_period().is_some() {
+            served.rt.tick(now);
+            served.ids.publish_elastic(&served.rt);
         }
         if now
             >= self
@@ -668,10 +695,10 @@ impl HttpContext for Request {
         let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) else {
             return Action::Continue;
         };
-        let now = if admitted.owes() {
+        let now = if admitted.needs_clock() {
             abi::now_ms().unwrap_or(0)
         } else {
-            0 // not read: nothing is charged
+            0 // not read
         };
         FIELD_VALUE.with(|buf| {
             let Ok(mut buf) = buf.try_borrow_mut() else {
