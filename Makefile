@@ -72,7 +72,7 @@ build-native-panic:
 	cargo build --profile native --lib --features native-module,panic-trigger --target-dir target/native-panic
 
 # Every test; then the tests that drive a real Envoy again, against the dynamic module.
-ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota \
+ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR)

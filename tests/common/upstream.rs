@@ -9,12 +9,14 @@
 //!   the connection (a reset, as Envoy sees it);
 //! - `x-status: N`: answer with this status (200 otherwise).
 //!
+//! The test can also make the upstream itself fail a share of its answers (503) or answer
+//! slowly, whatever the requests say ([`Upstream::set_failing`], [`Upstream::set_delay_ms`]).
 //! It counts the requests it is serving right now and the most it ever served at once.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +32,12 @@ struct Counts {
     most: AtomicUsize,
     served: AtomicUsize,
     stop: AtomicBool,
+    /// Answers failed with 503, permille, spread evenly.
+    failing: AtomicU64,
+    /// Every answer waits this long, ms.
+    delay_ms: AtomicU64,
+    /// Answers so far, to spread the failures.
+    seq: AtomicU64,
 }
 
 impl Upstream {
@@ -60,6 +68,16 @@ impl Upstream {
     /// The most requests ever served at once.
     pub fn most_in_flight(&self) -> usize {
         self.counts.most.load(Ordering::SeqCst)
+    }
+
+    /// From now on, fail this share of answers (permille) with a 503, evenly spread.
+    pub fn set_failing(&self, permille: u64) {
+        self.counts.failing.store(permille, Ordering::SeqCst);
+    }
+
+    /// From now on, wait this long before every answer.
+    pub fn set_delay_ms(&self, ms: u64) {
+        self.counts.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Requests answered (or reset) so far.
@@ -107,9 +125,18 @@ fn serve(conn: TcpStream, c: &Counts) {
         let num = |name: &str| get(name).and_then(|v| v.parse::<usize>().ok());
         let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
         c.most.fetch_max(now, Ordering::SeqCst);
-        if let Some(ms) = num("x-delay-ms") {
-            std::thread::sleep(Duration::from_millis(ms as u64));
+        let delay = num("x-delay-ms").map_or(c.delay_ms.load(Ordering::SeqCst), |ms| ms as u64);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
         }
+        // Answer n fails when the running count of failures n × share steps up.
+        let n = c.seq.fetch_add(1, Ordering::SeqCst);
+        let share = c.failing.load(Ordering::SeqCst);
+        let fail = (n + 1) * share / 1000 != n * share / 1000;
+        let num = |name: &str| match name {
+            "x-status" if fail => Some(503),
+            other => num(other),
+        };
         let kept = answer(reader.get_mut(), &get, &num);
         c.now.fetch_sub(1, Ordering::SeqCst);
         c.served.fetch_add(1, Ordering::SeqCst);
