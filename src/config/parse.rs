@@ -401,17 +401,16 @@ impl Validator {
         })
     }
 
-    /// A number (integer or decimal) in `min..=max`.
-    fn number(&mut self, v: &Value, path: &str, min: f64, max: f64) -> Option<f64> {
+    /// A number (integer or decimal) in `range`, whose bounds come as text too: formatting a
+    /// float would cost the .wasm 11 KB of code.
+    fn number(&mut self, v: &Value, path: &str, range: (f64, f64, &str)) -> Option<f64> {
+        let (min, max, text) = range;
         match v.as_f64() {
             Some(n) if (min..=max).contains(&n) => Some(n),
             _ => {
                 self.error(
                     path,
-                    format!(
-                        "expected a number from {min} to {max}, found {}",
-                        describe(v)
-                    ),
+                    format!("expected a number from {text}, found {}", describe(v)),
                 );
                 None
             }
@@ -435,7 +434,7 @@ impl Validator {
         let permille = |n: f64| (n * 1000.0).round() as u32;
         let ceiling = match map.get("ceiling") {
             Some(c) => self
-                .number(c, &join(path, "ceiling"), 1.0, 100.0)
+                .number(c, &join(path, "ceiling"), (1.0, 100.0, "1 to 100"))
                 .map(permille),
             None => {
                 self.error(&join(path, "ceiling"), "required field is missing");
@@ -444,13 +443,17 @@ impl Validator {
         };
         let floor = match map.get("floor") {
             Some(f) => self
-                .number(f, &join(path, "floor"), 0.01, 1.0)
+                .number(f, &join(path, "floor"), (0.01, 1.0, "0.01 to 1"))
                 .map(permille),
             None => Some(elastic::BASE),
         };
         let max_bad = match map.get("max_bad_share") {
             Some(b) => self
-                .number(b, &join(path, "max_bad_share"), 0.002, 0.999)
+                .number(
+                    b,
+                    &join(path, "max_bad_share"),
+                    (0.002, 0.999, "0.002 to 0.999"),
+                )
                 .map(permille),
             None => Some(DEFAULT_MAX_BAD),
         };
