@@ -401,7 +401,7 @@ def main():
                             keys={name: key_counts[name.rsplit("-", 1)[1]]
                                   for name, _ in keys_specs}, label="keys")
 
-    # What each quota unit adds to one rule per client, both builds.
+    # What each quota unit, and an elastic limit, adds to one rule per client, both builds.
     per_client_rule = rule("q", ["remote_address"])
     quota_rules = {
         "plain": [per_client_rule],
@@ -409,6 +409,7 @@ def main():
         "bytes": [per_client_rule | {"cost": {"response": "body_bytes"}}],
         "in-flight": [{"name": "q", "key": ["remote_address"], "in_flight": {"max": NEVER}}],
         "prefix": [rule("q", [{"remote_address": {"ipv4_prefix": 24}}])],
+        "elastic": [per_client_rule | {"elastic": {"ceiling": 2.0}}],
     }
     quota_specs = [(f"{b}-{name}", ours(rules, build=b))
                    for b in ("native", "wasm") for name, rules in quota_rules.items()]
@@ -650,19 +651,19 @@ def report(r):
     q = r["quota"]
     lines += [
         "",
-        "## Quota units",
+        "## Quota units and elastic limits",
         "",
         "What each kind of rule adds to one rule keyed by client address (Envoy CPU µs per request,",
         "burst by burst against the plain rule): charged from a response header (`x-usage-tokens`,",
-        "which the route adds to every response), charged by body bytes, requests in flight, and",
-        "keyed per IPv4 /24.",
+        "which the route adds to every response), charged by body bytes, requests in flight,",
+        "keyed per IPv4 /24, and elastic (ceiling 2×: every response is observed).",
         "",
         "| rule | native µs/req | added | wasm µs/req | added |",
         "|---|---:|---:|---:|---:|",
     ]
     for name, label in (("plain", "1 rule per client"), ("tokens", "charged from a response header"),
                         ("bytes", "charged by body bytes"), ("in-flight", "requests in flight"),
-                        ("prefix", "keyed per /24")):
+                        ("prefix", "keyed per /24"), ("elastic", "elastic")):
         n, w = q[f"native-{name}"], q[f"wasm-{name}"]
         lines.append(f"| {label} | {n['cpu_us_per_req']:.1f} | {n['added_us']:+.2f} | "
                      f"{w['cpu_us_per_req']:.1f} | {w['added_us']:+.2f} |")
