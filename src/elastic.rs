@@ -195,11 +195,6 @@ impl Health {
     }
 }
 
-/// `limit` scaled by `factor` permille, at least 1.
-pub fn scale(limit: u64, factor: u32) -> u64 {
-    (limit.saturating_mul(u64::from(factor)) / u64::from(BASE)).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +287,5 @@ mod tests {
         assert!(!no_latency.is_bad(200, 60_000));
         assert_eq!(Health::decode(&h.encode()), Some(h));
         assert_eq!(Health::decode(&[1, 2]), None);
-        assert_eq!(scale(100, 1500), 150);
-        assert_eq!(scale(1, 500), 1);
     }
 }

@@ -480,7 +480,7 @@ impl Validator {
             }),
         ) = (ceiling, limit)
         {
-            let most = elastic::scale(u64::from(quota.requests_per_unit), c);
+            let most = crate::limiter::scale(u64::from(quota.requests_per_unit), c);
             if most > u64::from(sliding_log::MAX_LIMIT) {
                 self.error(
                     &join(path, "ceiling"),

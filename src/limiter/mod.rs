@@ -10,6 +10,11 @@ pub mod in_flight;
 pub mod sliding_log;
 pub mod sliding_window;
 
+/// `limit` scaled by `factor` permille, at least 1.
+pub fn scale(limit: u64, factor: u32) -> u64 {
+    (limit.saturating_mul(u64::from(factor)) / 1000).max(1)
+}
+
 /// One rule's decision for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verdict {
@@ -128,7 +133,7 @@ impl Policy {
     /// The policy with its limit (and burst) scaled by `factor` permille: an elastic rule's
     /// limit in force.
     pub fn scaled(&self, factor: u32) -> Policy {
-        let scale = |n: u64| crate::elastic::scale(n, factor);
+        let scale = |n: u64| scale(n, factor);
         match *self {
             Policy::SlidingWindow { limit, window_ms } => Policy::SlidingWindow {
                 limit: scale(limit),
