@@ -398,8 +398,13 @@ impl<S: Store> Runtime<S> {
         let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
+            let until_ms = now.saturating_add(delay);
+            let mut admitted = admitted;
+            if let Some(a) = admitted.as_mut() {
+                a.admitted_ms = until_ms; // the backend's latency starts when the request goes on
+            }
             return Decision::Hold {
-                until_ms: now.saturating_add(delay),
+                until_ms,
                 admitted,
                 held,
             };
