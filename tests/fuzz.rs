@@ -187,7 +187,10 @@ fn key_builder_takes_any_header_bytes() {
             }
             let _ = matches(matcher, &mut req);
             let _ = client_key(seed, 7, &parts, &mut req);
-            let _ = descriptor_entries("r", &parts, &mut req);
+            if !huge {
+                // A descriptor copies its values whole: for 1 MiB ones, only a copy's time.
+                let _ = descriptor_entries("r", &parts, &mut req);
+            }
         },
     );
 }
