@@ -10,8 +10,8 @@ VENV := .venv
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: build build-panic build-native build-native-panic rls-server run run-native test unit \
-	integration deploy-test lint envoy target clean bench bench-tools oci
+.PHONY: build build-panic build-native build-native-panic rls-server prometheus run run-native \
+	test unit integration deploy-test lint envoy target clean bench bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -66,6 +66,12 @@ rls-server:
 	cargo build --release --manifest-path tests/rls-server/Cargo.toml
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
+# Prometheus and promtool (Debian's package) for the dashboard and alert rules' test
+# (tests/prometheus.rs).
+prometheus:
+	@(command -v prometheus && command -v promtool) >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
+
 # The dynamic module built with the panic trigger (tests/failure.rs).
 PANIC_NATIVE_DIR := target/native-panic/native
 build-native-panic:
@@ -73,10 +79,10 @@ build-native-panic:
 
 # Every test; then the tests that drive a real Envoy again, against the dynamic module.
 ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
-	--test global --test examples --test docs
+	--test global --test examples --test docs --test prometheus
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR)
-integration: build build-panic build-native build-native-panic envoy rls-server
+integration: build build-panic build-native build-native-panic envoy rls-server prometheus
 	$(TEST_ENV) FILTER=wasm cargo test --test '*' -- --test-threads 2
 	$(TEST_ENV) FILTER=native cargo test $(ENVOY_TESTS) -- --test-threads 2
 
