@@ -35,11 +35,14 @@ pub enum Counter {
     UsageUnreported,
     /// Requests an elastic rule admitted above its base limit.
     ElasticAllowed,
+    /// The `Retry-After` seconds the rule told the clients it refused, summed: divided by
+    /// `limited`, how long a refused client is told to wait on average.
+    RetryAfterSeconds,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -53,6 +56,7 @@ impl Counter {
         Counter::UsageCharged,
         Counter::UsageUnreported,
         Counter::ElasticAllowed,
+        Counter::RetryAfterSeconds,
     ];
 
     /// The name in the metric names.
@@ -71,6 +75,7 @@ impl Counter {
             Counter::UsageCharged => "usage_charged",
             Counter::UsageUnreported => "usage_unreported",
             Counter::ElasticAllowed => "elastic_allowed",
+            Counter::RetryAfterSeconds => "retry_after_seconds",
         }
     }
 }
@@ -102,6 +107,8 @@ impl Gauge {
 
 /// The per-rule gauge of an elastic rule: its limit in force as a percentage of its base.
 pub const ELASTIC_FACTOR: &str = "elastic_factor_percent";
+/// The per-plugin gauge of the table's capacity, in keys (set, not moved).
+pub const CAPACITY: &str = "capacity";
 
 /// A metric's full name, with the plugin and the rule as tags Envoy can extract:
 /// `wasm_ratelimit.plugin=.=<plugin>;.;rule=.=<rule>;.;<counter>` for a rule's metric,

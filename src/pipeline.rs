@@ -29,6 +29,9 @@ use std::sync::PoisonError;
 /// requests whose turn is now (the others get the limited reply).
 pub const MAX_HELD: usize = 4096;
 
+/// The longest wait counted in `retry_after_seconds`, s.
+const MAX_REPORTED_WAIT_S: u64 = 366 * 86_400;
+
 /// What the pipeline needs from the host for one request, besides the store.
 pub trait Host: Attributes {
     /// The wall clock, ms since the epoch.
@@ -601,12 +604,14 @@ impl<S: Store> Runtime<S> {
         let Some(r) = self.config.rules.get(rule) else {
             return;
         };
-        let counter = if r.shadow {
-            Counter::ShadowLimited
+        if r.shadow {
+            self.metrics.add(rule, Counter::ShadowLimited, 1);
         } else {
-            Counter::Limited
-        };
-        self.metrics.add(rule, counter, 1);
+            self.metrics.add(rule, Counter::Limited, 1);
+            // At most a year: a request that can never pass is told an absurd wait.
+            let wait = headers::ceil_seconds(v.retry_after_ms).min(MAX_REPORTED_WAIT_S);
+            self.metrics.add(rule, Counter::RetryAfterSeconds, wait);
+        }
         let level = match self.config.log_limited {
             LogLevel::Off => return,
             LogLevel::Debug => log::Level::Debug,
@@ -837,7 +842,11 @@ mod tests {
         assert!(r.body.contains("\"violated-policies\":[\"per-client\"]"));
         assert_eq!(
             counts(&rt),
-            [(0, Counter::Allowed, 2), (0, Counter::Limited, 1)]
+            [
+                (0, Counter::Allowed, 2),
+                (0, Counter::Limited, 1),
+                (0, Counter::RetryAfterSeconds, 90)
+            ]
         );
         // The limited line, at the configured level, with the key hashed.
         assert_eq!(host.logs.len(), 1);
@@ -1005,6 +1014,7 @@ mod tests {
                 (0, Counter::Limited, 1),
                 (0, Counter::FailedClosed, 1),
                 (0, Counter::GlobalErrors, 1),
+                (0, Counter::RetryAfterSeconds, 30),
                 (1, Counter::Allowed, 1),
             ]
         );

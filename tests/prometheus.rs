@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use wasm_ratelimit::manifest::yaml_documents;
-use wasm_ratelimit::metrics::{Counter, Gauge, ELASTIC_FACTOR};
+use wasm_ratelimit::metrics::{self, Counter, Gauge, ELASTIC_FACTOR};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -433,6 +433,7 @@ fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
     per_rule.insert(ELASTIC_FACTOR.into());
     let mut per_plugin: BTreeSet<String> = Gauge::ALL.iter().map(|g| g.name().into()).collect();
     per_plugin.insert("panics".into()); // native build only
+    per_plugin.insert(metrics::CAPACITY.into());
     (per_rule, per_plugin)
 }
 
@@ -844,6 +845,27 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 );
                 true
             }
+            ("Wait told to refused clients (average)", "A") => {
+                // The strict rule (5 an hour) told its refused clients to wait most of an hour;
+                // rules that refused nothing have no average (0 / 0).
+                let waited: Vec<&String> = rules
+                    .iter()
+                    .filter(|(_, v)| !v.is_nan())
+                    .map(|(r, _)| r)
+                    .collect();
+                assert_eq!(waited, ["elastic", "slots", "strict"], "{what}: {rules:?}");
+                assert_eq!(rules["elastic"], 1.0, "{what}: a window of a second");
+                assert!(
+                    (1.0..=3600.0).contains(&rules["strict"]),
+                    "{what}: {rules:?}"
+                );
+                assert_eq!(rules["slots"], 1.0, "{what}: an in-flight refusal says 1 s");
+                true
+            }
+            ("Table fill", "A") => {
+                assert_eq!(one(), 1.0, "{what}: the flood filled the table");
+                true
+            }
             ("Store conflicts (CAS retries) /s", "A") => {
                 assert_eq!(rules.len(), RULES.len(), "{what}: {rules:?}");
                 true
@@ -862,7 +884,7 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         }
     }
     // Every panel query the checks above name is still on the dashboard.
-    assert_eq!(checked.len(), 26, "panel queries checked: {checked:?}");
+    assert_eq!(checked.len(), 28, "panel queries checked: {checked:?}");
 
     // --- The alerts ---
     let rules = rule_list();

@@ -108,6 +108,8 @@ struct MetricIds {
     panics: Option<usize>,
     /// `wasm_ratelimit.elastic_factor_percent{plugin, rule}`.
     elastic: Option<usize>,
+    /// `wasm_ratelimit.capacity{plugin}`.
+    capacity: Option<usize>,
 }
 
 impl MetricIds {
@@ -124,12 +126,16 @@ impl MetricIds {
                 .collect(),
             panics: h.define_counter(&name("panics"), &["plugin"]),
             elastic: h.define_gauge(&name(metrics::ELASTIC_FACTOR), &["plugin", "rule"]),
+            capacity: h.define_gauge(&name(metrics::CAPACITY), &["plugin"]),
         }
     }
 
     /// Makes every series appear at 0, as the wasm build's metrics do: Envoy creates a labelled
     /// metric the first time it is touched.
-    fn touch(&self, h: &ConfigHandle, plugin: &str, rules: &[crate::config::Rule]) {
+    fn touch(&self, h: &ConfigHandle, plugin: &str, rules: &[crate::config::Rule], capacity: u64) {
+        if let Some(id) = self.capacity {
+            h.set_gauge(id, &[plugin], capacity);
+        }
         for id in self.counters.iter().flatten() {
             for rule in rules {
                 h.increment_counter(*id, &[plugin, &rule.name], 0);
@@ -203,7 +209,7 @@ impl FilterConfig {
             timer::Ticker::start(s, EVENT_TICK, Duration::from_millis(period))
         });
         let ids = MetricIds::define(&handle);
-        ids.touch(&handle, &plugin, rt.rules());
+        ids.touch(&handle, &plugin, rt.rules(), rt.capacity() as u64);
         Some(FilterConfig {
             ids,
             handle,

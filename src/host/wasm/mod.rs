@@ -365,6 +365,10 @@ impl RootContext for Root {
                 let tick = Root::base_tick(&runtime);
                 let ids = MetricIds::define(&plugin, runtime.config());
                 ids.publish_elastic(&runtime);
+                if let Ok(id) = abi::define_gauge(&metrics::name(&plugin, None, metrics::CAPACITY))
+                {
+                    let _ = abi::gauge_set(id, runtime.capacity() as u64);
+                }
                 self.served = Some(Rc::new(Served { rt: runtime, ids }));
                 if let Err(s) = abi::set_tick_period(tick) {
                     log::warn!(
