@@ -8,12 +8,12 @@ use super::input::Entry;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
-/// An entry waiting, ordered by start time, then by arrival.
+/// An entry waiting, ordered by start time, then by arrival (boxed: the heap moves it often).
 #[derive(Debug)]
 struct Waiting {
     start_ms: u64,
     seq: u64,
-    entry: Entry,
+    entry: Box<Entry>,
 }
 
 impl PartialEq for Waiting {
@@ -103,7 +103,7 @@ impl Reorder {
         self.heap.push(Reverse(Waiting {
             start_ms: start,
             seq: self.seq,
-            entry,
+            entry: Box::new(entry),
         }));
     }
 
@@ -121,7 +121,7 @@ impl Reorder {
     pub fn release(&mut self) -> Option<Entry> {
         let Reverse(w) = self.heap.pop()?;
         self.released_ms = Some(self.released_ms.map_or(w.start_ms, |r| r.max(w.start_ms)));
-        Some(w.entry)
+        Some(*w.entry)
     }
 
     /// How many entries wait.

@@ -126,7 +126,7 @@ fn key_label(c: &Counted, raw: bool) -> String {
 fn busiest(t: &Traffic, raw: bool) -> Option<String> {
     let (c, second) = t.peak.busiest.as_ref()?;
     Some(format!(
-        "{}{} in one second ({}, {})",
+        "{}{} in one second, {} at {}",
         if t.peak.exact { "" } else { "at least " },
         plural(c.guaranteed(), "request"),
         key_label(c, raw),
@@ -289,38 +289,35 @@ pub fn text(run: &Run, raw_keys: bool) -> String {
             .flat_map(|l| l.first_bad.iter().map(String::as_str))
             .take(super::source::LISTED_BAD_LINES)
             .collect();
-        let _ = writeln!(
-            out,
-            "  {} not replayed; the first: {}",
-            plural(bad, "bad line"),
-            first.join("; ")
-        );
+        let _ = writeln!(out, "  {}, not replayed:", plural(bad, "bad line"));
+        for line in first {
+            let _ = writeln!(out, "    {line}");
+        }
+        if bad > super::source::LISTED_BAD_LINES as u64 {
+            let _ = writeln!(out, "    …");
+        }
     }
     let d = &run.disorder;
     if d.out_of_order > 0 {
+        // Envoy logs a request when it ends.
         let _ = writeln!(
             out,
-            "  {} logged after one that started later (Envoy logs a request when it ends), by up \
-             to {} ms: replayed in start order ({} later than the reorder window)",
+            "  {} logged after a later one, by up to {} ms: replayed in start order",
             plural(d.out_of_order, "request"),
             thousands(d.max_disorder_ms),
-            thousands(d.late)
         );
     }
     for (i, rule) in r.config.rules.iter().enumerate() {
         let Some(t) = r.traffic.get(i) else { continue };
         let _ = writeln!(out, "\n{}", rule_title(rule));
-        let _ = write!(
+        let _ = writeln!(
             out,
             "  matched {} from {}",
             plural(t.matched, "request"),
             counted_keys(&t.keys)
         );
-        match busiest(t, raw_keys) {
-            Some(b) => {
-                let _ = writeln!(out, "; the busiest key sent {b}");
-            }
-            None => out.push('\n'),
+        if let Some(b) = busiest(t, raw_keys) {
+            let _ = writeln!(out, "  busiest key: {b}");
         }
         let table: Vec<(String, &Outcome)> = rows(r, i)
             .filter_map(|(_, v)| Some((row_label(v, i), v.outcomes.get(i)?)))
@@ -482,17 +479,20 @@ const ALLOWED: &str = "#43a047";
 const LIMITED: &str = "#e53935";
 const WHAT_IF: [&str; 5] = ["#1e88e5", "#8e24aa", "#fb8c00", "#00897b", "#6d4c41"];
 
-/// A round number at least `v`: 1, 2 or 5 times a power of ten.
-fn nice(v: f64) -> f64 {
-    if v <= 0.0 {
-        return 1.0;
+/// A round top for an axis at least `v`, and its tick step: 1, 2 or 5 times a power of ten,
+/// in steps of 0.2, 0.5 and 1 times that power.
+fn axis(v: f64) -> (f64, f64) {
+    let p = if v > 0.0 {
+        10f64.powf(v.log10().floor())
+    } else {
+        1.0
+    };
+    for (m, step) in [(1.0, 0.2), (2.0, 0.5), (5.0, 1.0), (10.0, 2.0)] {
+        if m * p >= v {
+            return (m * p, step * p);
+        }
     }
-    let p = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * p)
-        .find(|x| *x >= v)
-        .unwrap_or(10.0 * p)
+    (10.0 * p, 2.0 * p)
 }
 
 fn rate_label(v: f64) -> String {
@@ -503,41 +503,63 @@ fn rate_label(v: f64) -> String {
     }
 }
 
+/// The most steps a timeline draws: neighbouring buckets are averaged beyond it.
+const MAX_STEPS: usize = 240;
+
+/// Seconds per drawn step of the timeline.
+fn step_s(r: &Replay) -> u64 {
+    r.timeline.width_s() * r.timeline.len().div_ceil(MAX_STEPS).max(1) as u64
+}
+
+/// A step path (`M x,y L …`) through `values`, one flat segment per step.
+fn steps(values: &[f64], x: &dyn Fn(usize) -> f64, y: &dyn Fn(f64) -> f64) -> String {
+    let mut d = String::new();
+    for (i, v) in values.iter().enumerate() {
+        let _ = write!(
+            d,
+            "{}{:.1},{:.1} L{:.1},{:.1} ",
+            if i == 0 { "M" } else { "L" },
+            x(i),
+            y(*v),
+            x(i + 1),
+            y(*v)
+        );
+    }
+    d
+}
+
 /// The timeline of one rule: requests per second allowed and limited under the configuration
 /// as written (stacked areas), and limited under each what-if that changes the rule (lines).
 fn svg(r: &Replay, rule: usize) -> String {
     const W: f64 = 960.0;
     const H: f64 = 260.0;
     const LEFT: f64 = 64.0;
-    const RIGHT: f64 = 16.0;
+    const RIGHT: f64 = 40.0;
     const TOP: f64 = 14.0;
     const BOTTOM: f64 = 36.0;
     let tl = &r.timeline;
-    let n = tl.len();
-    let width_s = tl.width_s() as f64;
-    let per_s =
-        |col: usize| -> Vec<f64> { tl.column(col).iter().map(|&c| c as f64 / width_s).collect() };
+    let group = tl.len().div_ceil(MAX_STEPS).max(1);
+    let step = step_s(r) as f64;
+    // Requests per second in each drawn step.
+    let per_s = |col: usize| -> Vec<f64> {
+        tl.column(col)
+            .chunks(group)
+            .map(|c| c.iter().sum::<u64>() as f64 / step)
+            .collect()
+    };
     let allowed = per_s(r.column(rule, 0));
     let limited = per_s(r.column(rule, 0) + 1);
-    let what_ifs: Vec<(String, Vec<f64>, Vec<f64>)> = rows(r, rule)
+    let total: Vec<f64> = allowed.iter().zip(&limited).map(|(a, l)| a + l).collect();
+    let what_ifs: Vec<(Vec<f64>, Vec<f64>)> = rows(r, rule)
         .skip(1)
-        .map(|(v, variant)| {
-            (
-                variant.name.clone(),
-                per_s(r.column(rule, v)),
-                per_s(r.column(rule, v) + 1),
-            )
-        })
+        .map(|(v, _)| (per_s(r.column(rule, v)), per_s(r.column(rule, v) + 1)))
         .collect();
-    let mut top = 0f64;
-    for i in 0..n {
-        let at = |v: &[f64]| v.get(i).copied().unwrap_or(0.0);
-        top = top.max(at(&allowed) + at(&limited));
-        for (_, a, l) in &what_ifs {
-            top = top.max(at(a) + at(l));
-        }
+    let mut most = total.iter().copied().fold(0.0, f64::max);
+    for (a, l) in &what_ifs {
+        most = a.iter().zip(l).map(|(a, l)| a + l).fold(most, f64::max);
     }
-    let top = nice(top);
+    let (top, tick) = axis(most);
+    let n = allowed.len();
     let pw = W - LEFT - RIGHT;
     let ph = H - TOP - BOTTOM;
     let x = |i: usize| LEFT + pw * i as f64 / n.max(1) as f64;
@@ -546,95 +568,68 @@ fn svg(r: &Replay, rule: usize) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\">\n<title>rule {}: requests per second</title>\n",
         escape(r.config.rules.get(rule).map_or("", |x| x.name.as_str()))
     );
-    // Grid and the y axis.
-    for k in 0..=4 {
-        let v = top * f64::from(k) / 4.0;
-        let yy = y(v);
+    let mut v = 0.0;
+    while v <= top + tick / 2.0 {
         let _ = writeln!(
             s,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" class=\"t\">{}</text>",
-            W - RIGHT,
-            LEFT - 6.0,
-            yy + 4.0,
-            rate_label(v)
+            "<line x1=\"{LEFT}\" x2=\"{right:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"end\" class=\"t\">{label}</text>",
+            right = W - RIGHT,
+            yy = y(v),
+            lx = LEFT - 6.0,
+            ly = y(v) + 4.0,
+            label = rate_label(v)
         );
+        v += tick;
     }
-    // The x axis: about six time labels.
     if let Some(origin) = tl.origin_s() {
-        let ticks = 6.min(n.max(1));
-        for k in 0..=ticks {
-            let i = n * k / ticks;
-            let t = (origin + i as u64 * tl.width_s()) * 1000;
-            let label = format_time(t);
+        // About six labels, at round times.
+        let span = n as u64 * step_s(r);
+        let every = [
+            1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21_600,
+        ]
+        .into_iter()
+        .find(|e| span / e <= 6)
+        .unwrap_or(86_400);
+        let mut t = origin.div_ceil(every) * every;
+        while t <= origin + span {
+            let at = LEFT + pw * (t - origin) as f64 / span.max(1) as f64;
+            let label = format_time(t * 1000);
             let label = label.get(11..19).unwrap_or(&label);
             let _ = writeln!(
                 s,
-                "<line x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"{1:.1}\" y2=\"{2:.1}\" stroke=\"#999\"/><text x=\"{0:.1}\" y=\"{3:.1}\" text-anchor=\"middle\" class=\"t\">{label}</text>",
-                x(i),
-                TOP + ph,
-                TOP + ph + 5.0,
-                TOP + ph + 18.0,
+                "<line x1=\"{at:.1}\" x2=\"{at:.1}\" y1=\"{y0:.1}\" y2=\"{y1:.1}\" stroke=\"#999\"/><text x=\"{at:.1}\" y=\"{ty:.1}\" text-anchor=\"middle\" class=\"t\">{label}</text>",
+                y0 = TOP + ph,
+                y1 = TOP + ph + 5.0,
+                ty = TOP + ph + 18.0,
             );
+            t += every;
         }
     }
-    // Stacked areas: allowed from 0, limited on top of it, one step per bucket.
-    let area = |lower: &dyn Fn(usize) -> f64, upper: &dyn Fn(usize) -> f64| {
-        let mut d = String::new();
-        for i in 0..n {
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1} L{:.1},{:.1} ",
-                if i == 0 { "M" } else { "L" },
-                x(i),
-                y(upper(i)),
-                x(i + 1),
-                y(upper(i))
-            );
-        }
-        for i in (0..n).rev() {
-            let _ = write!(
-                d,
-                "L{:.1},{:.1} L{:.1},{:.1} ",
-                x(i + 1),
-                y(lower(i)),
-                x(i),
-                y(lower(i))
-            );
-        }
-        d.push('Z');
-        d
-    };
-    let a = |i: usize| allowed.get(i).copied().unwrap_or(0.0);
-    let l = |i: usize| limited.get(i).copied().unwrap_or(0.0);
     if n > 0 {
+        // Allowed from 0, limited stacked on it: each area a step line there and back.
+        let back = |lower: &[f64]| {
+            let mut d = String::new();
+            for i in (0..n).rev() {
+                let v = lower.get(i).copied().unwrap_or(0.0);
+                let _ = write!(d, "L{:.1},{:.1} L{:.1},{:.1} ", x(i + 1), y(v), x(i), y(v));
+            }
+            d + "Z"
+        };
+        let zero = vec![0.0; n];
         let _ = writeln!(
             s,
-            "<path d=\"{}\" fill=\"{ALLOWED}\" fill-opacity=\"0.75\"/>",
-            area(&|_| 0.0, &a)
-        );
-        let _ = writeln!(
-            s,
-            "<path d=\"{}\" fill=\"{LIMITED}\" fill-opacity=\"0.8\"/>",
-            area(&a, &|i| a(i) + l(i))
+            "<path d=\"{}{}\" fill=\"{LIMITED}\" fill-opacity=\"0.85\" shape-rendering=\"crispEdges\"/>\n<path d=\"{}{}\" fill=\"{ALLOWED}\" fill-opacity=\"0.8\" shape-rendering=\"crispEdges\"/>",
+            steps(&total, &x, &y),
+            back(&allowed),
+            steps(&allowed, &x, &y),
+            back(&zero),
         );
     }
-    for (k, (_, _, lim)) in what_ifs.iter().enumerate() {
-        let mut d = String::new();
-        for i in 0..n {
-            let v = lim.get(i).copied().unwrap_or(0.0);
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1} L{:.1},{:.1} ",
-                if i == 0 { "M" } else { "L" },
-                x(i),
-                y(v),
-                x(i + 1),
-                y(v)
-            );
-        }
+    for (k, (_, limited)) in what_ifs.iter().enumerate() {
         let _ = writeln!(
             s,
-            "<path d=\"{d}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 3\"/>",
+            "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-dasharray=\"6 3\"/>",
+            steps(limited, &x, &y),
             WHAT_IF.get(k % WHAT_IF.len()).unwrap_or(&"#000")
         );
     }
@@ -661,7 +656,7 @@ pub fn html(run: &Run, raw_keys: bool) -> String {
          </style></head><body>\n",
     );
     let names: Vec<String> = run.logs.iter().map(|l| escape(&l.name)).collect();
-    let _ = writeln!(
+    let _ = write!(
         h,
         "<h1>Replay of {}</h1>\n<div class=\"meta\">from {}",
         plural(r.requests, "request"),
@@ -687,7 +682,7 @@ pub fn html(run: &Run, raw_keys: bool) -> String {
             plural(t.matched, "request"),
             counted_keys(&t.keys),
             busiest(t, raw_keys)
-                .map(|b| format!("; the busiest key sent {}", escape(&b)))
+                .map(|b| format!("; busiest key: {}", escape(&b)))
                 .unwrap_or_default()
         );
         let limited = if rule.shadow {
@@ -728,8 +723,8 @@ pub fn html(run: &Run, raw_keys: bool) -> String {
         }
         let _ = writeln!(
             h,
-            " &nbsp;(per second, {} s per step)</div>",
-            r.timeline.width_s()
+            " &nbsp;(requests per second, averaged over {} s steps)</div>",
+            step_s(r)
         );
         h.push_str(&svg(r, i));
         if let Some(base) = r.variants.first().and_then(|v| v.outcomes.get(i)) {
@@ -772,10 +767,10 @@ mod tests {
         assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(1_073_741_824), "1.1 GB");
-        assert_eq!(nice(0.0), 1.0);
-        assert_eq!(nice(3.2), 5.0);
-        assert_eq!(nice(101.0), 200.0);
-        assert_eq!(nice(1000.0), 1000.0);
+        assert_eq!(axis(0.0), (1.0, 0.2));
+        assert_eq!(axis(3.2), (5.0, 1.0));
+        assert_eq!(axis(101.0), (200.0, 50.0));
+        assert_eq!(axis(1000.0), (1000.0, 200.0));
         assert_eq!(rate_label(2.5), "2.5/s");
         assert_eq!(rate_label(1250.0), "1,250/s");
         assert_eq!(escape("<a&\"b\">"), "&lt;a&amp;&quot;b&quot;&gt;");

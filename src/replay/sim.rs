@@ -261,7 +261,8 @@ pub struct Variant {
     pub changes: Option<usize>,
     rt: Runtime<MemoryStore>,
     rule_index: HashMap<String, usize>,
-    owed: BinaryHeap<Reverse<Owed>>,
+    /// Boxed: the heap moves its items often, and an admitted request is large.
+    owed: BinaryHeap<Reverse<Box<Owed>>>,
     seq: u64,
     line: String,
     limited: Vec<(usize, u64)>,
@@ -332,13 +333,13 @@ impl Variant {
         };
         if let Some(a) = admitted.filter(Admitted::owes) {
             self.seq += 1;
-            self.owed.push(Reverse(Owed {
+            self.owed.push(Reverse(Box::new(Owed {
                 end_ms: e.end_ms(),
                 seq: self.seq,
                 admitted: a,
                 bytes_sent: e.bytes_sent.unwrap_or(0),
                 response: e.response.clone(),
-            }));
+            })));
         }
         let outcomes = &mut self.outcomes;
         let t = e.start_ms;
@@ -375,6 +376,7 @@ impl Variant {
             let Some(Reverse(o)) = self.owed.pop() else {
                 break;
             };
+            let o = *o;
             let mut a = o.admitted;
             a.body(o.bytes_sent);
             if !o.response.is_empty() {
