@@ -123,16 +123,6 @@ impl Reorder {
         self.released_ms = Some(self.released_ms.map_or(w.start_ms, |r| r.max(w.start_ms)));
         Some(*w.entry)
     }
-
-    /// How many entries wait.
-    pub fn len(&self) -> usize {
-        self.heap.len()
-    }
-
-    /// Whether none waits.
-    pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
-    }
 }
 
 /// Several ordered streams of entries as one, by start time (ties: the earlier stream first).
@@ -233,7 +223,7 @@ mod tests {
         // Four waited, one more than allowed: the earliest went although its window had not
         // passed.
         assert_eq!(out, [1000, 1050]);
-        assert_eq!(r.len(), 3);
+        assert_eq!(r.heap.len(), 3);
         // An entry older than what already left is late: it still goes out, first.
         r.push(entry(1010, 0));
         drain(&mut r, &mut out);
