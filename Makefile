@@ -79,7 +79,7 @@ build-native-panic:
 
 # Every test; then the tests that drive a real Envoy again, against the dynamic module.
 ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
-	--test global --test examples --test docs --test prometheus
+	--test global --test examples --test docs --test prometheus --test replay
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR)
 integration: build build-panic build-native build-native-panic envoy rls-server prometheus

@@ -6,7 +6,8 @@
 //! compare-and-swap by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer
 //! written by [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its
 //! [`metrics`]; [`global`] and [`rls`] speak to rate limit services. All of it is plain Rust,
-//! compiled and tested natively; [`host`] holds the only code that knows its host.
+//! compiled and tested natively; [`host`] holds the only code that knows its host. The
+//! `ratelimit-config` CLI's modules (`manifest`, `summary`, `replay`) are in neither filter.
 
 pub mod config;
 pub mod elastic;
@@ -16,11 +17,15 @@ pub mod headers;
 pub mod host;
 pub mod key;
 pub mod limiter;
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(not(any(target_arch = "wasm32", feature = "native-module")))]
 pub mod manifest;
 pub mod metrics;
 pub mod pipeline;
+#[cfg(not(any(target_arch = "wasm32", feature = "native-module")))]
+pub mod replay;
 pub mod rls;
 pub mod runtime;
 pub mod store;
+#[cfg(not(any(target_arch = "wasm32", feature = "native-module")))]
+pub mod summary;
 pub mod table;

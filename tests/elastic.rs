@@ -105,7 +105,7 @@ fn the_limit_follows_the_upstreams_health() {
     let upstream = Upstream::start();
     let listener = Listener {
         upstream: Some(upstream.addr),
-        client_ip_header: None,
+        ..Listener::default()
     };
     let envoy = Envoy::start_yaml(&bootstrap_with(CONFIG, &listener));
     let _traffic = Traffic::start(envoy.addr);

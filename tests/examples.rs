@@ -2,7 +2,8 @@
 //! each command's output must be what the README says. The few curl forms the READMEs use are
 //! interpreted here (no curl needed): `-s`, `-o /dev/null`, `-w` with `%{http_code}` and
 //! `%header{NAME}`, `-H`, `-X`, `--interface`; `for i in $(seq N); do …; done`; and
-//! `seq N | xargs -P N -I{} … | sort | uniq -c`.
+//! `seq N | xargs -P N -I{} … | sort | uniq -c`; and `cargo run -q --bin ratelimit-config -- …`
+//! (the CLI, run from the repository root).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -118,6 +119,14 @@ fn curl(args: &[String], addr: SocketAddr) -> String {
 
 /// Runs one README command line; returns what it prints.
 fn run(line: &str, addr: SocketAddr) -> String {
+    if let Some(args) = line.strip_prefix("cargo run -q --bin ratelimit-config -- ") {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(words(args))
+            .output()
+            .unwrap();
+        return String::from_utf8_lossy(&out.stdout).into_owned();
+    }
     if let Some(rest) = line.strip_prefix("for i in $(seq ") {
         let (n, rest) = rest.split_once("); do ").unwrap();
         let cmd = rest.strip_suffix("; done").unwrap();

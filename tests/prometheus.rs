@@ -281,7 +281,7 @@ const CAPACITY: f64 = 256.0;
 fn bootstrap(upstream: SocketAddr) -> String {
     let listener = Listener {
         upstream: Some(upstream),
-        client_ip_header: None,
+        ..Listener::default()
     };
     format!(
         "{}  - name: ratelimit

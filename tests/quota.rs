@@ -21,7 +21,7 @@ fn start(config: &str) -> (Envoy, Upstream) {
     let upstream = Upstream::start();
     let listener = Listener {
         upstream: Some(upstream.addr),
-        client_ip_header: None,
+        ..Listener::default()
     };
     (
         Envoy::start_yaml(&bootstrap_with(config, &listener)),
@@ -287,6 +287,7 @@ fn clients_are_keyed_by_network() {
     let listener = Listener {
         upstream: Some(upstream.addr),
         client_ip_header: Some("x-client-ip"),
+        ..Listener::default()
     };
     let config = r#"{"rules": [
         {"name": "v4", "key": [{"remote_address": {"ipv4_prefix": 24}}],

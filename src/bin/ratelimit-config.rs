@@ -1,9 +1,15 @@
-//! `ratelimit-config check FILE...`: validates plugin configurations with the filter's own code.
+//! `ratelimit-config`: the plugin configuration's tools, built on the filter's own code.
 //!
-//! A FILE is the plugin configuration as JSON, or YAML holding either the configuration or Istio
-//! `WasmPlugin` manifests (each document's `spec.pluginConfig` is checked). `-` reads standard
-//! input. Prints a summary of the rules of each valid configuration, or every error with its
-//! field path; exits 0 if all are valid, 1 if any is not, 2 on a usage or read error.
+//! `check FILE...` validates plugin configurations. A FILE is the plugin configuration as JSON,
+//! or YAML holding either the configuration or Istio `WasmPlugin` manifests (each document's
+//! `spec.pluginConfig` is checked). `-` reads standard input. Prints a summary of the rules of
+//! each valid configuration, or every error with its field path; exits 0 if all are valid, 1 if
+//! any is not, 2 on a usage or read error.
+//!
+//! `replay [OPTIONS] CONFIG LOG...` runs the requests of Envoy access logs through a
+//! configuration, offline, and reports what each rule would have allowed and limited
+//! (`ratelimit-config replay` alone lists the options). A bad configuration fails as `check`
+//! reports it (exit 1); usage and read errors exit 2.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
@@ -16,22 +22,66 @@ fn main() {
 #[cfg(not(target_arch = "wasm32"))]
 mod cli {
     use std::io::Read;
-    use wasm_ratelimit::config::{
-        Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Limit, Match, Rule,
-        Usage,
-    };
+    use wasm_ratelimit::config::{Config, ConfigErrors};
     use wasm_ratelimit::manifest::plugin_configs;
+    use wasm_ratelimit::replay::{self, args::Options, sim::Variant, CONFIGURED};
+    use wasm_ratelimit::summary::summary;
 
-    const USAGE: &str = "usage: ratelimit-config check FILE... (JSON, YAML, or Istio WasmPlugin manifests; - for stdin)";
+    const USAGE: &str = "usage: ratelimit-config check FILE... (JSON, YAML, or Istio WasmPlugin manifests; - for stdin)
+       ratelimit-config replay [OPTIONS] CONFIG LOG... (what CONFIG does to Envoy access logs)";
 
     pub fn run(args: Vec<String>) -> i32 {
-        let files = match args.split_first() {
-            Some((cmd, files)) if cmd == "check" && !files.is_empty() => files,
+        match args.split_first() {
+            Some((cmd, files)) if cmd == "check" && !files.is_empty() => check(files),
+            Some((cmd, rest)) if cmd == "replay" => replay(rest),
             _ => {
                 eprintln!("{USAGE}");
-                return 2;
+                2
             }
+        }
+    }
+
+    /// One configuration in a file: its `WasmPlugin` name if it comes from one, its name as
+    /// reports print it, and its JSON.
+    struct Found {
+        plugin: Option<String>,
+        name: String,
+        json: String,
+    }
+
+    /// The configurations in `text`, read from `file`; `Err` if the file is not valid YAML.
+    fn configurations(file: &str, text: &str) -> Result<Vec<Found>, String> {
+        let configs = plugin_configs(text)?;
+        // Nothing in the file: what the filter makes of an empty configuration.
+        let configs = if configs.is_empty() {
+            vec![(None, String::new())]
+        } else {
+            configs
         };
+        Ok(configs
+            .into_iter()
+            .map(|(label, json)| Found {
+                plugin: label
+                    .as_deref()
+                    .and_then(|l| l.strip_prefix("WasmPlugin "))
+                    .map(str::to_string),
+                name: match &label {
+                    Some(l) => format!("{file} ({l})"),
+                    None => file.to_string(),
+                },
+                json,
+            })
+            .collect())
+    }
+
+    fn invalid(name: &str, errors: &ConfigErrors) {
+        println!("{name}: INVALID");
+        for e in &errors.0 {
+            println!("  {e}");
+        }
+    }
+
+    fn check(files: &[String]) -> i32 {
         let mut status = 0;
         for file in files {
             let text = match read(file) {
@@ -41,7 +91,7 @@ mod cli {
                     return 2;
                 }
             };
-            let configs = match plugin_configs(&text) {
+            let configs = match configurations(file, &text) {
                 Ok(c) => c,
                 Err(e) => {
                     println!("{file}: INVALID\n  config: {e}");
@@ -49,30 +99,114 @@ mod cli {
                     continue;
                 }
             };
-            // Nothing in the file: what the filter makes of an empty configuration.
-            let configs = if configs.is_empty() {
-                vec![(None, String::new())]
-            } else {
-                configs
-            };
-            for (label, json) in configs {
-                let name = match label {
-                    Some(l) => format!("{file} ({l})"),
-                    None => file.clone(),
-                };
-                match Config::parse(json.as_bytes()) {
-                    Ok(config) => print!("{name}: OK\n{}", summary(&config)),
+            for found in configs {
+                match Config::parse(found.json.as_bytes()) {
+                    Ok(config) => print!("{}: OK\n{}", found.name, summary(&config)),
                     Err(errors) => {
-                        println!("{name}: INVALID");
-                        for e in &errors.0 {
-                            println!("  {e}");
-                        }
+                        invalid(&found.name, &errors);
                         status = 1;
                     }
                 }
             }
         }
         status
+    }
+
+    fn replay(args: &[String]) -> i32 {
+        let options = match Options::parse(args) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("ratelimit-config replay: {e}\n{}", replay::args::USAGE);
+                return 2;
+            }
+        };
+        let file = &options.config;
+        let text = match read(file) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{file}: cannot read: {e}");
+                return 2;
+            }
+        };
+        let mut configs = match configurations(file, &text) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("{file}: INVALID\n  config: {e}");
+                return 1;
+            }
+        };
+        if let Some(p) = &options.plugin {
+            configs.retain(|c| c.plugin.as_deref() == Some(p.as_str()));
+        }
+        let found = match configs.len() {
+            1 => configs.remove(0),
+            0 => {
+                eprintln!(
+                    "{file}: no WasmPlugin named {}",
+                    options.plugin.unwrap_or_default()
+                );
+                return 2;
+            }
+            n => {
+                let names: Vec<&str> = configs.iter().filter_map(|c| c.plugin.as_deref()).collect();
+                eprintln!(
+                    "{file} holds {n} configurations: pick one with --plugin NAME ({})",
+                    names.join(", ")
+                );
+                return 2;
+            }
+        };
+        let parsed = match replay::configurations(&found.json, &options.what_ifs) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("ratelimit-config replay: {e}");
+                return 2;
+            }
+        };
+        let mut configured = None;
+        let mut variants = Vec::new();
+        let mut status = 0;
+        for c in parsed {
+            match c.parsed {
+                Ok(mut config) => {
+                    if c.name == CONFIGURED {
+                        configured = Some(config.clone());
+                    }
+                    replay::prepare(&mut config);
+                    variants.push(Variant::new(c.name, c.changes, config));
+                }
+                Err(errors) if c.name == CONFIGURED => {
+                    invalid(&found.name, &errors);
+                    status = 1;
+                }
+                Err(errors) => {
+                    invalid(&format!("{} (what-if {})", found.name, c.name), &errors);
+                    status = 1;
+                }
+            }
+        }
+        let Some(configured) = configured.filter(|_| status == 0) else {
+            return 1;
+        };
+        let run = match replay::run(&options, configured, variants, &mut std::io::stderr()) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{e}");
+                return 2;
+            }
+        };
+        if let Some(path) = &options.html {
+            if let Err(e) = std::fs::write(path, replay::report::html(&run, options.raw_keys)) {
+                eprintln!("{path}: cannot write: {e}");
+                return 2;
+            }
+        }
+        if options.json {
+            println!("{:#}", replay::report::json(&run, options.raw_keys));
+        } else {
+            print!("{}", replay::report::text(&run, options.raw_keys));
+        }
+        0
     }
 
     fn read(file: &str) -> std::io::Result<String> {
@@ -82,138 +216,6 @@ mod cli {
             Ok(s)
         } else {
             std::fs::read_to_string(file)
-        }
-    }
-
-    fn summary(c: &Config) -> String {
-        let mut out = format!(
-            "  capacity {} keys, failure_mode {}, headers {}{}, limited status {}\n",
-            c.capacity,
-            match c.failure_mode {
-                FailureMode::Allow => "allow",
-                FailureMode::Deny => "deny",
-            },
-            c.response.headers.name(),
-            if c.response.on_allowed {
-                " (also on allowed responses)"
-            } else {
-                ""
-            },
-            c.response.status,
-        );
-        for r in &c.rules {
-            out.push_str(&format!(
-                "  rule {}{}: {}, key [{}], match {}{}\n",
-                r.name,
-                if r.shadow { " (shadow)" } else { "" },
-                limit(r),
-                r.key
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                matcher(&r.matcher),
-                match &r.cost {
-                    Cost::Fixed(1) => String::new(),
-                    Cost::Fixed(n) => format!(", cost {n}"),
-                    Cost::Header(h) => format!(", cost from header {h}"),
-                    Cost::Response(c) => format!(
-                        ", charged after the response from {} (reserve {}{})",
-                        match &c.usage {
-                            Usage::Header(h) => format!("header or trailer {h}"),
-                            Usage::BodyBytes => "its body bytes".into(),
-                        },
-                        c.reserve,
-                        match c.usage {
-                            Usage::Header(_) => format!(", default {}", c.default),
-                            Usage::BodyBytes => String::new(),
-                        }
-                    ),
-                },
-            ));
-            if let Some(e) = &r.elastic {
-                out.push_str(&format!(
-                    "    elastic: up to {}x while healthy, {}x when {}% of responses are bad{} over {} s, ramp {} s\n",
-                    f64::from(e.ceiling) / 1000.0,
-                    f64::from(e.floor) / 1000.0,
-                    f64::from(e.max_bad) / 10.0,
-                    e.latency_ms
-                        .map_or(String::new(), |l| format!(" (5xx, 429 or over {l} ms)")),
-                    e.window_ms / 1000,
-                    e.ramp_ms / 1000,
-                ));
-            }
-            if let Some(g) = &r.global {
-                out.push_str(&format!(
-                    "    global {}: cluster {}, domain {}, timeout {} ms{}\n",
-                    match g.mode {
-                        GlobalMode::Sync => "sync",
-                        GlobalMode::Async => "async",
-                    },
-                    g.cluster,
-                    g.domain,
-                    g.timeout_ms,
-                    match g.mode {
-                        GlobalMode::Async => format!(", flush every {} ms", g.flush_ms),
-                        GlobalMode::Sync => String::new(),
-                    }
-                ));
-            }
-        }
-        out
-    }
-
-    fn limit(r: &Rule) -> String {
-        let (quota, algorithm) = match r.limit {
-            Limit::Rate { quota, algorithm } => (quota, algorithm),
-            Limit::InFlight { max, lease_ms } => {
-                return format!("{max} in flight (lease {} s)", lease_ms / 1000)
-            }
-        };
-        let algorithm = match algorithm {
-            Algorithm::TokenBucket { burst } => format!("token_bucket, burst {burst}"),
-            Algorithm::LeakyBucket {
-                burst,
-                max_delay_ms: Some(d),
-            } => format!("leaky_bucket, burst {burst}, delay up to {d} ms"),
-            Algorithm::LeakyBucket { burst, .. } => format!("leaky_bucket, burst {burst}"),
-            other => other.name().to_string(),
-        };
-        format!(
-            "{} {}per {} ({algorithm})",
-            quota.requests_per_unit,
-            r.quota_unit
-                .as_deref()
-                .map_or(String::new(), |u| format!("{u} ")),
-            quota.unit.name(),
-        )
-    }
-
-    fn matcher(m: &Match) -> String {
-        let mut parts = Vec::new();
-        if let Some(p) = &m.path_prefix {
-            parts.push(format!("path_prefix {p}"));
-        }
-        if let Some(p) = &m.path {
-            parts.push(format!("path {p}"));
-        }
-        if !m.methods.is_empty() {
-            parts.push(format!("methods {}", m.methods.join("|")));
-        }
-        if let Some(a) = &m.authority {
-            parts.push(format!("authority {a}"));
-        }
-        for h in &m.headers {
-            parts.push(match &h.condition {
-                HeaderCondition::Equals(v) => format!("{}={v}", h.name),
-                HeaderCondition::Present(true) => format!("{} present", h.name),
-                HeaderCondition::Present(false) => format!("{} absent", h.name),
-            });
-        }
-        if parts.is_empty() {
-            "every request".into()
-        } else {
-            parts.join(", ")
         }
     }
 }

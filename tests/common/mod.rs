@@ -218,6 +218,38 @@ pub struct Listener<'a> {
     /// Take the client address from this request header (Envoy's custom-header original IP
     /// detection), so a test can be many clients, IPv6 ones included.
     pub client_ip_header: Option<&'a str>,
+    /// Write an access log.
+    pub access_log: Option<AccessLog<'a>>,
+}
+
+/// A file access log of the test listener.
+pub struct AccessLog<'a> {
+    /// Where Envoy writes it.
+    pub path: &'a Path,
+    /// `json_format` entries (key, format command); empty: Envoy's default text format.
+    pub json: &'a [(&'a str, &'a str)],
+}
+
+impl AccessLog<'_> {
+    /// The `access_log` of the connection manager, indented for it.
+    fn yaml(&self) -> String {
+        let mut out = format!(
+            r#"
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: "{}""#,
+            self.path.display()
+        );
+        if !self.json.is_empty() {
+            out.push_str("\n              log_format:\n                json_format:");
+            for (k, v) in self.json {
+                out.push_str(&format!("\n                  \"{k}\": \"{v}\""));
+            }
+        }
+        out
+    }
 }
 
 /// A bootstrap for the filter in the build under test (plugin `test`) with `listener`.
@@ -253,6 +285,11 @@ pub fn bootstrap_full(
         ),
         None => String::new(),
     };
+    let access_log = listener
+        .access_log
+        .as_ref()
+        .map(AccessLog::yaml)
+        .unwrap_or_default();
     let clusters = match listener.upstream {
         Some(a) => format!(
             r#"  clusters:
@@ -291,7 +328,7 @@ static_resources:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: test{detection}
+          stat_prefix: test{detection}{access_log}
           route_config:
             virtual_hosts:
             - name: all
