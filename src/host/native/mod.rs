@@ -619,10 +619,12 @@ impl Filter {
                     stream: s,
                     trailers: false,
                 };
+                // The clock only when a charge or a latency needs it.
+                let now = if admitted.needs_clock() { now_ms() } else { 0 };
                 self.config.rt.response_headers(
                     admitted,
                     &mut fields,
-                    now_ms(),
+                    now,
                     &mut buf,
                     |name, value, append| s.response_header(name, value, append),
                 );
