@@ -106,6 +106,7 @@ oci: build
 
 bench-tools: build build-native envoy rls-server
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
 	cargo build --release --target $(TARGET) --manifest-path bench/noop/Cargo.toml
 	cargo build --release --target $(TARGET) --manifest-path bench/floor-wasm/Cargo.toml
 	cargo build --release --manifest-path bench/floor-native/Cargo.toml
