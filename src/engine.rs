@@ -211,39 +211,15 @@ fn decide_one(
         rules: smallvec::smallvec![out],
     };
     for _ in 0..MAX_ATTEMPTS {
-        let read = store.read(check.slot, |bytes, cas| {
-            let mut copy = [0u8; BUCKET_LEN];
-            let present = match bytes {
-                Some(b) if b.len() == BUCKET_LEN => {
-                    copy.copy_from_slice(b);
-                    true
-                }
-                _ => false,
-            };
-            let found = table::lookup(bytes, check.fingerprint);
-            (found, present.then_some(copy), cas.unwrap_or(CREATE_CAS))
-        });
-        let (found, mut bytes, cas) = match read {
-            Ok(r) => r,
-            Err(e) => {
+        let b = match read_entry(store, check.slot, check.fingerprint) {
+            Ok(b) => b,
+            Err(failure) => {
                 out.verdict = None;
-                out.failure = Some(Failure::Unavailable(format!("{e:?}")));
+                out.failure = Some(failure);
                 return done(out, !fails_closed);
             }
         };
-        let found = match found {
-            Ok(found) => found,
-            Err(table::Corrupt) => {
-                // Reset the slot so the keys in it work again from the next request on.
-                if let Ok(empty) = Slot::decode(check.slot, None) {
-                    let _ = store.write(check.slot, empty.encode().as_ref(), cas);
-                }
-                out.verdict = None;
-                out.failure = Some(Failure::Corrupt);
-                return done(out, !fails_closed);
-            }
-        };
-        let state = found.as_ref().map(|(_, s)| s);
+        let state = b.found.as_ref().map(|(_, s)| s);
         let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
         out.above_base = check.above_base(&verdict, state, now_ms);
         if check.charge_later {
@@ -257,23 +233,8 @@ fn decide_one(
         let Some(next) = next else {
             return done(out, true); // a shadow rule that would refuse: nothing to count
         };
-        let mut placement = Placement::Updated;
-        let in_place = match (&found, bytes.as_mut()) {
-            (Some((i, _)), Some(b)) => table::store_entry(b, *i, check.fingerprint, &next),
-            _ => false,
-        };
-        let written = match bytes {
-            Some(b) if in_place => store.write(check.slot, &b, cas),
-            b => {
-                let Ok(mut slot) = Slot::decode(check.slot, b.as_ref().map(|b| &b[..])) else {
-                    continue; // not reached: `lookup` accepted these bytes
-                };
-                placement = slot.put(check.fingerprint, next, now_ms);
-                store.write(check.slot, slot.encode().as_ref(), cas)
-            }
-        };
-        match written {
-            Ok(()) => {
+        match write_entry(store, check.slot, check.fingerprint, b, next, now_ms) {
+            Ok(placement) => {
                 out.evicted = placement == Placement::Evicted;
                 out.filled = placement == Placement::Filled;
                 return done(out, true);
@@ -290,6 +251,73 @@ fn decide_one(
     }
     out.verdict = None;
     done(out, !fails_closed)
+}
+
+/// A bucket read to update one key in place: its bytes (`None`: never written), the key's
+/// entry if it has one, and the CAS to write back with.
+struct Entry {
+    bytes: Option<[u8; BUCKET_LEN]>,
+    found: Option<(usize, State)>,
+    cas: u32,
+}
+
+/// Reads the key's entry of a bucket without decoding the other entries (the whole bucket is
+/// still checked, see [`table::lookup`]). A corrupt bucket is reset, so that the keys in it
+/// work again from the next request on.
+fn read_entry(store: &impl Store, slot: u64, fingerprint: u64) -> Result<Entry, Failure> {
+    let read = store.read(slot, |bytes, cas| {
+        let mut copy = [0u8; BUCKET_LEN];
+        let present = match bytes {
+            Some(b) if b.len() == BUCKET_LEN => {
+                copy.copy_from_slice(b);
+                true
+            }
+            _ => false,
+        };
+        let found = table::lookup(bytes, fingerprint);
+        (found, present.then_some(copy), cas.unwrap_or(CREATE_CAS))
+    });
+    let (found, bytes, cas) = read.map_err(|e| Failure::Unavailable(format!("{e:?}")))?;
+    match found {
+        Ok(found) => Ok(Entry { bytes, found, cas }),
+        Err(table::Corrupt) => {
+            if let Ok(empty) = Slot::decode(slot, None) {
+                let _ = store.write(slot, empty.encode().as_ref(), cas);
+            }
+            Err(Failure::Corrupt)
+        }
+    }
+}
+
+/// Writes the key's `next` state into the bucket as read: in place, rewriting only its entry,
+/// when it had one; else through the decoded bucket, which finds it a place by the table's
+/// eviction policy.
+fn write_entry(
+    store: &impl Store,
+    slot: u64,
+    fingerprint: u64,
+    mut b: Entry,
+    next: State,
+    now_ms: u64,
+) -> Result<Placement, StoreError> {
+    let in_place = match (&b.found, b.bytes.as_mut()) {
+        (Some((i, _)), Some(bytes)) => table::store_entry(bytes, *i, fingerprint, &next),
+        _ => false,
+    };
+    match b.bytes {
+        Some(bytes) if in_place => store
+            .write(slot, &bytes, b.cas)
+            .map(|()| Placement::Updated),
+        bytes => {
+            // `lookup` accepted these bytes, so they decode.
+            let mut decoded = Slot::decode(slot, bytes.as_ref().map(|b| &b[..]))
+                .map_err(|_| StoreError::Unavailable("a bucket that no longer decodes".into()))?;
+            let placement = decoded.put(fingerprint, next, now_ms);
+            store
+                .write(slot, decoded.encode().as_ref(), b.cas)
+                .map(|()| placement)
+        }
+    }
 }
 
 /// [`decide`] for any number of checks of any kind.
@@ -428,14 +456,14 @@ pub fn settle(
 ) -> RuleOutcome {
     let mut out = RuleOutcome::default();
     for _ in 0..MAX_ATTEMPTS {
-        let mut r = match read(store, slot) {
-            Ok(r) => r,
+        let b = match read_entry(store, slot, fingerprint) {
+            Ok(b) => b,
             Err(f) => {
                 out.failure = Some(f);
                 return out;
             }
         };
-        let state = r.slot.find(fingerprint);
+        let state = b.found.as_ref().map(|(_, s)| s);
         let next = match owed {
             Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
                 out.verdict = Some(v);
@@ -446,13 +474,8 @@ pub fn settle(
         let Some(next) = next else {
             return out; // nothing to change
         };
-        let placement = r.slot.put(fingerprint, next, now_ms);
-        if placement == Placement::Full {
-            out.failure = Some(Failure::NoRoom);
-            return out;
-        }
-        match store.write(slot, r.slot.encode().as_ref(), r.cas) {
-            Ok(()) => {
+        match write_entry(store, slot, fingerprint, b, next, now_ms) {
+            Ok(placement) => {
                 out.evicted = placement == Placement::Evicted;
                 out.filled = placement == Placement::Filled;
                 return out;

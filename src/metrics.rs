@@ -2,7 +2,8 @@
 //!
 //! A host call per increment costs about a microsecond in the wasm build, so requests add to
 //! [`Metrics`] (plain atomics, shared by every thread that serves the runtime) and the host
-//! publishes the sums on a timer, once a second. Both hosts define the same names.
+//! publishes the sums and the gauges' movements on a timer, once a second. Both hosts define
+//! the same names.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -175,7 +176,7 @@ impl Metrics {
     pub fn drain(
         &self,
         mut counter: impl FnMut(usize, Counter, u64),
-        gauge: impl FnMut(Gauge, i64),
+        mut gauge: impl FnMut(Gauge, i64),
     ) {
         for (i, c) in self.counters.iter().enumerate() {
             let n = c.swap(0, Ordering::Relaxed);
@@ -184,15 +185,7 @@ impl Metrics {
                 counter(i / Counter::ALL.len(), which, n);
             }
         }
-        self.drain_gauges(gauge);
-    }
-
-    /// Takes the gauges' movements only (hosts publish them as they happen).
-    pub fn drain_gauges(&self, mut gauge: impl FnMut(Gauge, i64)) {
         for (g, which) in self.gauges.iter().zip(Gauge::ALL) {
-            if g.load(Ordering::Relaxed) == 0 {
-                continue; // no write on the common path
-            }
             let delta = g.swap(0, Ordering::Relaxed);
             if delta != 0 {
                 gauge(which, delta);

@@ -102,6 +102,8 @@ pub struct Admitted {
     body_bytes: u64,
     /// The elastic rules whose backend health this response tells about.
     watched: SmallVec<[usize; 1]>,
+    /// Whether one of them judges latency (the response's time is needed then).
+    timed: bool,
     /// When the request was admitted, ms since the epoch (its response's latency is measured
     /// from here).
     admitted_ms: u64,
@@ -121,7 +123,7 @@ impl Admitted {
     /// Whether [`Runtime::response_headers`] needs the time (to charge, or to measure a
     /// response's latency); otherwise any value will do.
     pub fn needs_clock(&self) -> bool {
-        !self.owed.is_empty() || !self.watched.is_empty()
+        !self.owed.is_empty() || self.timed
     }
 }
 
@@ -319,6 +321,7 @@ impl<S: Store> Runtime<S> {
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
         let mut owed = Vec::new();
         let mut watched = SmallVec::new();
+        let mut timed = false;
         if let Some(outcome) = &outcome {
             for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
                 let Some(rule) = self.config.rules.get(a.rule) else {
@@ -334,8 +337,9 @@ impl<S: Store> Runtime<S> {
                     self.refusal(host, a.rule, a.hash, &v, check.cost);
                 } else if allowed {
                     held.rules.push((a.rule, v.delay_ms > 0));
-                    if self.compiled.get(a.rule).is_some_and(|c| c.watch.is_some()) {
+                    if let Some(w) = self.compiled.get(a.rule).and_then(|c| c.watch.as_ref()) {
                         watched.push(a.rule);
+                        timed |= w.params.latency_ms.is_some();
                         self.metrics.add(
                             a.rule,
                             Counter::ElasticAllowed,
@@ -396,6 +400,7 @@ impl<S: Store> Runtime<S> {
             owed,
             body_bytes: 0,
             watched,
+            timed,
             admitted_ms: now,
         });
         let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
@@ -801,6 +806,7 @@ mod tests {
             owed: Vec::new(),
             body_bytes: 0,
             watched: SmallVec::new(),
+            timed: false,
             admitted_ms: 0,
         });
         respond(rt, &mut a, &mut FakeResponse::default(), 0)

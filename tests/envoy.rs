@@ -139,7 +139,7 @@ fn metrics_match_the_traffic() {
     assert_eq!(a, [200, 200, 200, 429, 429]);
     let third = user("b");
     assert_eq!(third.status, 200);
-    // Metrics are published once a second per worker; the gauge moves at once.
+    // Metrics are published once a second per worker.
     let prom = |rule: Option<&str>, name: &str, want: u64| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {

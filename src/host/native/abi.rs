@@ -219,15 +219,8 @@ extern "C" {
         label_values_length: usize,
         value: u64,
     ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_increment_gauge(
-        filter: FilterEnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_decrement_gauge(
-        filter: FilterEnvoyPtr,
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: ConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
         label_values_length: usize,
@@ -400,18 +393,29 @@ impl ConfigHandle {
         };
     }
 
-    /// Adds `n` to a labelled gauge (main thread; 0 makes the series appear).
-    pub fn increment_gauge(&self, id: usize, label_values: &[&str], n: u64) {
+    /// Moves a labelled gauge by `delta`.
+    pub fn gauge_add(&self, id: usize, label_values: &[&str], delta: i64) {
         let (mut values, len) = labels(label_values);
+        let n = delta.unsigned_abs();
         // SAFETY: `self.0` is live until config_destroy; label values are copied.
         let _ = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_increment_gauge(
-                self.0,
-                id,
-                values.as_mut_ptr(),
-                len,
-                n,
-            )
+            if delta >= 0 {
+                envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+                    self.0,
+                    id,
+                    values.as_mut_ptr(),
+                    len,
+                    n,
+                )
+            } else {
+                envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+                    self.0,
+                    id,
+                    values.as_mut_ptr(),
+                    len,
+                    n,
+                )
+            }
         };
     }
 
@@ -659,31 +663,6 @@ impl Stream<'_> {
         // SAFETY: `ptr` is live; the scheduler is owned (and deleted) by the returned value.
         let s = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr) };
         (!s.is_null()).then_some(Scheduler(s))
-    }
-
-    /// Moves a labelled gauge.
-    pub fn gauge_add(&self, id: usize, label_values: &[&str], delta: i64) {
-        let (mut values, n) = labels(label_values);
-        // SAFETY: `ptr` is live; label values are copied.
-        let _ = unsafe {
-            if delta >= 0 {
-                envoy_dynamic_module_callback_http_filter_increment_gauge(
-                    self.ptr,
-                    id,
-                    values.as_mut_ptr(),
-                    n,
-                    delta.unsigned_abs(),
-                )
-            } else {
-                envoy_dynamic_module_callback_http_filter_decrement_gauge(
-                    self.ptr,
-                    id,
-                    values.as_mut_ptr(),
-                    n,
-                    delta.unsigned_abs(),
-                )
-            }
-        };
     }
 
     /// Starts a gRPC call owned by this stream; its events reach the
@@ -1075,8 +1054,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     filter: FilterModulePtr,
 ) {
     // SAFETY: Envoy's live stream for this hook.
-    if let Some((f, s)) = unsafe { stream(envoy, filter) } {
-        guard(|| (), || f.complete(&s));
+    if let Some((f, _)) = unsafe { stream(envoy, filter) } {
+        guard(|| (), || f.complete());
     }
 }
 

@@ -142,7 +142,7 @@ impl MetricIds {
             }
         }
         for id in self.gauges.iter().flatten() {
-            h.increment_gauge(*id, &[plugin], 0);
+            h.gauge_add(*id, &[plugin], 0);
         }
         if let Some(id) = self.panics {
             h.increment_counter(id, &[plugin], 0);
@@ -262,8 +262,11 @@ impl FilterConfig {
                 self.handle
                     .increment_counter(*id, &[&self.plugin, &r.name], n);
             },
-            // Gauges are published by the streams as they move; none is left here.
-            |_, _| {},
+            |gauge, delta| {
+                if let Some(Some(id)) = self.ids.gauges.get(gauge as usize) {
+                    self.handle.gauge_add(*id, &[&self.plugin], delta);
+                }
+            },
         );
         let panics = PANICS.swap(0, Ordering::Relaxed);
         if let (Some(id), true) = (self.ids.panics, panics > 0) {
@@ -325,15 +328,6 @@ impl FilterConfig {
             };
             self.rt.flushed(&f.target, answer, now_ms());
         }
-    }
-
-    /// Publishes the gauges' movements from a stream (they move at once).
-    fn publish_gauges(&self, s: &Stream) {
-        self.rt.metrics().drain_gauges(|gauge, delta| {
-            if let Some(Some(id)) = self.ids.gauges.get(gauge as usize) {
-                s.gauge_add(*id, &[&self.plugin], delta);
-            }
-        });
     }
 }
 
@@ -549,7 +543,6 @@ impl Filter {
     /// Does what the pipeline decided.
     fn carry_out(&self, s: &Stream, decision: Decision) -> HeadersStatus {
         let config = self.config;
-        config.publish_gauges(s);
         match decision {
             Decision::Continue(admitted) => {
                 self.state.borrow_mut().admitted = admitted;
@@ -563,7 +556,6 @@ impl Filter {
                 let Some(scheduler) = s.scheduler() else {
                     // No way to come back later: let it go now.
                     config.rt.release(&held);
-                    config.publish_gauges(s);
                     self.state.borrow_mut().admitted = admitted;
                     return HeadersStatus::Continue;
                 };
@@ -602,7 +594,6 @@ impl Filter {
         };
         HELD.with(|c| c.set(c.get().saturating_sub(1)));
         self.config.rt.release(&h.held);
-        self.config.publish_gauges(s);
         s.continue_decoding();
     }
 
@@ -658,7 +649,7 @@ impl Filter {
 
     /// The stream ends, however it ends: a request still held was abandoned by its client, and
     /// what its rules are still owed is settled.
-    fn complete(&self, s: &Stream) {
+    fn complete(&self) {
         let (holding, admitted) = {
             let mut state = self.state.borrow_mut();
             #[cfg(feature = "panic-trigger")]
@@ -678,7 +669,6 @@ impl Filter {
         if let Some(admitted) = admitted {
             self.config.rt.settle(admitted, now_ms());
         }
-        self.config.publish_gauges(s);
     }
 }
 

@@ -102,15 +102,6 @@ struct Served {
     ids: MetricIds,
 }
 
-impl Served {
-    /// Publishes the gauges' movements (they move at once; counters wait for the tick).
-    fn publish_gauges(&self) {
-        self.rt
-            .metrics()
-            .drain_gauges(|gauge, delta| self.ids.gauge(gauge, delta));
-    }
-}
-
 /// The Envoy ids of a runtime's metrics.
 #[derive(Default)]
 struct MetricIds {
@@ -223,12 +214,10 @@ struct Waiting {
 impl Waiting {
     fn release(&self) {
         self.served.rt.release(&self.held);
-        self.served.publish_gauges();
     }
 
     fn abandon(&self) {
         self.served.rt.abandon(&self.held);
-        self.served.publish_gauges();
     }
 }
 
@@ -579,7 +568,6 @@ impl Request {
 
     /// Does what the pipeline decided.
     fn carry_out(&mut self, served: &Rc<Served>, decision: Decision) -> Action {
-        served.publish_gauges();
         match decision {
             Decision::Continue(admitted) => {
                 self.admitted = admitted;
@@ -637,7 +625,6 @@ impl Context for Request {
                 }
             }
             served.rt.settle(admitted, abi::now_ms().unwrap_or(0));
-            served.publish_gauges();
         }
         true
     }
