@@ -199,7 +199,11 @@ fn a_client_that_leaves_while_held_is_counted_as_abandoned() {
     // gauge is published once a second).
     let gone = Instant::now();
     assert_eq!(envoy.wait_stat(queue, 0), Some(0));
-    assert!(gone.elapsed() < Duration::from_millis(2500), "{:?}", gone.elapsed());
+    assert!(
+        gone.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        gone.elapsed()
+    );
     // The filter still serves (its slot was used: the next one waits its turn, about 8 s).
     let r = c.get("/").unwrap();
     assert_eq!(r.status, 200);
