@@ -431,10 +431,12 @@ def main():
           f"{args.connections} connections; scratch {work}", flush=True)
     specs = [(name, filters) for name, filters, _ in variants]
     if args.instructions_only:
-        counts = instructions(args.envoy, specs, work)
+        keep = args.only.split(",") if args.only else [name for name, _ in specs]
+        counts = instructions(args.envoy, [s for s in specs if s[0] in keep], work)
+        base = counts.get("no-filter")
         for name, n in counts.items():
-            print(f"{name:14} {n:10,.0f} instructions/request  × no filter "
-                  f"{n / counts['no-filter']:.2f}")
+            print(f"{name:14} {n:10,.0f} instructions/request"
+                  + (f"  × no filter {n / base:.2f}" if base else ""))
         return
     if args.only:
         keep = args.only.split(",")

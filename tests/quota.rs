@@ -215,13 +215,13 @@ fn wave(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<u16> {
 #[test]
 fn the_in_flight_cap_holds_under_64_concurrent_slow_requests() {
     let (envoy, up) = start(IN_FLIGHT);
-    let statuses = wave(&envoy, 64, "400");
+    let statuses = wave(&envoy, 64, "1500");
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(admitted, 8, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 56);
     assert_eq!(up.most_in_flight(), 8);
     // Every slot came back: the next wave gets all eight again.
-    let again = wave(&envoy, 12, "200");
+    let again = wave(&envoy, 12, "1000");
     assert_eq!(again.iter().filter(|s| **s == 200).count(), 8, "{again:?}");
     let r = get(&envoy, &[("x-tenant", "t")]);
     assert_eq!(
