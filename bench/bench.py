@@ -442,8 +442,9 @@ def main():
         (ROOT / "BENCHMARKS.md").write_text(report(results))
         return
     if args.instructions_only:
-        keep = args.only.split(",") if args.only else [name for name, _ in specs]
-        counts = instructions(args.envoy, [s for s in specs if s[0] in keep], work)
+        every = specs + header_styles()
+        keep = args.only.split(",") if args.only else [name for name, _ in every]
+        counts = instructions(args.envoy, [s for s in every if s[0] in keep], work)
         base = counts.get("no-filter")
         for name, n in counts.items():
             print(f"{name:14} {n:10,.0f} instructions/request"
@@ -489,10 +490,7 @@ def main():
 
     # Instructions per request: every variant above, counted exactly; and one rule per client
     # without header fields, to tell the fields' cost from the decision's.
-    bare = [rule("per-client", ["remote_address"])]
-    no_fields = [(f"{b}-1-no-fields", ours(bare, build=b, response={"headers": "none"}))
-                 for b in ("native", "wasm")]
-    counted = instructions(args.envoy, specs + rules_specs + quota_specs + no_fields, work,
+    counted = instructions(args.envoy, specs + rules_specs + quota_specs + header_styles(), work,
                            requests=500 if args.quick else 2000)
 
     # Latency added at half the no-filter saturation rate (open loop).
@@ -523,6 +521,15 @@ def main():
     (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (ROOT / "BENCHMARKS.md").write_text(report(results))
     print((ROOT / "BENCHMARKS.md").read_text())
+
+
+def header_styles():
+    """One rule per client with no header fields, and with the IETF style's two only: to tell
+    the fields' cost from the decision's (instructions only)."""
+    bare = [rule("per-client", ["remote_address"])]
+    return [(f"{b}-1-{style}", ours(bare, build=b, response={"headers": headers}))
+            for b in ("native", "wasm") for style, headers in (("no-fields", "none"),
+                                                               ("ietf", "ietf"))]
 
 
 def curves(args, lua, work, rounds):
@@ -715,8 +722,11 @@ def report(r):
     ]
     ins = r["instructions"]
     ir = lambda a, b: ins[b] / ins[a]  # the throughput ratio a/b implied by instructions
-    extra_labels = {"native-1-no-fields": "native build, 1 rule per client, no header fields",
-                    "wasm-1-no-fields": "wasm build, 1 rule per client, no header fields"}
+    extra_labels = {name: label for name, label in (
+        ("native-1-no-fields", "native build, 1 rule per client, no header fields"),
+        ("wasm-1-no-fields", "wasm build, 1 rule per client, no header fields"),
+        ("native-1-ietf", "native build, 1 rule per client, IETF fields only"),
+        ("wasm-1-ietf", "wasm build, 1 rule per client, IETF fields only")) if name in ins}
     lines += [
         "## Instructions per request",
         "",
@@ -742,10 +752,17 @@ def report(r):
         f"| wasm build, 1 rule per client, both header styles / proxy-wasm floor | {ir('wasm-1', 'floor-wasm'):.3f} |",
         f"| native build, 1 rule per client, no header fields / dynamic-module floor | {ir('native-1-no-fields', 'floor-native'):.3f} |",
         f"| wasm build, 1 rule per client, no header fields / proxy-wasm floor | {ir('wasm-1-no-fields', 'floor-wasm'):.3f} |",
+    ]
+    lines += [f"| {b} build, 1 rule per client, IETF fields only / {floor} | "
+              f"{ir(f'{b}-1-ietf', f'floor-{b}'):.3f} |"
+              for b, floor in (("native", "dynamic-module floor"), ("wasm", "proxy-wasm floor"))
+              if f"{b}-1-ietf" in ins]
+    lines += [
         f"| dynamic-module floor / Envoy local_ratelimit per client | {ir('floor-native', 'local-rl'):.3f} |",
         f"| native build, 1 rule / Envoy local_ratelimit per client | {ir('native-1', 'local-rl'):.3f} |",
         f"| wasm build, 1 rule / native build, 1 rule | {ir('wasm-1', 'native-1'):.3f} |",
         "",
+        *([r["instructions_ietf_note"], ""] if r.get("instructions_ietf_note") else []),
         "The five header fields of both styles cost "
         f"{(ins['native-1'] - ins['native-1-no-fields']) / 5:,.0f} instructions each in the native build and "
         f"{(ins['wasm-1'] - ins['wasm-1-no-fields']) / 5:,.0f} in the wasm build (the floor probes add two).",
