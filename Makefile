@@ -112,7 +112,7 @@ bench-tools: build build-native envoy rls-server
 	cargo build --release --manifest-path bench/floor-native/Cargo.toml
 	cargo build --release --manifest-path bench/loadgen/Cargo.toml
 
-# Writes BENCHMARKS.md and bench/results.json (about 15 minutes from a fresh checkout;
+# Writes BENCHMARKS.md and bench/results.json (about 20 minutes from a fresh checkout;
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)

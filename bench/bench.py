@@ -868,7 +868,7 @@ def report(r):
         "## Reproduce",
         "",
         "```sh",
-        "make bench   # builds everything, installs Envoy, wrk and Redis if missing; about 15 minutes",
+        "make bench   # builds everything, installs Envoy, wrk, valgrind and Redis if missing; about 20 minutes",
         "```",
         "",
         f"The run took {r['duration_s']} s. Raw figures: [`bench/results.json`](bench/results.json);",
