@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{bootstrap, wasm_path, Client, Envoy};
+use common::{bootstrap, rls_cluster, wasm_path, Client, Envoy};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -98,24 +98,9 @@ fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms:
 /// An Envoy whose filter has `config`, with the `ratelimit` cluster pointing at `rls_port`.
 fn envoy(config: &str, rls_port: u16) -> Envoy {
     let yaml = format!(
-        "{}  clusters:
-  - name: ratelimit
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options: {{}}
-    load_assignment:
-      cluster_name: ratelimit
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{address: 127.0.0.1, port_value: {rls_port}}}
-",
-        bootstrap(config, &wasm_path())
+        "{}  clusters:\n{}",
+        bootstrap(config, &wasm_path()),
+        rls_cluster(rls_port, "1s")
     );
     Envoy::start_yaml(&yaml)
 }

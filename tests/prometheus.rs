@@ -17,7 +17,7 @@
 mod common;
 
 use common::upstream::Upstream;
-use common::{bootstrap_with, now_ms, Build, Client, Envoy, Listener};
+use common::{bootstrap_with, now_ms, rls_cluster, Build, Client, Envoy, Listener};
 use serde_json::{json, Value};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -283,26 +283,7 @@ fn bootstrap(upstream: SocketAddr) -> String {
         upstream: Some(upstream),
         ..Listener::default()
     };
-    format!(
-        "{}  - name: ratelimit
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options: {{}}
-    load_assignment:
-      cluster_name: ratelimit
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{address: 127.0.0.1, port_value: {}}}
-",
-        bootstrap_with(PLUGIN, &listener),
-        free_port()
-    )
+    bootstrap_with(PLUGIN, &listener) + &rls_cluster(free_port(), "0.25s")
 }
 
 /// What the traffic of [`drive`] counted, where the test knows it exactly.

@@ -782,3 +782,27 @@ fn to_native(v: &mut serde_json::Value) {
         _ => {}
     }
 }
+
+/// A bootstrap's `ratelimit` cluster (HTTP/2, for a rate limit service on `port`), as the
+/// lines of a `clusters:` list.
+#[allow(dead_code)]
+pub fn rls_cluster(port: u16, connect_timeout: &str) -> String {
+    format!(
+        "  - name: ratelimit
+    type: STATIC
+    connect_timeout: {connect_timeout}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {port}}}
+"
+    )
+}
