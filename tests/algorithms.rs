@@ -131,7 +131,6 @@ fn token_bucket_bursts_then_refills_at_the_rate() {
         refilled >= 3 && burst - 5 + refilled <= total_ms / 100,
         "{refilled} admitted after 350 ms ({total_ms} ms since the burst began)"
     );
-    assert!(refilled < 6, "the bucket ran dry again");
     let r = c.get("/").unwrap();
     assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=10;w=1"));
 }
