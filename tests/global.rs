@@ -11,21 +11,12 @@
 
 mod common;
 
-use common::{bootstrap, rls_cluster, wasm_path, Client, Envoy};
-use std::net::TcpListener;
+use common::{bootstrap, free_port, rls_cluster, wasm_path, Client, Envoy};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Waits (≤ 10 s) until something listens on `port`.
 fn wait_port(port: u16) {

@@ -17,11 +17,11 @@
 mod common;
 
 use common::upstream::Upstream;
-use common::{bootstrap_with, now_ms, rls_cluster, Build, Client, Envoy, Listener};
+use common::{bootstrap_with, free_port, now_ms, rls_cluster, Build, Client, Envoy, Listener};
 use serde_json::{json, Value};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,14 +44,6 @@ fn prometheus_bin() -> String {
 
 fn promtool_bin() -> String {
     std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Percent-encodes a query-string value.

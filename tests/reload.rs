@@ -5,17 +5,9 @@
 
 mod common;
 
-use common::{wasm_path, Client, Envoy};
+use common::{free_port, wasm_path, Client, Envoy};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The LDS file: one listener on `port` with the filter configured by `plugin_config`.
 fn listeners(port: u16, plugin_config: &str) -> String {

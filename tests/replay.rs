@@ -22,7 +22,7 @@
 
 mod common;
 
-use common::{bootstrap_with, AccessLog, Client, Envoy, Listener};
+use common::{bootstrap_with, scratch, AccessLog, Client, Envoy, Listener};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -46,16 +46,6 @@ const JSON_FORMAT: &[(&str, &str)] = &[
     ("duration", "%DURATION%"),
     ("x-api-key", "%REQ(X-API-KEY)%"),
 ];
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wasm-ratelimit-replay-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Starts Envoy with `CONFIG`-like `config` and an access log at `log`; the log is flushed
 /// every 100 ms instead of Envoy's default 10 s.

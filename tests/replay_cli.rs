@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::scratch;
+
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -43,16 +45,6 @@ fn replay_json(args: &[&str]) -> Value {
     let (code, out, err) = cli(&all);
     assert_eq!(code, 0, "{err}");
     serde_json::from_str(&out).unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wasm-ratelimit-replay-cli-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

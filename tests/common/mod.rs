@@ -105,16 +105,26 @@ pub fn wasm_path() -> PathBuf {
     }
 }
 
-fn scratch_dir() -> PathBuf {
+/// A fresh, empty directory of this test process, named after `name`.
+pub fn scratch(name: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "wasm-ratelimit-test-{}-{}",
+        "wasm-ratelimit-test-{}-{}-{name}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A loopback port free at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Indents every line of `text` by `n` spaces (to embed JSON in YAML as a block scalar).
@@ -372,7 +382,7 @@ fn spawn_with(
     module_dir: &Path,
     extra: &[&str],
 ) -> (Child, PathBuf, PathBuf) {
-    let dir = scratch_dir();
+    let dir = scratch("envoy");
     let cfg = dir.join("envoy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let log = dir.join("envoy.log");
