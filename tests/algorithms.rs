@@ -51,6 +51,11 @@ fn a_burst_admits_exactly_the_limit_for_every_algorithm() {
     for (algorithm, extra) in ALGORITHMS {
         let envoy = Envoy::start(&rule(algorithm, extra, 10, "minute"));
         let mut c = Client::connect(envoy.addr).unwrap();
+        // Not across a minute's edge, where a fixed window would admit a second 10.
+        let into_minute = now_ms() % 60_000;
+        if into_minute > 57_000 {
+            std::thread::sleep(Duration::from_millis(60_100 - into_minute));
+        }
         assert_eq!(admitted(&mut c, 25), 10, "{algorithm}");
         let r = c.get("/").unwrap();
         assert_eq!(r.status, 429, "{algorithm}");
@@ -65,9 +70,10 @@ fn a_burst_admits_exactly_the_limit_for_every_algorithm() {
 
 #[test]
 fn a_steady_rate_is_held_to_the_limit_for_every_algorithm() {
-    // 5 per second, offered at 20 per second for 3 s: about 15 admitted (the first second's
-    // burst allowance, then the rate). Window algorithms may admit one window's worth more
-    // depending on where the boundaries fall.
+    // 5 per second, offered at up to 20 per second for 3 s: about 15 admitted (the first
+    // second's burst allowance, then the rate). Window algorithms may admit one window's worth
+    // more depending on where the boundaries fall. Bounds follow the time measured, so a slow
+    // machine widens them instead of failing them.
     for (algorithm, extra) in ALGORITHMS {
         let envoy = Envoy::start(&rule(algorithm, extra, 5, "second"));
         let mut c = Client::connect(envoy.addr).unwrap();
@@ -80,25 +86,45 @@ fn a_steady_rate_is_held_to_the_limit_for_every_algorithm() {
             sent += 1;
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(sent >= 40, "{algorithm}: only {sent} sent");
+        let secs = start.elapsed().as_secs_f64();
         assert!(
-            (14..=20).contains(&ok),
-            "{algorithm}: {ok} admitted of {sent}"
+            sent as f64 >= 10.0 * secs,
+            "{algorithm}: only {sent} sent in {secs:.2} s, not twice the limit"
+        );
+        let most = 5 + (5.0 * secs).ceil() as usize + 5;
+        assert!(
+            (14..=most).contains(&ok),
+            "{algorithm}: {ok} admitted of {sent} in {secs:.2} s (at most {most})"
         );
     }
 }
 
 #[test]
 fn fixed_window_resets_at_the_edge_and_sliding_window_does_not() {
-    // 5 per second, 5 requests just before a boundary and 5 just after.
+    // 5 per second, 5 requests just before a boundary and 5 just after. A slow machine may
+    // spill a batch over the boundary it is meant to stay on one side of: then the run says
+    // nothing and is tried again on a fresh Envoy (at most 5 times).
     let edge = |algorithm: &str| {
-        let envoy = Envoy::start(&rule(algorithm, "", 5, "second"));
-        let mut c = Client::connect(envoy.addr).unwrap();
-        sleep_until_ms_of_second(850);
-        let before = admitted(&mut c, 5);
-        sleep_until_ms_of_second(30);
-        let after = admitted(&mut c, 5);
-        (before, after)
+        for _ in 0..5 {
+            let envoy = Envoy::start(&rule(algorithm, "", 5, "second"));
+            let mut c = Client::connect(envoy.addr).unwrap();
+            sleep_until_ms_of_second(850);
+            let t0 = now_ms();
+            let before = admitted(&mut c, 5);
+            let t1 = now_ms();
+            sleep_until_ms_of_second(30);
+            let t2 = now_ms();
+            let after = admitted(&mut c, 5);
+            let t3 = now_ms();
+            let second = t0 / 1000;
+            if t1 / 1000 == second && t2 / 1000 == second + 1 && t3 % 1000 < 400 {
+                return (before, after);
+            }
+            eprintln!(
+                "{algorithm}: batches at {t0}..{t1} and {t2}..{t3}: off their seconds, again"
+            );
+        }
+        panic!("{algorithm}: no run kept its batches on either side of a boundary");
     };
     assert_eq!(edge("fixed_window"), (5, 5), "the documented edge burst");
     // The sliding window still weighs the previous second at ~95 %: almost nothing passes.
@@ -135,19 +161,23 @@ fn token_bucket_bursts_then_refills_at_the_rate() {
     assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=10;w=1"));
 }
 
-/// Sends `n` requests at once, each on its own connection; returns (status, ms to answer).
+/// Sends `n` requests at once, each on its own connection opened beforehand; returns (status,
+/// ms to answer from their common start).
 fn concurrent(envoy: &Envoy, n: usize) -> Vec<(u16, u64)> {
-    let start = Instant::now();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(n + 1));
     let threads: Vec<_> = (0..n)
         .map(|_| {
-            let addr = envoy.addr;
+            let mut c = Client::connect(envoy.addr).unwrap();
+            let go = go.clone();
             std::thread::spawn(move || {
-                let mut c = Client::connect(addr).unwrap();
+                go.wait();
+                let start = Instant::now();
                 let r = c.get("/").unwrap();
                 (r.status, start.elapsed().as_millis() as u64)
             })
         })
         .collect();
+    go.wait();
     let mut out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     out.sort_by_key(|(_, ms)| *ms);
     out
@@ -172,11 +202,12 @@ fn delay_mode_spaces_requests_at_the_drain_rate() {
     assert_eq!((ok.len(), refused), (5, 3), "{results:?}");
     // Released at the drain rate: the i-th at its turn, i × 100 ms, never earlier (20 ms for
     // the clocks' granularity), and not much later (a busy machine delays a release, which
-    // does not push back the next turn).
+    // does not push back the next turn; 250 ms is room for a loaded machine, while half the
+    // rate would put the last at 800 ms).
     for (i, &at) in ok.iter().enumerate() {
         let turn = i as u64 * 100;
         assert!(
-            at + 20 >= turn && at <= turn + 100,
+            at + 20 >= turn && at <= turn + 250,
             "request {i} at {at} ms, its turn {turn} ms: {results:?}"
         );
     }
@@ -198,6 +229,7 @@ fn a_client_that_leaves_while_held_is_counted_as_abandoned() {
         "minute",
     ));
     let mut c = Client::connect(envoy.addr).unwrap();
+    let first = Instant::now();
     assert_eq!(c.get("/").unwrap().status, 200);
     let queue = &common::metric(None, "delay_queue");
     {
@@ -207,14 +239,13 @@ fn a_client_that_leaves_while_held_is_counted_as_abandoned() {
         raw.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
         assert_eq!(envoy.wait_stat(queue, 1), Some(1), "the request is held");
     }
-    // Dropped: Envoy ends the stream, the filter forgets it long before its release time (the
-    // gauge is published once a second).
-    let gone = Instant::now();
+    // Dropped: Envoy ends the stream, the filter forgets it before its release time, 4 s after
+    // the first request (the gauge is published once a second).
     assert_eq!(envoy.wait_stat(queue, 0), Some(0));
     assert!(
-        gone.elapsed() < Duration::from_millis(2500),
+        first.elapsed() < Duration::from_millis(3900),
         "{:?}",
-        gone.elapsed()
+        first.elapsed()
     );
     // The filter still serves (its slot was used: the next one waits its turn, about 8 s).
     let r = c.get("/").unwrap();

@@ -102,7 +102,7 @@ fn watch(envoy: &Envoy, d: Duration) -> Vec<u64> {
 
 /// Every worker takes the factor at its own next report (every 250 ms), so the gauge (set by
 /// whichever worker reported last) may lead the worker serving `c` by one report: waits
-/// (≤ 1 s) until a request from a fresh user on `c` reports `limit`; returns how long it took.
+/// (≤ 3 s) until a request from a fresh user on `c` reports `limit`; returns how long it took.
 fn until_in_force(c: &mut Client, limit: &str) -> Duration {
     static USER: AtomicU64 = AtomicU64::new(0);
     let t = Instant::now();
@@ -114,7 +114,7 @@ fn until_in_force(c: &mut Client, limit: &str) -> Duration {
             return t.elapsed();
         }
         assert!(
-            t.elapsed() < Duration::from_secs(1),
+            t.elapsed() < Duration::from_secs(3),
             "limit {seen:?} still in force on this worker, {limit} wanted"
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -153,7 +153,11 @@ fn the_limit_follows_the_upstreams_health() {
     upstream.set_failing(1000);
     let (react, seen) = until(&envoy, Duration::from_secs(6), |f| f == 50);
     eprintln!("failing: at the floor after {react:?} ({seen:?})");
-    assert!(react < Duration::from_millis(2500), "reacted in {react:?}");
+    // It drops at once, no ramp down: nothing seen between the ceiling and the floor. The
+    // nominal reaction is under 1.6 s (a report, a step, a sample); 4 s is room for a loaded
+    // machine.
+    assert!(seen.iter().all(|&f| f == 200 || f == 50), "{seen:?}");
+    assert!(react < Duration::from_secs(4), "reacted in {react:?}");
     let lag = until_in_force(&mut c, "5");
     eprintln!("floor in force on this worker {lag:?} after the gauge");
 

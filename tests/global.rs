@@ -66,16 +66,26 @@ fn rls_server_bin() -> PathBuf {
 
 /// The service with one limit for rule `rule`: `max` per `seconds` per client address.
 fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms: u64) -> Proc {
-    let limits = format!(
-        r#"[{{"namespace": "edge", "name": "{rule}", "max_value": {max}, "seconds": {seconds},
-             "conditions": ["descriptors[0].rule == '{rule}'"],
-             "variables": ["descriptors[0].remote_address"]}}]"#
-    );
+    rls_limits(port, redis_port, &[(rule, max, seconds)], delay_ms)
+}
+
+/// The test service with one limit per `(rule, max, seconds)`, each per remote address.
+fn rls_limits(port: u16, redis_port: u16, rules: &[(&str, u64, u64)], delay_ms: u64) -> Proc {
+    let limits: Vec<String> = rules
+        .iter()
+        .map(|(rule, max, seconds)| {
+            format!(
+                r#"{{"namespace": "edge", "name": "{rule}", "max_value": {max}, "seconds": {seconds},
+                     "conditions": ["descriptors[0].rule == '{rule}'"],
+                     "variables": ["descriptors[0].remote_address"]}}"#
+            )
+        })
+        .collect();
     let child = Command::new(rls_server_bin())
         .args([
             format!("127.0.0.1:{port}"),
             format!("redis://127.0.0.1:{redis_port}"),
-            limits,
+            format!("[{}]", limits.join(",")),
             delay_ms.to_string(),
         ])
         .stdout(Stdio::null())
@@ -86,7 +96,6 @@ fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms:
     Proc(child)
 }
 
-/// An Envoy whose filter has `config`, with the `ratelimit` cluster pointing at `rls_port`.
 fn envoy(config: &str, rls_port: u16) -> Envoy {
     let yaml = format!(
         "{}  clusters:\n{}",
@@ -113,7 +122,9 @@ fn sync_mode_holds_the_limit_exactly_across_proxies() {
         "g",
         10,
         "minute",
-        r#""mode": "sync", "timeout_ms": 500"#,
+        // Generous: a first call (new HTTP/2 connection, Redis) on a loaded machine must not
+        // time out and fail open; timeouts have their own test.
+        r#""mode": "sync", "timeout_ms": 2000"#,
         "allow",
     );
     let (a, b) = (envoy(&config, rls_port), envoy(&config, rls_port));
@@ -151,18 +162,31 @@ fn async_mode_holds_the_limit_within_the_documented_bound() {
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
     let (limit, flush_ms) = (100u64, 20u64);
-    let _rls = rls(rls_port, redis_port, "g", limit, 60, 0);
-    let config = rule_config(
-        "g",
-        limit,
-        "minute",
-        &format!(r#""mode": "async", "flush_ms": {flush_ms}, "timeout_ms": 200"#),
-        "allow",
+    // "p": a sync rule on /probe with a limit never reached, to measure the service's round
+    // trip (through Envoy, the service and Redis, as a flush goes) while the load runs.
+    let _rls = rls_limits(
+        rls_port,
+        redis_port,
+        &[("g", limit, 60), ("p", 1_000_000, 60)],
+        0,
+    );
+    let config = format!(
+        r#"{{"rules": [
+            {{"name": "g", "key": ["remote_address"], "match": {{"path": "/"}},
+              "rate_limit": {{"requests_per_unit": {limit}, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "async",
+                          "flush_ms": {flush_ms}, "timeout_ms": 200}}}},
+            {{"name": "p", "key": ["remote_address"], "match": {{"path": "/probe"}},
+              "rate_limit": {{"requests_per_unit": 1000000, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "sync",
+                          "timeout_ms": 2000}}}}]}}"#
     );
     let proxies = [envoy(&config, rls_port), envoy(&config, rls_port)];
-    // Each proxy gets ~100 requests a second for 3 s: 600 offered, each proxy alone would admit
-    // its local limit (100), so 200 in all without the service.
+    // Each proxy is offered at most 100 requests a second for 3 s (a late client skips the
+    // slots it missed rather than catching up in a burst): 600 offered; each proxy alone would
+    // admit its local limit (100), so 200 in all without the service.
     let admitted = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let rate = 100u64;
     let start = Instant::now();
     let threads: Vec<_> = proxies
@@ -172,8 +196,9 @@ fn async_mode_holds_the_limit_within_the_documented_bound() {
             std::thread::spawn(move || {
                 let mut c = Client::connect(addr).unwrap();
                 let mut latencies = Vec::new();
-                for i in 0..3 * rate {
-                    let due = start + Duration::from_millis(i * 1000 / rate);
+                let mut slot = 0u64;
+                while slot < 3 * rate {
+                    let due = start + Duration::from_millis(slot * 1000 / rate);
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
@@ -182,23 +207,44 @@ fn async_mode_holds_the_limit_within_the_documented_bound() {
                         admitted.fetch_add(1, Ordering::Relaxed);
                     }
                     latencies.push(t.elapsed());
+                    let now_slot = start.elapsed().as_millis() as u64 * rate / 1000;
+                    slot = (slot + 1).max(now_slot);
                 }
                 latencies
             })
         })
         .collect();
+    let probe = {
+        let (addr, done) = (proxies[0].addr, done.clone());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr).unwrap();
+            let mut trips = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                assert_eq!(c.get("/probe").unwrap().status, 200);
+                trips.push(t.elapsed());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            trips
+        })
+    };
     let mut latencies: Vec<Duration> = threads
         .into_iter()
         .flat_map(|t| t.join().unwrap())
         .collect();
+    done.store(true, Ordering::Relaxed);
+    let mut trips = probe.join().unwrap();
     latencies.sort();
+    trips.sort();
     let admitted = u64::from(admitted.load(Ordering::Relaxed));
     // The documented bound: every proxy may go on admitting for up to two flush intervals plus
-    // a round trip after the fleet crosses the limit: replicas × rate × (2 × flush + 10 ms).
-    let bound = 2 * rate * (2 * flush_ms + 10) / 1000;
+    // a round trip after the fleet crosses the limit: replicas × rate × (2 × flush + round
+    // trip), with the round trip as measured (p99 of the probes, at least 10 ms).
+    let trip_ms = (trips[trips.len() * 99 / 100].as_millis() as u64).max(10);
+    let bound = 2 * rate * (2 * flush_ms + trip_ms) / 1000;
     eprintln!(
-        "async: {admitted} admitted by 2 proxies for a global limit of {limit} (over by {}, bound {bound}); \
-         p99 latency {:?}",
+        "async: {admitted} admitted by 2 proxies for a global limit of {limit} (over by {}, bound {bound} \
+         with a round trip of {trip_ms} ms); p99 latency {:?}",
         admitted.saturating_sub(limit),
         latencies[latencies.len() * 99 / 100]
     );
@@ -210,6 +256,11 @@ fn async_mode_holds_the_limit_within_the_documented_bound() {
         admitted <= limit + bound,
         "{admitted} admitted, bound {}",
         limit + bound
+    );
+    // The bound is worth testing only while it is well under what the proxies admit alone.
+    assert!(
+        bound < limit / 2,
+        "round trip {trip_ms} ms: too slow to test"
     );
     // Once blocked, every proxy refuses at once.
     for p in &proxies {
@@ -285,7 +336,7 @@ fn a_lost_store_or_service_follows_failure_mode_and_recovers() {
 fn a_slow_service_never_delays_async_requests() {
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
-    let _rls = rls(rls_port, redis_port, "g", 1000, 60, 300); // every answer takes 300 ms
+    let _rls = rls(rls_port, redis_port, "g", 1000, 60, 1000); // every answer takes 1 s
     let config = r#"{"rules": [
             {"name": "g", "key": ["remote_address"], "match": {"path": "/async"},
               "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
@@ -302,8 +353,10 @@ fn a_slow_service_never_delays_async_requests() {
         slowest = slowest.max(t.elapsed());
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Half the service's answer time: a request that waited for it cannot be this fast, and a
+    // loaded machine has room.
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < Duration::from_millis(500),
         "an async request took {slowest:?}"
     );
     // A sync request waits up to its timeout, then failure_mode (allow) lets it through.
@@ -311,7 +364,7 @@ fn a_slow_service_never_delays_async_requests() {
     assert_eq!(c.get("/sync").unwrap().status, 200);
     let waited = t.elapsed();
     assert!(waited >= Duration::from_millis(90), "{waited:?}");
-    assert!(waited < Duration::from_millis(290), "{waited:?}");
+    assert!(waited < Duration::from_millis(600), "{waited:?}"); // not the 1 s answer
     assert_eq!(
         e.wait_stat(&common::metric(Some("g2"), "failed_open"), 1),
         Some(1)

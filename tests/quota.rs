@@ -137,8 +137,10 @@ fn a_key_over_its_limit_is_refused_until_its_usage_decays() {
             "rate_limit": {"requests_per_unit": 100, "unit": "second"},
             "cost": {"response": "header:x-usage-tokens"}}]}"#,
     );
-    assert_eq!(get(&envoy, &[("x-usage", "150")]).status, 200);
+    // Taken before the request: the charge comes later, so the time measured from here to the
+    // key's return is never shorter than the 510 ms owed, however slow the machine.
     let charged = Instant::now();
+    assert_eq!(get(&envoy, &[("x-usage", "150")]).status, 200);
     let r = get(&envoy, &[("x-usage", "1")]);
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("1"));
@@ -151,7 +153,7 @@ fn a_key_over_its_limit_is_refused_until_its_usage_decays() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(
-        back >= Duration::from_millis(450) && back < Duration::from_millis(1500),
+        back >= Duration::from_millis(500) && back < Duration::from_millis(1500),
         "admitted again after {back:?}"
     );
 }
@@ -215,13 +217,13 @@ fn wave(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<u16> {
 #[test]
 fn the_in_flight_cap_holds_under_64_concurrent_slow_requests() {
     let (envoy, up) = start(IN_FLIGHT);
-    let statuses = wave(&envoy, 64, "1500");
+    let statuses = wave(&envoy, 64, "2500");
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(admitted, 8, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 56);
     assert_eq!(up.most_in_flight(), 8);
     // Every slot came back: the next wave gets all eight again.
-    let again = wave(&envoy, 12, "1000");
+    let again = wave(&envoy, 12, "1500");
     assert_eq!(again.iter().filter(|s| **s == 200).count(), 8, "{again:?}");
     let r = get(&envoy, &[("x-tenant", "t")]);
     assert_eq!(
@@ -277,8 +279,15 @@ fn slots_come_back_when_the_client_leaves_or_the_upstream_resets() {
         );
         assert!(r.is_err());
     }
-    let statuses = wave(&envoy, 8, "1");
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let t = Instant::now();
+    loop {
+        let statuses = wave(&envoy, 8, "1");
+        if statuses.iter().all(|s| *s == 200) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_millis(2000), "{statuses:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

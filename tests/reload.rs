@@ -138,13 +138,16 @@ fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
     publish(&dir, &listeners(port, &config("d", 2, "hour")));
     wait_lds(&envoy, "update_success", 2);
     let updated = Instant::now();
-    // A new connection: the new limit at once (1 counted already, so 1 left, then 429).
+    // The old connection right after the update: still the old limit.
+    let r = old.get("/").unwrap();
+    assert_eq!(r.header("ratelimit-policy"), Some("\"d\";q=1000;w=3600"));
+    let mut under_old = 1;
+    // A new connection: the new limit at once.
     let mut new = Client::connect(envoy.addr).unwrap();
     let r = new.get("/").unwrap();
     assert_eq!(r.header("ratelimit-policy"), Some("\"d\";q=2;w=3600"));
     // The old connection: the old limit until Envoy drains and closes it; then the client's
     // next connection gets the new one.
-    let mut under_old = 0;
     let switched = loop {
         assert!(
             updated.elapsed() < Duration::from_secs(DRAIN_S + 10),
@@ -168,10 +171,6 @@ fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
     eprintln!(
         "drain {DRAIN_S} s: the old connection served {under_old} requests under the old limit, \
          the new limit reached it after {switched:?}"
-    );
-    assert!(
-        under_old > 0,
-        "the old connection kept its configuration for a while"
     );
     // Envoy drains within the drain time (its drain sequence spreads over the whole window).
     assert!(
