@@ -427,7 +427,8 @@ fn memory_stays_bounded_under_many_keys() {
         // Shared-data entries are made as keys arrive: the table is full after the first 20k
         // (5× capacity), and the second 20k adds (almost) nothing.
         common::Build::Wasm => {
-            assert!(first < 4096 * 256, "table grew {first} B");
+            // The README's figure: 69 B per tracked key measured, under 96 B.
+            assert!(first / 4096 <= 96, "table grew {first} B");
             assert!(
                 second < first / 4,
                 "memory kept growing: +{first} then +{second}"
