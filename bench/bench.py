@@ -442,7 +442,7 @@ def main():
         (ROOT / "BENCHMARKS.md").write_text(report(results))
         return
     if args.instructions_only:
-        every = specs + header_styles()
+        every = specs + header_styles() + rules_specs()
         keep = args.only.split(",") if args.only else [name for name, _ in every]
         counts = instructions(args.envoy, [s for s in every if s[0] in keep], work)
         base = counts.get("no-filter")
@@ -466,7 +466,7 @@ def main():
         ("native-1", "local-rl"), ("wasm-1", "native-1"), ("floor-wasm", "noop-wasm"))}
 
     curve_rounds = max(1, (args.rounds + 1) // 2)
-    rules_specs, rules_runs, per_rule, keys_runs = curves(args, lua, work, curve_rounds)
+    rule_specs, rules_runs, per_rule, keys_runs = curves(args, lua, work, curve_rounds)
 
     # What each quota unit, and an elastic limit, adds to one rule per client, both builds.
     per_client_rule = rule("q", ["remote_address"])
@@ -490,7 +490,7 @@ def main():
 
     # Instructions per request: every variant above, counted exactly; and one rule per client
     # without header fields, to tell the fields' cost from the decision's.
-    counted = instructions(args.envoy, specs + rules_specs + quota_specs + header_styles(), work,
+    counted = instructions(args.envoy, specs + rule_specs + quota_specs + header_styles(), work,
                            requests=500 if args.quick else 2000)
 
     # Latency added at half the no-filter saturation rate (open loop).
@@ -532,13 +532,18 @@ def header_styles():
                                                                ("ietf", "ietf"))]
 
 
+def rules_specs():
+    """1, 3 and 10 matching rules, each keyed by client address, both builds."""
+    return [(f"{b}-rules-{n}", ours([rule(f"r{i}", ["remote_address"]) for i in range(n)],
+                                    build=b))
+            for b in ("native", "wasm") for n in (1, 3, 10)]
+
+
 def curves(args, lua, work, rounds):
     """The cost curves, both builds: number of matching rules (each keyed by client address)
     and number of distinct client keys."""
-    rules_specs = [(f"{b}-rules-{n}", ours([rule(f"r{i}", ["remote_address"]) for i in range(n)],
-                                           build=b))
-                   for b in ("native", "wasm") for n in (1, 3, 10)]
-    rules_runs, rules_raw = closed_loop(args.envoy, rules_specs, rounds, args, lua, work,
+    rules = rules_specs()
+    rules_runs, rules_raw = closed_loop(args.envoy, rules, rounds, args, lua, work,
                                         label="rules", raw=True)
     per_rule = {b: paired_delta(rules_raw, f"{b}-rules-10", f"{b}-rules-1") / 9
                 for b in ("native", "wasm")}
@@ -549,7 +554,7 @@ def curves(args, lua, work, rounds):
     keys_runs = closed_loop(args.envoy, keys_specs, rounds, args, lua, work,
                             keys={name: key_counts[name.rsplit("-", 1)[1]]
                                   for name, _ in keys_specs}, label="keys")
-    return rules_specs, rules_runs, per_rule, keys_runs
+    return rules, rules_runs, per_rule, keys_runs
 
 
 def memory_per_key(args, lua, work, build):
