@@ -23,6 +23,10 @@ pub const MAX_ASYNC_KEYS: usize = 10_000;
 pub struct Question {
     /// The rule's index in the configuration.
     pub rule: usize,
+    /// The keyed hash of the client key (for the log line of a refusal).
+    pub hash: u64,
+    /// What the request costs under the rule (`hits_addend`).
+    pub cost: u64,
     /// The encoded `RateLimitRequest`.
     pub message: Vec<u8>,
 }

@@ -89,7 +89,9 @@ pub fn strip_port(address: &str) -> &str {
 }
 
 /// A client network in a key: `[4 or 6, prefix length, masked address bytes]`. It never starts
-/// with a printable byte, so it cannot be mistaken for an address as text.
+/// with a printable byte, so it cannot be mistaken for an address as text. The one exception is
+/// an IPv4 client seen through an IPv6 socket and keyed per address: its address as text, the
+/// key the same client has over IPv4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Network {
     bytes: [u8; 18],
@@ -142,6 +144,14 @@ pub fn network(address: &str, prefixes: Prefixes) -> Option<Network> {
         bytes: [0; 18],
         len: 0,
     };
+    if let (IpAddr::V4(v4), true) = (ip, prefixes.v4 >= 32) {
+        // Seen through an IPv6 socket and keyed per address: the key a plain IPv4 client has,
+        // its address as text (at most 15 bytes).
+        let mut text = std::io::Cursor::new(&mut out.bytes[..]);
+        std::io::Write::write_fmt(&mut text, format_args!("{v4}")).ok()?;
+        out.len = usize::try_from(text.position()).ok()?;
+        return Some(out);
+    }
     let (version, prefix, octets): (u8, u8, &[u8]) = match &ip {
         IpAddr::V4(v4) => (4, prefixes.v4.min(32), &v4.octets()[..]),
         IpAddr::V6(v6) => (6, prefixes.v6.min(128), &v6.octets()[..]),
@@ -613,8 +623,14 @@ mod tests {
         assert_ne!(key(odd, "10.1.2.3:1"), key(odd, "10.1.4.3:1"));
         assert_eq!(key(odd, "[::2]:1"), key(odd, "[::3]:1"));
         assert_ne!(key(odd, "[::3]:1"), key(odd, "[::4]:1"));
-        // An IPv4 client on an IPv6 socket is an IPv4 client.
+        // An IPv4 client on an IPv6 socket is an IPv4 client, per network and per address.
         assert_eq!(key(wide, "[::ffff:10.1.2.3]:1"), key(wide, "10.1.2.9:1"));
+        assert_eq!(key(d, "[::ffff:10.1.2.3]:1"), key(d, "10.1.2.3:9"));
+        assert_eq!(
+            key(d, "::ffff:255.255.255.255"),
+            key(d, "255.255.255.255:1")
+        );
+        assert_ne!(key(d, "[::ffff:10.1.2.3]:1"), key(d, "10.1.2.4:9"));
         // Not an IP address: the text is the key.
         assert!(key(wide, "/tmp/envoy.sock").is_some());
         // What a rate limit service is sent.

@@ -234,6 +234,8 @@ impl<S: Store> Runtime<S> {
                 if g.mode == GlobalMode::Sync {
                     p.questions.push(Question {
                         rule: i,
+                        hash,
+                        cost,
                         message: global::request(&g.domain, entries, cost),
                     });
                     p.answers.push(None);
@@ -305,7 +307,7 @@ impl<S: Store> Runtime<S> {
                         held.rules.push((q.rule, false));
                     } else {
                         refused |= !rule.shadow;
-                        self.refusal(host, q.rule, 0, &v, 1);
+                        self.refusal(host, q.rule, q.hash, &v, q.cost);
                     }
                     reported.push((q.rule, v));
                 }
@@ -992,6 +994,22 @@ mod tests {
         assert!(headers.contains(&("retry-after", "30")));
         assert!(headers.contains(&("x-from-service", "1")));
         assert!(headers.contains(&("ratelimit", "\"g\";r=0;t=30")));
+        // Its log line names the client key's hash, as a local refusal's does.
+        let (_, line) = host
+            .logs
+            .iter()
+            .find(|(_, l)| l.starts_with("limited rule=g "))
+            .unwrap();
+        let key = line
+            .split("key=")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert_eq!(key.len(), 16);
+        assert_ne!(key, "0000000000000000", "{line}");
+        assert!(line.contains(" cost=1 "), "{line}");
         // Admitted by the service: the local rule decides, and counts.
         let Start::Ask(mut p) = rt.start(&mut host) else {
             panic!()
@@ -1344,7 +1362,8 @@ mod tests {
             answer(&rt, &mut host, "503").unwrap();
         }
         host.now += 1_000;
-        rt.tick(host.now);
+        assert!(rt.tick(host.now), "a tick reads the shared health");
+        assert!(!rt.tick(host.now + 100), "at most once per 250 ms");
         assert_eq!(rt.elastic_factors().collect::<Vec<_>>(), [(0, 50)]);
         // Slow answers count as bad too.
         assert!(rt.compiled[0]

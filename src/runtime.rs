@@ -151,8 +151,9 @@ impl<S: Store> Runtime<S> {
 
     /// Reports the responses this runtime saw to each elastic rule's shared health, moves the
     /// factor if a step is due, and takes the factor in force for the requests to come; at most
-    /// once per [`ELASTIC_TICK_MS`], however often it is called.
-    pub fn tick(&self, now_ms: u64) {
+    /// once per [`ELASTIC_TICK_MS`], however often it is called. Returns whether it did (only
+    /// then is the factor worth publishing: another runtime may have moved it meanwhile).
+    pub fn tick(&self, now_ms: u64) -> bool {
         let last = self.last_tick.load(Ordering::Relaxed);
         if now_ms < last.saturating_add(u64::from(ELASTIC_TICK_MS))
             || self
@@ -160,7 +161,7 @@ impl<S: Store> Runtime<S> {
                 .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            return;
+            return false;
         }
         for w in self.compiled.iter().filter_map(|c| c.watch.as_ref()) {
             let total = w.total.swap(0, Ordering::Relaxed);
@@ -183,6 +184,7 @@ impl<S: Store> Runtime<S> {
                 }
             }
         }
+        true
     }
 
     /// Each elastic rule's limit in force, as a percentage of its base: `(rule, percent)`.

@@ -327,6 +327,10 @@ fn clients_are_keyed_by_network() {
     assert_eq!(from("/v6", "192.0.2.1"), 200);
     assert_eq!(from("/v6", "192.0.2.1"), 429);
     assert_eq!(from("/v6", "192.0.2.2"), 200);
+    // The same IPv4 client seen through an IPv6 socket is the same client.
+    assert_eq!(from("/v6", "::ffff:192.0.2.2"), 200);
+    assert_eq!(from("/v6", "::ffff:192.0.2.2"), 429);
+    assert_eq!(from("/v6", "192.0.2.2"), 429);
 }
 
 /// Over-admission of a rule charged afterwards: 32 clients at once, each answer 100 tokens

@@ -234,8 +234,7 @@ impl FilterConfig {
                 self.flush();
             }
         }
-        if self.rt.tick_period().is_some() {
-            self.rt.tick(now);
+        if self.rt.tick_period().is_some() && self.rt.tick(now) {
             let rules = self.rt.rules();
             for (rule, percent) in self.rt.elastic_factors() {
                 if let (Some(id), Some(r)) = (self.ids.elastic, rules.get(rule)) {

@@ -389,8 +389,9 @@ impl RootContext for Root {
                 self.flush(&served);
             }
         }
-        if served.rt.tick_period().is_some() {
-            served.rt.tick(now);
+        // A worker publishes the factor it has just taken from the shared health, never one it
+        // held since its last report (the gauge would flip back to a value no longer in force).
+        if served.rt.tick_period().is_some() && served.rt.tick(now) {
             served.ids.publish_elastic(&served.rt);
         }
         if now
