@@ -1,6 +1,6 @@
 //! A flood of distinct keys, from many header values and many source addresses, against a
-//! real Envoy: memory stays within the documented bound (64–66 bytes a key, fixed by
-//! `capacity`), and a heavy client that was being limited stays limited.
+//! real Envoy: memory stays fixed by `capacity` (the README's 70–80 bytes a key, with slack for
+//! Envoy's own buffers), and a heavy client that was being limited stays limited.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 mod common;
@@ -53,8 +53,8 @@ fn a_flood_of_keys_keeps_memory_bounded_and_the_heavy_client_limited() {
          {} B per tracked key at capacity {CAPACITY})",
         growth / CAPACITY
     );
-    // The documented bound: 66 B per key of capacity, plus slack for Envoy's own buffers.
-    assert!(growth < CAPACITY * 66 + 512 * 1024, "grew {growth} B");
+    // The documented 70–80 B per key of capacity, plus slack for Envoy's own buffers.
+    assert!(growth < CAPACITY * 80 + 512 * 1024, "grew {growth} B");
     // The heavy client is still limited; the flood keys each weigh 1, it weighs 5.
     assert_eq!(hit(&mut heavy), 429);
     let evictions = envoy

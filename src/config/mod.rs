@@ -7,7 +7,7 @@ use crate::elastic;
 use crate::limiter::{gcra, Policy};
 use std::fmt;
 
-/// The default number of client keys tracked at once: about 1 MiB of Envoy memory when the
+/// The default number of client keys tracked at once: about 1.2 MiB of Envoy memory when the
 /// table is full (70-80 bytes per key measured in the wasm build, Envoy's own overhead included). See the README.
 pub const DEFAULT_CAPACITY: u32 = 16_384;
 /// The largest `capacity` accepted: about 80 MiB of Envoy memory if every slot fills (wasm).
