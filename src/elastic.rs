@@ -54,6 +54,12 @@ impl Params {
     }
 }
 
+/// The length of each of the health's two buckets, ms: a window, like the sliding window
+/// counter's.
+fn bucket_ms(window_ms: u32) -> u64 {
+    u64::from(window_ms).max(1)
+}
+
 /// The shared health of one rule: 40 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Health {
@@ -122,7 +128,7 @@ impl Health {
     /// Moves the buckets to the one holding `now_ms` (buckets are a window long, aligned to the
     /// epoch, like the sliding window counter's).
     fn roll(&mut self, now_ms: u64, window_ms: u32) {
-        let len = u64::from(window_ms).max(1);
+        let len = bucket_ms(window_ms);
         let now = now_ms.max(self.bucket_ms);
         let (this, then) = (now / len, self.bucket_ms / len);
         if this == then.saturating_add(1) {
@@ -152,7 +158,7 @@ impl Health {
     fn window(&self, now_ms: u64, window_ms: u32) -> (u64, u64) {
         let mut h = *self;
         h.roll(now_ms, window_ms);
-        let len = u64::from(window_ms).max(1);
+        let len = bucket_ms(window_ms);
         let left = len - now_ms.max(h.bucket_ms) % len;
         let weigh = |cur: u32, prev: u32| u64::from(cur) * len + u64::from(prev) * left;
         (weigh(h.total, h.prev_total), weigh(h.bad, h.prev_bad))
@@ -161,7 +167,7 @@ impl Health {
     /// The bad share over the window, permille; `None` with too few responses to judge.
     pub fn bad_share(&self, now_ms: u64, window_ms: u32) -> Option<u32> {
         let (total, bad) = self.window(now_ms, window_ms);
-        let len = u64::from(window_ms).max(1);
+        let len = bucket_ms(window_ms);
         if total < MIN_SAMPLES * len {
             return None;
         }

@@ -162,23 +162,13 @@ fn token_bucket_bursts_then_refills_at_the_rate() {
 }
 
 /// Sends `n` requests at once, each on its own connection opened beforehand; returns (status,
-/// ms to answer from their common start).
+/// ms to answer from their common start), fastest first.
 fn concurrent(envoy: &Envoy, n: usize) -> Vec<(u16, u64)> {
-    let go = std::sync::Arc::new(std::sync::Barrier::new(n + 1));
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let mut c = Client::connect(envoy.addr).unwrap();
-            let go = go.clone();
-            std::thread::spawn(move || {
-                go.wait();
-                let start = Instant::now();
-                let r = c.get("/").unwrap();
-                (r.status, start.elapsed().as_millis() as u64)
-            })
-        })
-        .collect();
-    go.wait();
-    let mut out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let mut out = common::at_once(envoy.addr, n, |c| {
+        let start = Instant::now();
+        let r = c.get("/").unwrap();
+        (r.status, start.elapsed().as_millis() as u64)
+    });
     out.sort_by_key(|(_, ms)| *ms);
     out
 }

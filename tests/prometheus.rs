@@ -332,18 +332,8 @@ fn drive(envoy: &Envoy) -> Sent {
 
     // Five at once (connected beforehand) on a leaky bucket in delay mode: the first goes at
     // once, four are held.
-    let go = std::sync::Arc::new(std::sync::Barrier::new(5));
-    let paced: Vec<_> = (0..5)
-        .map(|_| {
-            let (mut pc, go) = (Client::connect(addr).unwrap(), go.clone());
-            std::thread::spawn(move || {
-                go.wait();
-                send(&mut pc, "/paced", &[])
-            })
-        })
-        .collect();
-    for p in paced {
-        assert_eq!(p.join().unwrap().status, 200);
+    for r in common::at_once(addr, 5, |c| send(c, "/paced", &[])) {
+        assert_eq!(r.status, 200);
     }
 
     // The global rule's service is down: failure_mode allow lets the request through.

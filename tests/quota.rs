@@ -12,8 +12,7 @@
 mod common;
 
 use common::upstream::Upstream;
-use common::{bootstrap_with, Client, Envoy, Listener};
-use std::sync::{Arc, Barrier};
+use common::{at_once, bootstrap_with, Client, Envoy, Listener};
 use std::time::{Duration, Instant};
 
 /// Envoy with `config` in front of a fresh upstream.
@@ -196,22 +195,25 @@ const IN_FLIGHT: &str = r#"{"rules": [{"name": "tenant", "key": ["header:x-tenan
 
 /// `n` requests at once, each held `delay_ms` by the upstream: their statuses.
 fn wave(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<u16> {
-    let barrier = Arc::new(Barrier::new(n));
-    let addr = envoy.addr;
     let delay = delay_ms.to_string();
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let (barrier, delay) = (barrier.clone(), delay.clone());
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr).unwrap();
-                barrier.wait();
-                c.send("GET", "/", &[("x-tenant", "t"), ("x-delay-ms", &delay)])
-                    .unwrap()
-                    .status
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    at_once(envoy.addr, n, move |c| {
+        c.send("GET", "/", &[("x-tenant", "t"), ("x-delay-ms", &delay)])
+            .unwrap()
+            .status
+    })
+}
+
+/// Waits (≤ 2 s) until a wave of 8 gets every slot: the slots given back were all freed.
+fn until_all_slots_free(envoy: &Envoy) {
+    let t = Instant::now();
+    loop {
+        let statuses = wave(envoy, 8, "1");
+        if statuses.iter().all(|s| *s == 200) {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_millis(2000), "{statuses:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -257,15 +259,7 @@ fn slots_come_back_when_the_client_leaves_or_the_upstream_resets() {
     assert_eq!(get(&envoy, &[("x-tenant", "t")]).status, 429, "all taken");
     drop(gone);
     // Their streams are reset at once: every slot is free long before the upstream answers.
-    let t = Instant::now();
-    loop {
-        let statuses = wave(&envoy, 8, "1");
-        if statuses.iter().all(|s| *s == 200) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_millis(2000), "{statuses:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_all_slots_free(&envoy);
     // Eight answers reset by the upstream mid-body: their slots come back too.
     for _ in 0..8 {
         let r = Client::connect(envoy.addr).unwrap().send(
@@ -279,15 +273,7 @@ fn slots_come_back_when_the_client_leaves_or_the_upstream_resets() {
         );
         assert!(r.is_err());
     }
-    let t = Instant::now();
-    loop {
-        let statuses = wave(&envoy, 8, "1");
-        if statuses.iter().all(|s| *s == 200) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_millis(2000), "{statuses:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_all_slots_free(&envoy);
 }
 
 #[test]
@@ -340,34 +326,26 @@ fn clients_are_keyed_by_network() {
 #[test]
 fn over_admission_is_bounded_by_the_requests_in_flight() {
     let (envoy, _up) = start(&tokens(2000, 0));
-    let addr = envoy.addr;
-    let barrier = Arc::new(Barrier::new(32));
-    let threads: Vec<_> = (0..32)
-        .map(|_| {
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr).unwrap();
-                barrier.wait();
-                let mut admitted = 0;
-                for _ in 0..10 {
-                    let r = c
-                        .send(
-                            "GET",
-                            "/",
-                            &[
-                                ("x-api-key", "k"),
-                                ("x-usage", "100"),
-                                ("x-delay-ms", "100"),
-                            ],
-                        )
-                        .unwrap();
-                    admitted += usize::from(r.status == 200);
-                }
-                admitted
-            })
-        })
-        .collect();
-    let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let admitted: usize = at_once(envoy.addr, 32, |c| {
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let r = c
+                .send(
+                    "GET",
+                    "/",
+                    &[
+                        ("x-api-key", "k"),
+                        ("x-usage", "100"),
+                        ("x-delay-ms", "100"),
+                    ],
+                )
+                .unwrap();
+            admitted += usize::from(r.status == 200);
+        }
+        admitted
+    })
+    .into_iter()
+    .sum();
     let charged = admitted * 100;
     println!(
         "over-admission: {admitted} admitted of 320, {charged} tokens charged against 2000 \

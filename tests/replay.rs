@@ -176,13 +176,13 @@ fn replay_counts_what_the_filter_counted_in_shadow_mode() {
         // Every worker publishes its counts once a second: read them once they add up to what
         // the rule matched (each only grows, so a sum of `matched` means both are complete).
         let stat = |name: &str| envoy.stat(&common::metric(Some(rule), name)).unwrap_or(0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let (filter, allowed) = loop {
             let (filter, allowed) = (stat("shadow_limited"), stat("allowed"));
-            if filter + allowed == matched || std::time::Instant::now() > deadline {
+            if filter + allowed == matched || Instant::now() > deadline {
                 break (filter, allowed);
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(100));
         };
         eprintln!(
             "{:?} {rule}: {sent} requests, {matched} matched; filter shadow_limited {filter}, \

@@ -16,6 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub mod upstream;
@@ -705,6 +706,26 @@ impl Client {
 /// One GET on a fresh connection.
 pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
     Client::connect(addr)?.get(path)
+}
+
+/// `n` clients, each on its own connection opened first, run `f` together (one barrier
+/// releases them once all are connected); their results, in client order.
+pub fn at_once<T: Send + 'static>(
+    addr: SocketAddr,
+    n: usize,
+    f: impl Fn(&mut Client) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let (go, f) = (Arc::new(Barrier::new(n)), Arc::new(f));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (go, f, mut c) = (go.clone(), f.clone(), Client::connect(addr).unwrap());
+            std::thread::spawn(move || {
+                go.wait();
+                f(&mut c)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
 /// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
