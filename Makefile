@@ -17,7 +17,7 @@ target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
 
 build: target
-	cargo build --release --target $(TARGET) --lib
+	cargo build --release --target $(TARGET) -p filter-wasm
 	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
 
 $(VENV)/bin/python:
@@ -40,10 +40,13 @@ run: build envoy
 	"$(ENVOY)" -c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:debug
 
 # The Envoy dynamic module: target/native/libwasm_ratelimit.so (panic = "unwind", so that every
-# hook can catch a panic instead of aborting Envoy).
+# hook can catch a panic instead of aborting Envoy). Cargo names it after the crate's library
+# (libwasm_ratelimit_native.so: the .wasm's crate has the name wasm_ratelimit); Envoy loads it by
+# the name it always had.
 NATIVE_DIR := target/native
 build-native:
-	cargo build --profile native --lib --features native-module
+	cargo build --profile native -p filter-native
+	cp -f $(NATIVE_DIR)/libwasm_ratelimit_native.so $(NATIVE_DIR)/libwasm_ratelimit.so
 	@ls -l $(NATIVE_DIR)/libwasm_ratelimit.so | awk '{print "built $(NATIVE_DIR)/libwasm_ratelimit.so: " $$5 " bytes"}'
 
 run-native: build-native envoy
@@ -51,40 +54,46 @@ run-native: build-native envoy
 	ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) "$(ENVOY)" -c envoy-native.yaml --concurrency 2 \
 		--disable-hot-restart --component-log-level dynamic_modules:debug
 
+# Every test that needs no Envoy: the core's unit, property and accuracy tests, the CLI's, the
+# ABI's (`cargo test --workspace` alone runs the same).
 unit:
-	cargo test --lib
+	cargo test --workspace
 
-# The filter built with a panic trigger, to watch Envoy's failure policies (tests/failure.rs).
+# The filter built with a panic trigger, to watch Envoy's failure policies (envoy-tests' failure.rs).
 PANIC_WASM := target/panic/$(TARGET)/release/wasm_ratelimit.wasm
 build-panic: target
-	cargo build --release --target $(TARGET) --lib --features panic-trigger --target-dir target/panic
+	cargo build --release --target $(TARGET) -p filter-wasm --features panic-trigger --target-dir target/panic
 
-# The test RLS server (limitador over Redis) for the global rules' tests (tests/global.rs).
-RLS_SERVER := tests/rls-server/target/release/rls-server
+# The test RLS server (limitador over Redis) for the global rules' tests (envoy-tests' global.rs).
+RLS_SERVER := crates/envoy-tests/rls-server/target/release/rls-server
 rls-server:
-	bash tests/rls-server/prepare.sh
-	cargo build --release --manifest-path tests/rls-server/Cargo.toml
+	bash crates/envoy-tests/rls-server/prepare.sh
+	cargo build --release --manifest-path crates/envoy-tests/rls-server/Cargo.toml
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 # Prometheus and promtool (Debian's package) for the dashboard and alert rules' test
-# (tests/prometheus.rs).
+# (envoy-tests' prometheus.rs).
 prometheus:
 	@(command -v prometheus && command -v promtool) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
 
-# The dynamic module built with the panic trigger (tests/failure.rs).
+# The dynamic module built with the panic trigger (envoy-tests' failure.rs).
 PANIC_NATIVE_DIR := target/native-panic/native
 build-native-panic:
-	cargo build --profile native --lib --features native-module,panic-trigger --target-dir target/native-panic
+	cargo build --profile native -p filter-native --features panic-trigger --target-dir target/native-panic
+	cp -f $(PANIC_NATIVE_DIR)/libwasm_ratelimit_native.so $(PANIC_NATIVE_DIR)/libwasm_ratelimit.so
 
-# Every test; then the tests that drive a real Envoy again, against the dynamic module.
+# The tests that drive a real Envoy (the envoy-tests package), against the wasm build, then
+# again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only).
 ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
-	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR)
+	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
+	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config
 integration: build build-panic build-native build-native-panic envoy rls-server prometheus
-	$(TEST_ENV) FILTER=wasm cargo test --test '*' -- --test-threads 2
-	$(TEST_ENV) FILTER=native cargo test $(ENVOY_TESTS) -- --test-threads 2
+	cargo build -p ratelimit-config
+	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
+	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2
 
 # Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
 deploy-test: build $(VENV)/.test-deps
@@ -94,10 +103,10 @@ deploy-test: build $(VENV)/.test-deps
 test: unit integration deploy-test
 
 lint: target
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
-	cargo clippy --release --target $(TARGET) --lib -- -D warnings
-	cargo clippy --lib --features native-module,panic-trigger -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --features envoy-tests/envoy -- -D warnings
+	cargo clippy --release --target $(TARGET) -p filter-wasm -p ratelimit-core -- -D warnings
+	cargo clippy --profile native -p filter-native --features panic-trigger -- -D warnings
 
 # An OCI image layout of the filter (Istio's Wasm image spec, compat variant), without docker.
 OCI_TAG := 0.1.0

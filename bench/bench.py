@@ -587,9 +587,9 @@ def memory_per_key(args, lua, work, build):
 def global_section(args, lua, work, rounds):
     """Global rules against a local-only rule, and async over-admission, with the test RLS
     server (limitador over Redis) that `make bench` builds. Skipped if it is not there."""
-    rls_bin = ROOT / "tests/rls-server/target/release/rls-server"
+    rls_bin = ROOT / "crates/envoy-tests/rls-server/target/release/rls-server"
     if not rls_bin.exists() or not shutil.which("redis-server"):
-        print("  global: skipped (no tests/rls-server build or no redis-server)")
+        print("  global: skipped (no rls-server build or no redis-server)")
         return None
     procs = []
 

@@ -32,7 +32,7 @@ NOT_EXPRESSIBLE = {
 
 def accepted_configs():
     """(label, config) for every configuration the filter accepts that the repo ships."""
-    for path in sorted((ROOT / "tests/fixtures/good").glob("*.json")):
+    for path in sorted((ROOT / "crates/ratelimit-core/tests/fixtures/good").glob("*.json")):
         yield str(path.relative_to(ROOT)), json.loads(path.read_text())
     for path in sorted(ROOT.glob("examples/*/envoy.yaml")) + [ROOT / "envoy.yaml",
                                                               ROOT / "envoy-native.yaml"]:
@@ -78,7 +78,7 @@ def main():
     if seen < 10:
         failed += 1
         print(f"FAIL only {seen} accepted configurations found")
-    for path in sorted((ROOT / "tests/fixtures/bad").glob("*.json")):
+    for path in sorted((ROOT / "crates/ratelimit-core/tests/fixtures/bad").glob("*.json")):
         name = path.stem
         if name in NOT_EXPRESSIBLE:
             continue

@@ -1,0 +1,633 @@
+//! The hooks Envoy calls, written once for any module: [`export_http_filter!`] exports them for
+//! a configuration type implementing [`HttpFilterConfig`]. Each hook turns Envoy's pointers into
+//! references that live no longer than the hook, and catches panics: a panic unwinding out of an
+//! `extern "C"` function aborts the whole Envoy process. A stream whose hook panicked is
+//! poisoned: its filter is not called again (its request went the way
+//! [`HttpFilter::request_headers_failed`] says, or on unfiltered).
+
+use crate::{
+    chunks, header_pairs, BodyStatus, ConfigEnvoyPtr, ConfigHandle, ConfigModulePtr, EnvoyBuffer,
+    EnvoyHeader, FilterEnvoyPtr, FilterModulePtr, HeadersStatus, Stream, TrailersStatus,
+};
+use std::cell::Cell;
+use std::os::raw::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::null;
+
+/// Header fields Envoy lends to one hook: (name, value).
+pub type Fields<'r, 'a> = &'r mut dyn Iterator<Item = (&'a [u8], &'a [u8])>;
+/// Data chunks Envoy lends to one hook.
+pub type Chunks<'r, 'a> = &'r mut dyn Iterator<Item = &'a [u8]>;
+
+/// A module's filter configuration: one per `filter_config`, shared by every worker thread.
+pub trait HttpFilterConfig: Sized + Sync + 'static {
+    /// The per-stream object.
+    type Filter: HttpFilter<Config = Self>;
+
+    /// Once, when Envoy loads the module (before any configuration). `false` refuses the
+    /// module.
+    fn program_init() -> bool;
+    /// A hook caught a panic (the module counts and publishes them).
+    fn panicked();
+    /// A new configuration: `name` is the `filter_name`, `config` the `filter_config` bytes.
+    /// `None` refuses the configuration.
+    fn new(handle: ConfigHandle, name: &[u8], config: &[u8]) -> Option<Self>;
+    /// A new stream's filter.
+    fn new_filter(&self) -> Self::Filter;
+    /// A configuration-level event (main thread).
+    fn scheduled(&self, event: u64);
+    /// A configuration-level call's headers or trailers (main thread).
+    fn call_headers(&self, id: u64, fields: Fields<'_, '_>);
+    /// A configuration-level call's body (main thread).
+    fn call_data(&self, id: u64, chunks: Chunks<'_, '_>);
+    /// A configuration-level call ended: complete (`None`) or reset with a reason.
+    fn call_done(&self, id: u64, reset: Option<u32>);
+}
+
+/// One stream's filter. Every method gets its configuration and, where Envoy gives one, the
+/// stream, for the hook only.
+pub trait HttpFilter: 'static {
+    /// The configuration this filter belongs to.
+    type Config;
+
+    /// The request's headers.
+    fn request_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
+    /// What becomes of the request when `request_headers` panicked (the stream is poisoned).
+    fn request_headers_failed(c: &Self::Config, s: &Stream) -> HeadersStatus;
+    /// The response's headers.
+    fn response_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
+    /// A piece of the response body.
+    fn response_body(&self, c: &Self::Config, s: &Stream);
+    /// The response's trailers.
+    fn response_trailers(&self, c: &Self::Config, s: &Stream);
+    /// A stream-level event this filter scheduled.
+    fn scheduled(&self, c: &Self::Config, s: &Stream, event: u64);
+    /// A call this stream started: its headers or trailers.
+    fn call_headers(&self, c: &Self::Config, id: u64, fields: Fields<'_, '_>);
+    /// A call this stream started: its body.
+    fn call_data(&self, c: &Self::Config, id: u64, chunks: Chunks<'_, '_>);
+    /// A call this stream started ended: complete (`None`) or reset with a reason.
+    fn call_done(&self, c: &Self::Config, s: &Stream, id: u64, reset: Option<u32>);
+    /// The stream ended, however it ended.
+    fn complete(&self, c: &Self::Config);
+}
+
+/// What Envoy holds for one stream.
+struct StreamBox<C: HttpFilterConfig> {
+    config: *const C,
+    filter: C::Filter,
+    /// A hook of this stream panicked: the filter is not called again.
+    poisoned: Cell<bool>,
+}
+
+/// Runs `body`; a panic is counted, poisons the stream (when there is one) and gives
+/// `fallback()`.
+fn guard<C: HttpFilterConfig, R>(
+    poison: Option<&Cell<bool>>,
+    fallback: impl FnOnce() -> R,
+    body: impl FnOnce() -> R,
+) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            if let Some(p) = poison {
+                p.set(true);
+            }
+            // The count itself must not unwind out of the hook.
+            let _ = catch_unwind(C::panicked);
+            fallback()
+        }
+    }
+}
+
+/// The module's configuration, for one hook.
+///
+/// # Safety
+/// `ptr` must come from [`config_new`] and not yet be destroyed.
+unsafe fn config<'a, C: HttpFilterConfig>(ptr: ConfigModulePtr) -> Option<&'a C> {
+    // SAFETY: the caller vouches for the pointer; null is refused.
+    unsafe { ptr.cast::<C>().as_ref() }
+}
+
+/// A stream's box, its configuration and Envoy's stream, for one hook; `None` once poisoned.
+///
+/// # Safety
+/// `filter` must come from [`filter_new`] and not yet be destroyed; `envoy` must be the pointer
+/// Envoy passed to the current hook.
+unsafe fn stream<'a, C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> Option<(&'a StreamBox<C>, &'a C, Stream<'a>)> {
+    // SAFETY: the caller vouches for the pointer. Only shared references are made: a filter
+    // keeps its state in a RefCell, so hooks Envoy runs inside another hook (a local reply,
+    // continue_decoding) cannot alias a `&mut`.
+    let b = unsafe { filter.cast::<StreamBox<C>>().as_ref() }?;
+    if b.poisoned.get() {
+        return None;
+    }
+    // SAFETY: Envoy destroys a configuration only after every stream made from it (each
+    // stream holds a reference to it), so it is live for this hook.
+    let c = unsafe { b.config.as_ref() }?;
+    Some((b, c, Stream::of(envoy)))
+}
+
+/// `envoy_dynamic_module_on_program_init`: the ABI version this module was built against, or
+/// null (the module is refused) when `program_init` says no or panics.
+pub fn program_init<C: HttpFilterConfig>() -> *const c_char {
+    match catch_unwind(C::program_init) {
+        Ok(true) => crate::ABI_VERSION.as_ptr(),
+        _ => null(),
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_new`.
+///
+/// # Safety
+/// Envoy's buffers, valid for the call.
+pub unsafe fn config_new<C: HttpFilterConfig>(
+    envoy: ConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> ConfigModulePtr {
+    guard::<C, _>(None, null, || {
+        // SAFETY: both buffers are Envoy's, valid during this call; they are copied.
+        let (name, config) = unsafe { (name.bytes(), config.bytes()) };
+        match C::new(ConfigHandle::of(envoy), name, config) {
+            Some(c) => Box::into_raw(Box::new(c)).cast_const().cast(),
+            None => null(),
+        }
+    })
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_destroy`.
+///
+/// # Safety
+/// Called by Envoy once per configuration, after its last stream.
+pub unsafe fn config_destroy<C: HttpFilterConfig>(ptr: ConfigModulePtr) {
+    guard::<C, _>(
+        None,
+        || (),
+        || {
+            if !ptr.is_null() {
+                // SAFETY: made by Box::into_raw in config_new; Envoy destroys it once, after the
+                // last stream that uses it.
+                drop(unsafe { Box::from_raw(ptr.cast_mut().cast::<C>()) });
+            }
+        },
+    )
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_scheduled`.
+///
+/// # Safety
+/// A live configuration.
+pub unsafe fn config_scheduled<C: HttpFilterConfig>(ptr: ConfigModulePtr, event: u64) {
+    // SAFETY: the caller's.
+    if let Some(c) = unsafe { config::<C>(ptr) } {
+        guard::<C, _>(None, || (), || c.scheduled(event));
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_http_stream_headers` and `_trailers`.
+///
+/// # Safety
+/// A live configuration and Envoy's header array for the call.
+pub unsafe fn config_call_headers<C: HttpFilterConfig>(
+    ptr: ConfigModulePtr,
+    id: u64,
+    headers: *const EnvoyHeader,
+    n: usize,
+) {
+    // SAFETY: the caller's.
+    let (c, mut lent) = unsafe { (config::<C>(ptr), header_pairs(headers, n)) };
+    if let Some(c) = c {
+        guard::<C, _>(None, || (), || c.call_headers(id, &mut lent));
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_http_stream_data`.
+///
+/// # Safety
+/// A live configuration and Envoy's chunks for the call.
+pub unsafe fn config_call_data<C: HttpFilterConfig>(
+    ptr: ConfigModulePtr,
+    id: u64,
+    data: *const EnvoyBuffer,
+    n: usize,
+) {
+    // SAFETY: the caller's.
+    let (c, mut lent) = unsafe { (config::<C>(ptr), chunks(data, n)) };
+    if let Some(c) = c {
+        guard::<C, _>(None, || (), || c.call_data(id, &mut lent));
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_config_http_stream_complete` and `_reset`.
+///
+/// # Safety
+/// A live configuration.
+pub unsafe fn config_call_done<C: HttpFilterConfig>(
+    ptr: ConfigModulePtr,
+    id: u64,
+    reset: Option<u32>,
+) {
+    // SAFETY: the caller's.
+    if let Some(c) = unsafe { config::<C>(ptr) } {
+        guard::<C, _>(None, || (), || c.call_done(id, reset));
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_new`.
+///
+/// # Safety
+/// A live configuration.
+pub unsafe fn filter_new<C: HttpFilterConfig>(ptr: ConfigModulePtr) -> FilterModulePtr {
+    // SAFETY: the caller's.
+    let Some(c) = (unsafe { config::<C>(ptr) }) else {
+        return null();
+    };
+    guard::<C, _>(None, null, || {
+        let b = StreamBox {
+            config: std::ptr::from_ref(c),
+            filter: c.new_filter(),
+            poisoned: Cell::new(false),
+        };
+        Box::into_raw(Box::new(b)).cast_const().cast()
+    })
+}
+
+/// `envoy_dynamic_module_on_http_filter_destroy`.
+///
+/// # Safety
+/// Called by Envoy once per stream.
+pub unsafe fn filter_destroy<C: HttpFilterConfig>(filter: FilterModulePtr) {
+    guard::<C, _>(
+        None,
+        || (),
+        || {
+            if !filter.is_null() {
+                // SAFETY: made by Box::into_raw in filter_new; destroyed once.
+                drop(unsafe { Box::from_raw(filter.cast_mut().cast::<StreamBox<C>>()) });
+            }
+        },
+    )
+}
+
+/// `envoy_dynamic_module_on_http_filter_request_headers`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn request_headers<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> HeadersStatus {
+    // SAFETY: the caller's.
+    let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
+        return HeadersStatus::Continue;
+    };
+    guard::<C, _>(
+        Some(&b.poisoned),
+        || {
+            catch_unwind(AssertUnwindSafe(|| {
+                <C::Filter as HttpFilter>::request_headers_failed(c, &s)
+            }))
+            .unwrap_or(HeadersStatus::Continue)
+        },
+        || b.filter.request_headers(c, &s),
+    )
+}
+
+/// `envoy_dynamic_module_on_http_filter_response_headers`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn response_headers<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> HeadersStatus {
+    // SAFETY: the caller's.
+    let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
+        return HeadersStatus::Continue;
+    };
+    guard::<C, _>(
+        Some(&b.poisoned),
+        || HeadersStatus::Continue,
+        || b.filter.response_headers(c, &s),
+    )
+}
+
+/// `envoy_dynamic_module_on_http_filter_response_body`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn response_body<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> BodyStatus {
+    // SAFETY: the caller's.
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.response_body(c, &s));
+    }
+    BodyStatus::Continue
+}
+
+/// `envoy_dynamic_module_on_http_filter_response_trailers`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn response_trailers<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> TrailersStatus {
+    // SAFETY: the caller's.
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.response_trailers(c, &s),
+        );
+    }
+    TrailersStatus::Continue
+}
+
+/// `envoy_dynamic_module_on_http_filter_stream_complete`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn stream_complete<C: HttpFilterConfig>(envoy: FilterEnvoyPtr, filter: FilterModulePtr) {
+    // SAFETY: the caller's.
+    if let Some((b, c, _)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.complete(c));
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_scheduled`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn scheduled<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    event: u64,
+) {
+    // SAFETY: the caller's.
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.scheduled(c, &s, event),
+        );
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_http_stream_headers` and `_trailers`.
+///
+/// # Safety
+/// Envoy's live stream and header array for this hook.
+pub unsafe fn call_headers<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    headers: *const EnvoyHeader,
+    n: usize,
+) {
+    // SAFETY: the caller's.
+    let (f, mut lent) = unsafe { (stream::<C>(envoy, filter), header_pairs(headers, n)) };
+    if let Some((b, c, _)) = f {
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.call_headers(c, id, &mut lent),
+        );
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_http_stream_data`.
+///
+/// # Safety
+/// Envoy's live stream and chunks for this hook.
+pub unsafe fn call_data<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    data: *const EnvoyBuffer,
+    n: usize,
+) {
+    // SAFETY: the caller's.
+    let (f, mut lent) = unsafe { (stream::<C>(envoy, filter), chunks(data, n)) };
+    if let Some((b, c, _)) = f {
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.call_data(c, id, &mut lent),
+        );
+    }
+}
+
+/// `envoy_dynamic_module_on_http_filter_http_stream_complete` and `_reset`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn call_done<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    id: u64,
+    reset: Option<u32>,
+) {
+    // SAFETY: the caller's.
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.call_done(c, &s, id, reset),
+        );
+    }
+}
+
+/// Exports every hook Envoy resolves for an HTTP filter, for the configuration type `$config`
+/// (an [`HttpFilterConfig`]). Hooks this ABI requires but filters of this kind have no use for
+/// (request body and trailers, local replies, watermarks, one-shot callouts) do nothing.
+#[macro_export]
+macro_rules! export_http_filter {
+    ($config:ty) => {
+        mod envoy_dynamic_module_hooks {
+            #![allow(clippy::undocumented_unsafe_blocks, missing_docs)]
+            use super::*;
+            use $crate::hooks as h;
+            use $crate::{
+                BodyStatus, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader,
+                FilterEnvoyPtr, FilterModulePtr, HeadersStatus, LocalReplyStatus, TrailersStatus,
+            };
+            type C = $config;
+
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const ::std::os::raw::c_char {
+                h::program_init::<C>()
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+                envoy: ConfigEnvoyPtr, name: EnvoyBuffer, config: EnvoyBuffer,
+            ) -> ConfigModulePtr {
+                unsafe { h::config_new::<C>(envoy, name, config) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(ptr: ConfigModulePtr) {
+                unsafe { h::config_destroy::<C>(ptr) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, event: u64,
+            ) {
+                unsafe { h::config_scheduled::<C>(ptr, event) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, headers: *const EnvoyHeader,
+                n: usize, _end_stream: bool,
+            ) {
+                unsafe { h::config_call_headers::<C>(ptr, id, headers, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, data: *const EnvoyBuffer,
+                n: usize, _end_stream: bool,
+            ) {
+                unsafe { h::config_call_data::<C>(ptr, id, data, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, trailers: *const EnvoyHeader,
+                n: usize,
+            ) {
+                unsafe { h::config_call_headers::<C>(ptr, id, trailers, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64,
+            ) {
+                unsafe { h::config_call_done::<C>(ptr, id, None) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, reason: u32,
+            ) {
+                unsafe { h::config_call_done::<C>(ptr, id, Some(reason)) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+                ptr: ConfigModulePtr, _envoy: FilterEnvoyPtr,
+            ) -> FilterModulePtr {
+                unsafe { h::filter_new::<C>(ptr) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModulePtr) {
+                unsafe { h::filter_destroy::<C>(filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+            ) -> HeadersStatus {
+                unsafe { h::request_headers::<C>(envoy, filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+            ) -> HeadersStatus {
+                unsafe { h::response_headers::<C>(envoy, filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+            ) -> BodyStatus {
+                unsafe { h::response_body::<C>(envoy, filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr,
+            ) -> TrailersStatus {
+                unsafe { h::response_trailers::<C>(envoy, filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr,
+            ) {
+                unsafe { h::stream_complete::<C>(envoy, filter) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, event: u64,
+            ) {
+                unsafe { h::scheduled::<C>(envoy, filter, event) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, headers: *const EnvoyHeader,
+                n: usize, _end_stream: bool,
+            ) {
+                unsafe { h::call_headers::<C>(envoy, filter, id, headers, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, data: *const EnvoyBuffer,
+                n: usize, _end_stream: bool,
+            ) {
+                unsafe { h::call_data::<C>(envoy, filter, id, data, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, trailers: *const EnvoyHeader,
+                n: usize,
+            ) {
+                unsafe { h::call_headers::<C>(envoy, filter, id, trailers, n) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64,
+            ) {
+                unsafe { h::call_done::<C>(envoy, filter, id, None) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, reason: u32,
+            ) {
+                unsafe { h::call_done::<C>(envoy, filter, id, Some(reason)) }
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+                _: FilterEnvoyPtr, _: FilterModulePtr, _: bool,
+            ) -> BodyStatus {
+                BodyStatus::Continue
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+                _: FilterEnvoyPtr, _: FilterModulePtr,
+            ) -> TrailersStatus {
+                TrailersStatus::Continue
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+                _: FilterEnvoyPtr, _: FilterModulePtr, _code: u32, _details: EnvoyBuffer,
+                _reset_imminent: bool,
+            ) -> LocalReplyStatus {
+                LocalReplyStatus::Continue
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+                _: FilterEnvoyPtr, _: FilterModulePtr,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+                _: FilterEnvoyPtr, _: FilterModulePtr,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+                _: FilterEnvoyPtr, _: FilterModulePtr, _id: u64, _result: u32,
+                _headers: *const EnvoyHeader, _headers_size: usize, _body: *const EnvoyBuffer,
+                _body_size: usize,
+            ) {
+            }
+        }
+    };
+}

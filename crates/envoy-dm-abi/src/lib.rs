@@ -1,0 +1,765 @@
+//! Envoy's dynamic-module ABI, as far as an HTTP filter like this one uses it: the types and
+//! callbacks of `abi.h`, safe handles over them ([`Stream`], [`ConfigHandle`], schedulers), and
+//! the hooks Envoy calls ([`hooks`], exported by [`export_http_filter!`]). All the `unsafe` of
+//! the native build is in this crate. Buffers Envoy lends are valid until the hook that received
+//! them returns, and no handle outlives its hook.
+#![allow(non_camel_case_types)]
+
+use std::ffi::c_void;
+use std::os::raw::c_char;
+use std::ptr::{null, null_mut};
+
+// --------------------------------------------------------------------------------------------
+// Types
+// --------------------------------------------------------------------------------------------
+
+pub mod hooks;
+
+/// The ABI version this module was built against, as `envoy_dynamic_module_on_program_init`
+/// reports it.
+pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
+
+/// Envoy's side of a filter configuration.
+pub type ConfigEnvoyPtr = *mut c_void;
+/// The module's side of a filter configuration.
+pub type ConfigModulePtr = *const c_void;
+/// Envoy's side of a stream.
+pub type FilterEnvoyPtr = *mut c_void;
+/// The module's side of a stream.
+pub type FilterModulePtr = *const c_void;
+type SchedulerPtr = *mut c_void;
+
+/// Bytes Envoy lends.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl EnvoyBuffer {
+    const NULL: EnvoyBuffer = EnvoyBuffer {
+        ptr: null(),
+        length: 0,
+    };
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// `ptr..ptr + length` must be readable for `'a` (for Envoy's buffers: at most until the
+    /// hook that received them returns).
+    pub(crate) unsafe fn bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller vouches for the range.
+            unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length) }
+        }
+    }
+}
+
+/// Bytes the module lends to Envoy for the duration of one call (Envoy copies what it keeps).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ModuleBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl ModuleBuffer {
+    fn of(bytes: &[u8]) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: bytes.as_ptr().cast(),
+            length: bytes.len(),
+        }
+    }
+}
+
+/// A header the module lends to Envoy.
+#[repr(C)]
+struct ModuleHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
+impl ModuleHeader {
+    fn of(key: &str, value: &[u8]) -> ModuleHeader {
+        ModuleHeader {
+            key_ptr: key.as_ptr().cast(),
+            key_length: key.len(),
+            value_ptr: value.as_ptr().cast(),
+            value_length: value.len(),
+        }
+    }
+}
+
+/// A header Envoy lends (valid until the hook returns).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHeader {
+    key_ptr: *const c_char,
+    key_length: usize,
+    value_ptr: *const c_char,
+    value_length: usize,
+}
+
+/// `envoy_dynamic_module_type_http_header_type`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+enum HeaderType {
+    Request = 0,
+    Response = 2,
+    ResponseTrailer = 3,
+}
+
+/// `envoy_dynamic_module_type_http_body_type`: the response body's piece of the current hook.
+const RECEIVED_RESPONSE_BODY: u32 = 2;
+
+/// Log levels (spdlog's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+/// What a request or response header hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadersStatus {
+    /// Go on with the next filter.
+    Continue = 0,
+    /// Wait: the module continues the stream later (or has replied).
+    StopIteration = 1,
+}
+
+/// What a body hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum BodyStatus {
+    Continue = 0,
+}
+
+/// What a trailers hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum TrailersStatus {
+    Continue = 0,
+}
+
+/// What the local-reply hook tells Envoy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub enum LocalReplyStatus {
+    Continue = 0,
+}
+
+/// `envoy_dynamic_module_type_attribute_id` values (Envoy 1.40's enum order).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct AttributeId(u32);
+
+const REQUEST_PATH: AttributeId = AttributeId(0);
+const REQUEST_HOST: AttributeId = AttributeId(2);
+const REQUEST_METHOD: AttributeId = AttributeId(4);
+/// `source.address`: `ip:port`, `[ipv6]:port`.
+const SOURCE_ADDRESS: AttributeId = AttributeId(24);
+
+/// Results Envoy returns: `u32`s, since an out-of-range value in a Rust enum would be undefined
+/// behaviour.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Code(u32);
+
+const SUCCESS: Code = Code(0);
+
+// --------------------------------------------------------------------------------------------
+// Callbacks (implemented by Envoy)
+// --------------------------------------------------------------------------------------------
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
+
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> Code;
+
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_body_size(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_http_add_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        filter: FilterEnvoyPtr,
+        status: u32,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: FilterEnvoyPtr,
+        id: AttributeId,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+        filter: FilterEnvoyPtr,
+    ) -> SchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: ConfigEnvoyPtr,
+    ) -> SchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: SchedulerPtr);
+
+    fn envoy_dynamic_module_callback_http_filter_start_http_stream(
+        filter: FilterEnvoyPtr,
+        stream_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        end_stream: bool,
+        timeout_ms: u64,
+    ) -> Code;
+    fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+        config: ConfigEnvoyPtr,
+        stream_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        end_stream: bool,
+        timeout_ms: u64,
+    ) -> Code;
+}
+
+// --------------------------------------------------------------------------------------------
+// Safe wrappers
+// --------------------------------------------------------------------------------------------
+
+/// Writes a log line through Envoy's `dynamic_modules` logger.
+pub fn log(level: LogLevel, message: &str) {
+    // SAFETY: the message is borrowed for the call only; Envoy copies it.
+    unsafe { envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes())) }
+}
+
+/// Whether Envoy would print a line at `level`.
+pub fn log_enabled(level: LogLevel) -> bool {
+    // SAFETY: a plain query.
+    unsafe { envoy_dynamic_module_callback_log_enabled(level) }
+}
+
+/// Label values lent to Envoy for one call.
+fn labels(values: &[&str]) -> (Vec<ModuleBuffer>, usize) {
+    let v: Vec<ModuleBuffer> = values
+        .iter()
+        .map(|s| ModuleBuffer::of(s.as_bytes()))
+        .collect();
+    let n = v.len();
+    (v, n)
+}
+
+/// Envoy's filter configuration object: valid from `config_new` until `config_destroy`. Its
+/// callbacks are made on the main thread only (`config_new`, config scheduler events, config
+/// stream events).
+#[derive(Clone, Copy)]
+pub struct ConfigHandle(ConfigEnvoyPtr);
+
+// SAFETY: the pointer is only dereferenced by Envoy, in calls this module makes on the main
+// thread; holding it elsewhere (in the shared module config) is fine.
+unsafe impl Send for ConfigHandle {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigHandle {}
+
+impl ConfigHandle {
+    /// Envoy's configuration pointer given to `config_new` (kept for the configuration's life).
+    pub(crate) fn of(ptr: ConfigEnvoyPtr) -> ConfigHandle {
+        ConfigHandle(ptr)
+    }
+
+    /// Defines a counter (only during `config_new`); its id, if Envoy took it.
+    pub fn define_counter(&self, name: &str, label_names: &[&str]) -> Option<usize> {
+        let (mut names, n) = labels(label_names);
+        let mut id = 0usize;
+        // SAFETY: `self.0` is live during config_new; name and labels are copied by Envoy.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                names.as_mut_ptr(),
+                n,
+                &mut id,
+            )
+        };
+        (code == SUCCESS).then_some(id)
+    }
+
+    /// Defines a gauge (only during `config_new`).
+    pub fn define_gauge(&self, name: &str, label_names: &[&str]) -> Option<usize> {
+        let (mut names, n) = labels(label_names);
+        let mut id = 0usize;
+        // SAFETY: as for define_counter.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                names.as_mut_ptr(),
+                n,
+                &mut id,
+            )
+        };
+        (code == SUCCESS).then_some(id)
+    }
+
+    /// Adds `n` to a labelled counter (main thread).
+    pub fn increment_counter(&self, id: usize, label_values: &[&str], n: u64) {
+        let (mut values, len) = labels(label_values);
+        // SAFETY: `self.0` is live until config_destroy; label values are copied.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                self.0,
+                id,
+                values.as_mut_ptr(),
+                len,
+                n,
+            )
+        };
+    }
+
+    /// Moves a labelled gauge by `delta`.
+    pub fn gauge_add(&self, id: usize, label_values: &[&str], delta: i64) {
+        let (mut values, len) = labels(label_values);
+        let n = delta.unsigned_abs();
+        // SAFETY: `self.0` is live until config_destroy; label values are copied.
+        let _ = unsafe {
+            if delta >= 0 {
+                envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+                    self.0,
+                    id,
+                    values.as_mut_ptr(),
+                    len,
+                    n,
+                )
+            } else {
+                envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+                    self.0,
+                    id,
+                    values.as_mut_ptr(),
+                    len,
+                    n,
+                )
+            }
+        };
+    }
+
+    /// Sets a labelled gauge.
+    pub fn set_gauge(&self, id: usize, label_values: &[&str], value: u64) {
+        let (mut values, n) = labels(label_values);
+        // SAFETY: `self.0` is live; label values are copied.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_set_gauge(
+                self.0,
+                id,
+                values.as_mut_ptr(),
+                n,
+                value,
+            )
+        };
+    }
+
+    /// A scheduler whose events reach `on_http_filter_config_scheduled` on the main thread.
+    pub fn scheduler(&self) -> Option<ConfigScheduler> {
+        // SAFETY: `self.0` is live (called from config_new).
+        let s = unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0) };
+        (!s.is_null()).then_some(ConfigScheduler(s))
+    }
+
+    /// Starts a gRPC call owned by the configuration (main thread); its events reach the
+    /// `on_http_filter_config_http_stream_*` hooks.
+    pub fn start_grpc(
+        &self,
+        cluster: &str,
+        path: &str,
+        frame: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u64, Code> {
+        let mut headers = grpc_headers(cluster, path);
+        let mut id = 0u64;
+        // SAFETY: `self.0` is live; headers and body are copied by Envoy during the call.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+                self.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(frame),
+                true,
+                u64::from(timeout_ms),
+            )
+        };
+        if code == SUCCESS {
+            Ok(id)
+        } else {
+            Err(code)
+        }
+    }
+}
+
+/// The request headers of a unary gRPC call (HTTP/2 on the cluster).
+fn grpc_headers<'a>(authority: &'a str, path: &'a str) -> [ModuleHeader; 6] {
+    [
+        ModuleHeader::of(":method", b"POST"),
+        ModuleHeader::of(":path", path.as_bytes()),
+        ModuleHeader::of(":authority", authority.as_bytes()),
+        ModuleHeader::of(":scheme", b"http"),
+        ModuleHeader::of("content-type", b"application/grpc"),
+        ModuleHeader::of("te", b"trailers"),
+    ]
+}
+
+/// A scheduler for the main thread. Owned by the module: deleted once, on drop.
+pub struct ConfigScheduler(SchedulerPtr);
+
+// SAFETY: Envoy's config scheduler may be committed from any thread (it posts to the main
+// dispatcher); it is deleted once, on drop.
+unsafe impl Send for ConfigScheduler {}
+// SAFETY: as above; `commit` takes `&self` and Envoy's commit is thread-safe.
+unsafe impl Sync for ConfigScheduler {}
+
+impl ConfigScheduler {
+    /// Posts `event` to the main thread.
+    pub fn commit(&self, event: u64) {
+        // SAFETY: the scheduler is live until dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event) }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by config_scheduler_new, deleted exactly once here.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
+    }
+}
+
+/// A scheduler bound to one stream's worker. Owned by the module: deleted once, on drop; a
+/// commit after the stream is gone does nothing.
+pub struct Scheduler(SchedulerPtr);
+
+// SAFETY: Envoy's filter scheduler may be committed and deleted from any thread (it holds a weak
+// reference to the filter and posts to the worker's dispatcher).
+unsafe impl Send for Scheduler {}
+
+impl Scheduler {
+    /// Posts `event` to the stream's worker (`on_http_filter_scheduled`).
+    pub fn commit(&self, event: u64) {
+        // SAFETY: the scheduler is live until dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0, event) }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by scheduler_new, deleted exactly once here.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+    }
+}
+
+/// One stream's Envoy filter, for the duration of one hook (not `Send`: worker thread only).
+pub struct Stream<'hook> {
+    ptr: FilterEnvoyPtr,
+    _hook: std::marker::PhantomData<&'hook ()>,
+}
+
+impl Stream<'_> {
+    /// Envoy's stream pointer given to the current hook.
+    pub(crate) fn of<'hook>(ptr: FilterEnvoyPtr) -> Stream<'hook> {
+        Stream {
+            ptr,
+            _hook: std::marker::PhantomData,
+        }
+    }
+
+    fn attribute(&self, id: AttributeId) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `ptr` is live during the hook; the value stays valid until the hook returns
+        // and no header of the request is set meanwhile (this filter only sets response
+        // headers).
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.ptr, id, &mut out)
+                .then(|| out.bytes())
+        }
+    }
+
+    /// `source.address` (`ip:port`).
+    pub fn source_address(&self) -> Option<&[u8]> {
+        self.attribute(SOURCE_ADDRESS)
+    }
+
+    /// `:path`, query included.
+    pub fn path(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_PATH)
+    }
+
+    /// `:method`.
+    pub fn method(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_METHOD)
+    }
+
+    /// `:authority`.
+    pub fn authority(&self) -> Option<&[u8]> {
+        self.attribute(REQUEST_HOST)
+    }
+
+    fn header(&self, kind: HeaderType, name: &str) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: as for attribute() (this filter sets no header of a map it reads while the
+        // value is in use); Envoy copies the key; false when the map is not available.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.ptr,
+                kind,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                null_mut(),
+            )
+            .then(|| out.bytes())
+        }
+    }
+
+    /// A request header's first value (`Some(b"")` for an empty value).
+    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::Request, name)
+    }
+
+    /// A response header's first value, in the response headers hook.
+    pub fn response_header_value(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::Response, name)
+    }
+
+    /// A response trailer's first value, in the response trailers hook.
+    pub fn response_trailer(&self, name: &str) -> Option<&[u8]> {
+        self.header(HeaderType::ResponseTrailer, name)
+    }
+
+    /// The bytes of the response body piece this body hook received.
+    pub fn received_response_body(&self) -> usize {
+        // SAFETY: `ptr` is live during the hook; Envoy answers 0 when there is no body.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_body_size(self.ptr, RECEIVED_RESPONSE_BODY)
+        }
+    }
+
+    /// Adds (`append`) or sets a response header.
+    pub fn response_header(&self, name: &str, value: &str, append: bool) {
+        let (k, v) = (
+            ModuleBuffer::of(name.as_bytes()),
+            ModuleBuffer::of(value.as_bytes()),
+        );
+        // SAFETY: `ptr` is live; key and value are copied.
+        let _ = unsafe {
+            if append {
+                envoy_dynamic_module_callback_http_add_header(self.ptr, HeaderType::Response, k, v)
+            } else {
+                envoy_dynamic_module_callback_http_set_header(self.ptr, HeaderType::Response, k, v)
+            }
+        };
+    }
+
+    /// Sends a local reply. Envoy calls this filter's `local_reply` hook before returning (and
+    /// not its response hooks): hold no borrow of the filter's state across this call.
+    pub fn send_response<'a>(
+        &self,
+        status: u16,
+        headers: impl Iterator<Item = (&'a str, &'a str)>,
+        body: &[u8],
+        details: &str,
+    ) {
+        let mut h: Vec<ModuleHeader> = headers
+            .map(|(k, v)| ModuleHeader::of(k, v.as_bytes()))
+            .collect();
+        // SAFETY: `ptr` is live; headers, body and details are copied during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self.ptr,
+                u32::from(status),
+                h.as_mut_ptr(),
+                h.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
+    /// Lets a stopped request go on. Envoy may run later filters and this filter's response
+    /// hooks before returning: hold no borrow of the filter's state across this call.
+    pub fn continue_decoding(&self) {
+        // SAFETY: `ptr` is live.
+        unsafe { envoy_dynamic_module_callback_http_filter_continue_decoding(self.ptr) }
+    }
+
+    /// A scheduler for this stream's worker.
+    pub fn scheduler(&self) -> Option<Scheduler> {
+        // SAFETY: `ptr` is live; the scheduler is owned (and deleted) by the returned value.
+        let s = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr) };
+        (!s.is_null()).then_some(Scheduler(s))
+    }
+
+    /// Starts a gRPC call owned by this stream; its events reach the
+    /// `on_http_filter_http_stream_*` hooks (none after the stream is gone).
+    pub fn start_grpc(
+        &self,
+        cluster: &str,
+        path: &str,
+        frame: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u64, Code> {
+        let mut headers = grpc_headers(cluster, path);
+        let mut id = 0u64;
+        // SAFETY: `ptr` is live; headers and body are copied during the call.
+        let code = unsafe {
+            envoy_dynamic_module_callback_http_filter_start_http_stream(
+                self.ptr,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(frame),
+                true,
+                u64::from(timeout_ms),
+            )
+        };
+        if code == SUCCESS {
+            Ok(id)
+        } else {
+            Err(code)
+        }
+    }
+}
+
+/// Header fields Envoy lends to a stream hook, as byte pairs.
+///
+/// # Safety
+/// `headers..headers + n` must be Envoy's array for the current hook.
+pub(crate) unsafe fn header_pairs<'a>(
+    headers: *const EnvoyHeader,
+    n: usize,
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    let all: &[EnvoyHeader] = if headers.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for the array.
+        unsafe { std::slice::from_raw_parts(headers, n) }
+    };
+    all.iter().map(|h| {
+        // SAFETY: each field is Envoy's, valid for the hook.
+        unsafe {
+            (
+                EnvoyBuffer {
+                    ptr: h.key_ptr,
+                    length: h.key_length,
+                }
+                .bytes(),
+                EnvoyBuffer {
+                    ptr: h.value_ptr,
+                    length: h.value_length,
+                }
+                .bytes(),
+            )
+        }
+    })
+}
+
+/// Data chunks Envoy lends to a stream hook.
+///
+/// # Safety
+/// `chunks..chunks + n` must be Envoy's array for the current hook.
+pub(crate) unsafe fn chunks<'a>(
+    chunks: *const EnvoyBuffer,
+    n: usize,
+) -> impl Iterator<Item = &'a [u8]> {
+    let all: &[EnvoyBuffer] = if chunks.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for the array.
+        unsafe { std::slice::from_raw_parts(chunks, n) }
+    };
+    // SAFETY: each chunk is Envoy's, valid for the hook.
+    all.iter().map(|c| unsafe { c.bytes() })
+}

@@ -1,0 +1,1 @@
+//! Nothing but tests: see `tests/`. Each test drives a real Envoy (`make integration`).

@@ -1,0 +1,806 @@
+//! Test support: a real Envoy with the built filter, and a small HTTP/1.1 client.
+//!
+//! Envoy binds port 0 for both the listener and admin, writes the admin address to a file, and
+//! the listener's port is read back from `/listeners`: no port is guessed, so tests can run in
+//! parallel. Every Envoy is killed when its handle drops, and every wait is bounded.
+#![allow(
+    dead_code,
+    unused_imports,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+pub mod upstream;
+
+pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
+
+/// The repository's root (examples, README, deploy files, the build's `target/`).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `ratelimit-config` CLI: `$RATELIMIT_CONFIG`, else the debug build in this checkout
+/// (`make integration` builds it first).
+pub fn cli() -> PathBuf {
+    match std::env::var("RATELIMIT_CONFIG") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => root().join("target/debug/ratelimit-config"),
+    }
+}
+
+/// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
+pub fn envoy_bin() -> String {
+    std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
+}
+
+/// Which build of the filter the tests drive: `FILTER=native` for the Envoy dynamic module,
+/// anything else (or nothing) for the wasm build. `make integration` runs every test under both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    Wasm,
+    Native,
+}
+
+/// The build under test.
+pub fn build() -> Build {
+    match std::env::var("FILTER").as_deref() {
+        Ok("native") => Build::Native,
+        _ => Build::Wasm,
+    }
+}
+
+/// The folder holding `libwasm_ratelimit.so`: `$NATIVE_DIR`, else `make build-native`'s.
+pub fn native_dir() -> PathBuf {
+    match std::env::var("NATIVE_DIR") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => root().join("target/native"),
+    }
+}
+
+/// A metric's name in `/stats`, for plugin `test`: the wasm build's flat name, or the dynamic
+/// module's labelled one. `rule`: `None` for a plugin-wide gauge.
+pub fn metric(rule: Option<&str>, name: &str) -> String {
+    metric_of("test", rule, name)
+}
+
+/// A metric's name in `/stats` for any plugin.
+pub fn metric_of(plugin: &str, rule: Option<&str>, name: &str) -> String {
+    match (build(), rule) {
+        (Build::Wasm, Some(r)) => {
+            format!("wasmcustom.wasm_ratelimit.plugin=.={plugin};.;rule=.={r};.;{name}")
+        }
+        (Build::Wasm, None) => format!("wasmcustom.wasm_ratelimit.plugin=.={plugin};.;{name}"),
+        (Build::Native, Some(r)) => {
+            format!("dynamicmodulescustom.wasm_ratelimit.{name}.plugin.{plugin}.rule.{r}")
+        }
+        (Build::Native, None) => {
+            format!("dynamicmodulescustom.wasm_ratelimit.{name}.plugin.{plugin}")
+        }
+    }
+}
+
+/// A metric's series in `/stats/prometheus` (name and labels, without the value), for plugin
+/// `test`, with the `stats_tags` of [`STATS_TAGS`] in the bootstrap.
+pub fn prometheus(rule: Option<&str>, name: &str) -> String {
+    match (build(), rule) {
+        (Build::Wasm, Some(r)) => format!("wasm_ratelimit_{name}{{plugin=\"test\",rule=\"{r}\"}}"),
+        (Build::Wasm, None) => format!("wasm_ratelimit_{name}{{plugin=\"test\"}}"),
+        (Build::Native, Some(r)) => format!(
+            "envoy_dynamicmodulescustom_wasm_ratelimit_{name}{{plugin=\"test\",rule=\"{r}\"}}"
+        ),
+        (Build::Native, None) => {
+            format!("envoy_dynamicmodulescustom_wasm_ratelimit_{name}{{plugin=\"test\"}}")
+        }
+    }
+}
+
+/// The `stats_config` the README tells wasm users to add: Envoy extracts the plugin and the
+/// rule from the filter's metric names as Prometheus labels.
+pub const STATS_TAGS: &str = r#"stats_config:
+  stats_tags:
+  - tag_name: plugin
+    regex: '(plugin=\.=(.*?);\.;)'
+  - tag_name: rule
+    regex: '(rule=\.=(.*?);\.;)'
+"#;
+
+/// The filter: `$WASM`, else the release build in this checkout.
+pub fn wasm_path() -> PathBuf {
+    match std::env::var("WASM") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => root().join("target/wasm32-wasip1/release/wasm_ratelimit.wasm"),
+    }
+}
+
+/// A loopback port free at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Indents every line of `text` by `n` spaces (to embed JSON in YAML as a block scalar).
+fn indent(text: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    text.lines()
+        .map(|l| format!("{pad}{l}\n"))
+        .collect::<String>()
+}
+
+/// The Envoy bootstrap for one plugin configuration.
+pub fn bootstrap(plugin_config: &str, wasm: &Path) -> String {
+    bootstrap_with_policy(plugin_config, wasm, None)
+}
+
+/// The bootstrap with the wasm filter's `failure_policy` set (None: Envoy's default).
+pub fn bootstrap_with_policy(
+    plugin_config: &str,
+    wasm: &Path,
+    failure_policy: Option<&str>,
+) -> String {
+    bootstrap_plugin(
+        &Plugin {
+            name: "test",
+            root_id: "test",
+            vm_id: Some("test"),
+            failure_policy,
+        },
+        plugin_config,
+        wasm,
+    )
+}
+
+/// How the wasm filter is declared (Istio: name `<namespace>.<name>`, root_id the plugin
+/// name, no vm_id).
+pub struct Plugin<'a> {
+    pub name: &'a str,
+    pub root_id: &'a str,
+    pub vm_id: Option<&'a str>,
+    pub failure_policy: Option<&'a str>,
+}
+
+/// The `http_filters` entry of the filter, in the build under test: the wasm filter declared as
+/// `plugin`, or the dynamic module whose `filter_name` is the plugin's name.
+pub fn http_filter(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+    if build() == Build::Native {
+        return format!(
+            r#"          - name: envoy.filters.http.dynamic_modules
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: {{name: wasm_ratelimit}}
+              filter_name: "{name}"
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: |
+{config}"#,
+            name = plugin.name,
+            config = indent(plugin_config, 18),
+        );
+    }
+    let policy = plugin
+        .failure_policy
+        .map(|p| format!("\n                failure_policy: {p}"))
+        .unwrap_or_default();
+    let vm_id = plugin
+        .vm_id
+        .map(|v| format!("\n                  vm_id: {v}"))
+        .unwrap_or_default();
+    format!(
+        r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: "{name}"
+                root_id: "{root_id}"{policy}
+                vm_config:{vm_id}
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: "{wasm}"}}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: |
+{config}"#,
+        name = plugin.name,
+        root_id = plugin.root_id,
+        wasm = wasm.display(),
+        config = indent(plugin_config, 20),
+    )
+}
+
+/// The bootstrap of one listener named `test` with the filter declared as `plugin`.
+pub fn bootstrap_plugin(plugin: &Plugin, plugin_config: &str, wasm: &Path) -> String {
+    bootstrap_full(plugin, plugin_config, wasm, &Listener::default())
+}
+
+/// What the test listener does besides the filter.
+#[derive(Default)]
+pub struct Listener<'a> {
+    /// Route every request to this upstream (HTTP/1.1, trailers on) instead of answering
+    /// `ok` directly.
+    pub upstream: Option<SocketAddr>,
+    /// Take the client address from this request header (Envoy's custom-header original IP
+    /// detection), so a test can be many clients, IPv6 ones included.
+    pub client_ip_header: Option<&'a str>,
+    /// Write an access log.
+    pub access_log: Option<AccessLog<'a>>,
+}
+
+/// A file access log of the test listener.
+pub struct AccessLog<'a> {
+    /// Where Envoy writes it.
+    pub path: &'a Path,
+    /// `json_format` entries (key, format command); empty: Envoy's default text format.
+    pub json: &'a [(&'a str, &'a str)],
+}
+
+impl AccessLog<'_> {
+    /// The `access_log` of the connection manager, indented for it.
+    fn yaml(&self) -> String {
+        let mut out = format!(
+            r#"
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: "{}""#,
+            self.path.display()
+        );
+        if !self.json.is_empty() {
+            out.push_str("\n              log_format:\n                json_format:");
+            for (k, v) in self.json {
+                out.push_str(&format!("\n                  \"{k}\": \"{v}\""));
+            }
+        }
+        out
+    }
+}
+
+/// A bootstrap for the filter in the build under test (plugin `test`) with `listener`.
+pub fn bootstrap_with(plugin_config: &str, listener: &Listener) -> String {
+    let plugin = Plugin {
+        name: "test",
+        root_id: "test",
+        vm_id: Some("test"),
+        failure_policy: None,
+    };
+    bootstrap_full(&plugin, plugin_config, &wasm_path(), listener)
+}
+
+/// The whole bootstrap.
+pub fn bootstrap_full(
+    plugin: &Plugin,
+    plugin_config: &str,
+    wasm: &Path,
+    listener: &Listener,
+) -> String {
+    let action = match listener.upstream {
+        Some(_) => "route: {cluster: upstream, timeout: 60s}".to_string(),
+        None => r#"direct_response: {status: 200, body: {inline_string: "ok\n"}}"#.to_string(),
+    };
+    let detection = match listener.client_ip_header {
+        Some(h) => format!(
+            r#"
+          original_ip_detection_extensions:
+          - name: envoy.http.original_ip_detection.custom_header
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.http.original_ip_detection.custom_header.v3.CustomHeaderConfig
+              header_name: {h}"#
+        ),
+        None => String::new(),
+    };
+    let access_log = listener
+        .access_log
+        .as_ref()
+        .map(AccessLog::yaml)
+        .unwrap_or_default();
+    let clusters = match listener.upstream {
+        Some(a) => format!(
+            r#"  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: {{enable_trailers: true}}
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: {ip}, port_value: {port}}}
+"#,
+            ip = a.ip(),
+            port = a.port()
+        ),
+        None => String::new(),
+    };
+    format!(
+        r#"{STATS_TAGS}admin:
+  address:
+    socket_address: {{address: 127.0.0.1, port_value: 0}}
+static_resources:
+  listeners:
+  - name: test
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: 0}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: test{detection}{access_log}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                {action}
+          http_filters:
+{filter}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+{clusters}"#,
+        filter = http_filter(plugin, plugin_config, wasm),
+    )
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// The HTTP listener.
+    pub addr: SocketAddr,
+    /// The admin endpoint.
+    pub admin: SocketAddr,
+    /// Envoy's log file.
+    pub log: PathBuf,
+}
+
+/// How a start that was expected to fail ended.
+pub struct Refused {
+    pub exit_ok: bool,
+    pub log: String,
+}
+
+fn spawn(yaml: &str, concurrency: u32) -> (Child, PathBuf, PathBuf) {
+    spawn_with(yaml, concurrency, &native_dir(), &[])
+}
+
+fn spawn_with(
+    yaml: &str,
+    concurrency: u32,
+    module_dir: &Path,
+    extra: &[&str],
+) -> (Child, PathBuf, PathBuf) {
+    let dir = scratch("envoy");
+    let cfg = dir.join("envoy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let log = dir.join("envoy.log");
+    let admin_file = dir.join("admin-address");
+    let child = Command::new(envoy_bin())
+        .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir)
+        .arg("-c")
+        .arg(&cfg)
+        .args(["--concurrency", &concurrency.to_string()])
+        .args(["--disable-hot-restart", "-l", "info"])
+        .args(["--component-log-level", "wasm:debug,dynamic_modules:debug"])
+        .arg("--admin-address-path")
+        .arg(&admin_file)
+        .arg("--log-path")
+        .arg(&log)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e} (set ENVOY)", envoy_bin()));
+    (child, admin_file, log)
+}
+
+impl Envoy {
+    /// Starts Envoy with the filter configured by `plugin_config` (JSON).
+    pub fn start(plugin_config: &str) -> Envoy {
+        Envoy::start_yaml(&bootstrap(plugin_config, &wasm_path()))
+    }
+
+    /// Starts Envoy with a whole bootstrap; waits (≤ 30 s) until the listener serves.
+    pub fn start_yaml(yaml: &str) -> Envoy {
+        Envoy::start_yaml_workers(yaml, 2)
+    }
+
+    /// Starts Envoy with a whole bootstrap and `concurrency` workers.
+    pub fn start_yaml_workers(yaml: &str, concurrency: u32) -> Envoy {
+        Envoy::start_with_modules(yaml, concurrency, &native_dir())
+    }
+
+    /// Starts Envoy with dynamic modules searched in `module_dir`.
+    pub fn start_with_modules(yaml: &str, concurrency: u32, module_dir: &Path) -> Envoy {
+        Envoy::start_full(yaml, concurrency, module_dir, &[])
+    }
+
+    /// Starts Envoy with more command-line arguments.
+    pub fn start_yaml_args(yaml: &str, extra: &[&str]) -> Envoy {
+        Envoy::start_full(yaml, 2, &native_dir(), extra)
+    }
+
+    fn start_full(yaml: &str, concurrency: u32, module_dir: &Path, extra: &[&str]) -> Envoy {
+        let (mut child, admin_file, log) = spawn_with(yaml, concurrency, module_dir, extra);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let admin: SocketAddr = loop {
+            if let Ok(s) = std::fs::read_to_string(&admin_file) {
+                if let Ok(a) = s.trim().parse() {
+                    break a;
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "envoy exited ({status}) while starting:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "envoy did not start in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut envoy = Envoy {
+            child,
+            addr: admin, // replaced below
+            admin,
+            log,
+        };
+        loop {
+            // LIVE once initialisation (plugin configured on every worker) is done; the
+            // listener's bound address is listed as `NAME::127.0.0.1:PORT`. No request is sent:
+            // it would count against the rules under test.
+            let live = get(admin, "/ready").is_ok_and(|r| r.body_str().trim() == "LIVE");
+            if live {
+                if let Ok(r) = get(admin, "/listeners") {
+                    let body = r.body_str();
+                    let bound = body.lines().next().and_then(|l| l.split_once("::"));
+                    if let Some(Ok(addr)) = bound.map(|(_, a)| a.trim().parse()) {
+                        envoy.addr = addr;
+                        return envoy;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "listener not ready in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts Envoy with a configuration it must refuse; returns its log once it exits (≤ 30 s).
+    pub fn start_refused(plugin_config: &str) -> Refused {
+        let (mut child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()), 2);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Refused {
+                    exit_ok: status.success(),
+                    log: std::fs::read_to_string(&log).unwrap_or_default(),
+                };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("envoy kept running with a bad configuration");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Bytes allocated by Envoy now (`/memory`'s `allocated`: the live value behind the
+    /// `server.memory_allocated` gauge, which is only refreshed at each stats flush).
+    pub fn memory_allocated(&self) -> u64 {
+        let r = get(self.admin, "/memory").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v["allocated"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Waits (≤ 10 s) until a stat has the `expected` value (the filter publishes its counters
+    /// once a second per worker); returns the last value seen.
+    pub fn wait_stat(&self, name: &str, expected: u64) -> Option<u64> {
+        self.wait_stat_until(name, |v| v == expected)
+    }
+
+    /// Waits (≤ 10 s) until a stat satisfies `done`; returns the last value seen.
+    pub fn wait_stat_until(&self, name: &str, done: impl Fn(u64) -> bool) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.stat(name);
+            if v.is_some_and(&done) || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A stat's value from `/stats`.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let filter: String = format!("^{}$", name.replace('.', "\\."))
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => (b as char).to_string(),
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        let r = get(self.admin, &format!("/stats?filter={filter}")).ok()?;
+        r.body_str()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the log shows `needle` within 15 s (Envoy flushes its log file lazily).
+    pub fn log_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// How many lines a header has.
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+
+    /// A header parsed as an integer.
+    pub fn header_u64(&self, name: &str) -> Option<u64> {
+        self.header(name)?.parse().ok()
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection, optionally from a chosen local address.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Client> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        Client::wrap(stream)
+    }
+
+    /// Connects from `source` (e.g. 127.0.0.2), so Envoy sees that remote address.
+    pub fn connect_from(addr: SocketAddr, source: &str) -> std::io::Result<Client> {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        let local: SocketAddr = format!("{source}:0").parse().unwrap();
+        socket.bind(&local.into())?;
+        socket.connect_timeout(&addr.into(), Duration::from_secs(5))?;
+        Client::wrap(socket.into())
+    }
+
+    fn wrap(stream: TcpStream) -> std::io::Result<Client> {
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one request and reads its response.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Response> {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if method == "POST" || method == "PUT" {
+            req.push_str("content-length: 0\r\n");
+        }
+        req.push_str("\r\n");
+        self.reader.get_mut().write_all(req.as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim(), 16)
+                    .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
+                let mut chunk = vec![0; size + 2]; // data and its CRLF
+                self.reader.read_exact(&mut chunk)?;
+                chunk.truncate(size);
+                body.extend_from_slice(&chunk);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let len: usize = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            body.resize(len, 0);
+            self.reader.read_exact(&mut body)?;
+        }
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
+        self.send("GET", path, &[])
+    }
+}
+
+/// One GET on a fresh connection.
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    Client::connect(addr)?.get(path)
+}
+
+/// `n` clients, each on its own connection opened first, run `f` together (one barrier
+/// releases them once all are connected); their results, in client order.
+pub fn at_once<T: Send + 'static>(
+    addr: SocketAddr,
+    n: usize,
+    f: impl Fn(&mut Client) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let (go, f) = (Arc::new(Barrier::new(n)), Arc::new(f));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (go, f, mut c) = (go.clone(), f.clone(), Client::connect(addr).unwrap());
+            std::thread::spawn(move || {
+                go.wait();
+                f(&mut c)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// An Envoy configuration for the build under test: as written for the wasm build; for the
+/// native build, every wasm filter becomes the dynamic module with the same plugin name and
+/// configuration (as JSON, which Envoy reads as YAML).
+pub fn for_build(yaml: &str) -> String {
+    if build() == Build::Wasm {
+        return yaml.to_string();
+    }
+    let mut doc = ratelimit_config::manifest::yaml_documents(yaml)
+        .unwrap()
+        .remove(0);
+    to_native(&mut doc);
+    doc.to_string()
+}
+
+fn to_native(v: &mut serde_json::Value) {
+    use serde_json::{json, Value};
+    match v {
+        Value::Object(map) => {
+            if map.get("name").and_then(Value::as_str) == Some("envoy.filters.http.wasm") {
+                let config = &map["typed_config"]["config"];
+                let name = config["name"].clone();
+                let value = config["configuration"]["value"].clone();
+                *v = json!({
+                    "name": "envoy.filters.http.dynamic_modules",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+                        "dynamic_module_config": {"name": "wasm_ratelimit"},
+                        "filter_name": name,
+                        "filter_config": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": value
+                        }
+                    }
+                });
+                return;
+            }
+            map.values_mut().for_each(to_native);
+        }
+        Value::Array(items) => items.iter_mut().for_each(to_native),
+        _ => {}
+    }
+}
+
+/// A bootstrap's `ratelimit` cluster (HTTP/2, for a rate limit service on `port`), as the
+/// lines of a `clusters:` list.
+#[allow(dead_code)]
+pub fn rls_cluster(port: u16, connect_timeout: &str) -> String {
+    format!(
+        "  - name: ratelimit
+    type: STATIC
+    connect_timeout: {connect_timeout}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {port}}}
+"
+    )
+}

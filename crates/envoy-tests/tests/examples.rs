@@ -1,0 +1,233 @@
+//! Every example in examples/ runs in a real Envoy, and its README's curl session is replayed:
+//! each command's output must be what the README says. The few curl forms the READMEs use are
+//! interpreted here (no curl needed): `-s`, `-o /dev/null`, `-w` with `%{http_code}` and
+//! `%header{NAME}`, `-H`, `-X`, `--interface`; `for i in $(seq N); do …; done`; and
+//! `seq N | xargs -P N -I{} … | sort | uniq -c`; and `cargo run -q --bin ratelimit-config -- …`
+//! (the CLI, run from the repository root).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{Client, Envoy};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Splits a shell command line into words (single and double quotes, no expansion).
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote = None;
+    let mut any = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, ' ') => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Runs one `curl` invocation against `addr` (the README says localhost:10000).
+fn curl(args: &[String], addr: SocketAddr) -> String {
+    assert_eq!(args[0], "curl", "{args:?}");
+    let (mut method, mut format, mut source, mut url, mut discard) =
+        ("GET", None, None, None, false);
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "-s" => {}
+            "-o" => {
+                assert_eq!(args[i + 1], "/dev/null");
+                discard = true;
+                i += 1;
+            }
+            "-w" => {
+                format = Some(args[i + 1].clone());
+                i += 1;
+            }
+            "-X" => {
+                method = if args[i + 1] == "POST" {
+                    "POST"
+                } else {
+                    panic!("{args:?}")
+                };
+                i += 1;
+            }
+            "-H" => {
+                let (k, v) = args[i + 1].split_once(':').unwrap();
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                i += 1;
+            }
+            "--interface" => {
+                source = Some(args[i + 1].clone());
+                i += 1;
+            }
+            other if other.starts_with('-') => panic!("unsupported curl option {other}"),
+            other => url = Some(other.to_string()),
+        }
+        i += 1;
+    }
+    let url = url.expect("a URL");
+    let path = url
+        .trim_start_matches("http://")
+        .strip_prefix("localhost:10000")
+        .unwrap_or_else(|| panic!("URL {url} is not localhost:10000"));
+    let mut client = match &source {
+        Some(s) => Client::connect_from(addr, s).unwrap(),
+        None => Client::connect(addr).unwrap(),
+    };
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let r = client.send(method, path, &h).unwrap();
+    let mut out = if discard { String::new() } else { r.body_str() };
+    if let Some(f) = format {
+        let mut f = f
+            .replace("\\n", "\n")
+            .replace("%{http_code}", &r.status.to_string());
+        while let Some(start) = f.find("%header{") {
+            let end = start + f[start..].find('}').unwrap();
+            let name = &f[start + 8..end];
+            let value = r.header(name).unwrap_or("").to_string();
+            f.replace_range(start..=end, &value);
+        }
+        out.push_str(&f);
+    }
+    out
+}
+
+/// Runs one README command line; returns what it prints.
+fn run(line: &str, addr: SocketAddr) -> String {
+    if let Some(args) = line.strip_prefix("cargo run -q --bin ratelimit-config -- ") {
+        let out = std::process::Command::new(common::cli())
+            .current_dir(common::root())
+            .args(words(args))
+            .output()
+            .unwrap();
+        return String::from_utf8_lossy(&out.stdout).into_owned();
+    }
+    if let Some(rest) = line.strip_prefix("for i in $(seq ") {
+        let (n, rest) = rest.split_once("); do ").unwrap();
+        let cmd = rest.strip_suffix("; done").unwrap();
+        let n: usize = n.parse().unwrap();
+        return (0..n).map(|_| curl(&words(cmd), addr)).collect();
+    }
+    if let Some(rest) = line.strip_prefix("seq ") {
+        // seq N | xargs -P N -I{} CMD | sort | uniq -c
+        let parts: Vec<&str> = rest.split(" | ").collect();
+        assert_eq!(&parts[2..], ["sort", "uniq -c"], "{line}");
+        let n: usize = parts[0].parse().unwrap();
+        let cmd = parts[1].split_once("-I{} ").unwrap().1.to_string();
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let cmd = cmd.clone();
+                std::thread::spawn(move || curl(&words(&cmd), addr))
+            })
+            .collect();
+        let mut lines: Vec<String> = threads
+            .into_iter()
+            .flat_map(|t| {
+                t.join()
+                    .unwrap()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        lines.sort();
+        let mut out = String::new();
+        let mut i = 0;
+        while i < lines.len() {
+            let same = lines[i..].iter().take_while(|l| **l == lines[i]).count();
+            out.push_str(&format!("{same:>7} {}\n", lines[i]));
+            i += same;
+        }
+        return out;
+    }
+    curl(&words(line), addr)
+}
+
+/// The README's console sessions: (command, expected output).
+fn sessions(readme: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for block in readme.split("```console\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        for line in block.lines() {
+            match line.strip_prefix("$ ") {
+                Some(cmd) => out.push((cmd.to_string(), String::new())),
+                None => {
+                    let last = out.last_mut().expect("output before any command");
+                    last.1.push_str(line);
+                    last.1.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+fn examples() -> Vec<PathBuf> {
+    let dir = common::root().join("examples");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn every_example_does_what_its_readme_says() {
+    let dirs = examples();
+    assert!(dirs.len() >= 7, "{dirs:?}");
+    for dir in dirs {
+        // The example as written, on free ports (Envoy resolves the .wasm path from the
+        // repository root, where tests run).
+        // A stand-in backend on port 10001 gets a free port instead.
+        let backend = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let yaml = std::fs::read_to_string(dir.join("envoy.yaml"))
+            .unwrap()
+            .replace("port_value: 10000", "port_value: 0")
+            .replace("port_value: 9901", "port_value: 0")
+            .replace("port_value: 10001", &format!("port_value: {backend}"));
+        let wasm = common::wasm_path();
+        let yaml = yaml.replace(
+            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
+            &wasm.display().to_string(),
+        );
+        let envoy = Envoy::start_yaml(&common::for_build(&yaml));
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let steps = sessions(&readme);
+        assert!(!steps.is_empty(), "{}: no console session", dir.display());
+        for (cmd, expected) in steps {
+            let got = run(&cmd, envoy.addr);
+            assert_eq!(got, expected, "{}: $ {cmd}", dir.display());
+        }
+    }
+}

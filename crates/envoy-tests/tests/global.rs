@@ -1,0 +1,371 @@
+//! Global rules across several real Envoys sharing one rate limit service: a test-support RLS
+//! server (tests/rls-server: the limitador engine over a real Redis) speaks Envoy's RLS gRPC
+//! protocol. Sync mode holds the limit exactly; async mode within the documented bound; a lost
+//! Redis or service follows failure_mode and recovers; a slow service never delays async rules.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{bootstrap, free_port, rls_cluster, wasm_path, Client, Envoy};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Waits (≤ 10 s) until something listens on `port`.
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis(port: u16) -> Proc {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server; .ci/run does)");
+    wait_port(port);
+    Proc(child)
+}
+
+fn rls_server_bin() -> PathBuf {
+    std::env::var("RLS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            common::root().join("crates/envoy-tests/rls-server/target/release/rls-server")
+        })
+}
+
+/// The service with one limit for rule `rule`: `max` per `seconds` per client address.
+fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms: u64) -> Proc {
+    rls_limits(port, redis_port, &[(rule, max, seconds)], delay_ms)
+}
+
+/// The test service with one limit per `(rule, max, seconds)`, each per remote address.
+fn rls_limits(port: u16, redis_port: u16, rules: &[(&str, u64, u64)], delay_ms: u64) -> Proc {
+    let limits: Vec<String> = rules
+        .iter()
+        .map(|(rule, max, seconds)| {
+            format!(
+                r#"{{"namespace": "edge", "name": "{rule}", "max_value": {max}, "seconds": {seconds},
+                     "conditions": ["descriptors[0].rule == '{rule}'"],
+                     "variables": ["descriptors[0].remote_address"]}}"#
+            )
+        })
+        .collect();
+    let child = Command::new(rls_server_bin())
+        .args([
+            format!("127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{redis_port}"),
+            format!("[{}]", limits.join(",")),
+            delay_ms.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the test RLS server (make integration builds it)");
+    wait_port(port);
+    Proc(child)
+}
+
+fn envoy(config: &str, rls_port: u16) -> Envoy {
+    let yaml = format!(
+        "{}  clusters:\n{}",
+        bootstrap(config, &wasm_path()),
+        rls_cluster(rls_port, "1s")
+    );
+    Envoy::start_yaml(&yaml)
+}
+
+fn rule_config(name: &str, limit: u64, unit: &str, global: &str, failure_mode: &str) -> String {
+    format!(
+        r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "{name}", "key": ["remote_address"],
+            "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},
+            "global": {{"cluster": "ratelimit", "domain": "edge", {global}}}}}]}}"#
+    )
+}
+
+#[test]
+fn sync_mode_holds_the_limit_exactly_across_proxies() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let _rls = rls(rls_port, redis_port, "g", 10, 60, 0);
+    let config = rule_config(
+        "g",
+        10,
+        "minute",
+        // Generous: a first call (new HTTP/2 connection, Redis) on a loaded machine must not
+        // time out and fail open; timeouts have their own test.
+        r#""mode": "sync", "timeout_ms": 2000"#,
+        "allow",
+    );
+    let (a, b) = (envoy(&config, rls_port), envoy(&config, rls_port));
+    let mut ca = Client::connect(a.addr).unwrap();
+    let mut cb = Client::connect(b.addr).unwrap();
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..8 {
+        for c in [&mut ca, &mut cb] {
+            let r = c.get("/").unwrap();
+            statuses.push(r.status);
+            last = Some(r);
+        }
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert!(statuses[10..].iter().all(|&s| s == 429), "{statuses:?}");
+    let r = last.unwrap();
+    // The limit and the reset come from the service's answer; its own headers pass through.
+    assert_eq!(r.header("ratelimit-policy"), Some("\"g\";q=10;w=60"));
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(0));
+    assert!(r.header_u64("retry-after").unwrap() >= 1);
+    assert_eq!(r.header("x-rls-server"), Some("limitador"));
+    assert_eq!(
+        a.wait_stat(&common::metric(Some("g"), "limited"), 3),
+        Some(3)
+    );
+}
+
+#[test]
+fn async_mode_holds_the_limit_within_the_documented_bound() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let (limit, flush_ms) = (100u64, 20u64);
+    // "p": a sync rule on /probe with a limit never reached, to measure the service's round
+    // trip (through Envoy, the service and Redis, as a flush goes) while the load runs.
+    let _rls = rls_limits(
+        rls_port,
+        redis_port,
+        &[("g", limit, 60), ("p", 1_000_000, 60)],
+        0,
+    );
+    let config = format!(
+        r#"{{"rules": [
+            {{"name": "g", "key": ["remote_address"], "match": {{"path": "/"}},
+              "rate_limit": {{"requests_per_unit": {limit}, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "async",
+                          "flush_ms": {flush_ms}, "timeout_ms": 200}}}},
+            {{"name": "p", "key": ["remote_address"], "match": {{"path": "/probe"}},
+              "rate_limit": {{"requests_per_unit": 1000000, "unit": "minute"}},
+              "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "sync",
+                          "timeout_ms": 2000}}}}]}}"#
+    );
+    let proxies = [envoy(&config, rls_port), envoy(&config, rls_port)];
+    // Each proxy is offered at most 100 requests a second for 3 s (a late client skips the
+    // slots it missed rather than catching up in a burst): 600 offered; each proxy alone would
+    // admit its local limit (100), so 200 in all without the service.
+    let admitted = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rate = 100u64;
+    let start = Instant::now();
+    let threads: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            let (addr, admitted) = (p.addr, admitted.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                let mut latencies = Vec::new();
+                let mut slot = 0u64;
+                while slot < 3 * rate {
+                    let due = start + Duration::from_millis(slot * 1000 / rate);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    let t = Instant::now();
+                    if c.get("/").unwrap().status == 200 {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    latencies.push(t.elapsed());
+                    let now_slot = start.elapsed().as_millis() as u64 * rate / 1000;
+                    slot = (slot + 1).max(now_slot);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let probe = {
+        let (addr, done) = (proxies[0].addr, done.clone());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr).unwrap();
+            let mut trips = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                assert_eq!(c.get("/probe").unwrap().status, 200);
+                trips.push(t.elapsed());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            trips
+        })
+    };
+    let mut latencies: Vec<Duration> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    done.store(true, Ordering::Relaxed);
+    let mut trips = probe.join().unwrap();
+    latencies.sort();
+    trips.sort();
+    let admitted = u64::from(admitted.load(Ordering::Relaxed));
+    // The documented bound: every proxy may go on admitting for up to two flush intervals plus
+    // a round trip after the fleet crosses the limit: replicas × rate × (2 × flush + round
+    // trip), with the round trip as measured (p99 of the probes, at least 10 ms).
+    let trip_ms = (trips[trips.len() * 99 / 100].as_millis() as u64).max(10);
+    let bound = 2 * rate * (2 * flush_ms + trip_ms) / 1000;
+    eprintln!(
+        "async: {admitted} admitted by 2 proxies for a global limit of {limit} (over by {}, bound {bound} \
+         with a round trip of {trip_ms} ms); p99 latency {:?}",
+        admitted.saturating_sub(limit),
+        latencies[latencies.len() * 99 / 100]
+    );
+    assert!(
+        admitted >= limit,
+        "{admitted}: the service's count must not block early"
+    );
+    assert!(
+        admitted <= limit + bound,
+        "{admitted} admitted, bound {}",
+        limit + bound
+    );
+    // The bound is worth testing only while it is well under what the proxies admit alone.
+    assert!(
+        bound < limit / 2,
+        "round trip {trip_ms} ms: too slow to test"
+    );
+    // Once blocked, every proxy refuses at once.
+    for p in &proxies {
+        assert_eq!(
+            Client::connect(p.addr).unwrap().get("/").unwrap().status,
+            429
+        );
+    }
+}
+
+#[test]
+fn a_lost_store_or_service_follows_failure_mode_and_recovers() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let mut redis_proc = Some(redis(redis_port));
+    let mut rls_proc = Some(rls(rls_port, redis_port, "g", 3, 60, 0));
+    let open = envoy(
+        &rule_config("g", 3, "minute", r#""timeout_ms": 500"#, "allow"),
+        rls_port,
+    );
+    let closed = envoy(
+        &rule_config("g", 3, "minute", r#""timeout_ms": 500"#, "deny"),
+        rls_port,
+    );
+    let status = |e: &Envoy| Client::connect(e.addr).unwrap().get("/").unwrap().status;
+    assert_eq!(status(&open), 200);
+
+    // Redis goes away: the service answers UNAVAILABLE.
+    redis_proc.take();
+    assert_eq!(status(&open), 200, "fail open");
+    assert_eq!(status(&closed), 429, "fail closed");
+    assert!(open.wait_stat(&common::metric(Some("g"), "failed_open"), 1) >= Some(1));
+    assert!(open.wait_stat(&common::metric(Some("g"), "global_errors"), 1) >= Some(1));
+
+    // Redis is back (empty): the limit holds again (3 per minute).
+    let _redis = redis(redis_port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    while Instant::now() < deadline {
+        statuses.push(status(&open));
+        if statuses.ends_with(&[429]) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        statuses.ends_with(&[429]),
+        "never limited again: {statuses:?}"
+    );
+
+    // The service itself goes away: the gRPC call fails.
+    rls_proc.take();
+    assert_eq!(status(&open), 200, "fail open");
+    assert_eq!(status(&closed), 429, "fail closed");
+    // Back: answers come from the service again (this address is over its limit by now, so
+    // they are refusals, but the service's own header shows who decided).
+    let _rls = rls(rls_port, redis_port, "g", 3, 60, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = Client::connect(closed.addr).unwrap().get("/").unwrap();
+        if r.header("x-rls-server") == Some("limitador") {
+            assert_eq!(r.status, 429);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service came back but the filter did not use it"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_slow_service_never_delays_async_requests() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let _rls = rls(rls_port, redis_port, "g", 1000, 60, 1000); // every answer takes 1 s
+    let config = r#"{"rules": [
+            {"name": "g", "key": ["remote_address"], "match": {"path": "/async"},
+              "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+              "global": {"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 50}},
+            {"name": "g2", "key": ["remote_address"], "match": {"path": "/sync"},
+              "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+              "global": {"cluster": "ratelimit", "domain": "edge", "mode": "sync", "timeout_ms": 100}}]}"#;
+    let e = envoy(config, rls_port);
+    let mut c = Client::connect(e.addr).unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..50 {
+        let t = Instant::now();
+        assert_eq!(c.get("/async").unwrap().status, 200);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Half the service's answer time: a request that waited for it cannot be this fast, and a
+    // loaded machine has room.
+    assert!(
+        slowest < Duration::from_millis(500),
+        "an async request took {slowest:?}"
+    );
+    // A sync request waits up to its timeout, then failure_mode (allow) lets it through.
+    let t = Instant::now();
+    assert_eq!(c.get("/sync").unwrap().status, 200);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(90), "{waited:?}");
+    assert!(waited < Duration::from_millis(600), "{waited:?}"); // not the 1 s answer
+    assert_eq!(
+        e.wait_stat(&common::metric(Some("g2"), "failed_open"), 1),
+        Some(1)
+    );
+}

@@ -1,0 +1,269 @@
+//! Rule reload in a real Envoy that reads its listeners from a file (LDS from the filesystem),
+//! the way Istio or a control plane pushes a changed WasmPlugin: counters survive, new limits
+//! apply at once, a bad update is refused while the old configuration keeps serving.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::{free_port, wasm_path, Client, Envoy};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The LDS file: one listener on `port` with the filter configured by `plugin_config`.
+fn listeners(port: u16, plugin_config: &str) -> String {
+    let full = common::bootstrap(plugin_config, &wasm_path());
+    // Reuse the listener of the static bootstrap, re-indented as an LDS resource.
+    let listener = full
+        .split("  listeners:\n")
+        .nth(1)
+        .unwrap()
+        .replace("port_value: 0", &format!("port_value: {port}"));
+    let listener = listener.replacen(
+        "  - name: test",
+        "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
+        1,
+    );
+    format!(
+        "resources:\n{}",
+        listener.replace("\n  ", "\n").trim_start_matches("  ")
+    )
+}
+
+/// Replaces the LDS file atomically (Envoy watches for the rename).
+fn publish(dir: &Path, content: &str) {
+    let tmp = dir.join("lds.tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, dir.join("lds.yaml")).unwrap();
+}
+
+fn config(name: &str, limit: u32, unit: &str) -> String {
+    format!(
+        r#"{{"rules": [{{"name": "{name}", "key": ["remote_address"],
+            "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}}}}]}}"#
+    )
+}
+
+/// Waits (≤ 15 s) until a counter of the LDS stats reaches `n`.
+fn wait_lds(envoy: &Envoy, stat: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while envoy.stat(&format!("listener_manager.lds.{stat}")) < Some(n) {
+        assert!(
+            Instant::now() < deadline,
+            "lds.{stat} never reached {n}:\n{}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An Envoy whose listeners come from `dir/lds.yaml`.
+fn lds_bootstrap(dir: &Path) -> String {
+    format!(
+        "node: {{id: test, cluster: test}}\n\
+         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
+         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
+        dir.join("lds.yaml").display(),
+        dir.display()
+    )
+}
+
+fn lds_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wasm-ratelimit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
+    let dir = lds_dir("lds");
+    let port = free_port();
+    publish(&dir, &listeners(port, &config("r", 5, "hour")));
+    let envoy = Envoy::start_yaml(&lds_bootstrap(&dir));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    for left in [4, 3, 2] {
+        let r = c.get("/").unwrap();
+        assert_eq!(
+            (r.status, r.header_u64("x-ratelimit-remaining")),
+            (200, Some(left))
+        );
+    }
+
+    // A lower limit, same rule name and key: the 3 counted requests stay counted.
+    publish(&dir, &listeners(port, &config("r", 4, "hour")));
+    wait_lds(&envoy, "update_success", 2);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let r = c.get("/").unwrap();
+    assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=4;w=3600"));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (200, Some(0))
+    );
+    assert_eq!(c.get("/").unwrap().status, 429);
+
+    // A bad update is refused; the old configuration keeps serving.
+    publish(&dir, &listeners(port, &config("r", 4, "fortnight")));
+    wait_lds(&envoy, "update_rejected", 1);
+    assert!(envoy.log_shows(r#"rules[0].rate_limit.unit: unknown unit "fortnight""#));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=4;w=3600"));
+
+    // A renamed rule is a new rule: its counters start afresh.
+    publish(&dir, &listeners(port, &config("r2", 4, "hour")));
+    wait_lds(&envoy, "update_success", 3);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let r = c.get("/").unwrap();
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (200, Some(3))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A connection opened before an update keeps the configuration it was opened with until Envoy
+/// drains it (`--drain-time-s`); new connections get the new one at once. Measured: how long
+/// the old connection is served under the old limit.
+#[test]
+fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
+    const DRAIN_S: u64 = 2;
+    let dir = lds_dir("drain");
+    let port = free_port();
+    publish(&dir, &listeners(port, &config("d", 1000, "hour")));
+    let drain = DRAIN_S.to_string();
+    let envoy = Envoy::start_yaml_args(&lds_bootstrap(&dir), &["--drain-time-s", &drain]);
+    let mut old = Client::connect(envoy.addr).unwrap();
+    assert_eq!(old.get("/").unwrap().status, 200);
+    publish(&dir, &listeners(port, &config("d", 2, "hour")));
+    wait_lds(&envoy, "update_success", 2);
+    let updated = Instant::now();
+    // The old connection right after the update: still the old limit.
+    let r = old.get("/").unwrap();
+    assert_eq!(r.header("ratelimit-policy"), Some("\"d\";q=1000;w=3600"));
+    let mut under_old = 1;
+    // A new connection: the new limit at once.
+    let mut new = Client::connect(envoy.addr).unwrap();
+    let r = new.get("/").unwrap();
+    assert_eq!(r.header("ratelimit-policy"), Some("\"d\";q=2;w=3600"));
+    // The old connection: the old limit until Envoy drains and closes it; then the client's
+    // next connection gets the new one.
+    let switched = loop {
+        assert!(
+            updated.elapsed() < Duration::from_secs(DRAIN_S + 10),
+            "still the old limit after {:?}",
+            updated.elapsed()
+        );
+        let r = match old.get("/") {
+            Ok(r) => r,
+            Err(_) => {
+                old = Client::connect(envoy.addr).unwrap(); // drained: closed by Envoy
+                continue;
+            }
+        };
+        if r.header("ratelimit-policy") == Some("\"d\";q=2;w=3600") {
+            break updated.elapsed();
+        }
+        assert_eq!(r.header("ratelimit-policy"), Some("\"d\";q=1000;w=3600"));
+        under_old += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "drain {DRAIN_S} s: the old connection served {under_old} requests under the old limit, \
+         the new limit reached it after {switched:?}"
+    );
+    // Envoy drains within the drain time (its drain sequence spreads over the whole window).
+    assert!(
+        switched < Duration::from_secs(DRAIN_S) + Duration::from_millis(1500),
+        "{switched:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The filter's configuration delivered by ECDS (extension config discovery), the way Istio
+/// delivers a WasmPlugin: an update reaches open connections at their next request, no drain.
+fn ecds_resource(plugin_config: &str) -> String {
+    let plugin = common::Plugin {
+        name: "test",
+        root_id: "test",
+        vm_id: Some("test"),
+        failure_policy: None,
+    };
+    let entry = common::http_filter(&plugin, plugin_config, &common::wasm_path());
+    let entry = ratelimit_config::manifest::yaml_documents(&entry)
+        .unwrap()
+        .remove(0);
+    let typed_config = entry[0]["typed_config"].clone();
+    serde_json::json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": "ratelimit",
+        "typed_config": typed_config,
+    }]})
+    .to_string()
+}
+
+fn publish_ecds(dir: &Path, content: &str) {
+    let tmp = dir.join("ecds.tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, dir.join("ecds.yaml")).unwrap();
+}
+
+#[test]
+fn with_ecds_an_update_reaches_open_connections_at_once() {
+    let dir = lds_dir("ecds");
+    publish_ecds(&dir, &ecds_resource(&config("e", 1000, "hour")));
+    let type_url = match common::build() {
+        common::Build::Wasm => "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        common::Build::Native => "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+    };
+    let full = common::bootstrap("{}", &common::wasm_path());
+    let start = full.find("          http_filters:").unwrap();
+    let end = full
+        .find("          - name: envoy.filters.http.router")
+        .unwrap();
+    let yaml = format!(
+        "node: {{id: test, cluster: test}}\n{}          http_filters:
+          - name: ratelimit
+            config_discovery:
+              config_source:
+                resource_api_version: V3
+                path_config_source:
+                  path: {}
+                  watched_directory: {{path: {}}}
+              type_urls: [\"{type_url}\"]
+{}",
+        &full[..start],
+        dir.join("ecds.yaml").display(),
+        dir.display(),
+        &full[end..]
+    );
+    let envoy = Envoy::start_yaml(&yaml);
+    let mut open = Client::connect(envoy.addr).unwrap();
+    let r = open.get("/").unwrap();
+    assert_eq!(r.header("ratelimit-policy"), Some("\"e\";q=1000;w=3600"));
+    publish_ecds(&dir, &ecds_resource(&config("e", 2, "hour")));
+    let updated = Instant::now();
+    loop {
+        let r = open.get("/").unwrap();
+        if r.header("ratelimit-policy") == Some("\"e\";q=2;w=3600") {
+            // Counters kept: 1 + this one counted, the next is refused.
+            assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(0));
+            assert_eq!(open.get("/").unwrap().status, 429);
+            break;
+        }
+        assert!(updated.elapsed() < Duration::from_secs(10), "never updated");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "ECDS: the open connection got the new limit {:?} after the update",
+        updated.elapsed()
+    );
+    // A bad update is refused (and counted); the last good configuration keeps serving.
+    publish_ecds(&dir, &ecds_resource(&config("e", 2, "fortnight")));
+    let rejected = "extension_config_discovery.http_filter.ratelimit.config_fail";
+    assert_eq!(envoy.wait_stat(rejected, 1), Some(1), "{}", envoy.log());
+    let r = open.get("/").unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"e\";q=2;w=3600"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

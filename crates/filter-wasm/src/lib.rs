@@ -1,0 +1,757 @@
+//! The proxy-wasm host: Envoy's callbacks in, host calls out. It reads request attributes, keeps
+//! keys in shared data, and carries out what [`ratelimit_core::pipeline`] decides; nothing is decided
+//! here.
+#![cfg(target_arch = "wasm32")]
+
+mod abi;
+
+use abi::{Level, Map};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use ratelimit_core::config::Config;
+use ratelimit_core::global::Target;
+use ratelimit_core::key::{Attributes, Seed};
+use ratelimit_core::metrics::{self, Counter, Gauge};
+use ratelimit_core::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
+use ratelimit_core::rls;
+use ratelimit_core::runtime::Runtime;
+use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
+use ratelimit_core::table;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+static LOGGER: abi::HostLogger = abi::HostLogger;
+
+proxy_wasm::main! {{
+    // The SDK's own logger and panic hook unwrap host statuses; ours never panic.
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(log::LevelFilter::Trace); // Envoy filters by its own `wasm` log level.
+    std::panic::set_hook(Box::new(|info| {
+        let _ = abi::log(Level::Critical, &format!("panic: {info}"));
+    }));
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Root { id, served: None, flushes: HashMap::new(), last_publish: Cell::new(0),
+                        last_flush: Cell::new(0) })
+    });
+}}
+
+/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix>b/<n>` (buckets) or
+/// `<prefix>l/<n>` (sliding logs).
+struct SharedData {
+    prefix: String,
+    /// The key being built, reused so the hot path does not allocate.
+    key: RefCell<String>,
+}
+
+impl SharedData {
+    fn new(prefix: String) -> Self {
+        SharedData {
+            key: RefCell::new(String::with_capacity(prefix.len() + 24)),
+            prefix,
+        }
+    }
+
+    fn with_key<T>(&self, slot: u64, f: impl FnOnce(&str) -> T) -> T {
+        let mut key = self.key.borrow_mut();
+        key.clear();
+        key.push_str(&self.prefix);
+        let (kind, n) = if slot >= table::LOG_SLOTS {
+            ("l/", slot - table::LOG_SLOTS)
+        } else {
+            ("b/", slot)
+        };
+        key.push_str(kind);
+        key.push_str(itoa::Buffer::new().format(n));
+        f(&key)
+    }
+}
+
+impl Store for SharedData {
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
+        let (value, cas) = self
+            .with_key(slot, abi::get_shared)
+            .map_err(|s| StoreError::Unavailable(format!("get_shared_data status {}", s.0)))?;
+        Ok(f(value.as_deref(), cas))
+    }
+
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        match self.with_key(slot, |key| abi::set_shared(key, value, cas)) {
+            Ok(()) => Ok(()),
+            Err(abi::CAS_MISMATCH) => Err(StoreError::Conflict),
+            Err(s) => Err(StoreError::Unavailable(format!(
+                "set_shared_data status {}",
+                s.0
+            ))),
+        }
+    }
+}
+
+/// How often each worker publishes its counters, ms.
+const METRICS_PERIOD_MS: u32 = 1000;
+/// The tick period while requests are held: they are released within about this much of
+/// their turn.
+const RELEASE_PERIOD_MS: u32 = 1;
+
+/// A runtime and the ids of its metrics in Envoy.
+struct Served {
+    rt: Runtime<SharedData>,
+    ids: MetricIds,
+}
+
+/// The Envoy ids of a runtime's metrics.
+#[derive(Default)]
+struct MetricIds {
+    /// Per rule, per [`Counter::ALL`].
+    counters: Vec<Vec<Option<u32>>>,
+    /// Per [`Gauge::ALL`].
+    gauges: Vec<Option<u32>>,
+    /// Per rule: the elastic factor's gauge, for elastic rules.
+    elastic: Vec<Option<u32>>,
+}
+
+impl MetricIds {
+    fn define(plugin: &str, config: &Config) -> MetricIds {
+        MetricIds {
+            counters: config
+                .rules
+                .iter()
+                .map(|rule| {
+                    Counter::ALL
+                        .iter()
+                        .map(|c| {
+                            abi::define_counter(&metrics::name(plugin, Some(&rule.name), c.name()))
+                                .ok()
+                        })
+                        .collect()
+                })
+                .collect(),
+            gauges: Gauge::ALL
+                .iter()
+                .map(|g| abi::define_gauge(&metrics::name(plugin, None, g.name())).ok())
+                .collect(),
+            elastic: config
+                .rules
+                .iter()
+                .map(|rule| {
+                    let name = metrics::name(plugin, Some(&rule.name), metrics::ELASTIC_FACTOR);
+                    rule.elastic.and_then(|_| abi::define_gauge(&name).ok())
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets the elastic rules' factor gauges.
+    fn publish_elastic(&self, rt: &Runtime<SharedData>) {
+        for (rule, percent) in rt.elastic_factors() {
+            if let Some(Some(id)) = self.elastic.get(rule) {
+                let _ = abi::gauge_set(*id, percent);
+            }
+        }
+    }
+
+    /// Publishes what the runtime counted since the last call.
+    fn publish(&self, rt: &Runtime<SharedData>) {
+        rt.metrics().drain(
+            |rule, counter, n| {
+                let id = self
+                    .counters
+                    .get(rule)
+                    .and_then(|c| c.get(counter as usize));
+                if let Some(Some(id)) = id {
+                    let _ = abi::increment(*id, n);
+                }
+            },
+            |gauge, delta| self.gauge(gauge, delta),
+        );
+    }
+
+    fn gauge(&self, gauge: Gauge, delta: i64) {
+        if let Some(Some(id)) = self.gauges.get(gauge as usize) {
+            let _ = abi::gauge_add(*id, delta);
+        }
+    }
+}
+
+fn property_string(path: &[u8]) -> Option<String> {
+    abi::property(path)
+        .ok()
+        .flatten()
+        .and_then(|b| String::from_utf8(b).ok())
+}
+
+/// Reads the table's hash seed from shared data, creating it if this is the first VM.
+fn shared_seed(key: &str) -> Result<Seed, String> {
+    for _ in 0..ratelimit_core::engine::MAX_ATTEMPTS {
+        let (bytes, _) =
+            abi::get_shared(key).map_err(|s| format!("reading the seed: status {}", s.0))?;
+        if let Some(seed) = bytes.as_deref().and_then(Seed::from_bytes) {
+            return Ok(seed);
+        }
+        let fresh = Seed::random();
+        // CREATE_CAS: if another VM created the seed meanwhile, this write is refused and the
+        // loop reads theirs.
+        match abi::set_shared(key, &fresh.to_bytes(), CREATE_CAS) {
+            Ok(()) => return Ok(fresh),
+            Err(abi::CAS_MISMATCH) => continue,
+            Err(s) => return Err(format!("writing the seed: status {}", s.0)),
+        }
+    }
+    Err("could not agree on a seed with the other VMs".into())
+}
+
+/// A request held by delay mode on this worker.
+struct Waiting {
+    context: u32,
+    until_ms: u64,
+    held: Held,
+    served: Rc<Served>,
+}
+
+impl Waiting {
+    fn release(&self) {
+        self.served.rt.release(&self.held);
+    }
+
+    fn abandon(&self) {
+        self.served.rt.abandon(&self.held);
+    }
+}
+
+thread_local! {
+    /// The value of the response field being added, reused by every response of this worker.
+    static FIELD_VALUE: RefCell<String> = const { RefCell::new(String::new()) };
+    /// Requests held by delay mode on this worker.
+    static WAITING: RefCell<Vec<Waiting>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes a held request off the list (released, or its client went away).
+fn unhold(context: u32) -> Option<Waiting> {
+    WAITING.with(|w| {
+        let mut w = w.borrow_mut();
+        let i = w.iter().position(|x| x.context == context)?;
+        Some(w.swap_remove(i))
+    })
+}
+
+/// The root context of one VM (one per worker thread, plus the main thread's).
+struct Root {
+    id: u32,
+    served: Option<Rc<Served>>,
+    /// Async flushes in flight: call token → where to block the key.
+    flushes: HashMap<u32, (Rc<Served>, Target)>,
+    /// When the counters were last published (ms).
+    last_publish: Cell<u64>,
+    /// When async global rules last flushed (ms).
+    last_flush: Cell<u64>,
+}
+
+impl Root {
+    fn build(&self, size: usize) -> Result<(Runtime<SharedData>, String), String> {
+        let bytes = abi::plugin_configuration(size)
+            .map_err(|s| {
+                format!(
+                    "config: could not read the plugin configuration (status {})",
+                    s.0
+                )
+            })?
+            .unwrap_or_default();
+        let config = Config::parse(&bytes).map_err(|e| e.to_string())?;
+        // Istio sets no vm_id, so every plugin on a proxy shares one shared-data namespace:
+        // keys carry the plugin's root id.
+        let root_id = property_string(b"plugin_root_id\0").unwrap_or_default();
+        let plugin = property_string(b"plugin_name\0")
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let prefix = format!("wasm-ratelimit/{root_id}/");
+        let seed = shared_seed(&format!("{prefix}seed"))?;
+        Ok((Runtime::new(config, seed, SharedData::new(prefix)), plugin))
+    }
+
+    /// The tick period when no request is held: metrics, async global flushes, elastic rules'
+    /// health.
+    fn base_tick(rt: &Runtime<SharedData>) -> u32 {
+        [rt.flush_period(), rt.tick_period()]
+            .into_iter()
+            .flatten()
+            .fold(METRICS_PERIOD_MS, u32::min)
+    }
+
+    fn publish_metrics(&self) {
+        if let Some(s) = &self.served {
+            s.ids.publish(&s.rt);
+        }
+    }
+
+    /// Lets held requests whose turn has come go on.
+    fn release_due(&self, now: u64) {
+        let due: Vec<Waiting> = WAITING.with(|w| {
+            let mut w = w.borrow_mut();
+            let (due, waiting) = std::mem::take(&mut *w)
+                .into_iter()
+                .partition(|x| x.until_ms <= now);
+            *w = waiting;
+            due
+        });
+        for w in due {
+            // A stream whose client went away is refused here (BadArgument).
+            if abi::set_effective_context(w.context).is_ok() {
+                let _ = abi::resume_request();
+                w.release();
+            } else {
+                w.abandon();
+            }
+        }
+        let _ = abi::set_effective_context(self.id);
+    }
+
+    /// Reports async global rules' hits, one call per key.
+    fn flush(&mut self, served: &Rc<Served>) {
+        let rt = &served.rt;
+        for flush in rt.flush() {
+            let Some(g) = rt.global_of(flush.target.rule) else {
+                continue;
+            };
+            match abi::grpc_call(
+                &g.cluster,
+                rls::SERVICE,
+                rls::METHOD,
+                &flush.message,
+                g.timeout_ms,
+            ) {
+                Ok(token) => {
+                    self.flushes.insert(token, (served.clone(), flush.target));
+                }
+                Err(_) => rt.global_error(flush.target.rule),
+            }
+        }
+    }
+}
+
+impl Context for Root {
+    /// Answers to async global flushes.
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        if let Some((served, target)) = self.flushes.remove(&token) {
+            let now = abi::now_ms().unwrap_or(0);
+            served.rt.flushed(&target, read_answer(status, size), now);
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, size: usize) -> bool {
+        self.publish_metrics();
+        match self.build(size) {
+            Ok((runtime, plugin)) => {
+                log::info!(
+                    "configured {} rule(s), capacity {} keys",
+                    runtime.rules().len(),
+                    runtime.capacity()
+                );
+                let tick = Root::base_tick(&runtime);
+                let ids = MetricIds::define(&plugin, runtime.config());
+                ids.publish_elastic(&runtime);
+                if let Ok(id) = abi::define_gauge(&metrics::name(&plugin, None, metrics::CAPACITY))
+                {
+                    let _ = abi::gauge_set(id, runtime.capacity() as u64);
+                }
+                self.served = Some(Rc::new(Served { rt: runtime, ids }));
+                if let Err(s) = abi::set_tick_period(tick) {
+                    log::warn!(
+                        "no tick timer (status {}): metrics will not be published",
+                        s.0
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                log::error!("invalid configuration: {e}");
+                false
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = abi::now_ms().unwrap_or(0);
+        self.release_due(now);
+        let Some(served) = self.served.clone() else {
+            return;
+        };
+        if WAITING.with(|w| w.borrow().is_empty()) {
+            let _ = abi::set_tick_period(Root::base_tick(&served.rt));
+        }
+        if let Some(period) = served.rt.flush_period() {
+            if now >= self.last_flush.get().saturating_add(u64::from(period)) {
+                self.last_flush.set(now);
+                self.flush(&served);
+            }
+        }
+        // A worker publishes the factor it has just taken from the shared health, never one it
+        // held since its last report (the gauge would flip back to a value no longer in force).
+        if served.rt.tick_period().is_some() && served.rt.tick(now) {
+            served.ids.publish_elastic(&served.rt);
+        }
+        if now
+            >= self
+                .last_publish
+                .get()
+                .saturating_add(u64::from(METRICS_PERIOD_MS))
+        {
+            self.last_publish.set(now);
+            self.publish_metrics();
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            id: context_id,
+            served: self.served.clone(),
+            asking: None,
+            admitted: None,
+            local_reply: false,
+            #[cfg(feature = "panic-trigger")]
+            panic_at_end: false,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// Reads the answer being delivered to `on_grpc_call_response`.
+fn read_answer(status: u32, size: usize) -> Result<rls::Response, String> {
+    if status != 0 {
+        // Also how a timeout arrives (DEADLINE_EXCEEDED) and an unreachable service.
+        let code = abi::grpc_status().unwrap_or(status);
+        return Err(format!("gRPC status {code}"));
+    }
+    let body = abi::grpc_response(size)
+        .map_err(|s| format!("cannot read the answer (status {})", s.0))?
+        .unwrap_or_default();
+    rls::decode_response(&body).map_err(|_| "undecodable answer".to_string())
+}
+
+/// The request as the pipeline sees it: attributes read from the host, each at most once.
+#[derive(Default)]
+struct WasmHost {
+    source: Option<Option<String>>,
+    path: Option<Option<String>>,
+    method: Option<Option<String>>,
+    authority: Option<Option<String>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+fn request_header_string(name: &str) -> Option<String> {
+    abi::header(Map::RequestHeaders, name)
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+impl Attributes for WasmHost {
+    fn source_address(&mut self) -> Option<&str> {
+        self.source
+            .get_or_insert_with(|| property_string(b"source\0address\0"))
+            .as_deref()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.path
+            .get_or_insert_with(|| request_header_string(":path"))
+            .as_deref()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.method
+            .get_or_insert_with(|| request_header_string(":method"))
+            .as_deref()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.authority
+            .get_or_insert_with(|| request_header_string(":authority"))
+            .as_deref()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        let i = match self.headers.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                let value = abi::header(Map::RequestHeaders, name).ok().flatten();
+                self.headers.push((name.to_string(), value));
+                self.headers.len() - 1
+            }
+        };
+        self.headers.get(i).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+impl pipeline::Host for WasmHost {
+    fn now_ms(&mut self) -> u64 {
+        abi::now_ms().unwrap_or(0)
+    }
+
+    fn held(&self) -> usize {
+        WAITING.with(|w| w.borrow().len())
+    }
+
+    fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
+        log::log!(level, "{line}");
+    }
+}
+
+/// A request waiting for the services of sync global rules: the pipeline's state, and which
+/// call answers which question.
+struct Asking {
+    pending: Pending,
+    host: WasmHost,
+    /// (call token, question index).
+    calls: Vec<(u32, usize)>,
+}
+
+/// One HTTP stream.
+struct Request {
+    id: u32,
+    served: Option<Rc<Served>>,
+    /// Boxed: only sync global rules ask, and the stream context stays small.
+    asking: Option<Box<Asking>>,
+    /// What the upstream's response needs: fields to add, usage to charge, slots to give back.
+    admitted: Option<Admitted>,
+    /// Whether this filter sent a local reply (which passes through our response hook too).
+    local_reply: bool,
+    /// Test builds: panic when the stream ends (`x-test-panic: end`).
+    #[cfg(feature = "panic-trigger")]
+    panic_at_end: bool,
+}
+
+impl Request {
+    /// Asks the services, answering at once the questions that cannot be sent.
+    fn ask(&mut self, served: &Rc<Served>, mut pending: Pending, host: WasmHost) -> Action {
+        let rt = &served.rt;
+        let mut calls = Vec::new();
+        let mut failed = Vec::new();
+        for (i, q) in pending.questions().iter().enumerate() {
+            let Some(g) = rt.global_of(q.rule) else {
+                failed.push((i, "not a global rule".to_string()));
+                continue;
+            };
+            match abi::grpc_call(
+                &g.cluster,
+                rls::SERVICE,
+                rls::METHOD,
+                &q.message,
+                g.timeout_ms,
+            ) {
+                Ok(token) => calls.push((token, i)),
+                Err(s) => failed.push((
+                    i,
+                    format!("cannot call cluster {:?} (status {})", g.cluster, s.0),
+                )),
+            }
+        }
+        for (i, e) in failed {
+            pending.answer(i, Err(e));
+        }
+        let asking = Asking {
+            pending,
+            host,
+            calls,
+        };
+        if asking.pending.complete() {
+            let Asking {
+                pending, mut host, ..
+            } = asking;
+            return self.carry_out(served, rt.finish(&mut host, pending));
+        }
+        self.asking = Some(Box::new(asking));
+        Action::Pause // on_grpc_call_response goes on
+    }
+
+    /// Does what the pipeline decided.
+    fn carry_out(&mut self, served: &Rc<Served>, decision: Decision) -> Action {
+        match decision {
+            Decision::Continue(admitted) => {
+                self.admitted = admitted;
+                Action::Continue
+            }
+            Decision::Hold {
+                until_ms,
+                admitted,
+                held,
+            } => {
+                self.admitted = admitted;
+                WAITING.with(|w| {
+                    w.borrow_mut().push(Waiting {
+                        context: self.id,
+                        until_ms,
+                        held,
+                        served: served.clone(),
+                    })
+                });
+                let _ = abi::set_tick_period(RELEASE_PERIOD_MS);
+                Action::Pause
+            }
+            Decision::Reply(reply) => self.reply(&reply),
+        }
+    }
+
+    fn reply(&mut self, reply: &Reply) -> Action {
+        let headers: Vec<(&str, &str)> = reply.headers().collect();
+        match abi::send_local_response(reply.status, &headers, reply.body.as_bytes()) {
+            Ok(()) => {
+                self.local_reply = true;
+                Action::Pause
+            }
+            Err(s) => {
+                log::warn!("could not send the limited reply (status {})", s.0);
+                Action::Continue
+            }
+        }
+    }
+}
+
+impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        // The client went away while its request was held.
+        if let Some(w) = unhold(self.id) {
+            w.abandon();
+        }
+        // However the stream ended: what its rules are still owed.
+        if let (Some(admitted), Some(served)) = (self.admitted.take(), self.served.as_ref()) {
+            #[cfg(feature = "panic-trigger")]
+            if self.panic_at_end {
+                #[allow(clippy::panic)]
+                {
+                    panic!("x-test-panic: end");
+                }
+            }
+            served.rt.settle(admitted, abi::now_ms().unwrap_or(0));
+        }
+        true
+    }
+
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        let Some(asking) = self.asking.as_mut() else {
+            return;
+        };
+        if let Some(&(_, i)) = asking.calls.iter().find(|(t, _)| *t == token) {
+            asking.pending.answer(i, read_answer(status, size));
+        }
+        if !asking.pending.complete() {
+            return;
+        }
+        let (
+            Some(Asking {
+                pending, mut host, ..
+            }),
+            Some(served),
+        ) = (self.asking.take().map(|a| *a), self.served.clone())
+        else {
+            return;
+        };
+        let decision = served.rt.finish(&mut host, pending);
+        if let Action::Continue = self.carry_out(&served, decision) {
+            let _ = abi::resume_request();
+        }
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        // Test builds only: a way to kill the VM on purpose and watch what Envoy does.
+        #[cfg(feature = "panic-trigger")]
+        match abi::header(Map::RequestHeaders, "x-test-panic")
+            .ok()
+            .flatten()
+            .as_deref()
+        {
+            Some(b"end") => self.panic_at_end = true, // when the stream ends, before settling
+            #[allow(clippy::panic)]
+            Some(_) => panic!("x-test-panic"),
+            None => {}
+        }
+        let Some(served) = self.served.clone() else {
+            return Action::Continue;
+        };
+        let mut host = WasmHost::default();
+        match served.rt.start(&mut host) {
+            Start::Decided(decision) => self.carry_out(&served, decision),
+            Start::Ask(pending) => self.ask(&served, pending, host),
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.local_reply {
+            return Action::Continue; // our own reply already carries the fields
+        }
+        let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) else {
+            return Action::Continue;
+        };
+        let now = if admitted.needs_clock() {
+            abi::now_ms().unwrap_or(0)
+        } else {
+            0 // not read
+        };
+        FIELD_VALUE.with(|buf| {
+            let Ok(mut buf) = buf.try_borrow_mut() else {
+                return;
+            };
+            let mut fields = HostFields::of(Map::ResponseHeaders);
+            served.rt.response_headers(
+                admitted,
+                &mut fields,
+                now,
+                &mut buf,
+                |name, value, append| {
+                    let _ = if append {
+                        abi::add_header(Map::ResponseHeaders, name, value)
+                    } else {
+                        abi::replace_header(Map::ResponseHeaders, name, value)
+                    };
+                },
+            );
+        });
+        if !admitted.owes() {
+            self.admitted = None;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        // Called with each chunk as it passes (this filter never buffers the body).
+        if let Some(admitted) = self.admitted.as_mut() {
+            admitted.body(body_size as u64);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) {
+            let mut fields = HostFields::of(Map::ResponseTrailers);
+            served
+                .rt
+                .response_trailers(admitted, &mut fields, abi::now_ms().unwrap_or(0));
+        }
+        Action::Continue
+    }
+}
+
+/// A response's header fields or trailers, read from the host one at a time.
+struct HostFields {
+    map: Map,
+    value: Option<Vec<u8>>,
+}
+
+impl HostFields {
+    fn of(map: Map) -> HostFields {
+        HostFields { map, value: None }
+    }
+}
+
+impl pipeline::Response for HostFields {
+    fn field(&mut self, name: &str) -> Option<&[u8]> {
+        self.value = abi::header(self.map, name).ok().flatten();
+        self.value.as_deref()
+    }
+}

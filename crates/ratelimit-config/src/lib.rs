@@ -1,0 +1,7 @@
+//! The `ratelimit-config` CLI's library: reading Istio `WasmPlugin` manifests ([`manifest`]),
+//! summarising a configuration's rules ([`summary`]), and replaying Envoy access logs through
+//! the filter's own pipeline ([`replay`]). None of it is in either filter.
+
+pub mod manifest;
+pub mod replay;
+pub mod summary;

@@ -1,0 +1,221 @@
+//! `ratelimit-config`: the plugin configuration's tools, built on the filter's own code.
+//!
+//! `check FILE...` validates plugin configurations. A FILE is the plugin configuration as JSON,
+//! or YAML holding either the configuration or Istio `WasmPlugin` manifests (each document's
+//! `spec.pluginConfig` is checked). `-` reads standard input. Prints a summary of the rules of
+//! each valid configuration, or every error with its field path; exits 0 if all are valid, 1 if
+//! any is not, 2 on a usage or read error.
+//!
+//! `replay [OPTIONS] CONFIG LOG...` runs the requests of Envoy access logs through a
+//! configuration, offline, and reports what each rule would have allowed and limited
+//! (`ratelimit-config replay` alone lists the options). A bad configuration fails as `check`
+//! reports it (exit 1); usage and read errors exit 2.
+
+#[cfg(target_arch = "wasm32")]
+fn main() {}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn main() {
+    std::process::exit(cli::run(std::env::args().skip(1).collect()));
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod cli {
+    use ratelimit_config::manifest::plugin_configs;
+    use ratelimit_config::replay::{self, args::Options, sim::Variant, CONFIGURED};
+    use ratelimit_config::summary::summary;
+    use ratelimit_core::config::{Config, ConfigErrors};
+    use std::io::Read;
+
+    const USAGE: &str = "usage: ratelimit-config check FILE... (JSON, YAML, or Istio WasmPlugin manifests; - for stdin)
+       ratelimit-config replay [OPTIONS] CONFIG LOG... (what CONFIG does to Envoy access logs)";
+
+    pub fn run(args: Vec<String>) -> i32 {
+        match args.split_first() {
+            Some((cmd, files)) if cmd == "check" && !files.is_empty() => check(files),
+            Some((cmd, rest)) if cmd == "replay" => replay(rest),
+            _ => {
+                eprintln!("{USAGE}");
+                2
+            }
+        }
+    }
+
+    /// One configuration in a file: its `WasmPlugin` name if it comes from one, its name as
+    /// reports print it, and its JSON.
+    struct Found {
+        plugin: Option<String>,
+        name: String,
+        json: String,
+    }
+
+    /// The configurations in `text`, read from `file`; `Err` if the file is not valid YAML.
+    fn configurations(file: &str, text: &str) -> Result<Vec<Found>, String> {
+        let configs = plugin_configs(text)?;
+        // Nothing in the file: what the filter makes of an empty configuration.
+        let configs = if configs.is_empty() {
+            vec![(None, String::new())]
+        } else {
+            configs
+        };
+        Ok(configs
+            .into_iter()
+            .map(|(label, json)| Found {
+                plugin: label
+                    .as_deref()
+                    .and_then(|l| l.strip_prefix("WasmPlugin "))
+                    .map(str::to_string),
+                name: match &label {
+                    Some(l) => format!("{file} ({l})"),
+                    None => file.to_string(),
+                },
+                json,
+            })
+            .collect())
+    }
+
+    fn invalid(name: &str, errors: &ConfigErrors) {
+        println!("{name}: INVALID");
+        for e in &errors.0 {
+            println!("  {e}");
+        }
+    }
+
+    fn check(files: &[String]) -> i32 {
+        let mut status = 0;
+        for file in files {
+            let text = match read(file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("{file}: cannot read: {e}");
+                    return 2;
+                }
+            };
+            let configs = match configurations(file, &text) {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("{file}: INVALID\n  config: {e}");
+                    status = 1;
+                    continue;
+                }
+            };
+            for found in configs {
+                match Config::parse(found.json.as_bytes()) {
+                    Ok(config) => print!("{}: OK\n{}", found.name, summary(&config)),
+                    Err(errors) => {
+                        invalid(&found.name, &errors);
+                        status = 1;
+                    }
+                }
+            }
+        }
+        status
+    }
+
+    fn replay(args: &[String]) -> i32 {
+        let options = match Options::parse(args) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("ratelimit-config replay: {e}\n{}", replay::args::USAGE);
+                return 2;
+            }
+        };
+        let file = &options.config;
+        let text = match read(file) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{file}: cannot read: {e}");
+                return 2;
+            }
+        };
+        let mut configs = match configurations(file, &text) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("{file}: INVALID\n  config: {e}");
+                return 1;
+            }
+        };
+        if let Some(p) = &options.plugin {
+            configs.retain(|c| c.plugin.as_deref() == Some(p.as_str()));
+        }
+        let found = match configs.len() {
+            1 => configs.remove(0),
+            0 => {
+                eprintln!(
+                    "{file}: no WasmPlugin named {}",
+                    options.plugin.unwrap_or_default()
+                );
+                return 2;
+            }
+            n => {
+                let names: Vec<&str> = configs.iter().filter_map(|c| c.plugin.as_deref()).collect();
+                eprintln!(
+                    "{file} holds {n} configurations: pick one with --plugin NAME ({})",
+                    names.join(", ")
+                );
+                return 2;
+            }
+        };
+        let parsed = match replay::configurations(&found.json, &options.what_ifs) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("ratelimit-config replay: {e}");
+                return 2;
+            }
+        };
+        let mut configured = None;
+        let mut variants = Vec::new();
+        let mut status = 0;
+        for c in parsed {
+            match c.parsed {
+                Ok(mut config) => {
+                    if c.name == CONFIGURED {
+                        configured = Some(config.clone());
+                    }
+                    replay::prepare(&mut config);
+                    variants.push(Variant::new(c.name, c.changes, config));
+                }
+                Err(errors) if c.name == CONFIGURED => {
+                    invalid(&found.name, &errors);
+                    status = 1;
+                }
+                Err(errors) => {
+                    invalid(&format!("{} (what-if {})", found.name, c.name), &errors);
+                    status = 1;
+                }
+            }
+        }
+        let Some(configured) = configured.filter(|_| status == 0) else {
+            return 1;
+        };
+        let run = match replay::run(&options, configured, variants, &mut std::io::stderr()) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{e}");
+                return 2;
+            }
+        };
+        if let Some(path) = &options.html {
+            if let Err(e) = std::fs::write(path, replay::report::html(&run, options.raw_keys)) {
+                eprintln!("{path}: cannot write: {e}");
+                return 2;
+            }
+        }
+        if options.json {
+            println!("{:#}", replay::report::json(&run, options.raw_keys));
+        } else {
+            print!("{}", replay::report::text(&run, options.raw_keys));
+        }
+        0
+    }
+
+    fn read(file: &str) -> std::io::Result<String> {
+        if file == "-" {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            Ok(s)
+        } else {
+            std::fs::read_to_string(file)
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! How a configuration reads to a person: the summary `ratelimit-config check` prints, and the
+//! rule descriptions of `ratelimit-config replay`. Native only, never in the `.wasm`.
+
+use ratelimit_core::config::{
+    Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Limit, Match, Rule, Usage,
+};
+
+/// The summary of a valid configuration: its settings, then each rule on a line.
+pub fn summary(c: &Config) -> String {
+    let mut out = format!(
+        "  capacity {} keys, failure_mode {}, headers {}{}, limited status {}\n",
+        c.capacity,
+        match c.failure_mode {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+        },
+        c.response.headers.name(),
+        if c.response.on_allowed {
+            " (also on allowed responses)"
+        } else {
+            ""
+        },
+        c.response.status,
+    );
+    for r in &c.rules {
+        out.push_str(&format!(
+            "  rule {}{}: {}, key {}, match {}{}\n",
+            r.name,
+            if r.shadow { " (shadow)" } else { "" },
+            limit(r),
+            key(r),
+            matcher(&r.matcher),
+            match &r.cost {
+                Cost::Fixed(1) => String::new(),
+                Cost::Fixed(n) => format!(", cost {n}"),
+                Cost::Header(h) => format!(", cost from header {h}"),
+                Cost::Response(c) => format!(
+                    ", charged after the response from {} (reserve {}{})",
+                    match &c.usage {
+                        Usage::Header(h) => format!("header or trailer {h}"),
+                        Usage::BodyBytes => "its body bytes".into(),
+                    },
+                    c.reserve,
+                    match c.usage {
+                        Usage::Header(_) => format!(", default {}", c.default),
+                        Usage::BodyBytes => String::new(),
+                    }
+                ),
+            },
+        ));
+        if let Some(e) = &r.elastic {
+            out.push_str(&format!(
+                "    elastic: up to {}x while healthy, {}x when {}% of responses are bad{} over {} s, ramp {} s\n",
+                f64::from(e.ceiling) / 1000.0,
+                f64::from(e.floor) / 1000.0,
+                f64::from(e.max_bad) / 10.0,
+                e.latency_ms
+                    .map_or(String::new(), |l| format!(" (5xx, 429 or over {l} ms)")),
+                e.window_ms / 1000,
+                e.ramp_ms / 1000,
+            ));
+        }
+        if let Some(g) = &r.global {
+            out.push_str(&format!(
+                "    global {}: cluster {}, domain {}, timeout {} ms{}\n",
+                global_mode(g.mode),
+                g.cluster,
+                g.domain,
+                g.timeout_ms,
+                match g.mode {
+                    GlobalMode::Async => format!(", flush every {} ms", g.flush_ms),
+                    GlobalMode::Sync => String::new(),
+                }
+            ));
+        }
+    }
+    out
+}
+
+/// A global rule's mode, as configured.
+pub fn global_mode(mode: GlobalMode) -> &'static str {
+    match mode {
+        GlobalMode::Sync => "sync",
+        GlobalMode::Async => "async",
+    }
+}
+
+/// A rule's key parts: `[remote_address, header:x-api-key]`.
+pub fn key(r: &Rule) -> String {
+    format!(
+        "[{}]",
+        r.key
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// A rule's limit: `100 per minute (sliding_window)`, `20 in flight (lease 300 s)`.
+pub fn limit(r: &Rule) -> String {
+    let (quota, algorithm) = match r.limit {
+        Limit::Rate { quota, algorithm } => (quota, algorithm),
+        Limit::InFlight { max, lease_ms } => {
+            return format!("{max} in flight (lease {} s)", lease_ms / 1000)
+        }
+    };
+    let algorithm = match algorithm {
+        Algorithm::TokenBucket { burst } => format!("token_bucket, burst {burst}"),
+        Algorithm::LeakyBucket {
+            burst,
+            max_delay_ms: Some(d),
+        } => format!("leaky_bucket, burst {burst}, delay up to {d} ms"),
+        Algorithm::LeakyBucket { burst, .. } => format!("leaky_bucket, burst {burst}"),
+        other => other.name().to_string(),
+    };
+    format!(
+        "{} {}per {} ({algorithm})",
+        quota.requests_per_unit,
+        r.quota_unit
+            .as_deref()
+            .map_or(String::new(), |u| format!("{u} ")),
+        quota.unit.name(),
+    )
+}
+
+/// A rule's match conditions: `path_prefix /api/, methods GET|POST`, or `every request`.
+pub fn matcher(m: &Match) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = &m.path_prefix {
+        parts.push(format!("path_prefix {p}"));
+    }
+    if let Some(p) = &m.path {
+        parts.push(format!("path {p}"));
+    }
+    if !m.methods.is_empty() {
+        parts.push(format!("methods {}", m.methods.join("|")));
+    }
+    if let Some(a) = &m.authority {
+        parts.push(format!("authority {a}"));
+    }
+    for h in &m.headers {
+        parts.push(match &h.condition {
+            HeaderCondition::Equals(v) => format!("{}={v}", h.name),
+            HeaderCondition::Present(true) => format!("{} present", h.name),
+            HeaderCondition::Present(false) => format!("{} absent", h.name),
+        });
+    }
+    if parts.is_empty() {
+        "every request".into()
+    } else {
+        parts.join(", ")
+    }
+}

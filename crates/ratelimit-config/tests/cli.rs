@@ -1,0 +1,81 @@
+//! The config-check CLI: the filter's own validation, from JSON files and Istio manifests.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use ratelimit_core::testkit as common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture_dir(dir: &str) -> PathBuf {
+    common::fixtures().join(dir)
+}
+
+fn check(files: &[&Path]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
+        .arg("check")
+        .args(files)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn every_bad_fixture_fails_with_every_error_listed() {
+    for json in common::fixture_files("bad") {
+        let (code, out) = check(&[&json]);
+        assert_eq!(code, 1, "{}: {out}", json.display());
+        assert!(out.contains(": INVALID"), "{out}");
+        let expected = std::fs::read_to_string(json.with_extension("error")).unwrap();
+        for error in expected.trim_end().split("; ") {
+            assert!(
+                out.contains(&format!("\n  {error}")),
+                "{}:\n{out}",
+                json.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn good_fixtures_pass_with_a_summary() {
+    let files = common::fixture_files("good");
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (code, out) = check(&refs);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(
+        "rule per-client: 100 per minute (sliding_window), key [remote_address, header:x-api-key], \
+         match path_prefix /api/, methods GET|POST, x-tier=free, x-api-key present"
+    ), "{out}");
+    assert!(out.contains("rule tb: 10 per second (token_bucket, burst 20), key [], match every request, cost from header x-cost"), "{out}");
+    assert!(
+        out.contains("rule lb: 5 per second (leaky_bucket, burst 10, delay up to 500 ms)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn istio_manifests_are_checked_document_by_document() {
+    let file = fixture_dir("manifests").join("two-plugins.yaml");
+    let (code, out) = check(&[&file]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("(WasmPlugin good): OK\n"), "{out}");
+    assert!(
+        out.contains(
+            "(WasmPlugin typo): INVALID\n  rules[0].rate_limit.unit: unknown unit \"minutes\""
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let (code, _) = check(&[Path::new("/nonexistent/config.json")]);
+    assert_eq!(code, 2);
+}

@@ -1,0 +1,654 @@
+//! From a request to a rule's verdict inputs: does the rule match, and which client is this?
+//!
+//! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
+//! calls (each attribute read at most once per request) and tests implement with a plain struct.
+
+use crate::config::{HeaderCondition, KeyPart, Match, Prefixes};
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The 128-bit SipHash key of every client-key hash.
+///
+/// Client keys are attacker-controlled (header values, addresses), and they pick the slot of the
+/// bounded table. An unkeyed hash would let a client aim many keys at one slot and evict a heavy
+/// hitter on purpose, so keys are hashed with SipHash-1-3 (the algorithm of Rust's `HashMap`)
+/// under a random seed that every worker of one Envoy shares. Only the 64-bit hash is stored,
+/// never the raw key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seed(pub [u64; 2]);
+
+impl Seed {
+    /// Encodes the seed as 16 little-endian bytes (its shared-data form).
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let (a, b) = out.split_at_mut(8);
+        a.copy_from_slice(&self.0[0].to_le_bytes());
+        b.copy_from_slice(&self.0[1].to_le_bytes());
+        out
+    }
+
+    /// Decodes 16 little-endian bytes; anything else is `None`.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Seed> {
+        let (a, b) = bytes.split_first_chunk::<8>()?;
+        let b: &[u8; 8] = b.try_into().ok()?;
+        Some(Seed([u64::from_le_bytes(*a), u64::from_le_bytes(*b)]))
+    }
+
+    /// A fresh random seed from the platform's randomness (WASI `random_get` inside Envoy's V8,
+    /// the OS elsewhere), drawn through std's `RandomState` so no extra crate is needed.
+    pub fn random() -> Seed {
+        use std::hash::BuildHasher;
+        let state = std::collections::hash_map::RandomState::new();
+        let draw = |n: u64| {
+            let mut h = state.build_hasher();
+            h.write_u64(n);
+            h.finish()
+        };
+        Seed([draw(1), draw(2)])
+    }
+
+    fn hasher(self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0[0], self.0[1])
+    }
+}
+
+/// Feeds a length-prefixed byte string, so that ("ab","c") and ("a","bc") differ.
+fn write_field(h: &mut SipHasher13, bytes: &[u8]) {
+    h.write_u64(bytes.len() as u64);
+    h.write(bytes);
+}
+
+/// Read access to the request attributes rules look at.
+pub trait Attributes {
+    /// Envoy's `source.address` (`ip:port`, `[ipv6]:port`, or a pipe path).
+    fn source_address(&mut self) -> Option<&str>;
+    /// The `:path` pseudo-header, query string included.
+    fn path(&mut self) -> Option<&str>;
+    /// The `:method` pseudo-header.
+    fn method(&mut self) -> Option<&str>;
+    /// The `:authority` pseudo-header (`Host` in HTTP/1.1).
+    fn authority(&mut self) -> Option<&str>;
+    /// A request header's value by lower-case name; values may hold any bytes.
+    fn header(&mut self, name: &str) -> Option<&[u8]>;
+}
+
+/// The address part of `ip:port` / `[ip]:port`; other forms (pipes) are returned whole.
+pub fn strip_port(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        if let Some((ip, _port)) = rest.split_once(']') {
+            return ip;
+        }
+        return address;
+    }
+    match address.rsplit_once(':') {
+        // Exactly one colon: IPv4 with port. More colons would be a bare IPv6 address.
+        Some((ip, port)) if !ip.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => ip,
+        _ => address,
+    }
+}
+
+/// A client network in a key: `[4 or 6, prefix length, masked address bytes]`. It never starts
+/// with a printable byte, so it cannot be mistaken for an address as text. The one exception is
+/// an IPv4 client seen through an IPv6 socket and keyed per address: its address as text, the
+/// key the same client has over IPv4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Network {
+    bytes: [u8; 18],
+    len: usize,
+}
+
+impl Network {
+    /// The bytes a key is made of.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&self.bytes)
+    }
+
+    /// Reads [`Network::as_bytes`] back; `None` for anything else (an address as text).
+    fn from_bytes(bytes: &[u8]) -> Option<IpNetwork> {
+        match bytes {
+            [4, prefix, a, b, c, d] => Some((IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)), *prefix)),
+            [6, prefix, rest @ ..] => {
+                let octets: [u8; 16] = rest.try_into().ok()?;
+                Some((IpAddr::V6(Ipv6Addr::from(octets)), *prefix))
+            }
+            _ => None,
+        }
+    }
+}
+
+type IpNetwork = (IpAddr, u8);
+
+/// Keeps the first `prefix` bits of `octets`.
+fn mask(octets: &mut [u8], prefix: u8) {
+    for (i, byte) in octets.iter_mut().enumerate() {
+        let keep = usize::from(prefix).saturating_sub(i * 8).min(8);
+        *byte &= !(0xffu8.checked_shr(keep as u32).unwrap_or(0));
+    }
+}
+
+/// The network an address (without its port) is keyed by, or `None` when the address is its
+/// own key: an IPv4 address keyed per address (as text, as keys have always been), or not an IP
+/// address at all (a pipe). IPv4 clients seen through an IPv6 socket (`::ffff:a.b.c.d`) are
+/// IPv4 clients.
+pub fn network(address: &str, prefixes: Prefixes) -> Option<Network> {
+    if !address.contains(':') && prefixes.v4 >= 32 {
+        return None; // the common case, without parsing
+    }
+    let ip: IpAddr = address.parse().ok()?;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    let mut out = Network {
+        bytes: [0; 18],
+        len: 0,
+    };
+    if let (IpAddr::V4(v4), true) = (ip, prefixes.v4 >= 32) {
+        // Seen through an IPv6 socket and keyed per address: the key a plain IPv4 client has,
+        // its address as text (at most 15 bytes).
+        let mut text = std::io::Cursor::new(&mut out.bytes[..]);
+        std::io::Write::write_fmt(&mut text, format_args!("{v4}")).ok()?;
+        out.len = usize::try_from(text.position()).ok()?;
+        return Some(out);
+    }
+    let (version, prefix, octets): (u8, u8, &[u8]) = match &ip {
+        IpAddr::V4(v4) => (4, prefixes.v4.min(32), &v4.octets()[..]),
+        IpAddr::V6(v6) => (6, prefixes.v6.min(128), &v6.octets()[..]),
+    };
+    let (head, body) = out.bytes.split_at_mut(2);
+    head.copy_from_slice(&[version, prefix]);
+    let body = body.get_mut(..octets.len())?;
+    body.copy_from_slice(octets);
+    mask(body, prefix);
+    out.len = 2 + octets.len();
+    Some(out)
+}
+
+/// A key part's value as a rate limit service sees it: a network as `a.b.c.0/24` or
+/// `2001:db8:1:2::/64` (a whole address without `/n`), anything else as it is.
+fn descriptor_value(value: &[u8]) -> Vec<u8> {
+    match Network::from_bytes(value) {
+        Some((ip @ IpAddr::V4(_), 32)) | Some((ip @ IpAddr::V6(_), 128)) => {
+            ip.to_string().into_bytes()
+        }
+        Some((ip, prefix)) => format!("{ip}/{prefix}").into_bytes(),
+        None => value.to_vec(),
+    }
+}
+
+/// Splits `:path` into the path and the query string (without `?`).
+pub fn split_path(full: &str) -> (&str, Option<&str>) {
+    // A fragment should never reach a proxy, but if one does it is not part of the query.
+    let full = full.split_once('#').map_or(full, |(p, _)| p);
+    match full.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (full, None),
+    }
+}
+
+/// The raw value of the first query parameter called `name` (`a` alone counts as `a=`).
+pub fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+/// A value as rules see it: an empty (or whitespace-only) header or query value counts as
+/// absent. Envoy strips the whitespace around header values, and the proxy-wasm host reports an
+/// empty header as missing, so this is the one meaning both builds can give.
+pub fn present(value: Option<&[u8]>) -> Option<&[u8]> {
+    value.filter(|v| !v.trim_ascii().is_empty())
+}
+
+/// Whether every condition of `m` holds for the request.
+pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
+    if m.path.is_some() || m.path_prefix.is_some() {
+        let Some(full) = req.path() else { return false };
+        let (path, _) = split_path(full);
+        if m.path.as_deref().is_some_and(|p| p != path) {
+            return false;
+        }
+        if m.path_prefix
+            .as_deref()
+            .is_some_and(|p| !path.starts_with(p))
+        {
+            return false;
+        }
+    }
+    if !m.methods.is_empty() {
+        let Some(method) = req.method() else {
+            return false;
+        };
+        if !m.methods.iter().any(|x| x == method) {
+            return false;
+        }
+    }
+    if let Some(want) = &m.authority {
+        match req.authority() {
+            Some(a) if a.eq_ignore_ascii_case(want) => {}
+            _ => return false,
+        }
+    }
+    m.headers.iter().all(|h| {
+        let value = present(req.header(&h.name));
+        match &h.condition {
+            HeaderCondition::Present(present) => value.is_some() == *present,
+            HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
+        }
+    })
+}
+
+/// The most bytes of one key part that are hashed (with the part's full length): longer values
+/// sharing their first 4 KiB share a counter. Bounds the hashing work a client can cause.
+pub const MAX_KEY_PART: usize = 4096;
+
+/// Feeds one key part: its full length, then at most [`MAX_KEY_PART`] bytes of it.
+fn write_part(h: &mut SipHasher13, value: &[u8]) {
+    h.write_u64(value.len() as u64);
+    h.write(value.get(..MAX_KEY_PART).unwrap_or(value));
+}
+
+/// The fingerprint of one rule, mixed into every key hash so rules never share a counter.
+/// Rules keep their fingerprint (and so their counters) across config reloads as long as their
+/// name, key parts and algorithm stay the same; limits may change.
+pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart], algorithm: &str) -> u64 {
+    let mut h = seed.hasher();
+    write_field(&mut h, name.as_bytes());
+    write_field(&mut h, algorithm.as_bytes());
+    for part in key {
+        write_field(&mut h, part.to_string().as_bytes());
+    }
+    h.finish()
+}
+
+/// Calls `f` with each key part's value, in order; `None` as soon as a part is missing from
+/// the request (the rule then does not apply). The authority is lower-cased.
+pub fn visit_parts(
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+    mut f: impl FnMut(&KeyPart, &[u8]),
+) -> Option<()> {
+    for part in parts {
+        match part {
+            KeyPart::RemoteAddress(prefixes) => {
+                let address = strip_port(req.source_address()?);
+                match network(address, *prefixes) {
+                    Some(net) => f(part, net.as_bytes()),
+                    None => f(part, address.as_bytes()),
+                }
+            }
+            KeyPart::Header(name) => f(part, present(req.header(name))?),
+            KeyPart::Query(name) => {
+                let (_, query) = split_path(req.path()?);
+                f(part, present(query_param(query?, name).map(str::as_bytes))?)
+            }
+            KeyPart::Path => f(part, split_path(req.path()?).0.as_bytes()),
+            KeyPart::Method => f(part, req.method()?.as_bytes()),
+            KeyPart::Authority => {
+                let a = req.authority()?;
+                if a.bytes().any(|b| b.is_ascii_uppercase()) {
+                    f(part, a.to_ascii_lowercase().as_bytes())
+                } else {
+                    f(part, a.as_bytes())
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// The 64-bit hash of the client key of a rule for this request, or `None` when a key part is
+/// missing from the request (the rule then does not apply). The raw key is never kept.
+pub fn client_key(
+    seed: Seed,
+    rule_fingerprint: u64,
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+) -> Option<u64> {
+    let mut h = seed.hasher();
+    h.write_u64(rule_fingerprint);
+    visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
+    Some(h.finish())
+}
+
+/// A rate limit service descriptor: (entry key, raw value) pairs.
+pub type Descriptor = Vec<(String, Vec<u8>)>;
+
+/// The entries of a rate limit service descriptor for a rule: `("rule", name)`, then each key
+/// part as `(part, raw value)` (e.g. `("remote_address", "10.0.0.1")`,
+/// `("header:x-api-key", …)`). `None` when a key part is missing.
+pub fn descriptor_entries(
+    rule: &str,
+    parts: &[KeyPart],
+    req: &mut impl Attributes,
+) -> Option<Descriptor> {
+    let mut entries = vec![("rule".to_string(), rule.as_bytes().to_vec())];
+    visit_parts(parts, req, |part, value| {
+        let value = match part {
+            KeyPart::RemoteAddress(_) => descriptor_value(value),
+            _ => value.to_vec(),
+        };
+        entries.push((part.descriptor_key(), value))
+    })?;
+    Some(entries)
+}
+
+/// A request made of plain fields: one read from an access log (replay), or made up (tests).
+#[derive(Clone, Debug, Default)]
+pub struct PlainRequest {
+    /// `source.address`.
+    pub source_address: Option<String>,
+    /// `:path`.
+    pub path: Option<String>,
+    /// `:method`.
+    pub method: Option<String>,
+    /// `:authority`.
+    pub authority: Option<String>,
+    /// Lower-case header names and values.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Attributes for PlainRequest {
+    fn source_address(&mut self) -> Option<&str> {
+        self.source_address.as_deref()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.path.as_deref()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.method.as_deref()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.authority.as_deref()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{HeaderMatch, DEFAULT_PREFIXES};
+
+    impl PlainRequest {
+        fn header_value(mut self, name: &str, value: &str) -> PlainRequest {
+            self.headers.push((name.into(), value.as_bytes().to_vec()));
+            self
+        }
+    }
+
+    fn req(addr: &str, path: &str) -> PlainRequest {
+        PlainRequest {
+            source_address: Some(addr.into()),
+            path: Some(path.into()),
+            method: Some("GET".into()),
+            authority: Some("Example.COM".into()),
+            headers: vec![("x-api-key".into(), b"k1".to_vec())],
+        }
+    }
+
+    #[test]
+    fn strips_ports() {
+        assert_eq!(strip_port("127.0.0.1:42122"), "127.0.0.1");
+        assert_eq!(strip_port("[::1]:8080"), "::1");
+        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("/tmp/sock"), "/tmp/sock");
+        assert_eq!(strip_port("[broken"), "[broken");
+    }
+
+    #[test]
+    fn query_params() {
+        assert_eq!(query_param("a=1&b=2&a=3", "a"), Some("1"));
+        assert_eq!(query_param("flag&b=2", "flag"), Some(""));
+        assert_eq!(query_param("ab=1", "a"), None);
+        assert_eq!(split_path("/x?y=1#frag"), ("/x", Some("y=1")));
+        assert_eq!(split_path("/x"), ("/x", None));
+    }
+
+    #[test]
+    fn matching() {
+        let mut m = Match {
+            path_prefix: Some("/api/".into()),
+            methods: vec!["GET".into(), "POST".into()],
+            authority: Some("example.com".into()),
+            headers: vec![
+                HeaderMatch {
+                    name: "x-api-key".into(),
+                    condition: HeaderCondition::Present(true),
+                },
+                HeaderMatch {
+                    name: "x-debug".into(),
+                    condition: HeaderCondition::Present(false),
+                },
+            ],
+            ..Match::default()
+        };
+        assert!(matches(&m, &mut req("1.2.3.4:1", "/api/v1?q=/x")));
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/apix")));
+        // The query is not part of the path.
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/other?/api/")));
+        let mut r = req("1.2.3.4:1", "/api/");
+        r.method = Some("DELETE".into());
+        assert!(!matches(&m, &mut r));
+        let mut r = req("1.2.3.4:1", "/api/");
+        r.headers.push(("x-debug".into(), b"1".to_vec()));
+        assert!(!matches(&m, &mut r));
+        m.headers = vec![HeaderMatch {
+            name: "x-api-key".into(),
+            condition: HeaderCondition::Equals("k2".into()),
+        }];
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/api/")));
+        m.path_prefix = None;
+        m.path = Some("/login".into());
+        m.headers.clear();
+        assert!(matches(&m, &mut req("1.2.3.4:1", "/login?next=/")));
+        assert!(!matches(&m, &mut req("1.2.3.4:1", "/login/x")));
+        assert!(matches(&Match::default(), &mut PlainRequest::default()));
+    }
+
+    #[test]
+    fn keys_separate_clients_and_rules() {
+        let seed = Seed([3, 4]);
+        let parts = [
+            KeyPart::RemoteAddress(DEFAULT_PREFIXES),
+            KeyPart::Header("x-api-key".into()),
+        ];
+        let fp = rule_fingerprint(seed, "r", &parts, "sliding_window");
+        let k = |r: &mut PlainRequest| client_key(seed, fp, &parts, r);
+        // Same address, other port: same client.
+        assert_eq!(
+            k(&mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.1:2", "/a"))
+        );
+        assert_ne!(
+            k(&mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.2:1", "/"))
+        );
+        let mut other_key = req("10.0.0.1:1", "/");
+        other_key.headers[0].1 = b"k2".to_vec();
+        assert_ne!(k(&mut req("10.0.0.1:1", "/")), k(&mut other_key));
+        // A missing part: the rule does not apply.
+        let mut no_key = req("10.0.0.1:1", "/");
+        no_key.headers.clear();
+        assert_eq!(k(&mut no_key), None);
+        // Another algorithm, or another rule with the same parts, never shares a counter.
+        assert_ne!(rule_fingerprint(seed, "r", &parts, "token_bucket"), fp);
+        let fp2 = rule_fingerprint(seed, "r2", &parts, "sliding_window");
+        assert_ne!(
+            client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
+            k(&mut req("10.0.0.1:1", "/"))
+        );
+        // The descriptor carries the raw values, in order.
+        let entries = descriptor_entries("r", &parts, &mut req("10.0.0.1:9", "/")).unwrap();
+        assert_eq!(
+            entries,
+            [
+                ("rule".to_string(), b"r".to_vec()),
+                ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+                ("header:x-api-key".to_string(), b"k1".to_vec()),
+            ]
+        );
+        assert_eq!(descriptor_entries("r", &parts, &mut no_key.clone()), None);
+        // Huge values: hashed up to 4 KiB plus their length.
+        let mut huge = req("10.0.0.1:1", "/");
+        huge.headers[0].1 = vec![b'a'; 1 << 20];
+        let mut huge2 = huge.clone();
+        huge2.headers[0].1[MAX_KEY_PART] = b'b';
+        assert_eq!(k(&mut huge), k(&mut huge2), "past the cap");
+        huge2.headers[0].1[MAX_KEY_PART - 1] = b'b';
+        assert_ne!(k(&mut huge), k(&mut huge2), "within the cap");
+        huge2.headers[0].1.push(b'a');
+        assert_ne!(k(&mut huge), k(&mut huge2), "the length counts");
+        // Non-UTF-8 header bytes are fine.
+        let mut binary = req("10.0.0.1:1", "/");
+        binary.headers[0].1 = vec![0xff, 0x00, 0x80];
+        assert!(k(&mut binary).is_some());
+    }
+
+    #[test]
+    fn seeds_change_hashes_and_round_trip() {
+        let parts = [KeyPart::RemoteAddress(DEFAULT_PREFIXES)];
+        let r = &mut req("10.0.0.1:1", "/");
+        assert_ne!(
+            client_key(Seed([1, 2]), 0, &parts, r),
+            client_key(Seed([1, 3]), 0, &parts, r)
+        );
+        let s = Seed([0x0102_0304_0506_0708, u64::MAX]);
+        assert_eq!(Seed::from_bytes(&s.to_bytes()), Some(s));
+        assert_eq!(Seed::from_bytes(&[1, 2, 3]), None);
+        assert_ne!(Seed::random(), Seed::random());
+        // SipHash-1-3 as std's `DefaultHasher` (a zero key) computes it.
+        let mut ours = Seed([0, 0]).hasher();
+        let mut std = std::collections::hash_map::DefaultHasher::new();
+        ours.write(b"10.0.0.1");
+        std.write(b"10.0.0.1");
+        assert_eq!(ours.finish(), std.finish());
+    }
+
+    #[test]
+    fn empty_values_count_as_absent() {
+        let m = |condition| Match {
+            headers: vec![HeaderMatch {
+                name: "x-k".into(),
+                condition,
+            }],
+            ..Match::default()
+        };
+        let parts = [KeyPart::Header("x-k".into())];
+        for value in ["", "  ", "\t"] {
+            let mut r = req("1.1.1.1:1", "/").header_value("x-k", value);
+            assert!(!matches(&m(HeaderCondition::Present(true)), &mut r));
+            assert!(matches(&m(HeaderCondition::Present(false)), &mut r));
+            assert_eq!(
+                client_key(Seed([1, 1]), 0, &parts, &mut r),
+                None,
+                "{value:?}"
+            );
+        }
+        let mut r = req("1.1.1.1:1", "/").header_value("x-k", "v");
+        assert!(matches(&m(HeaderCondition::Present(true)), &mut r));
+        let q = [KeyPart::Query("k".into())];
+        for path in ["/?k", "/?k=", "/?a=1&k=&b=2"] {
+            assert_eq!(
+                client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", path)),
+                None,
+                "{path}"
+            );
+        }
+        assert!(client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", "/?k=v")).is_some());
+    }
+
+    #[test]
+    fn key_parts_read_the_right_attribute() {
+        let seed = Seed([5, 6]);
+        let one = |part: KeyPart, r: &mut PlainRequest| {
+            let parts = [part];
+            client_key(seed, 0, &parts, r)
+        };
+        let a = &mut req("1.1.1.1:1", "/p?user=alice&x=1");
+        let b = &mut req("1.1.1.1:1", "/p?user=bob&x=1");
+        assert_ne!(
+            one(KeyPart::Query("user".into()), a),
+            one(KeyPart::Query("user".into()), b)
+        );
+        assert_eq!(one(KeyPart::Path, a), one(KeyPart::Path, b));
+        assert_eq!(one(KeyPart::Query("nope".into()), a), None);
+        let mut upper = req("1.1.1.1:1", "/");
+        upper.authority = Some("EXAMPLE.com".into());
+        assert_eq!(
+            one(KeyPart::Authority, &mut upper),
+            one(KeyPart::Authority, a)
+        );
+        let mut post = req("1.1.1.1:1", "/");
+        post.method = Some("POST".into());
+        assert_ne!(one(KeyPart::Method, &mut post), one(KeyPart::Method, a));
+    }
+
+    #[test]
+    fn clients_are_keyed_by_network() {
+        let seed = Seed([7, 8]);
+        let key = |prefixes: Prefixes, addr: &str| {
+            let parts = [KeyPart::RemoteAddress(prefixes)];
+            client_key(seed, 1, &parts, &mut req(addr, "/"))
+        };
+        let d = DEFAULT_PREFIXES;
+        // IPv4 per address by default, IPv6 per /64.
+        assert_ne!(key(d, "10.1.2.3:1"), key(d, "10.1.2.4:1"));
+        assert_eq!(
+            key(d, "[2001:db8:1:2::1]:1"),
+            key(d, "[2001:db8:1:2:ffff::9]:7")
+        );
+        assert_ne!(key(d, "[2001:db8:1:2::1]:1"), key(d, "[2001:db8:1:3::1]:1"));
+        // /24 and /48.
+        let wide = Prefixes { v4: 24, v6: 48 };
+        assert_eq!(key(wide, "10.1.2.3:1"), key(wide, "10.1.2.250:9"));
+        assert_ne!(key(wide, "10.1.2.3:1"), key(wide, "10.1.3.3:1"));
+        assert_eq!(
+            key(wide, "[2001:db8:1:2::1]:1"),
+            key(wide, "[2001:db8:1:ff::1]:1")
+        );
+        assert_ne!(
+            key(wide, "[2001:db8:1::1]:1"),
+            key(wide, "[2001:db8:2::1]:1")
+        );
+        // Odd prefixes mask inside a byte.
+        let odd = Prefixes { v4: 23, v6: 127 };
+        assert_eq!(key(odd, "10.1.2.3:1"), key(odd, "10.1.3.3:1"));
+        assert_ne!(key(odd, "10.1.2.3:1"), key(odd, "10.1.4.3:1"));
+        assert_eq!(key(odd, "[::2]:1"), key(odd, "[::3]:1"));
+        assert_ne!(key(odd, "[::3]:1"), key(odd, "[::4]:1"));
+        // An IPv4 client on an IPv6 socket is an IPv4 client, per network and per address.
+        assert_eq!(key(wide, "[::ffff:10.1.2.3]:1"), key(wide, "10.1.2.9:1"));
+        assert_eq!(key(d, "[::ffff:10.1.2.3]:1"), key(d, "10.1.2.3:9"));
+        assert_eq!(
+            key(d, "::ffff:255.255.255.255"),
+            key(d, "255.255.255.255:1")
+        );
+        assert_ne!(key(d, "[::ffff:10.1.2.3]:1"), key(d, "10.1.2.4:9"));
+        // Not an IP address: the text is the key.
+        assert!(key(wide, "/tmp/envoy.sock").is_some());
+        // What a rate limit service is sent.
+        let sent = |prefixes: Prefixes, addr: &str| {
+            let parts = [KeyPart::RemoteAddress(prefixes)];
+            let e = descriptor_entries("r", &parts, &mut req(addr, "/")).unwrap();
+            (e[1].0.clone(), String::from_utf8(e[1].1.clone()).unwrap())
+        };
+        assert_eq!(
+            sent(d, "10.1.2.3:1"),
+            ("remote_address".into(), "10.1.2.3".into())
+        );
+        assert_eq!(sent(wide, "10.1.2.3:1").1, "10.1.2.0/24");
+        assert_eq!(sent(d, "[2001:db8:1:2:3::1]:1").1, "2001:db8:1:2::/64");
+        assert_eq!(
+            sent(Prefixes { v4: 32, v6: 128 }, "[2001:db8::1]:1").1,
+            "2001:db8::1"
+        );
+        assert_eq!(sent(d, "[::ffff:10.0.0.7]:5").1, "10.0.0.7");
+    }
+}

@@ -1,0 +1,1377 @@
+//! One request, from its headers to what the host does with it. **This is where a request is
+//! decided**, the same way in every host.
+//!
+//! [`Runtime::start`] matches the rules, builds each client key and cost, and either decides at
+//! once or returns the questions for the services of sync global rules; once they are answered,
+//! [`Runtime::finish`] decides. A [`Decision`] says what the host must do: let the request go
+//! on (and add fields to the response), hold it until a time, or send a local reply. An
+//! admitted request leaves an [`Admitted`] for its response: [`Runtime::response_headers`]
+//! writes its fields, and what its rules are owed once the response is known (usage charged
+//! from the response, in-flight slots) is settled by [`Runtime::response_trailers`] and
+//! [`Runtime::settle`] as the response passes. The host only reads attributes ([`Host`],
+//! [`Response`]), carries out the decision and provides the store.
+
+use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel, Usage};
+use crate::engine::{self, Check, Owed, PerRule, RuleOutcome};
+use crate::global::{self, Answer, Question, Target};
+use crate::headers::{self, Fields, Report};
+use crate::key::{self, Attributes, Descriptor};
+use crate::limiter::{Policy, Verdict};
+use crate::metrics::{Counter, Gauge};
+use crate::runtime::Runtime;
+use crate::store::Store;
+use crate::table;
+use smallvec::SmallVec;
+use std::fmt;
+use std::sync::PoisonError;
+
+/// The most requests one worker holds in delay mode; beyond it, delay rules only admit
+/// requests whose turn is now (the others get the limited reply).
+pub const MAX_HELD: usize = 4096;
+
+/// The longest wait counted in `retry_after_seconds`, s.
+const MAX_REPORTED_WAIT_S: u64 = 366 * 86_400;
+
+/// What the pipeline needs from the host for one request, besides the store.
+pub trait Host: Attributes {
+    /// The wall clock, ms since the epoch.
+    fn now_ms(&mut self) -> u64;
+    /// How many requests this worker holds in delay mode right now.
+    fn held(&self) -> usize;
+    /// Writes a log line at `level`.
+    fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>);
+}
+
+/// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
+/// trailer in [`Runtime::response_trailers`].
+pub trait Response {
+    /// A field's value by lower-case name.
+    fn field(&mut self, name: &str) -> Option<&[u8]>;
+}
+
+/// What to do once a request's headers are in.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // boxing the common variant would allocate per request
+pub enum Start {
+    /// Decided at once.
+    Decided(Decision),
+    /// Send each question to its rule's service ([`Runtime::global_of`]), record the answers with
+    /// [`Pending::answer`], then call [`Runtime::finish`].
+    Ask(Pending),
+}
+
+/// What the host does with a request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Let it go on, keeping what its response needs (`None`: nothing).
+    Continue(Option<Admitted>),
+    /// Hold it until `until_ms` (delay mode), then let it go on and call
+    /// [`Runtime::release`]; if its client goes away first, call [`Runtime::abandon`].
+    Hold {
+        /// When to let it go on, ms since the epoch.
+        until_ms: u64,
+        /// What its response needs.
+        admitted: Option<Admitted>,
+        /// What to count when it goes on or is abandoned.
+        held: Held,
+    },
+    /// Refuse it with this local reply.
+    Reply(Reply),
+}
+
+/// A request held by delay mode: the rules to count once its fate is known.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// (rule index, whether that rule delayed it).
+    pub(crate) rules: PerRule<(usize, bool)>,
+}
+
+/// What an admitted request leaves for its response: the verdicts its rate-limit fields report
+/// (written by [`Runtime::response_headers`]), the headers the services of sync global rules
+/// asked to add, and what its rules are owed once the response is known. The host keeps it
+/// until the stream ends and then hands it to [`Runtime::settle`].
+#[derive(Debug)]
+pub struct Admitted {
+    /// (rule index, verdict); empty when the configuration sends no fields on allowed
+    /// responses.
+    verdicts: SmallVec<[(usize, Verdict); 2]>,
+    service: Vec<(String, String)>,
+    /// Not settled yet.
+    owed: Vec<Debt>,
+    /// Response body bytes so far.
+    body_bytes: u64,
+    /// The elastic rules whose backend health this response tells about.
+    watched: SmallVec<[usize; 1]>,
+    /// Whether one of them judges latency (the response's time is needed then).
+    timed: bool,
+    /// When the request was admitted, ms since the epoch (its response's latency is measured
+    /// from here).
+    admitted_ms: u64,
+}
+
+impl Admitted {
+    /// Counts response body bytes as they pass (nothing is buffered).
+    pub fn body(&mut self, bytes: u64) {
+        self.body_bytes = self.body_bytes.saturating_add(bytes);
+    }
+
+    /// Whether anything is still owed: the host must keep this until the stream ends.
+    pub fn owes(&self) -> bool {
+        !self.owed.is_empty()
+    }
+
+    /// Whether [`Runtime::response_headers`] needs the time (to charge, or to measure a
+    /// response's latency); otherwise any value will do.
+    pub fn needs_clock(&self) -> bool {
+        !self.owed.is_empty() || self.timed
+    }
+}
+
+/// What an admitted request owes one rule's key.
+#[derive(Clone, Copy, Debug)]
+struct Debt {
+    rule: usize,
+    slot: u64,
+    fingerprint: u64,
+    kind: DebtKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DebtKind {
+    /// The usage the response reports (the rule's [`config::Charge`] says where).
+    Usage,
+    /// The in-flight slot taken at this time, ms.
+    Slot(u64),
+}
+
+/// A local reply refusing a request.
+#[derive(Debug)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    retry_after: String,
+    fields: Fields,
+    service: Vec<(String, String)>,
+    /// The `application/problem+json` body.
+    pub body: String,
+}
+
+impl Reply {
+    /// The reply's header fields, in order.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let ours: [(&str, &str); 2] = [
+            ("content-type", "application/problem+json"),
+            ("retry-after", &self.retry_after),
+        ];
+        ours.into_iter()
+            .chain(self.fields.iter().map(|(k, v)| (k as &str, v)))
+            .chain(self.service.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+}
+
+/// A request between the questions to the services and the decision.
+#[derive(Debug, Default)]
+pub struct Pending {
+    checks: PerRule<Check>,
+    applied: PerRule<Applied>,
+    questions: Vec<Question>,
+    answers: Vec<Option<Answer>>,
+}
+
+impl Pending {
+    /// The questions for the services of sync global rules, in order.
+    pub fn questions(&self) -> &[Question] {
+        &self.questions
+    }
+
+    /// Records the answer to question `i` (the first one counts).
+    pub fn answer(&mut self, i: usize, answer: Answer) {
+        if let Some(slot @ None) = self.answers.get_mut(i) {
+            *slot = Some(answer);
+        }
+    }
+
+    /// Whether every question has its answer.
+    pub fn complete(&self) -> bool {
+        self.answers.iter().all(Option::is_some)
+    }
+}
+
+/// A rule that applies to the request, besides its [`Check`].
+#[derive(Debug)]
+struct Applied {
+    rule: usize,
+    /// The keyed hash of the client key.
+    hash: u64,
+    /// The descriptor to report hits with (async global rules).
+    descriptor: Option<Descriptor>,
+}
+
+impl<S: Store> Runtime<S> {
+    /// Matches the rules, builds each applying rule's key and cost, and decides, unless sync
+    /// global rules must ask their services first.
+    pub fn start(&self, host: &mut impl Host) -> Start {
+        let mut p = Pending::default();
+        let full = host.held() >= MAX_HELD;
+        for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
+            if !key::matches(&rule.matcher, host) {
+                continue;
+            }
+            let Some(hash) = key::client_key(self.seed, compiled.fingerprint, &rule.key, host)
+            else {
+                continue; // a key part is missing: the rule does not apply
+            };
+            let cost = match &rule.cost {
+                Cost::Fixed(n) => u64::from(*n),
+                Cost::Header(name) => config::parse_cost(host.header(name)),
+                Cost::Response(charge) => charge.admission(),
+            };
+            let descriptor = match &rule.global {
+                Some(_) => key::descriptor_entries(&rule.name, &rule.key, host),
+                None => None,
+            };
+            if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
+                if g.mode == GlobalMode::Sync {
+                    p.questions.push(Question {
+                        rule: i,
+                        hash,
+                        cost,
+                        message: global::request(&g.domain, entries, cost),
+                    });
+                    p.answers.push(None);
+                    continue;
+                }
+            }
+            let slot = if compiled.policy.uses_log() {
+                table::LOG_SLOTS + hash % u64::from(self.config.capacity.max(1))
+            } else {
+                u64::from(table::bucket_of(hash, self.buckets))
+            };
+            let mut policy = compiled.policy;
+            let mut base = None;
+            if let Some(w) = &compiled.watch {
+                let factor = w.factor.load(std::sync::atomic::Ordering::Relaxed);
+                if factor != crate::elastic::BASE {
+                    base = Some(policy);
+                    policy = policy.scaled(factor);
+                }
+            }
+            if let (Policy::Gcra(gp), true) = (&mut policy, full) {
+                if gp.max_delay_ms.is_some() {
+                    gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
+                }
+            }
+            p.checks.push(Check {
+                slot,
+                fingerprint: table::fingerprint_of(hash),
+                policy,
+                cost,
+                shadow: rule.shadow,
+                charge_later: rule.charge().is_some(),
+                base,
+            });
+            p.applied.push(Applied {
+                rule: i,
+                hash,
+                descriptor,
+            });
+        }
+        if p.checks.is_empty() && p.questions.is_empty() {
+            return Start::Decided(Decision::Continue(None));
+        }
+        if p.questions.is_empty() {
+            return Start::Decided(self.finish(host, p));
+        }
+        Start::Ask(p)
+    }
+
+    /// Decides once every service has answered (a missing answer is an error): the services'
+    /// verdicts first, then the local rules, counted only if the services admit the request.
+    pub fn finish(&self, host: &mut impl Host, p: Pending) -> Decision {
+        // A failing clock reads as 0, which the algorithms clamp to each key's last time.
+        let now = host.now_ms();
+        let mut reported: PerRule<(usize, Verdict)> = PerRule::new();
+        let mut service = Vec::new();
+        let mut refused = false;
+        let mut held = Held::default();
+        for (q, answer) in p.questions.iter().zip(&p.answers) {
+            let (Some(rule), Some(compiled)) =
+                (self.config.rules.get(q.rule), self.compiled.get(q.rule))
+            else {
+                continue;
+            };
+            match global::verdict(answer.as_ref(), &compiled.policy) {
+                Ok((v, headers)) => {
+                    service.extend(headers);
+                    if v.allowed {
+                        held.rules.push((q.rule, false));
+                    } else {
+                        refused |= !rule.shadow;
+                        self.refusal(host, q.rule, q.hash, &v, q.cost);
+                    }
+                    reported.push((q.rule, v));
+                }
+                Err(e) => {
+                    self.metrics.add(q.rule, Counter::GlobalErrors, 1);
+                    self.failed(host, q.rule, now, &e);
+                    refused |= self.config.failure_mode == FailureMode::Deny && !rule.shadow;
+                }
+            }
+        }
+        let outcome = (!refused && !p.checks.is_empty())
+            .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
+        let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        let mut owed = Vec::new();
+        let mut watched = SmallVec::new();
+        let mut timed = false;
+        if let Some(outcome) = &outcome {
+            for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
+                let Some(rule) = self.config.rules.get(a.rule) else {
+                    continue;
+                };
+                if let Some(failure) = self.store_work(a.rule, out) {
+                    self.failed(host, a.rule, now, &format!("{failure:?}"));
+                }
+                let Some(v) = out.verdict else {
+                    continue;
+                };
+                if !v.allowed {
+                    self.refusal(host, a.rule, a.hash, &v, check.cost);
+                } else if allowed {
+                    held.rules.push((a.rule, v.delay_ms > 0));
+                    if let Some(w) = self.compiled.get(a.rule).and_then(|c| c.watch.as_ref()) {
+                        watched.push(a.rule);
+                        timed |= w.params.latency_ms.is_some();
+                        self.metrics.add(
+                            a.rule,
+                            Counter::ElasticAllowed,
+                            u64::from(out.above_base),
+                        );
+                    }
+                    let kind = match check.policy {
+                        Policy::InFlight { .. } => Some(DebtKind::Slot(now)),
+                        _ if check.charge_later => Some(DebtKind::Usage),
+                        _ => None,
+                    };
+                    if let Some(kind) = kind {
+                        if kind != DebtKind::Usage {
+                            self.metrics.gauge(Gauge::InFlight, 1);
+                        }
+                        owed.push(Debt {
+                            rule: a.rule,
+                            slot: check.slot,
+                            fingerprint: check.fingerprint,
+                            kind,
+                        });
+                    }
+                    if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
+                        if g.mode == GlobalMode::Async {
+                            let target = Target {
+                                rule: a.rule,
+                                slot: check.slot,
+                                fingerprint: check.fingerprint,
+                            };
+                            self.hits
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .count(a.hash, entries, target, check.cost);
+                        }
+                    }
+                }
+                reported.push((a.rule, v));
+            }
+        }
+        let response = self.config.response;
+        if !allowed {
+            let named = self.named(&reported);
+            return Decision::Reply(reply(response.status, response.headers, &named, service));
+        }
+        let fields = response.on_allowed && response.headers != HeaderStyle::None;
+        let verdicts = if fields {
+            reported.iter().copied().collect()
+        } else {
+            SmallVec::new()
+        };
+        let admitted = (!verdicts.is_empty()
+            || !service.is_empty()
+            || !owed.is_empty()
+            || !watched.is_empty())
+        .then_some(Admitted {
+            verdicts,
+            service,
+            owed,
+            body_bytes: 0,
+            watched,
+            timed,
+            admitted_ms: now,
+        });
+        let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
+        if delay > 0 {
+            self.metrics.gauge(Gauge::DelayQueue, 1);
+            let until_ms = now.saturating_add(delay);
+            let mut admitted = admitted;
+            if let Some(a) = admitted.as_mut() {
+                a.admitted_ms = until_ms; // the backend's latency starts when the request goes on
+            }
+            return Decision::Hold {
+                until_ms,
+                admitted,
+                held,
+            };
+        }
+        self.release_counts(&held);
+        Decision::Continue(admitted)
+    }
+
+    /// Counts what the store did for a rule; returns why it could not decide, if it could not.
+    fn store_work<'o>(&self, rule: usize, out: &'o RuleOutcome) -> Option<&'o engine::Failure> {
+        self.metrics
+            .add(rule, Counter::StoreRetries, u64::from(out.retries));
+        self.metrics
+            .add(rule, Counter::SlotEvictions, u64::from(out.evicted));
+        if out.filled {
+            self.metrics.gauge(Gauge::TrackedKeys, 1);
+        }
+        out.failure.as_ref()
+    }
+
+    /// A held request went on: every rule it matched admitted it.
+    pub fn release(&self, held: &Held) {
+        for &(rule, delayed) in &held.rules {
+            self.metrics.add(rule, Counter::Allowed, 1);
+            self.metrics.add(rule, Counter::Delayed, u64::from(delayed));
+        }
+        self.metrics.gauge(Gauge::DelayQueue, -1);
+    }
+
+    /// A held request's client went away before its turn: it never went on (its turn stays
+    /// taken).
+    pub fn abandon(&self, held: &Held) {
+        for &(rule, _) in &held.rules {
+            self.metrics.add(rule, Counter::Abandoned, 1);
+        }
+        self.metrics.gauge(Gauge::DelayQueue, -1);
+    }
+
+    /// The verdicts with their rules' names and quota units.
+    fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<Report<'a>> {
+        verdicts
+            .iter()
+            .filter_map(|&(i, verdict)| {
+                let rule = self.config.rules.get(i)?;
+                Some(Report {
+                    name: &rule.name,
+                    unit: rule.quota_unit.as_deref(),
+                    verdict,
+                })
+            })
+            .collect()
+    }
+
+    /// The response's headers are in: charges the rules whose usage they report, then hands
+    /// every field to add to `emit(name, value, append)`, the values written into `buf` (keep
+    /// one per thread: nothing is allocated then). A rule charged here reports its quota after
+    /// the charge; one charged later (body, trailers) reports the quota as it was at admission.
+    /// The rate-limit fields are added, not replaced, as Envoy's own local rate limit filter
+    /// does (an upstream's own fields stay beside them; replacing costs a search of the
+    /// response's headers per field); the services' headers replace.
+    pub fn response_headers(
+        &self,
+        a: &mut Admitted,
+        response: &mut impl Response,
+        now_ms: u64,
+        buf: &mut String,
+        mut emit: impl FnMut(&str, &str, bool),
+    ) {
+        if !a.owed.is_empty() {
+            self.charge_reported(a, response, now_ms);
+        }
+        if !a.watched.is_empty() {
+            self.observe(a, response, now_ms);
+        }
+        for (k, v) in &a.service {
+            emit(k, v, false);
+        }
+        let named = self.named(&a.verdicts);
+        let style = self.config.response.headers;
+        headers::each_rate_limit_header(style, &named, false, buf, |k, v| emit(k, v, true));
+    }
+
+    /// The response's trailers are in: charges the rules whose usage they report.
+    pub fn response_trailers(&self, a: &mut Admitted, trailers: &mut impl Response, now_ms: u64) {
+        if !a.owed.is_empty() {
+            self.charge_reported(a, trailers, now_ms);
+        }
+    }
+
+    /// The stream is over, however it ended: charges what is still owed (the body's bytes, or
+    /// the default for a response that never reported its usage) and gives the in-flight
+    /// slots back.
+    pub fn settle(&self, a: Admitted, now_ms: u64) {
+        for debt in &a.owed {
+            let owed = match (debt.kind, self.charge_of(debt.rule)) {
+                (DebtKind::Slot(taken_ms), _) => {
+                    self.metrics.gauge(Gauge::InFlight, -1);
+                    Owed::GiveBack { taken_ms }
+                }
+                (DebtKind::Usage, Some(Usage::BodyBytes)) => Owed::Charge(a.body_bytes),
+                (DebtKind::Usage, _) => {
+                    self.metrics.add(debt.rule, Counter::UsageUnreported, 1);
+                    let default = self.config.rules.get(debt.rule).and_then(|r| r.charge());
+                    Owed::Charge(default.map_or(1, |c| u64::from(c.default)))
+                }
+            };
+            self.pay(debt, owed, now_ms);
+        }
+    }
+
+    /// Tells each elastic rule the request matched how its backend answered.
+    fn observe(&self, a: &mut Admitted, response: &mut impl Response, now_ms: u64) {
+        let status = response
+            .field(":status")
+            .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let latency = now_ms.saturating_sub(a.admitted_ms);
+        for rule in std::mem::take(&mut a.watched) {
+            if let Some(w) = self.compiled.get(rule).and_then(|c| c.watch.as_ref()) {
+                w.observe(status, latency);
+            }
+        }
+    }
+
+    /// Charges the usage debts whose header `fields` carries, updating their verdicts.
+    fn charge_reported(&self, a: &mut Admitted, fields: &mut impl Response, now_ms: u64) {
+        let mut i = 0;
+        while let Some(debt) = a.owed.get(i).copied() {
+            let reported = match (debt.kind, self.charge_of(debt.rule)) {
+                (DebtKind::Usage, Some(Usage::Header(name))) => {
+                    fields.field(name).and_then(config::parse_usage)
+                }
+                _ => None,
+            };
+            let Some(usage) = reported else {
+                i += 1;
+                continue;
+            };
+            a.owed.swap_remove(i);
+            if let Some(v) = self.pay(&debt, Owed::Charge(usage), now_ms) {
+                if let Some(slot) = a.verdicts.iter_mut().find(|(r, _)| *r == debt.rule) {
+                    slot.1 = v;
+                }
+            }
+        }
+    }
+
+    /// Settles one debt in the store; the key's quota after a charge.
+    fn pay(&self, debt: &Debt, owed: Owed, now_ms: u64) -> Option<Verdict> {
+        let policy = &self.compiled.get(debt.rule)?.policy;
+        let out = engine::settle(
+            &self.store,
+            debt.slot,
+            debt.fingerprint,
+            policy,
+            owed,
+            now_ms,
+        );
+        if let Owed::Charge(n) = owed {
+            self.metrics.add(debt.rule, Counter::UsageCharged, n);
+        }
+        if let Some(failure) = self.store_work(debt.rule, &out) {
+            // The request went through already: what it owed is lost (failing open).
+            self.metrics.add(debt.rule, Counter::FailedOpen, 1);
+            if self.may_log_failure(now_ms) {
+                let name = self
+                    .config
+                    .rules
+                    .get(debt.rule)
+                    .map_or("", |r| r.name.as_str());
+                log::warn!(
+                    "rule {name} could not settle {owed:?} ({failure:?}): it is not counted"
+                );
+            }
+        }
+        out.verdict
+    }
+
+    /// Where a rule's usage comes from, if it is charged by its responses.
+    fn charge_of(&self, rule: usize) -> Option<&Usage> {
+        Some(&self.config.rules.get(rule)?.charge()?.usage)
+    }
+
+    /// Counts a request that went on at once.
+    fn release_counts(&self, held: &Held) {
+        for &(rule, _) in &held.rules {
+            self.metrics.add(rule, Counter::Allowed, 1);
+        }
+    }
+
+    /// Counts a request a rule refused (or, in shadow mode, would have) and logs its line. The
+    /// key appears only as its keyed hash: the raw value may be an API key.
+    fn refusal(&self, host: &mut impl Host, rule: usize, hash: u64, v: &Verdict, cost: u64) {
+        let Some(r) = self.config.rules.get(rule) else {
+            return;
+        };
+        if r.shadow {
+            self.metrics.add(rule, Counter::ShadowLimited, 1);
+        } else {
+            self.metrics.add(rule, Counter::Limited, 1);
+            // At most a year: a request that can never pass is told an absurd wait.
+            let wait = headers::ceil_seconds(v.retry_after_ms).min(MAX_REPORTED_WAIT_S);
+            self.metrics.add(rule, Counter::RetryAfterSeconds, wait);
+        }
+        let level = match self.config.log_limited {
+            LogLevel::Off => return,
+            LogLevel::Debug => log::Level::Debug,
+            LogLevel::Info => log::Level::Info,
+            LogLevel::Warn => log::Level::Warn,
+        };
+        host.log(
+            level,
+            format_args!(
+                "limited rule={} shadow={} key={hash:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
+                r.name, r.shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
+            ),
+        );
+    }
+
+    /// Counts, and logs (at most once a second), a rule the store or the service could not
+    /// decide.
+    fn failed(&self, host: &mut impl Host, rule: usize, now: u64, why: &str) {
+        let mode = self.config.failure_mode;
+        let counter = match mode {
+            FailureMode::Allow => Counter::FailedOpen,
+            FailureMode::Deny => Counter::FailedClosed,
+        };
+        self.metrics.add(rule, counter, 1);
+        if !self.may_log_failure(now) {
+            return;
+        }
+        let name = self.config.rules.get(rule).map_or("", |r| r.name.as_str());
+        host.log(
+            log::Level::Warn,
+            format_args!("rule {name} could not be decided ({why}); failure_mode {mode:?} applied"),
+        );
+    }
+}
+
+/// The limited reply for the verdicts `reported`.
+fn reply(
+    status: u16,
+    style: HeaderStyle,
+    reported: &[Report],
+    service: Vec<(String, String)>,
+) -> Reply {
+    let retry_after = headers::retry_after_seconds(reported);
+    Reply {
+        status,
+        retry_after: retry_after.to_string(),
+        fields: headers::rate_limit_headers(style, reported, true),
+        service,
+        body: headers::problem_body(status, reported, retry_after),
+    }
+}
+
+/// The reply for a request the filter failed on (a caught panic in the native host, with
+/// `failure_mode: deny`): the limited status and a body that says so.
+pub fn failure_reply(status: u16) -> Reply {
+    reply(status, HeaderStyle::None, &[], Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::key::PlainRequest;
+    use crate::key::Seed;
+    use crate::metrics::Counter;
+    use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+    use crate::store::MemoryStore;
+
+    /// A host made of plain fields: a request, a clock, a count of held requests, a log.
+    struct FakeHost {
+        req: PlainRequest,
+        now: u64,
+        held: usize,
+        logs: Vec<(log::Level, String)>,
+    }
+
+    impl FakeHost {
+        fn new(addr: &str, path: &str) -> FakeHost {
+            FakeHost {
+                req: PlainRequest {
+                    source_address: Some(format!("{addr}:5555")),
+                    path: Some(path.into()),
+                    method: Some("GET".into()),
+                    authority: Some("example.com".into()),
+                    headers: Vec::new(),
+                },
+                now: 600_000,
+                held: 0,
+                logs: Vec::new(),
+            }
+        }
+
+        fn header(mut self, name: &str, value: &str) -> FakeHost {
+            self.req
+                .headers
+                .push((name.into(), value.as_bytes().to_vec()));
+            self
+        }
+    }
+
+    impl Attributes for FakeHost {
+        fn source_address(&mut self) -> Option<&str> {
+            self.req.source_address()
+        }
+        fn path(&mut self) -> Option<&str> {
+            self.req.path()
+        }
+        fn method(&mut self) -> Option<&str> {
+            self.req.method()
+        }
+        fn authority(&mut self) -> Option<&str> {
+            self.req.authority()
+        }
+        fn header(&mut self, name: &str) -> Option<&[u8]> {
+            self.req.header(name)
+        }
+    }
+
+    impl Host for FakeHost {
+        fn now_ms(&mut self) -> u64 {
+            self.now
+        }
+        fn held(&self) -> usize {
+            self.held
+        }
+        fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>) {
+            self.logs.push((level, line.to_string()));
+        }
+    }
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        let config = Config::parse(json.as_bytes()).unwrap();
+        Runtime::new(config, Seed([1, 2]), MemoryStore::new())
+    }
+
+    fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {
+        match rt.start(host) {
+            Start::Decided(d) => d,
+            Start::Ask(p) => panic!("asked {:?}", p.questions()),
+        }
+    }
+
+    fn counts(rt: &Runtime<MemoryStore>) -> Vec<(usize, Counter, u64)> {
+        let mut out = Vec::new();
+        rt.metrics().drain(|r, c, n| out.push((r, c, n)), |_, _| {});
+        out
+    }
+
+    /// A response's header fields or trailers.
+    #[derive(Default)]
+    struct FakeResponse(Vec<(String, Vec<u8>)>);
+
+    impl FakeResponse {
+        fn with(name: &str, value: &str) -> FakeResponse {
+            FakeResponse(vec![(name.into(), value.as_bytes().to_vec())])
+        }
+    }
+
+    impl Response for FakeResponse {
+        fn field(&mut self, name: &str) -> Option<&[u8]> {
+            self.0
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice())
+        }
+    }
+
+    /// The fields the response gets, its headers being `response`.
+    fn respond(
+        rt: &Runtime<MemoryStore>,
+        a: &mut Option<Admitted>,
+        response: &mut FakeResponse,
+        now: u64,
+    ) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        if let Some(a) = a {
+            rt.response_headers(a, response, now, &mut String::new(), |k, v, append| {
+                out.push((k.to_string(), v.to_string(), append))
+            });
+        }
+        out
+    }
+
+    fn fields(rt: &Runtime<MemoryStore>, a: &Option<Admitted>) -> Vec<(String, String, bool)> {
+        let mut a = a.as_ref().map(|a| Admitted {
+            verdicts: a.verdicts.clone(),
+            service: a.service.clone(),
+            owed: Vec::new(),
+            body_bytes: 0,
+            watched: SmallVec::new(),
+            timed: false,
+            admitted_ms: 0,
+        });
+        respond(rt, &mut a, &mut FakeResponse::default(), 0)
+    }
+
+    const PER_CLIENT: &str = r#"{"rules": [{"name": "per-client", "key": ["remote_address"],
+        "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}], "log_limited": "info"}"#;
+
+    #[test]
+    fn admits_the_limit_then_replies_with_every_field() {
+        let rt = runtime(PER_CLIENT);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let Decision::Continue(a) = decided(&rt, &mut host) else {
+            panic!("refused")
+        };
+        // 1 of 2 used at 600 s (a window boundary): the whole quota is back once that request
+        // has decayed out of the sliding window, 120 s on.
+        assert_eq!(
+            fields(&rt, &a),
+            [
+                ("ratelimit-policy", "\"per-client\";q=2;w=60", true),
+                ("ratelimit", "\"per-client\";r=1;t=120", true),
+                ("x-ratelimit-limit", "2", true),
+                ("x-ratelimit-remaining", "1", true),
+                ("x-ratelimit-reset", "120", true),
+            ]
+            .map(|(k, v, a)| (k.to_string(), v.to_string(), a))
+        );
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        assert_eq!(r.status, 429);
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert_eq!(headers[0], ("content-type", "application/problem+json"));
+        assert_eq!(headers[1], ("retry-after", "90"));
+        assert!(headers.contains(&("x-ratelimit-retry-after", "90")));
+        assert!(headers.contains(&("ratelimit", "\"per-client\";r=0;t=90")));
+        assert!(r.body.contains("\"violated-policies\":[\"per-client\"]"));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 2),
+                (0, Counter::Limited, 1),
+                (0, Counter::RetryAfterSeconds, 90)
+            ]
+        );
+        // The limited line, at the configured level, with the key hashed.
+        assert_eq!(host.logs.len(), 1);
+        let (level, line) = &host.logs[0];
+        assert_eq!(*level, log::Level::Info);
+        assert!(line.starts_with("limited rule=per-client shadow=false key="));
+        assert!(line.ends_with("cost=1 limit=2 window=60s remaining=0 retry_after_ms=90000"));
+        assert!(!line.contains("10.0.0.1"));
+        // Another client has its own counter; a request no rule applies to passes untouched.
+        assert!(matches!(
+            decided(&rt, &mut FakeHost::new("10.0.0.2", "/")),
+            Decision::Continue(Some(_))
+        ));
+        let mut no_address = FakeHost::new("10.0.0.3", "/");
+        no_address.req.source_address = None;
+        assert!(matches!(
+            decided(&rt, &mut no_address),
+            Decision::Continue(None)
+        ));
+    }
+
+    #[test]
+    fn response_settings_shape_the_fields() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "a", "rate_limit": {"requests_per_unit": 1, "unit": "second"},
+                "cost": {"header": "x-cost"}}],
+                "response": {"status": 503, "headers": "ietf", "on_allowed": false}}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(None)));
+        // A cost from the header: 5 never fits a limit of 1.
+        let mut costly = FakeHost::new("10.0.0.1", "/").header("x-cost", "5");
+        costly.now += 5_000;
+        let Decision::Reply(r) = decided(&rt, &mut costly) else {
+            panic!("admitted")
+        };
+        assert_eq!(r.status, 503);
+        let names: Vec<&str> = r.headers().map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "retry-after",
+                "ratelimit-policy",
+                "ratelimit"
+            ]
+        );
+    }
+
+    const DELAY: &str = r#"{"rules": [{"name": "d", "algorithm": "leaky_bucket", "burst": 3,
+        "on_limit": "delay", "max_delay_ms": 5000,
+        "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
+
+    #[test]
+    fn delay_mode_holds_and_counts_each_fate() {
+        let rt = runtime(DELAY);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        let Decision::Hold { until_ms, held, .. } = decided(&rt, &mut host) else {
+            panic!("not held")
+        };
+        assert_eq!(until_ms, host.now + 1_000);
+        let Decision::Hold { held: held2, .. } = decided(&rt, &mut host) else {
+            panic!("not held")
+        };
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert_eq!(gauges, [(Gauge::TrackedKeys, 1), (Gauge::DelayQueue, 2)]);
+        // Nothing is counted as admitted until the request goes on.
+        rt.release(&held);
+        rt.abandon(&held2);
+        let mut gauges = Vec::new();
+        let mut c = Vec::new();
+        rt.metrics()
+            .drain(|r, k, n| c.push((r, k, n)), |g, d| gauges.push((g, d)));
+        assert_eq!(
+            c,
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Delayed, 1),
+                (0, Counter::Abandoned, 1)
+            ]
+        );
+        assert_eq!(gauges, [(Gauge::DelayQueue, -2)]);
+        // A worker holding all it may: only a request whose turn is now passes.
+        let mut full = FakeHost::new("10.0.0.1", "/");
+        full.held = MAX_HELD;
+        full.now += 10_000;
+        assert!(matches!(decided(&rt, &mut full), Decision::Continue(_)));
+        assert!(matches!(decided(&rt, &mut full), Decision::Reply(_)));
+    }
+
+    const SYNC: &str = r#"{"rules": [
+        {"name": "g", "key": ["remote_address"], "rate_limit": {"requests_per_unit": 10, "unit": "minute"},
+         "global": {"cluster": "rls", "domain": "edge"}},
+        {"name": "local", "rate_limit": {"requests_per_unit": 1, "unit": "minute"}}],
+        "failure_mode": "deny"}"#;
+
+    fn ok(code: Code, remaining: u32) -> Answer {
+        Ok(RlsResponse {
+            overall_code: code,
+            statuses: vec![DescriptorStatus {
+                code,
+                requests_per_unit: Some(10),
+                unit_seconds: Some(60),
+                limit_remaining: remaining,
+                reset_ms: Some(30_000),
+            }],
+            headers: vec![("x-from-service".into(), "1".into())],
+        })
+    }
+
+    #[test]
+    fn sync_rules_ask_first_and_local_rules_count_only_if_admitted() {
+        let rt = runtime(SYNC);
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!("did not ask")
+        };
+        let q = &p.questions()[0];
+        assert_eq!(q.rule, 0);
+        assert_eq!(rt.global_of(q.rule).unwrap().cluster, "rls");
+        let entries = vec![
+            ("rule".to_string(), b"g".to_vec()),
+            ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+        ];
+        assert_eq!(q.message, global::request("edge", &entries, 1));
+        assert!(!p.complete());
+        // The service refuses: the local rule counts nothing.
+        p.answer(0, ok(Code::OverLimit, 0));
+        p.answer(0, ok(Code::Ok, 9)); // a second answer is ignored
+        assert!(p.complete());
+        let Decision::Reply(r) = rt.finish(&mut host, p) else {
+            panic!("admitted")
+        };
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert!(headers.contains(&("retry-after", "30")));
+        assert!(headers.contains(&("x-from-service", "1")));
+        assert!(headers.contains(&("ratelimit", "\"g\";r=0;t=30")));
+        // Its log line names the client key's hash, as a local refusal's does.
+        let (_, line) = host
+            .logs
+            .iter()
+            .find(|(_, l)| l.starts_with("limited rule=g "))
+            .unwrap();
+        let key = line
+            .split("key=")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert_eq!(key.len(), 16);
+        assert_ne!(key, "0000000000000000", "{line}");
+        assert!(line.contains(" cost=1 "), "{line}");
+        // Admitted by the service: the local rule decides, and counts.
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!()
+        };
+        p.answer(0, ok(Code::Ok, 9));
+        let Decision::Continue(a) = rt.finish(&mut host, p) else {
+            panic!("refused")
+        };
+        let f = fields(&rt, &a);
+        assert_eq!(f[0], ("x-from-service".into(), "1".into(), false));
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"g\";q=10;w=60, \"local\";q=1;w=60".into(),
+            true
+        )));
+        // The service fails and failure_mode is deny.
+        let Start::Ask(mut p) = rt.start(&mut host) else {
+            panic!()
+        };
+        p.answer(0, Err("gRPC status 14".into()));
+        assert!(matches!(rt.finish(&mut host, p), Decision::Reply(_)));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Limited, 1),
+                (0, Counter::FailedClosed, 1),
+                (0, Counter::GlobalErrors, 1),
+                (0, Counter::RetryAfterSeconds, 30),
+                (1, Counter::Allowed, 1),
+            ]
+        );
+        assert!(host.logs.iter().any(|(l, line)| *l == log::Level::Warn
+            && line == "rule g could not be decided (gRPC status 14); failure_mode Deny applied"));
+    }
+
+    #[test]
+    fn async_rules_report_hits_and_a_refusal_blocks_the_key() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "g", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "async", "flush_ms": 50}}]}"#,
+        );
+        assert_eq!(rt.flush_period(), Some(50));
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-ignored", "1");
+        for _ in 0..3 {
+            assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        }
+        let flushes = rt.flush();
+        assert_eq!(flushes.len(), 1);
+        let entries = vec![
+            ("rule".to_string(), b"g".to_vec()),
+            ("remote_address".to_string(), b"10.0.0.1".to_vec()),
+        ];
+        assert_eq!(flushes[0].message, global::request("edge", &entries, 3));
+        assert!(rt.flush().is_empty());
+        // The fleet is over the limit: this proxy blocks the key until the service's reset.
+        rt.flushed(&flushes[0].target, ok(Code::OverLimit, 0), host.now);
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("not blocked")
+        };
+        assert!(r.headers().any(|h| h == ("retry-after", "30")));
+        host.now += 30_000;
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        // Errors are counted, nothing else.
+        rt.flushed(&flushes[0].target, Err("reset".into()), host.now);
+        assert!(counts(&rt).contains(&(0, Counter::GlobalErrors, 1)));
+    }
+
+    #[test]
+    fn shadow_rules_never_refuse() {
+        let rt = runtime(
+            r#"{"shadow": true, "rules": [{"name": "s", "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        for _ in 0..3 {
+            assert!(matches!(
+                decided(&rt, &mut host),
+                Decision::Continue(Some(_))
+            ));
+        }
+        assert_eq!(
+            counts(&rt),
+            [(0, Counter::Allowed, 1), (0, Counter::ShadowLimited, 2)]
+        );
+    }
+
+    #[test]
+    fn the_failure_reply_says_the_filter_could_not_decide() {
+        let r = failure_reply(429);
+        assert_eq!(r.status, 429);
+        assert!(r.body.contains("could not decide"));
+        assert_eq!(r.headers().count(), 2);
+    }
+
+    const TOKENS: &str = r#"{"rules": [{"name": "llm", "key": ["header:x-api-key"],
+        "rate_limit": {"requests_per_unit": 10000, "unit": "minute"},
+        "cost": {"response": "header:x-usage-tokens", "reserve": 4000, "default": 500}}]}"#;
+
+    fn admitted(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Option<Admitted> {
+        match decided(rt, host) {
+            Decision::Continue(a) => a,
+            other => panic!("not admitted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn usage_is_charged_when_the_response_reports_it() {
+        let rt = runtime(TOKENS);
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-api-key", "k");
+        let now = host.now;
+        // Admitted while 4,000 tokens fit; nothing is counted yet.
+        let mut a = admitted(&rt, &mut host);
+        let mut b = admitted(&rt, &mut host);
+        // The upstream says the first used 5,000: charged at its headers, and its fields
+        // report the quota after the charge.
+        let f = respond(
+            &rt,
+            &mut a,
+            &mut FakeResponse::with("x-usage-tokens", "5000"),
+            now,
+        );
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"llm\";q=10000;w=60;qu=\"tokens\"".into(),
+            true
+        )));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "5000".into(), true)),
+            "{f:?}"
+        );
+        assert!(!a.as_ref().unwrap().owes());
+        // The second reports nothing in its headers but in its trailers: 3,000.
+        let f = respond(&rt, &mut b, &mut FakeResponse::default(), now);
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "10000".into(), true)),
+            "{f:?}"
+        );
+        let mut b = b.unwrap();
+        assert!(b.owes());
+        rt.response_trailers(
+            &mut b,
+            &mut FakeResponse::with("x-usage-tokens", " 3000 "),
+            now,
+        );
+        assert!(!b.owes());
+        rt.settle(b, now);
+        // 8,000 used: 2,000 left, less than the reserve: refused, with the exact wait (the
+        // usage must decay to 6,000).
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted without room for the reserve")
+        };
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "Rate limit \"llm\" of 10000 tokens per 60 s exceeded; retry in 75 s."
+        );
+        // Another key is not affected; a response that never says is charged the default.
+        let mut other = FakeHost::new("10.0.0.1", "/").header("x-api-key", "other");
+        let c = admitted(&rt, &mut other).unwrap();
+        rt.settle(c, now);
+        let counted = counts(&rt);
+        assert!(
+            counted.contains(&(0, Counter::UsageCharged, 8_500)),
+            "{counted:?}"
+        );
+        assert!(counted.contains(&(0, Counter::UsageUnreported, 1)));
+        assert!(counted.contains(&(0, Counter::Allowed, 3)));
+        assert!(counted.contains(&(0, Counter::Limited, 1)));
+        let f = fields(&rt, &admitted(&rt, &mut other));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "9500".into(), true)),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn a_key_over_its_limit_stays_refused_until_its_usage_decays() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "llm", "algorithm": "token_bucket", "burst": 1000,
+                "rate_limit": {"requests_per_unit": 1000, "unit": "second"},
+                "cost": {"response": "header:x-usage-tokens"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let now = host.now;
+        let mut a = admitted(&rt, &mut host);
+        respond(
+            &rt,
+            &mut a,
+            &mut FakeResponse::with("x-usage-tokens", "3000"),
+            now,
+        );
+        // 2,000 over: refused for 2 s (and one token's worth), then admitted again.
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        assert!(r.headers().any(|h| h == ("retry-after", "3")), "{r:?}");
+        host.now = now + 2_000;
+        assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
+        host.now = now + 2_001;
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+    }
+
+    #[test]
+    fn body_bytes_are_counted_as_they_pass_and_charged_at_the_end() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "dl", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 1000, "unit": "day"},
+                "cost": {"response": "body_bytes"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        let now = host.now;
+        let mut a = admitted(&rt, &mut host);
+        let f = respond(&rt, &mut a, &mut FakeResponse::default(), now);
+        assert!(f.contains(&(
+            "ratelimit-policy".into(),
+            "\"dl\";q=1000;w=86400;qu=\"content-bytes\"".into(),
+            true
+        )));
+        let mut a = a.unwrap();
+        for chunk in [400, 300, 200] {
+            a.body(chunk);
+        }
+        rt.settle(a, now);
+        let f = fields(&rt, &admitted(&rt, &mut host));
+        assert!(
+            f.contains(&("x-ratelimit-remaining".into(), "100".into(), true)),
+            "{f:?}"
+        );
+        assert!(counts(&rt).contains(&(0, Counter::UsageCharged, 900)));
+    }
+
+    #[test]
+    fn in_flight_slots_are_taken_and_given_back() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "tenant", "key": ["header:x-tenant"],
+                "in_flight": {"max": 2}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "t");
+        let now = host.now;
+        let a = admitted(&rt, &mut host).unwrap();
+        let b = admitted(&rt, &mut host).unwrap();
+        assert!(a.owes() && b.owes());
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("a third in flight")
+        };
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert!(headers.contains(&("retry-after", "1")));
+        assert!(headers.contains(&(
+            "ratelimit-policy",
+            "\"tenant\";q=2;qu=\"concurrent-requests\""
+        )));
+        assert!(headers.contains(&("ratelimit", "\"tenant\";r=0")));
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert!(gauges.contains(&(Gauge::InFlight, 2)));
+        // One ends: a slot is free again, at once.
+        rt.settle(a, now + 5);
+        let c = admitted(&rt, &mut host).unwrap();
+        assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
+        rt.settle(b, now + 6);
+        rt.settle(c, now + 7);
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert!(gauges.contains(&(Gauge::InFlight, -2)), "{gauges:?}");
+        for _ in 0..2 {
+            assert!(admitted(&rt, &mut host).is_some());
+        }
+    }
+
+    #[test]
+    fn a_request_refused_by_another_rule_takes_no_slot() {
+        let rt = runtime(
+            r#"{"rules": [
+                {"name": "flight", "in_flight": {"max": 5}},
+                {"name": "rate", "match": {"path": "/limited"},
+                 "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut limited = FakeHost::new("10.0.0.1", "/limited");
+        let a = admitted(&rt, &mut limited).unwrap();
+        for _ in 0..10 {
+            assert!(matches!(decided(&rt, &mut limited), Decision::Reply(_)));
+        }
+        rt.settle(a, limited.now);
+        // All five slots are free: the refused requests took none.
+        let mut other = FakeHost::new("10.0.0.1", "/other");
+        let held: Vec<Admitted> = (0..5).filter_map(|_| admitted(&rt, &mut other)).collect();
+        assert_eq!(held.len(), 5);
+        assert!(matches!(decided(&rt, &mut other), Decision::Reply(_)));
+    }
+
+    #[test]
+    fn an_elastic_limit_follows_the_backends_health() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "e", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 10, "unit": "hour"},
+                "elastic": {"ceiling": 2.0, "floor": 0.5, "max_bad_share": 0.1,
+                            "latency_ms": 500, "window_s": 10, "ramp_s": 5}}]}"#,
+        );
+        assert_eq!(rt.tick_period(), Some(crate::runtime::ELASTIC_TICK_MS));
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        // A healthy backend: 10 quick 200s a second (the requests of other keys, here on a
+        // separate rule-less path would do as well: only responses to the rule count).
+        let answer = |rt: &Runtime<MemoryStore>, host: &mut FakeHost, status: &str| {
+            let mut a = match decided(rt, host) {
+                Decision::Continue(a) => a,
+                other => return Err(Box::new(other)),
+            };
+            respond(
+                rt,
+                &mut a,
+                &mut FakeResponse::with(":status", status),
+                host.now + 20,
+            );
+            Ok(())
+        };
+        let mut factors = Vec::new();
+        for second in 0..6 {
+            for _ in 0..10 {
+                // Each second's requests come from a fresh client key, so the base limit
+                // never refuses them.
+                host.req.source_address = Some(format!("10.1.{second}.{}:1", factors.len()));
+                answer(&rt, &mut host, "200").unwrap();
+            }
+            host.now += 1_000;
+            rt.tick(host.now);
+            factors.extend(rt.elastic_factors().map(|(_, pct)| pct));
+        }
+        // 20 % of the span (0.5× → 2×) a second, from the base: 130 %, 160 %, ... 200 %.
+        assert_eq!(factors, [130, 160, 190, 200, 200, 200]);
+        // One client may now make 20 requests an hour, 10 of them above the base.
+        host.req.source_address = Some("10.9.9.9:1".into());
+        for i in 0..20 {
+            assert!(answer(&rt, &mut host, "200").is_ok(), "request {i}");
+        }
+        let Err(refused) = answer(&rt, &mut host, "200") else {
+            panic!("admitted over the ceiling")
+        };
+        let Decision::Reply(r) = *refused else {
+            panic!("{refused:?}")
+        };
+        assert!(
+            r.headers().any(|h| h == ("x-ratelimit-limit", "20")),
+            "{r:?}"
+        );
+        assert!(counts(&rt).contains(&(0, Counter::ElasticAllowed, 10)));
+        // The backend fails: within a tick of a second of 503s, the limit drops to the floor.
+        for i in 0..10 {
+            host.req.source_address = Some(format!("10.2.0.{i}:1"));
+            answer(&rt, &mut host, "503").unwrap();
+        }
+        host.now += 1_000;
+        assert!(rt.tick(host.now), "a tick reads the shared health");
+        assert!(!rt.tick(host.now + 100), "at most once per 250 ms");
+        assert_eq!(rt.elastic_factors().collect::<Vec<_>>(), [(0, 50)]);
+        // Slow answers count as bad too.
+        assert!(rt.compiled[0]
+            .watch
+            .as_ref()
+            .unwrap()
+            .params
+            .is_bad(200, 501));
+    }
+}
