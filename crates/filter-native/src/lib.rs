@@ -16,9 +16,9 @@ use ratelimit_core::config::{Config, FailureMode};
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
-use ratelimit_core::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
 use ratelimit_core::rls::{self, GrpcAnswer};
 use ratelimit_core::runtime::Runtime;
+use ratelimit_core::runtime::{self, Next, Reply, StreamState};
 use ratelimit_core::store::ProcessStore;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -382,7 +382,7 @@ impl Attributes for NativeHost<'_, '_> {
     }
 }
 
-impl pipeline::Host for NativeHost<'_, '_> {
+impl runtime::Host for NativeHost<'_, '_> {
     fn now_ms(&mut self) -> u64 {
         now_ms()
     }
@@ -396,54 +396,88 @@ impl pipeline::Host for NativeHost<'_, '_> {
     }
 }
 
-/// A request waiting for the services of sync global rules.
-struct Asking {
-    pending: Pending,
-    /// (stream id, question index, the answer so far).
-    calls: Vec<(u64, usize, GrpcAnswer)>,
-}
-
-/// A request held by delay mode.
-struct Holding {
-    held: Held,
-    /// Cancels the release if the client goes first.
-    release: timer::Release,
-}
-
-/// What a stream remembers between hooks.
-#[derive(Default)]
-struct State {
-    /// What the response needs: fields to add, usage to charge, slots to give back.
-    admitted: Option<Admitted>,
-    /// Test builds: panic when the stream ends (`x-test-panic: end`).
-    #[cfg(feature = "panic-trigger")]
-    panic_at_end: bool,
-    /// Boxed: only sync global rules ask, and the stream object stays small.
-    asking: Option<Box<Asking>>,
-    holding: Option<Holding>,
-}
-
-/// One HTTP stream.
+/// One HTTP stream: its state (the core's state machine) and its turn when held.
 #[derive(Default)]
 pub struct Filter {
-    state: RefCell<State>,
+    /// Never borrowed across a call into Envoy that may call this filter back (starting a
+    /// call, a local reply, continuing the request).
+    state: RefCell<StreamState>,
+    /// A held request's turn; dropping it cancels the release.
+    turn: RefCell<Option<timer::Release>>,
+    /// Test builds: panic when the stream ends (`x-test-panic: end`).
+    #[cfg(feature = "panic-trigger")]
+    panic_at_end: Cell<bool>,
 }
 
 impl Filter {
+    fn with<T>(&self, f: impl FnOnce(&mut StreamState) -> T) -> T {
+        f(&mut self.state.borrow_mut())
+    }
+
+    /// Does what the stream's state says next. `in_headers`: called from the request-headers
+    /// hook, where going on is returning `Continue`; from a later event it is resuming.
+    fn carry_out(
+        &self,
+        c: &FilterConfig,
+        s: &Stream,
+        mut next: Next,
+        in_headers: bool,
+    ) -> HeadersStatus {
+        loop {
+            next = match next {
+                Next::Call { rule, message } => {
+                    let started = match c.rt.global_of(rule) {
+                        Some(g) => s
+                            .start_grpc(
+                                &g.cluster,
+                                rls::PATH,
+                                &rls::grpc_frame(&message),
+                                g.timeout_ms,
+                            )
+                            .map_err(|code| {
+                                format!("cannot call cluster {:?} ({code:?})", g.cluster)
+                            }),
+                        None => Err("not a global rule".into()),
+                    };
+                    self.with(|st| st.started(&c.rt, &mut NativeHost { stream: s }, started))
+                }
+                Next::Hold { until_ms } => match s.scheduler() {
+                    Some(scheduler) => {
+                        let wait = Duration::from_millis(until_ms.saturating_sub(now_ms()));
+                        *self.turn.borrow_mut() =
+                            Some(timer::Release::at(scheduler, EVENT_RELEASE, wait));
+                        HELD.with(|h| h.set(h.get() + 1));
+                        return HeadersStatus::StopIteration;
+                    }
+                    // No way to come back later: let it go now.
+                    None => self.with(|st| st.release(&c.rt)),
+                },
+                Next::Continue => {
+                    if !in_headers {
+                        s.continue_decoding();
+                    }
+                    return HeadersStatus::Continue;
+                }
+                Next::Wait => return HeadersStatus::StopIteration,
+                Next::Reply(r) => {
+                    reply(s, &r);
+                    return HeadersStatus::StopIteration;
+                }
+            };
+        }
+    }
+
     /// Decides the request (or asks the services first).
     fn request_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
         #[cfg(feature = "panic-trigger")]
         match s.request_header("x-test-panic") {
-            Some(b"end") => self.state.borrow_mut().panic_at_end = true,
+            Some(b"end") => self.panic_at_end.set(true),
             #[allow(clippy::panic)]
             Some(_) => panic!("x-test-panic"),
             None => {}
         }
-        let rt = &c.rt;
-        match rt.start(&mut NativeHost { stream: s }) {
-            Start::Decided(decision) => self.carry_out(c, s, decision),
-            Start::Ask(pending) => self.ask(c, s, pending),
-        }
+        let next = self.with(|st| st.request_headers(&c.rt, &mut NativeHost { stream: s }));
+        self.carry_out(c, s, next, true)
     }
 
     /// A panic in `request_headers` was caught: `failure_mode` decides.
@@ -451,203 +485,64 @@ impl Filter {
         match c.rt.config().failure_mode {
             FailureMode::Allow => HeadersStatus::Continue,
             FailureMode::Deny => {
-                reply(s, &pipeline::failure_reply(c.rt.config().response.status));
+                reply(s, &runtime::failure_reply(c.rt.config().response.status));
                 HeadersStatus::StopIteration
             }
         }
     }
 
-    /// Sends the questions of sync global rules; a question that cannot be sent is answered
-    /// with its error at once.
-    fn ask(&self, c: &FilterConfig, s: &Stream, mut pending: Pending) -> HeadersStatus {
-        let rt = &c.rt;
-        let mut calls = Vec::new();
-        let mut failed = Vec::new();
-        for (i, q) in pending.questions().iter().enumerate() {
-            let Some(g) = rt.global_of(q.rule) else {
-                continue;
-            };
-            let frame = rls::grpc_frame(&q.message);
-            match s.start_grpc(&g.cluster, rls::PATH, &frame, g.timeout_ms) {
-                Ok(id) => calls.push((id, i, GrpcAnswer::default())),
-                Err(code) => {
-                    failed.push((i, format!("cannot call cluster {:?} ({code:?})", g.cluster)))
-                }
-            }
-        }
-        for (i, e) in failed {
-            pending.answer(i, Err(e));
-        }
-        if pending.complete() {
-            let decision = rt.finish(&mut NativeHost { stream: s }, pending);
-            return self.carry_out(c, s, decision);
-        }
-        self.state.borrow_mut().asking = Some(Box::new(Asking { pending, calls }));
-        HeadersStatus::StopIteration
-    }
-
-    fn grpc_headers<'a>(&self, id: u64, fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
-        if let Some(a) = self.state.borrow_mut().asking.as_mut() {
-            if let Some((_, _, answer)) = a.calls.iter_mut().find(|(c, _, _)| *c == id) {
-                answer.headers(fields);
-            }
-        }
-    }
-
-    fn grpc_data<'a>(&self, id: u64, chunks: impl Iterator<Item = &'a [u8]>) {
-        if let Some(a) = self.state.borrow_mut().asking.as_mut() {
-            if let Some((_, _, answer)) = a.calls.iter_mut().find(|(c, _, _)| *c == id) {
-                chunks.for_each(|c| answer.data(c));
-            }
-        }
-    }
-
-    /// A call is complete (or reset): once every question has its answer, decide.
-    fn grpc_done(&self, c: &FilterConfig, s: &Stream, id: u64, reset: Option<u32>) {
-        let pending = {
-            let mut state = self.state.borrow_mut();
-            let Some(a) = state.asking.as_mut() else {
-                return;
-            };
-            let Some(pos) = a.calls.iter().position(|(c, _, _)| *c == id) else {
-                return;
-            };
-            let (_, i, answer) = a.calls.swap_remove(pos);
-            let result = match reset {
-                Some(reason) => Err(format!("stream reset (reason {reason})")),
-                None => answer.finish(),
-            };
-            a.pending.answer(i, result);
-            if !a.pending.complete() {
-                return;
-            }
-            match state.asking.take() {
-                Some(a) => a.pending,
-                None => return,
-            }
-        };
-        let decision = c.rt.finish(&mut NativeHost { stream: s }, pending);
-        if self.carry_out(c, s, decision) == HeadersStatus::Continue {
-            s.continue_decoding();
-        }
-    }
-
-    /// Does what the pipeline decided.
-    fn carry_out(&self, c: &FilterConfig, s: &Stream, decision: Decision) -> HeadersStatus {
-        let config = c;
-        match decision {
-            Decision::Continue(admitted) => {
-                self.state.borrow_mut().admitted = admitted;
-                HeadersStatus::Continue
-            }
-            Decision::Hold {
-                until_ms,
-                admitted,
-                held,
-            } => {
-                let Some(scheduler) = s.scheduler() else {
-                    // No way to come back later: let it go now.
-                    config.rt.release(&held);
-                    self.state.borrow_mut().admitted = admitted;
-                    return HeadersStatus::Continue;
-                };
-                let wait = Duration::from_millis(until_ms.saturating_sub(now_ms()));
-                let release = timer::Release::at(scheduler, EVENT_RELEASE, wait);
-                HELD.with(|h| h.set(h.get() + 1));
-                let mut state = self.state.borrow_mut();
-                state.admitted = admitted;
-                state.holding = Some(Holding { held, release });
-                HeadersStatus::StopIteration
-            }
-            Decision::Reply(r) => {
-                reply(s, &r);
-                HeadersStatus::StopIteration
-            }
-        }
+    /// A call this stream started ended (complete, or reset).
+    fn call_done(&self, c: &FilterConfig, s: &Stream, id: u64, reset: Option<u32>) {
+        let next = self.with(|st| st.call_done(&c.rt, &mut NativeHost { stream: s }, id, reset));
+        self.carry_out(c, s, next, false);
     }
 
     /// A held request's turn has come.
     fn scheduled(&self, c: &FilterConfig, s: &Stream, event: u64) {
-        if event != EVENT_RELEASE {
+        if event != EVENT_RELEASE || self.turn.borrow_mut().take().is_none() {
             return;
         }
-        let Some(h) = self.state.borrow_mut().holding.take() else {
-            return;
-        };
-        HELD.with(|c| c.set(c.get().saturating_sub(1)));
-        c.rt.release(&h.held);
-        s.continue_decoding();
+        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+        let next = self.with(|st| st.release(&c.rt));
+        self.carry_out(c, s, next, false);
     }
 
     /// Adds the rate-limit fields to an admitted request's response (charging first the
     /// usage its headers report).
     fn response_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
-        let mut state = self.state.borrow_mut();
-        let Some(admitted) = state.admitted.as_mut() else {
-            return HeadersStatus::Continue;
-        };
         FIELD_VALUE.with(|buf| {
             if let Ok(mut buf) = buf.try_borrow_mut() {
                 let mut fields = Fields {
                     stream: s,
                     trailers: false,
                 };
-                // The clock only when a charge or a latency needs it.
-                let now = if admitted.needs_clock() { now_ms() } else { 0 };
-                c.rt.response_headers(
-                    admitted,
-                    &mut fields,
-                    now,
-                    &mut buf,
-                    |name, value, append| s.response_header(name, value, append),
-                );
+                self.with(|st| {
+                    st.response_headers(
+                        &c.rt,
+                        &mut fields,
+                        now_ms,
+                        &mut buf,
+                        |name, value, append| s.response_header(name, value, append),
+                    )
+                });
             }
         });
-        if !admitted.owes() {
-            state.admitted = None;
-        }
         HeadersStatus::Continue
     }
 
-    /// A piece of the response body passes.
-    fn response_body(&self, _c: &FilterConfig, s: &Stream) {
-        if let Some(admitted) = self.state.borrow_mut().admitted.as_mut() {
-            admitted.body(s.received_response_body() as u64);
-        }
-    }
-
-    /// The response trailers: the usage they report is charged.
-    fn response_trailers(&self, c: &FilterConfig, s: &Stream) {
-        if let Some(admitted) = self.state.borrow_mut().admitted.as_mut() {
-            let mut fields = Fields {
-                stream: s,
-                trailers: true,
-            };
-            c.rt.response_trailers(admitted, &mut fields, now_ms());
-        }
-    }
-
-    /// The stream ends, however it ends: a request still held was abandoned by its client, and
-    /// what its rules are still owed is settled.
+    /// The stream ends, however it ends: a request still held was abandoned by its client (its
+    /// turn is cancelled), and what its rules are still owed is settled.
     fn complete(&self, c: &FilterConfig) {
-        let (holding, admitted) = {
-            let mut state = self.state.borrow_mut();
-            #[cfg(feature = "panic-trigger")]
-            if state.panic_at_end {
-                #[allow(clippy::panic)]
-                {
-                    panic!("x-test-panic: end");
-                }
+        #[cfg(feature = "panic-trigger")]
+        if self.panic_at_end.get() {
+            #[allow(clippy::panic)]
+            {
+                panic!("x-test-panic: end");
             }
-            (state.holding.take(), state.admitted.take())
-        };
-        if let Some(h) = holding {
-            drop(h.release); // the turn will not be posted
-            HELD.with(|c| c.set(c.get().saturating_sub(1)));
-            c.rt.abandon(&h.held);
         }
-        if let Some(admitted) = admitted {
-            c.rt.settle(admitted, now_ms());
+        if self.with(|st| st.complete(&c.rt, now_ms)) {
+            drop(self.turn.borrow_mut().take()); // the turn will not be posted
+            HELD.with(|h| h.set(h.get().saturating_sub(1)));
         }
     }
 }
@@ -669,7 +564,7 @@ struct Fields<'a, 'hook> {
     trailers: bool,
 }
 
-impl pipeline::Response for Fields<'_, '_> {
+impl runtime::Response for Fields<'_, '_> {
     fn field(&mut self, name: &str) -> Option<&[u8]> {
         if self.trailers {
             self.stream.response_trailer(name)
@@ -736,12 +631,17 @@ impl HttpFilter for Filter {
         Filter::response_headers(self, c, s)
     }
 
-    fn response_body(&self, c: &FilterConfig, s: &Stream) {
-        Filter::response_body(self, c, s);
+    fn response_body(&self, _c: &FilterConfig, s: &Stream) {
+        let bytes = s.received_response_body() as u64;
+        self.with(|st| st.response_body(bytes));
     }
 
     fn response_trailers(&self, c: &FilterConfig, s: &Stream) {
-        Filter::response_trailers(self, c, s);
+        let mut fields = Fields {
+            stream: s,
+            trailers: true,
+        };
+        self.with(|st| st.response_trailers(&c.rt, &mut fields, now_ms));
     }
 
     fn scheduled(&self, c: &FilterConfig, s: &Stream, event: u64) {
@@ -749,15 +649,15 @@ impl HttpFilter for Filter {
     }
 
     fn call_headers(&self, _c: &FilterConfig, id: u64, fields: hooks::Fields<'_, '_>) {
-        self.grpc_headers(id, fields);
+        self.with(|st| st.call_headers(id, fields));
     }
 
     fn call_data(&self, _c: &FilterConfig, id: u64, chunks: Chunks<'_, '_>) {
-        self.grpc_data(id, chunks);
+        self.with(|st| chunks.for_each(|c| st.call_data(id, c)));
     }
 
     fn call_done(&self, c: &FilterConfig, s: &Stream, id: u64, reset: Option<u32>) {
-        self.grpc_done(c, s, id, reset);
+        Filter::call_done(self, c, s, id, reset);
     }
 
     fn complete(&self, c: &FilterConfig) {

@@ -1,5 +1,5 @@
 //! The proxy-wasm host: Envoy's callbacks in, host calls out. It reads request attributes, keeps
-//! keys in shared data, and carries out what [`ratelimit_core::pipeline`] decides; nothing is decided
+//! keys in shared data, and carries out what [`ratelimit_core::runtime`] decides; nothing is decided
 //! here.
 #![cfg(target_arch = "wasm32")]
 
@@ -12,9 +12,9 @@ use ratelimit_core::config::Config;
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
-use ratelimit_core::pipeline::{self, Admitted, Decision, Held, Pending, Reply, Start};
 use ratelimit_core::rls;
 use ratelimit_core::runtime::Runtime;
+use ratelimit_core::runtime::{self, Next, StreamState};
 use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
 use ratelimit_core::table;
 use std::cell::{Cell, RefCell};
@@ -204,22 +204,13 @@ fn shared_seed(key: &str) -> Result<Seed, String> {
     Err("could not agree on a seed with the other VMs".into())
 }
 
-/// A request held by delay mode on this worker.
+/// A request held by delay mode on this worker, with its stream's state (its context gets it
+/// back at its next hook: the root cannot reach a context).
 struct Waiting {
     context: u32,
     until_ms: u64,
-    held: Held,
+    state: StreamState,
     served: Rc<Served>,
-}
-
-impl Waiting {
-    fn release(&self) {
-        self.served.rt.release(&self.held);
-    }
-
-    fn abandon(&self) {
-        self.served.rt.abandon(&self.held);
-    }
 }
 
 thread_local! {
@@ -227,14 +218,23 @@ thread_local! {
     static FIELD_VALUE: RefCell<String> = const { RefCell::new(String::new()) };
     /// Requests held by delay mode on this worker.
     static WAITING: RefCell<Vec<Waiting>> = const { RefCell::new(Vec::new()) };
+    /// Released requests' states, until their contexts take them back.
+    static RELEASED: RefCell<Vec<(u32, StreamState)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Takes a held request off the list (released, or its client went away).
-fn unhold(context: u32) -> Option<Waiting> {
-    WAITING.with(|w| {
+/// Takes a stream's state back from the waiting or released lists.
+fn take_back(context: u32) -> Option<StreamState> {
+    let waiting = WAITING.with(|w| {
         let mut w = w.borrow_mut();
         let i = w.iter().position(|x| x.context == context)?;
-        Some(w.swap_remove(i))
+        Some(w.swap_remove(i).state)
+    });
+    waiting.or_else(|| {
+        RELEASED.with(|r| {
+            let mut r = r.borrow_mut();
+            let i = r.iter().position(|(c, _)| *c == context)?;
+            Some(r.swap_remove(i).1)
+        })
     })
 }
 
@@ -297,13 +297,15 @@ impl Root {
             *w = waiting;
             due
         });
-        for w in due {
+        for mut w in due {
             // A stream whose client went away is refused here (BadArgument).
             if abi::set_effective_context(w.context).is_ok() {
                 let _ = abi::resume_request();
-                w.release();
+                w.state.release(&w.served.rt);
+                RELEASED.with(|r| r.borrow_mut().push((w.context, w.state)));
             } else {
-                w.abandon();
+                w.state
+                    .complete(&w.served.rt, || abi::now_ms().unwrap_or(0));
             }
         }
         let _ = abi::set_effective_context(self.id);
@@ -410,9 +412,8 @@ impl RootContext for Root {
         Some(Box::new(Request {
             id: context_id,
             served: self.served.clone(),
-            asking: None,
-            admitted: None,
-            local_reply: false,
+            state: StreamState::default(),
+            away: false,
             #[cfg(feature = "panic-trigger")]
             panic_at_end: false,
         }))
@@ -487,7 +488,7 @@ impl Attributes for WasmHost {
     }
 }
 
-impl pipeline::Host for WasmHost {
+impl runtime::Host for WasmHost {
     fn now_ms(&mut self) -> u64 {
         abi::now_ms().unwrap_or(0)
     }
@@ -501,159 +502,126 @@ impl pipeline::Host for WasmHost {
     }
 }
 
-/// A request waiting for the services of sync global rules: the pipeline's state, and which
-/// call answers which question.
-struct Asking {
-    pending: Pending,
-    host: WasmHost,
-    /// (call token, question index).
-    calls: Vec<(u32, usize)>,
-}
-
 /// One HTTP stream.
 struct Request {
     id: u32,
     served: Option<Rc<Served>>,
-    /// Boxed: only sync global rules ask, and the stream context stays small.
-    asking: Option<Box<Asking>>,
-    /// What the upstream's response needs: fields to add, usage to charge, slots to give back.
-    admitted: Option<Admitted>,
-    /// Whether this filter sent a local reply (which passes through our response hook too).
-    local_reply: bool,
+    state: StreamState,
+    /// The state is on the waiting or released list (held by delay mode).
+    away: bool,
     /// Test builds: panic when the stream ends (`x-test-panic: end`).
     #[cfg(feature = "panic-trigger")]
     panic_at_end: bool,
 }
 
 impl Request {
-    /// Asks the services, answering at once the questions that cannot be sent.
-    fn ask(&mut self, served: &Rc<Served>, mut pending: Pending, host: WasmHost) -> Action {
+    /// The stream's state, taken back first if it was held.
+    fn state(&mut self) -> &mut StreamState {
+        if self.away {
+            if let Some(st) = take_back(self.id) {
+                self.state = st;
+                self.away = false;
+            }
+        }
+        &mut self.state
+    }
+
+    /// Does what the stream's state says next. `in_headers`: from the request-headers hook,
+    /// where going on is returning `Continue`; from a later event it is resuming.
+    fn carry_out(&mut self, served: &Rc<Served>, mut next: Next, in_headers: bool) -> Action {
         let rt = &served.rt;
-        let mut calls = Vec::new();
-        let mut failed = Vec::new();
-        for (i, q) in pending.questions().iter().enumerate() {
-            let Some(g) = rt.global_of(q.rule) else {
-                failed.push((i, "not a global rule".to_string()));
-                continue;
+        loop {
+            next = match next {
+                Next::Call { rule, message } => {
+                    let started = match rt.global_of(rule) {
+                        Some(g) => abi::grpc_call(
+                            &g.cluster,
+                            rls::SERVICE,
+                            rls::METHOD,
+                            &message,
+                            g.timeout_ms,
+                        )
+                        .map(u64::from)
+                        .map_err(|s| {
+                            format!("cannot call cluster {:?} (status {})", g.cluster, s.0)
+                        }),
+                        None => Err("not a global rule".into()),
+                    };
+                    self.state.started(rt, &mut WasmHost::default(), started)
+                }
+                Next::Hold { until_ms } => {
+                    let state = std::mem::take(&mut self.state);
+                    WAITING.with(|w| {
+                        w.borrow_mut().push(Waiting {
+                            context: self.id,
+                            until_ms,
+                            state,
+                            served: served.clone(),
+                        })
+                    });
+                    self.away = true;
+                    let _ = abi::set_tick_period(RELEASE_PERIOD_MS);
+                    return Action::Pause;
+                }
+                Next::Continue => {
+                    if !in_headers {
+                        let _ = abi::resume_request();
+                    }
+                    return Action::Continue;
+                }
+                Next::Wait => return Action::Pause,
+                Next::Reply(reply) => {
+                    let headers: Vec<(&str, &str)> = reply.headers().collect();
+                    return match abi::send_local_response(
+                        reply.status,
+                        &headers,
+                        reply.body.as_bytes(),
+                    ) {
+                        Ok(()) => Action::Pause,
+                        Err(s) => {
+                            log::warn!("could not send the limited reply (status {})", s.0);
+                            if !in_headers {
+                                let _ = abi::resume_request();
+                            }
+                            Action::Continue
+                        }
+                    };
+                }
             };
-            match abi::grpc_call(
-                &g.cluster,
-                rls::SERVICE,
-                rls::METHOD,
-                &q.message,
-                g.timeout_ms,
-            ) {
-                Ok(token) => calls.push((token, i)),
-                Err(s) => failed.push((
-                    i,
-                    format!("cannot call cluster {:?} (status {})", g.cluster, s.0),
-                )),
-            }
-        }
-        for (i, e) in failed {
-            pending.answer(i, Err(e));
-        }
-        let asking = Asking {
-            pending,
-            host,
-            calls,
-        };
-        if asking.pending.complete() {
-            let Asking {
-                pending, mut host, ..
-            } = asking;
-            return self.carry_out(served, rt.finish(&mut host, pending));
-        }
-        self.asking = Some(Box::new(asking));
-        Action::Pause // on_grpc_call_response goes on
-    }
-
-    /// Does what the pipeline decided.
-    fn carry_out(&mut self, served: &Rc<Served>, decision: Decision) -> Action {
-        match decision {
-            Decision::Continue(admitted) => {
-                self.admitted = admitted;
-                Action::Continue
-            }
-            Decision::Hold {
-                until_ms,
-                admitted,
-                held,
-            } => {
-                self.admitted = admitted;
-                WAITING.with(|w| {
-                    w.borrow_mut().push(Waiting {
-                        context: self.id,
-                        until_ms,
-                        held,
-                        served: served.clone(),
-                    })
-                });
-                let _ = abi::set_tick_period(RELEASE_PERIOD_MS);
-                Action::Pause
-            }
-            Decision::Reply(reply) => self.reply(&reply),
-        }
-    }
-
-    fn reply(&mut self, reply: &Reply) -> Action {
-        let headers: Vec<(&str, &str)> = reply.headers().collect();
-        match abi::send_local_response(reply.status, &headers, reply.body.as_bytes()) {
-            Ok(()) => {
-                self.local_reply = true;
-                Action::Pause
-            }
-            Err(s) => {
-                log::warn!("could not send the limited reply (status {})", s.0);
-                Action::Continue
-            }
         }
     }
 }
 
 impl Context for Request {
     fn on_done(&mut self) -> bool {
-        // The client went away while its request was held.
-        if let Some(w) = unhold(self.id) {
-            w.abandon();
-        }
-        // However the stream ended: what its rules are still owed.
-        if let (Some(admitted), Some(served)) = (self.admitted.take(), self.served.as_ref()) {
-            #[cfg(feature = "panic-trigger")]
-            if self.panic_at_end {
-                #[allow(clippy::panic)]
-                {
-                    panic!("x-test-panic: end");
-                }
+        #[cfg(feature = "panic-trigger")]
+        if self.panic_at_end {
+            #[allow(clippy::panic)]
+            {
+                panic!("x-test-panic: end");
             }
-            served.rt.settle(admitted, abi::now_ms().unwrap_or(0));
+        }
+        // However the stream ended: a request still held was abandoned by its client, and
+        // what its rules are still owed is settled.
+        if let Some(served) = self.served.clone() {
+            self.state()
+                .complete(&served.rt, || abi::now_ms().unwrap_or(0));
         }
         true
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
-        let Some(asking) = self.asking.as_mut() else {
+        let Some(served) = self.served.clone() else {
             return;
         };
-        if let Some(&(_, i)) = asking.calls.iter().find(|(t, _)| *t == token) {
-            asking.pending.answer(i, read_answer(status, size));
-        }
-        if !asking.pending.complete() {
-            return;
-        }
-        let (
-            Some(Asking {
-                pending, mut host, ..
-            }),
-            Some(served),
-        ) = (self.asking.take().map(|a| *a), self.served.clone())
-        else {
-            return;
-        };
-        let decision = served.rt.finish(&mut host, pending);
-        if let Action::Continue = self.carry_out(&served, decision) {
-            let _ = abi::resume_request();
-        }
+        let answer = read_answer(status, size);
+        let next = self.state.call_answer(
+            &served.rt,
+            &mut WasmHost::default(),
+            u64::from(token),
+            answer,
+        );
+        self.carry_out(&served, next, false);
     }
 }
 
@@ -674,34 +642,26 @@ impl HttpContext for Request {
         let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
-        let mut host = WasmHost::default();
-        match served.rt.start(&mut host) {
-            Start::Decided(decision) => self.carry_out(&served, decision),
-            Start::Ask(pending) => self.ask(&served, pending, host),
-        }
+        let next = self
+            .state
+            .request_headers(&served.rt, &mut WasmHost::default());
+        self.carry_out(&served, next, true)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.local_reply {
-            return Action::Continue; // our own reply already carries the fields
-        }
-        let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) else {
+        let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
-        let now = if admitted.needs_clock() {
-            abi::now_ms().unwrap_or(0)
-        } else {
-            0 // not read
-        };
+        let state = self.state();
         FIELD_VALUE.with(|buf| {
             let Ok(mut buf) = buf.try_borrow_mut() else {
                 return;
             };
             let mut fields = HostFields::of(Map::ResponseHeaders);
-            served.rt.response_headers(
-                admitted,
+            state.response_headers(
+                &served.rt,
                 &mut fields,
-                now,
+                || abi::now_ms().unwrap_or(0),
                 &mut buf,
                 |name, value, append| {
                     let _ = if append {
@@ -712,26 +672,20 @@ impl HttpContext for Request {
                 },
             );
         });
-        if !admitted.owes() {
-            self.admitted = None;
-        }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         // Called with each chunk as it passes (this filter never buffers the body).
-        if let Some(admitted) = self.admitted.as_mut() {
-            admitted.body(body_size as u64);
-        }
+        self.state().response_body(body_size as u64);
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        if let (Some(admitted), Some(served)) = (self.admitted.as_mut(), self.served.as_ref()) {
+        if let Some(served) = self.served.clone() {
             let mut fields = HostFields::of(Map::ResponseTrailers);
-            served
-                .rt
-                .response_trailers(admitted, &mut fields, abi::now_ms().unwrap_or(0));
+            self.state()
+                .response_trailers(&served.rt, &mut fields, || abi::now_ms().unwrap_or(0));
         }
         Action::Continue
     }
@@ -749,7 +703,7 @@ impl HostFields {
     }
 }
 
-impl pipeline::Response for HostFields {
+impl runtime::Response for HostFields {
     fn field(&mut self, name: &str) -> Option<&[u8]> {
         self.value = abi::header(self.map, name).ok().flatten();
         self.value.as_deref()

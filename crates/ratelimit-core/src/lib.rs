@@ -1,7 +1,7 @@
 //! wasm-ratelimit: HTTP rate limiting inside Envoy, as a proxy-wasm filter or an Envoy dynamic
 //! module, from one core.
 //!
-//! A request is decided in [`pipeline`], the same way whichever host runs it: rules matched and
+//! A request is decided in [`runtime`], the same way whichever host runs it: rules matched and
 //! keys built by [`key`], each rule's algorithm in [`limiter`], state updated with
 //! compare-and-swap by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer
 //! written by [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its
@@ -17,7 +17,6 @@ pub mod headers;
 pub mod key;
 pub mod limiter;
 pub mod metrics;
-pub mod pipeline;
 pub mod rls;
 pub mod runtime;
 pub mod store;

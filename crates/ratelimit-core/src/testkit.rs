@@ -1,9 +1,100 @@
-//! Test support, for this crate's tests and other crates' (feature `testkit`): a small
-//! deterministic RNG, the configuration fixtures, scratch folders. Nothing in a filter uses it.
+//! Test support, for this crate's tests and other crates' (feature `testkit`): a fake host and
+//! response, a small deterministic RNG, the configuration fixtures, scratch folders. Nothing in a filter uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::key::{Attributes, PlainRequest};
+use crate::runtime::{Host, Response};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A host made of plain fields: a request, a clock, a count of held requests, a log.
+pub struct FakeHost {
+    /// The request.
+    pub req: PlainRequest,
+    /// The clock, ms.
+    pub now: u64,
+    /// Requests this worker holds.
+    pub held: usize,
+    /// Every log line.
+    pub logs: Vec<(log::Level, String)>,
+}
+
+impl FakeHost {
+    /// A GET of `path` from `addr` (port 5555), at 600,000 ms.
+    pub fn new(addr: &str, path: &str) -> FakeHost {
+        FakeHost {
+            req: PlainRequest {
+                source_address: Some(format!("{addr}:5555")),
+                path: Some(path.into()),
+                method: Some("GET".into()),
+                authority: Some("example.com".into()),
+                headers: Vec::new(),
+            },
+            now: 600_000,
+            held: 0,
+            logs: Vec::new(),
+        }
+    }
+
+    /// With a request header.
+    pub fn header(mut self, name: &str, value: &str) -> FakeHost {
+        self.req
+            .headers
+            .push((name.into(), value.as_bytes().to_vec()));
+        self
+    }
+}
+
+impl Attributes for FakeHost {
+    fn source_address(&mut self) -> Option<&str> {
+        self.req.source_address()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.req.path()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.req.method()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.req.authority()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        self.req.header(name)
+    }
+}
+
+impl Host for FakeHost {
+    fn now_ms(&mut self) -> u64 {
+        self.now
+    }
+    fn held(&self) -> usize {
+        self.held
+    }
+    fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>) {
+        self.logs.push((level, line.to_string()));
+    }
+}
+
+/// A response's header fields or trailers.
+#[derive(Default)]
+pub struct FakeResponse(pub Vec<(String, Vec<u8>)>);
+
+impl FakeResponse {
+    /// One field.
+    pub fn with(name: &str, value: &str) -> FakeResponse {
+        FakeResponse(vec![(name.into(), value.as_bytes().to_vec())])
+    }
+}
+
+impl Response for FakeResponse {
+    fn field(&mut self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
 
 /// A small deterministic PRNG (xorshift64*), so generated tests reproduce.
 pub struct Rng(pub u64);

@@ -2,7 +2,7 @@
 //! offline by the filter's own code. Native only, never compiled into the `.wasm`.
 //!
 //! Each Envoy access log ([`input`]) is read line by line, put back in start-time order
-//! ([`reorder`], [`source`]), and every request runs through [`ratelimit_core::pipeline`] exactly as
+//! ([`reorder`], [`source`]), and every request runs through [`ratelimit_core::runtime`] exactly as
 //! the filter runs it, once per configuration replayed ([`sim`]): the configuration as written
 //! and each `--what-if`. Per-key statistics stay within fixed memory ([`sketch`]); [`report`]
 //! prints the result as a table, JSON or HTML.

@@ -7,7 +7,7 @@ use super::sketch::{Counted, Distinct, EXACT_DISTINCT};
 use super::{Run, CONFIGURED};
 use crate::summary;
 use ratelimit_core::config::{Cost, Limit, Rule, Usage};
-use ratelimit_core::pipeline::MAX_HELD;
+use ratelimit_core::runtime::MAX_HELD;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 

@@ -1,6 +1,20 @@
-//! A configuration ready to serve: the rules compiled once (fingerprints, policies), the store
-//! their keys live in, and the metrics not yet published. A host builds one per configuration
-//! and hands every request to [`crate::pipeline`].
+//! A configuration ready to serve, and everything that happens to the requests it serves.
+//!
+//! [`Runtime`] is the configuration with the rules compiled once (fingerprints, policies), the
+//! store their keys live in, and the metrics not yet published; a host builds one per
+//! configuration. **A request is decided in [`request`]** (rules matched, keys built, every rule
+//! checked, the verdict written), and what each stream goes through, from its headers to its
+//! last byte (asking the services, being held, settling what its response owes), is one state
+//! machine, [`StreamState`], that tells the host what to do next. The hosts only read
+//! attributes, carry out what they are told and keep the state.
+
+mod request;
+mod stream;
+
+pub use request::{
+    failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
+};
+pub use stream::{Next, StreamState};
 
 use crate::config::{Config, Rule};
 use crate::elastic::{self, Health};

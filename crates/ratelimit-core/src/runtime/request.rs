@@ -1,5 +1,6 @@
 //! One request, from its headers to what the host does with it. **This is where a request is
-//! decided**, the same way in every host.
+//! decided**, the same way in every host ([`super::StreamState`] calls it at each step of a
+//! stream).
 //!
 //! [`Runtime::start`] matches the rules, builds each client key and cost, and either decides at
 //! once or returns the questions for the services of sync global rules; once they are answered,
@@ -194,6 +195,12 @@ impl Pending {
     /// Whether every question has its answer.
     pub fn complete(&self) -> bool {
         self.answers.iter().all(Option::is_some)
+    }
+
+    /// Question `i`'s rule and message, taken to be sent (`None` past the last question).
+    pub(super) fn take_question(&mut self, i: usize) -> Option<(usize, usize, Vec<u8>)> {
+        let q = self.questions.get_mut(i)?;
+        Some((i, q.rule, std::mem::take(&mut q.message)))
     }
 }
 
@@ -681,73 +688,11 @@ pub fn failure_reply(status: u16) -> Reply {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::key::PlainRequest;
     use crate::key::Seed;
     use crate::metrics::Counter;
     use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
     use crate::store::MemoryStore;
-
-    /// A host made of plain fields: a request, a clock, a count of held requests, a log.
-    struct FakeHost {
-        req: PlainRequest,
-        now: u64,
-        held: usize,
-        logs: Vec<(log::Level, String)>,
-    }
-
-    impl FakeHost {
-        fn new(addr: &str, path: &str) -> FakeHost {
-            FakeHost {
-                req: PlainRequest {
-                    source_address: Some(format!("{addr}:5555")),
-                    path: Some(path.into()),
-                    method: Some("GET".into()),
-                    authority: Some("example.com".into()),
-                    headers: Vec::new(),
-                },
-                now: 600_000,
-                held: 0,
-                logs: Vec::new(),
-            }
-        }
-
-        fn header(mut self, name: &str, value: &str) -> FakeHost {
-            self.req
-                .headers
-                .push((name.into(), value.as_bytes().to_vec()));
-            self
-        }
-    }
-
-    impl Attributes for FakeHost {
-        fn source_address(&mut self) -> Option<&str> {
-            self.req.source_address()
-        }
-        fn path(&mut self) -> Option<&str> {
-            self.req.path()
-        }
-        fn method(&mut self) -> Option<&str> {
-            self.req.method()
-        }
-        fn authority(&mut self) -> Option<&str> {
-            self.req.authority()
-        }
-        fn header(&mut self, name: &str) -> Option<&[u8]> {
-            self.req.header(name)
-        }
-    }
-
-    impl Host for FakeHost {
-        fn now_ms(&mut self) -> u64 {
-            self.now
-        }
-        fn held(&self) -> usize {
-            self.held
-        }
-        fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>) {
-            self.logs.push((level, line.to_string()));
-        }
-    }
+    use crate::testkit::{FakeHost, FakeResponse};
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
         let config = Config::parse(json.as_bytes()).unwrap();
@@ -765,25 +710,6 @@ mod tests {
         let mut out = Vec::new();
         rt.metrics().drain(|r, c, n| out.push((r, c, n)), |_, _| {});
         out
-    }
-
-    /// A response's header fields or trailers.
-    #[derive(Default)]
-    struct FakeResponse(Vec<(String, Vec<u8>)>);
-
-    impl FakeResponse {
-        fn with(name: &str, value: &str) -> FakeResponse {
-            FakeResponse(vec![(name.into(), value.as_bytes().to_vec())])
-        }
-    }
-
-    impl Response for FakeResponse {
-        fn field(&mut self, name: &str) -> Option<&[u8]> {
-            self.0
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_slice())
-        }
     }
 
     /// The fields the response gets, its headers being `response`.

@@ -1,0 +1,837 @@
+//! What one stream goes through, from its request headers to its last byte, written once for
+//! every host: a state machine that takes the host's events and tells it what to do next
+//! ([`Next`]). The host carries that out (start a call, hold, reply, go on) and feeds back what
+//! happens; it keeps no state of its own about the stream beyond this and its own handles.
+//!
+//! ```text
+//!            request_headers
+//!   New ──────────────┬──────────────┬───────────────┬───────────────┐
+//!                     │ sync global  │ admitted      │ delay mode    │ refused
+//!                     ▼              ▼               ▼               ▼
+//!                  Asking ──────▶ Admitted ◀──── Held (release)    Replied
+//!          (Call/started, answers)   │  response headers, body, trailers: charge, fields
+//!                                    ▼
+//!   complete (any phase) ──────▶ Ended: a held request is abandoned, what is owed settled
+//! ```
+//!
+//! Calls to the rate limit services may report before the host knows their id: Envoy can reset
+//! a call inside the call that starts it. Such an event belongs to the call being started, and
+//! the decision waits for [`StreamState::started`], so that a request is never resumed from
+//! inside the hook that paused it.
+
+use super::{Admitted, Decision, Held, Host, Pending, Reply, Response, Runtime, Start};
+use crate::rls::{self, GrpcAnswer};
+use crate::store::Store;
+
+/// What the host does next for a stream.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // boxing the reply would allocate per refusal
+pub enum Next {
+    /// Let the request go on: "continue" from the request-headers hook, or resume the request
+    /// when this comes from a later event.
+    Continue,
+    /// Keep the request stopped and wait for the next event.
+    Wait,
+    /// Start a call to the rate limit service of `rule` ([`Runtime::global_of`] gives its
+    /// cluster and timeout) with the `message` (a `RateLimitRequest`, not framed), then report
+    /// how starting it went with [`StreamState::started`].
+    Call {
+        /// The global rule asking.
+        rule: usize,
+        /// The request message.
+        message: Vec<u8>,
+    },
+    /// Hold the request until `until_ms` (ms since the epoch), then call
+    /// [`StreamState::release`].
+    Hold {
+        /// When its turn comes.
+        until_ms: u64,
+    },
+    /// Refuse the request with this local reply (its response hooks add nothing to it).
+    Reply(Reply),
+}
+
+/// One stream's state. `Default` is a new stream.
+#[derive(Debug, Default)]
+pub struct StreamState {
+    phase: Phase,
+    /// What the response needs: fields to add, usage to charge, slots to give back.
+    admitted: Option<Admitted>,
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    /// The request's headers have not been seen.
+    #[default]
+    New,
+    /// Waiting for the services of sync global rules (boxed: few streams ask).
+    Asking(Box<Asking>),
+    /// Held by delay mode until its turn.
+    Held(Held),
+    /// Gone on, or let through.
+    Admitted,
+    /// Refused with a local reply.
+    Replied,
+    /// The stream ended.
+    Ended,
+}
+
+/// The questions to the services and the calls that carry them.
+#[derive(Debug)]
+struct Asking {
+    pending: Pending,
+    calls: Vec<Call>,
+    /// The question whose call the host is starting.
+    starting: Option<usize>,
+    /// The next question to start a call for.
+    next: usize,
+}
+
+/// A call in flight.
+#[derive(Debug)]
+struct Call {
+    /// `None` until the host reports it started.
+    id: Option<u64>,
+    question: usize,
+    answer: GrpcAnswer,
+}
+
+impl Asking {
+    /// The call `id`, or the one being started when `id` is not known yet.
+    fn call(&mut self, id: u64) -> Option<usize> {
+        let starting = self.starting;
+        self.calls
+            .iter()
+            .position(|c| c.id == Some(id))
+            .or_else(|| {
+                let i = starting?;
+                self.calls
+                    .iter()
+                    .position(|c| c.id.is_none() && c.question == i)
+            })
+    }
+}
+
+impl StreamState {
+    /// The request's headers are in: decides, or asks the services first.
+    pub fn request_headers<S: Store>(&mut self, rt: &Runtime<S>, host: &mut impl Host) -> Next {
+        if !matches!(self.phase, Phase::New) {
+            return Next::Continue;
+        }
+        match rt.start(host) {
+            Start::Decided(decision) => self.decided(decision),
+            Start::Ask(pending) => {
+                self.phase = Phase::Asking(Box::new(Asking {
+                    pending,
+                    calls: Vec::new(),
+                    starting: None,
+                    next: 0,
+                }));
+                self.ask(rt, host)
+            }
+        }
+    }
+
+    /// The call of the last [`Next::Call`] started (`Ok(id)`) or could not be started.
+    pub fn started<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        result: Result<u64, String>,
+    ) -> Next {
+        let Phase::Asking(a) = &mut self.phase else {
+            return Next::Wait;
+        };
+        if let Some(q) = a.starting.take() {
+            // A call answered while it was being started is no longer listed.
+            let open = a
+                .calls
+                .iter()
+                .position(|c| c.id.is_none() && c.question == q);
+            match (result, open) {
+                (Ok(id), Some(i)) => {
+                    if let Some(c) = a.calls.get_mut(i) {
+                        c.id = Some(id);
+                    }
+                }
+                (Err(e), Some(i)) => {
+                    a.calls.swap_remove(i);
+                    a.pending.answer(q, Err(e));
+                }
+                (_, None) => {}
+            }
+        }
+        self.ask(rt, host)
+    }
+
+    /// Header (or trailer) fields of call `id`'s answer.
+    pub fn call_headers<'a>(
+        &mut self,
+        id: u64,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) {
+        if let Phase::Asking(a) = &mut self.phase {
+            if let Some(c) = a.call(id).and_then(|i| a.calls.get_mut(i)) {
+                c.answer.headers(fields);
+            }
+        }
+    }
+
+    /// A piece of call `id`'s answer body.
+    pub fn call_data(&mut self, id: u64, bytes: &[u8]) {
+        if let Phase::Asking(a) = &mut self.phase {
+            if let Some(c) = a.call(id).and_then(|i| a.calls.get_mut(i)) {
+                c.answer.data(bytes);
+            }
+        }
+    }
+
+    /// Call `id` ended: complete (its answer is what its headers and data brought), or reset
+    /// with a reason.
+    pub fn call_done<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        id: u64,
+        reset: Option<u32>,
+    ) -> Next {
+        self.answered(rt, host, id, |answer| match reset {
+            Some(reason) => Err(format!("stream reset (reason {reason})")),
+            None => answer.finish(),
+        })
+    }
+
+    /// Call `id`'s whole answer, delivered at once (proxy-wasm): an error for a failed call.
+    pub fn call_answer<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        id: u64,
+        result: Result<rls::Response, String>,
+    ) -> Next {
+        self.answered(rt, host, id, |_| result)
+    }
+
+    fn answered<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        id: u64,
+        answer: impl FnOnce(&GrpcAnswer) -> Result<rls::Response, String>,
+    ) -> Next {
+        let Phase::Asking(a) = &mut self.phase else {
+            return Next::Wait;
+        };
+        let Some(i) = a.call(id) else {
+            return Next::Wait;
+        };
+        let call = a.calls.swap_remove(i);
+        a.pending.answer(call.question, answer(&call.answer));
+        self.ask(rt, host)
+    }
+
+    /// Starts the next call, or decides once every question has its answer.
+    fn ask<S: Store>(&mut self, rt: &Runtime<S>, host: &mut impl Host) -> Next {
+        let Phase::Asking(a) = &mut self.phase else {
+            return Next::Wait;
+        };
+        if a.starting.is_some() {
+            return Next::Wait; // decided when the host reports the start
+        }
+        while let Some((q, rule, message)) = a.pending.take_question(a.next) {
+            a.next += 1;
+            if rt.global_of(rule).is_none() {
+                a.pending.answer(q, Err("not a global rule".into()));
+                continue;
+            }
+            a.starting = Some(q);
+            a.calls.push(Call {
+                id: None,
+                question: q,
+                answer: GrpcAnswer::default(),
+            });
+            return Next::Call { rule, message };
+        }
+        if !a.pending.complete() {
+            return Next::Wait;
+        }
+        let Phase::Asking(a) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
+            return Next::Wait;
+        };
+        let decision = rt.finish(host, a.pending);
+        self.decided(decision)
+    }
+
+    fn decided(&mut self, decision: Decision) -> Next {
+        match decision {
+            Decision::Continue(admitted) => {
+                self.admitted = admitted;
+                self.phase = Phase::Admitted;
+                Next::Continue
+            }
+            Decision::Hold {
+                until_ms,
+                admitted,
+                held,
+            } => {
+                self.admitted = admitted;
+                self.phase = Phase::Held(held);
+                Next::Hold { until_ms }
+            }
+            Decision::Reply(reply) => {
+                self.phase = Phase::Replied;
+                Next::Reply(reply)
+            }
+        }
+    }
+
+    /// A held request's turn has come (or the host cannot hold it): it goes on
+    /// ([`Next::Continue`]); [`Next::Wait`] if it is not held.
+    pub fn release<S: Store>(&mut self, rt: &Runtime<S>) -> Next {
+        match std::mem::replace(&mut self.phase, Phase::Admitted) {
+            Phase::Held(held) => {
+                rt.release(&held);
+                Next::Continue
+            }
+            other => {
+                self.phase = other;
+                Next::Wait
+            }
+        }
+    }
+
+    /// Whether the request is held by delay mode.
+    pub fn is_held(&self) -> bool {
+        matches!(self.phase, Phase::Held(_))
+    }
+
+    /// The response's headers: charges the usage they report, tells elastic rules how the
+    /// backend answered, and hands every field to add to `emit(name, value, append)` (values
+    /// written into `buf`). `clock` is read only when a charge or a latency needs the time. A
+    /// local reply of this filter gets nothing: it carries its fields already.
+    pub fn response_headers<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        response: &mut impl Response,
+        clock: impl FnOnce() -> u64,
+        buf: &mut String,
+        emit: impl FnMut(&str, &str, bool),
+    ) {
+        if matches!(self.phase, Phase::Replied) {
+            return;
+        }
+        let Some(a) = self.admitted.as_mut() else {
+            return;
+        };
+        let now = if a.needs_clock() { clock() } else { 0 };
+        rt.response_headers(a, response, now, buf, emit);
+        if !a.owes() {
+            self.admitted = None;
+        }
+    }
+
+    /// A piece of the response body passes (`bytes` long).
+    pub fn response_body(&mut self, bytes: u64) {
+        if let Some(a) = self.admitted.as_mut() {
+            a.body(bytes);
+        }
+    }
+
+    /// The response's trailers: charges the usage they report.
+    pub fn response_trailers<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        trailers: &mut impl Response,
+        clock: impl FnOnce() -> u64,
+    ) {
+        if let Some(a) = self.admitted.as_mut() {
+            if a.owes() {
+                rt.response_trailers(a, trailers, clock());
+            }
+        }
+    }
+
+    /// The stream ended, however it ended: a request still held was abandoned by its client
+    /// (true: the host cancels its turn), and what its rules are still owed is settled. Calls
+    /// still in flight are forgotten; later events find nothing to do.
+    pub fn complete<S: Store>(&mut self, rt: &Runtime<S>, clock: impl FnOnce() -> u64) -> bool {
+        let held = match std::mem::replace(&mut self.phase, Phase::Ended) {
+            Phase::Held(held) => {
+                rt.abandon(&held);
+                true
+            }
+            _ => false,
+        };
+        if let Some(a) = self.admitted.take() {
+            rt.settle(a, clock());
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::key::Seed;
+    use crate::metrics::{Counter, Gauge};
+    use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+    use crate::store::MemoryStore;
+    use crate::testkit::{FakeHost, FakeResponse};
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        let config = Config::parse(json.as_bytes()).unwrap();
+        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+    }
+
+    fn counts(rt: &Runtime<MemoryStore>) -> Vec<(usize, Counter, u64)> {
+        let mut out = Vec::new();
+        rt.metrics().drain(|r, c, n| out.push((r, c, n)), |_, _| {});
+        out
+    }
+
+    fn gauges(rt: &Runtime<MemoryStore>) -> Vec<(Gauge, i64)> {
+        let mut out = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| out.push((g, d)));
+        out
+    }
+
+    fn host() -> FakeHost {
+        FakeHost::new("10.0.0.1", "/")
+    }
+
+    /// The fields a response with these headers gets.
+    fn respond(
+        rt: &Runtime<MemoryStore>,
+        st: &mut StreamState,
+        headers: &mut FakeResponse,
+    ) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        st.response_headers(
+            rt,
+            headers,
+            || 600_010,
+            &mut String::new(),
+            |k, v, _| out.push((k.to_string(), v.to_string())),
+        );
+        out
+    }
+
+    /// A sync global rule (failure_mode as given) and a local rule of 100 per minute.
+    fn sync(failure_mode: &str) -> Runtime<MemoryStore> {
+        runtime(&format!(
+            r#"{{"failure_mode": "{failure_mode}", "rules": [
+                {{"name": "g", "key": ["remote_address"],
+                  "rate_limit": {{"requests_per_unit": 10, "unit": "minute"}},
+                  "global": {{"cluster": "rls", "domain": "edge", "mode": "sync"}}}},
+                {{"name": "local", "key": ["remote_address"],
+                  "rate_limit": {{"requests_per_unit": 100, "unit": "minute"}}}}]}}"#
+        ))
+    }
+
+    fn service(code: Code) -> Result<RlsResponse, String> {
+        Ok(RlsResponse {
+            overall_code: code,
+            statuses: vec![DescriptorStatus {
+                code,
+                requests_per_unit: Some(10),
+                unit_seconds: Some(60),
+                limit_remaining: 9,
+                reset_ms: Some(30_000),
+            }],
+            headers: Vec::new(),
+        })
+    }
+
+    /// A framed `RateLimitResponse` with overall_code OK and one status (OK, 9 remaining), as
+    /// it comes over an HTTP/2 stream.
+    fn framed_ok() -> Vec<u8> {
+        let message = [0x08, 0x01, 0x12, 0x04, 0x08, 0x01, 0x18, 0x09];
+        let decoded = rls::decode_response(&message).unwrap();
+        assert_eq!(decoded.overall_code, Code::Ok);
+        assert_eq!(decoded.statuses[0].limit_remaining, 9);
+        rls::grpc_frame(&message)
+    }
+
+    /// Starts a stream of a sync rule: the one call it asks for.
+    fn asking(rt: &Runtime<MemoryStore>, st: &mut StreamState, h: &mut FakeHost) {
+        let Next::Call { rule, message } = st.request_headers(rt, h) else {
+            panic!("no call")
+        };
+        assert_eq!(rule, 0);
+        assert!(!message.is_empty());
+    }
+
+    #[test]
+    fn a_plain_rule_lets_the_request_go_on_then_refuses_with_a_reply() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "r", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 1, "unit": "minute"}}]}"#,
+        );
+        let (mut a, mut b) = (StreamState::default(), StreamState::default());
+        assert!(matches!(
+            a.request_headers(&rt, &mut host()),
+            Next::Continue
+        ));
+        // A second request_headers (a retried hook) decides nothing again.
+        assert!(matches!(
+            a.request_headers(&rt, &mut host()),
+            Next::Continue
+        ));
+        let fields = respond(&rt, &mut a, &mut FakeResponse::default());
+        assert!(fields.contains(&("x-ratelimit-remaining".into(), "0".into())));
+        let Next::Reply(reply) = b.request_headers(&rt, &mut host()) else {
+            panic!("admitted twice")
+        };
+        assert_eq!(reply.status, 429);
+        // The reply passes through the response hooks: nothing is added to it.
+        assert!(respond(&rt, &mut b, &mut FakeResponse::default()).is_empty());
+        assert!(!a.complete(&rt, || 0) && !b.complete(&rt, || 0));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Limited, 1),
+                (0, Counter::RetryAfterSeconds, 120)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sync_answer_delivered_whole_decides_after_the_call() {
+        let rt = sync("allow");
+        let mut h = host();
+        let mut st = StreamState::default();
+        asking(&rt, &mut st, &mut h);
+        assert!(matches!(st.started(&rt, &mut h, Ok(7)), Next::Wait));
+        // An answer for a call this stream did not start changes nothing.
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 8, service(Code::OverLimit)),
+            Next::Wait
+        ));
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 7, service(Code::Ok)),
+            Next::Continue
+        ));
+        // A late duplicate is ignored.
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 7, service(Code::OverLimit)),
+            Next::Wait
+        ));
+        // Refused by the service: the local rule counts nothing.
+        let mut refused = StreamState::default();
+        asking(&rt, &mut refused, &mut h);
+        refused.started(&rt, &mut h, Ok(9));
+        assert!(matches!(
+            refused.call_answer(&rt, &mut h, 9, service(Code::OverLimit)),
+            Next::Reply(_)
+        ));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 1),
+                (0, Counter::Limited, 1),
+                (0, Counter::RetryAfterSeconds, 30),
+                (1, Counter::Allowed, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sync_answer_streamed_in_headers_data_and_trailers_decides_when_complete() {
+        let rt = sync("deny");
+        let mut h = host();
+        let mut st = StreamState::default();
+        asking(&rt, &mut st, &mut h);
+        st.started(&rt, &mut h, Ok(3));
+        st.call_headers(3, [(&b":status"[..], &b"200"[..])]);
+        let frame = framed_ok();
+        let (first, rest) = frame.split_at(3);
+        st.call_data(3, first);
+        st.call_data(3, rest);
+        st.call_headers(3, [(&b"grpc-status"[..], &b"0"[..])]);
+        assert!(matches!(st.call_done(&rt, &mut h, 3, None), Next::Continue));
+        assert_eq!(
+            counts(&rt),
+            [(0, Counter::Allowed, 1), (1, Counter::Allowed, 1)]
+        );
+    }
+
+    #[test]
+    fn a_failed_timed_out_or_reset_call_follows_failure_mode() {
+        for (mode, refused) in [("allow", false), ("deny", true)] {
+            let rt = sync(mode);
+            let mut h = host();
+            // Could not be started at all.
+            let mut st = StreamState::default();
+            asking(&rt, &mut st, &mut h);
+            let next = st.started(&rt, &mut h, Err("unknown cluster".into()));
+            assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
+            // Timed out (proxy-wasm: a gRPC status), or reset midway (a dynamic module).
+            let mut timed_out = StreamState::default();
+            asking(&rt, &mut timed_out, &mut h);
+            timed_out.started(&rt, &mut h, Ok(1));
+            let next = timed_out.call_answer(&rt, &mut h, 1, Err("gRPC status 4".into()));
+            assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
+            let mut reset = StreamState::default();
+            asking(&rt, &mut reset, &mut h);
+            reset.started(&rt, &mut h, Ok(2));
+            reset.call_headers(2, [(&b":status"[..], &b"200"[..])]);
+            let next = reset.call_done(&rt, &mut h, 2, Some(1));
+            assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
+            // A trailers-only answer (how Envoy reports an unreachable service).
+            let mut unreachable = StreamState::default();
+            asking(&rt, &mut unreachable, &mut h);
+            unreachable.started(&rt, &mut h, Ok(5));
+            unreachable.call_headers(
+                5,
+                [
+                    (&b":status"[..], &b"200"[..]),
+                    (&b"grpc-status"[..], &b"14"[..]),
+                ],
+            );
+            let next = unreachable.call_done(&rt, &mut h, 5, None);
+            assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
+            let c = counts(&rt);
+            assert!(c.contains(&(0, Counter::GlobalErrors, 4)), "{mode}: {c:?}");
+            let failed = if refused {
+                Counter::FailedClosed
+            } else {
+                Counter::FailedOpen
+            };
+            assert!(c.contains(&(0, failed, 4)), "{mode}: {c:?}");
+            assert!(
+                h.logs.iter().any(|(_, l)| l.contains("unknown cluster")),
+                "{mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reset_delivered_while_the_call_is_being_started_decides_after_the_start() {
+        let rt = sync("allow");
+        let mut h = host();
+        let mut st = StreamState::default();
+        asking(&rt, &mut st, &mut h);
+        // Envoy resets the call inside the call that starts it: its id is not known yet, and
+        // the request must not be resumed from inside the hook that paused it.
+        st.call_headers(11, [(&b":status"[..], &b"503"[..])]);
+        assert!(matches!(st.call_done(&rt, &mut h, 11, Some(2)), Next::Wait));
+        // The start returns: now it decides (failing open), in the request-headers hook.
+        assert!(matches!(st.started(&rt, &mut h, Ok(11)), Next::Continue));
+        // A start that reports failure after an inline reset counts the failure once.
+        let mut again = StreamState::default();
+        asking(&rt, &mut again, &mut h);
+        assert!(matches!(
+            again.call_done(&rt, &mut h, 12, Some(2)),
+            Next::Wait
+        ));
+        assert!(matches!(
+            again.started(&rt, &mut h, Err("reset".into())),
+            Next::Continue
+        ));
+        let c = counts(&rt);
+        assert!(c.contains(&(0, Counter::GlobalErrors, 2)), "{c:?}");
+        assert!(c.contains(&(0, Counter::FailedOpen, 2)), "{c:?}");
+    }
+
+    #[test]
+    fn two_sync_rules_each_get_a_call_and_decide_on_the_last_answer() {
+        let rt = runtime(
+            r#"{"rules": [
+                {"name": "a", "key": ["remote_address"],
+                 "rate_limit": {"requests_per_unit": 10, "unit": "minute"},
+                 "global": {"cluster": "rls", "domain": "edge", "mode": "sync"}},
+                {"name": "b", "key": ["path"],
+                 "rate_limit": {"requests_per_unit": 10, "unit": "minute"},
+                 "global": {"cluster": "rls", "domain": "edge", "mode": "sync"}}]}"#,
+        );
+        let mut h = host();
+        let mut st = StreamState::default();
+        let Next::Call { rule: 0, .. } = st.request_headers(&rt, &mut h) else {
+            panic!()
+        };
+        let Next::Call { rule: 1, .. } = st.started(&rt, &mut h, Ok(1)) else {
+            panic!("second call not started")
+        };
+        assert!(matches!(st.started(&rt, &mut h, Ok(2)), Next::Wait));
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 2, service(Code::Ok)),
+            Next::Wait
+        ));
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 1, service(Code::Ok)),
+            Next::Continue
+        ));
+    }
+
+    #[test]
+    fn a_stream_that_ends_while_asking_counts_nothing_and_ignores_late_answers() {
+        let rt = sync("allow");
+        let mut h = host();
+        let mut st = StreamState::default();
+        asking(&rt, &mut st, &mut h);
+        st.started(&rt, &mut h, Ok(4));
+        assert!(!st.complete(&rt, || 0));
+        assert!(matches!(
+            st.call_answer(&rt, &mut h, 4, service(Code::Ok)),
+            Next::Wait
+        ));
+        assert!(counts(&rt).is_empty());
+    }
+
+    /// A delay-mode rule: 1 per second, a queue of 3, waits up to 5 s.
+    const DELAY: &str = r#"{"rules": [{"name": "d", "key": ["remote_address"],
+        "algorithm": "leaky_bucket", "burst": 3, "on_limit": "delay", "max_delay_ms": 5000,
+        "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
+
+    #[test]
+    fn a_held_request_goes_on_at_its_turn_or_is_abandoned() {
+        let rt = runtime(DELAY);
+        let mut h = host();
+        let mut first = StreamState::default();
+        assert!(matches!(first.request_headers(&rt, &mut h), Next::Continue));
+        // Second and third wait their turns.
+        let mut second = StreamState::default();
+        let next = second.request_headers(&rt, &mut h);
+        let Next::Hold { until_ms } = next else {
+            panic!("not held: {next:?}")
+        };
+        assert_eq!(until_ms, 601_000);
+        assert!(second.is_held());
+        let mut third = StreamState::default();
+        assert!(matches!(
+            third.request_headers(&rt, &mut h),
+            Next::Hold { until_ms: 602_000 }
+        ));
+        // The second's turn comes; a second release does nothing.
+        assert!(matches!(second.release(&rt), Next::Continue));
+        assert!(matches!(second.release(&rt), Next::Wait));
+        assert!(!second.complete(&rt, || 0));
+        // The third's client goes away first.
+        assert!(third.complete(&rt, || 0));
+        assert!(matches!(third.release(&rt), Next::Wait));
+        assert!(!first.complete(&rt, || 0));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 2),
+                (0, Counter::Delayed, 1),
+                (0, Counter::Abandoned, 1)
+            ]
+        );
+    }
+
+    /// Usage charged from a response header or trailer (reserve 10, default 50), and the body's
+    /// bytes.
+    const CHARGED: &str = r#"{"rules": [
+        {"name": "tokens", "key": ["remote_address"],
+         "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+         "cost": {"response": "header:x-usage", "reserve": 10, "default": 50}},
+        {"name": "bytes", "key": ["remote_address"],
+         "rate_limit": {"requests_per_unit": 100000, "unit": "minute"},
+         "cost": {"response": "body_bytes"}}]}"#;
+
+    fn charged(rt: &Runtime<MemoryStore>) -> Vec<(usize, u64)> {
+        counts(rt)
+            .into_iter()
+            .filter(|(_, c, _)| *c == Counter::UsageCharged)
+            .map(|(r, _, n)| (r, n))
+            .collect()
+    }
+
+    #[test]
+    fn an_admitted_request_is_charged_at_headers_trailers_or_end() {
+        let rt = runtime(CHARGED);
+        let mut h = host();
+        // Reported in the headers: charged there; the body's bytes at the end.
+        let mut st = StreamState::default();
+        assert!(matches!(st.request_headers(&rt, &mut h), Next::Continue));
+        respond(&rt, &mut st, &mut FakeResponse::with("x-usage", "120"));
+        st.response_body(300);
+        st.response_body(12);
+        st.complete(&rt, || 600_020);
+        assert_eq!(charged(&rt), [(0, 120), (1, 312)]);
+        // Reported in the trailers.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut h);
+        respond(&rt, &mut st, &mut FakeResponse::default());
+        st.response_trailers(&rt, &mut FakeResponse::with("x-usage", "70"), || 600_030);
+        st.complete(&rt, || 600_030);
+        assert_eq!(charged(&rt), [(0, 70)]); // an empty body charges nothing
+                                             // Never reported: the default, counted as unreported.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut h);
+        respond(&rt, &mut st, &mut FakeResponse::default());
+        st.complete(&rt, || 600_040);
+        let c = counts(&rt);
+        assert!(c.contains(&(0, Counter::UsageCharged, 50)), "{c:?}");
+        assert!(c.contains(&(0, Counter::UsageUnreported, 1)), "{c:?}");
+        // Reset before any response: still settled at the end.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut h);
+        st.complete(&rt, || 600_050);
+        assert_eq!(charged(&rt), [(0, 50)]);
+    }
+
+    #[test]
+    fn an_in_flight_slot_is_given_back_however_the_stream_ends() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "slots", "key": ["remote_address"],
+                "in_flight": {"max": 1}}]}"#,
+        );
+        let mut h = host();
+        let in_flight = |rt: &Runtime<MemoryStore>| -> i64 {
+            gauges(rt)
+                .iter()
+                .filter(|(g, _)| *g == Gauge::InFlight)
+                .map(|(_, d)| d)
+                .sum()
+        };
+        // Ends after its response; ends before any response (client gone, reset).
+        for respond_first in [true, false] {
+            let mut st = StreamState::default();
+            assert!(matches!(st.request_headers(&rt, &mut h), Next::Continue));
+            assert_eq!(in_flight(&rt), 1);
+            let mut full = StreamState::default();
+            assert!(matches!(full.request_headers(&rt, &mut h), Next::Reply(_)));
+            full.complete(&rt, || 600_001);
+            if respond_first {
+                respond(&rt, &mut st, &mut FakeResponse::default());
+            }
+            assert_eq!(in_flight(&rt), 0);
+            st.complete(&rt, || 600_002);
+            assert_eq!(in_flight(&rt), -1);
+            // The slot is free again.
+            let mut next = StreamState::default();
+            assert!(matches!(next.request_headers(&rt, &mut h), Next::Continue));
+            next.complete(&rt, || 600_003);
+            assert_eq!(in_flight(&rt), 0);
+        }
+        // A second complete (Envoy calls it once) gives nothing back twice.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut h);
+        st.complete(&rt, || 600_004);
+        st.complete(&rt, || 600_005);
+        assert_eq!(in_flight(&rt), 0);
+    }
+
+    #[test]
+    fn the_clock_is_read_only_when_a_response_needs_it() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "r", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 5, "unit": "minute"}}]}"#,
+        );
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut host());
+        st.response_headers(
+            &rt,
+            &mut FakeResponse::default(),
+            || panic!("clock read"),
+            &mut String::new(),
+            |_, _, _| {},
+        );
+        st.complete(&rt, || panic!("clock read at the end"));
+    }
+}
