@@ -13,6 +13,7 @@ mod timer;
 use envoy_dm_abi::hooks::{self, Chunks, HttpFilter, HttpFilterConfig};
 use envoy_dm_abi::{self as abi, ConfigHandle, ConfigScheduler, HeadersStatus, LogLevel, Stream};
 use ratelimit_core::config::{Config, FailureMode};
+use ratelimit_core::error::ServiceError;
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
@@ -328,7 +329,7 @@ impl FilterConfig {
             .remove(&id);
         if let Some(f) = done {
             let answer = match reset {
-                Some(reason) => Err(format!("stream reset (reason {reason})")),
+                Some(reason) => Err(ServiceError::Reset(reason)),
                 None => f.answer.finish(),
             };
             self.rt.flushed(&f.target, answer, now_ms());
@@ -434,10 +435,11 @@ impl Filter {
                                 &rls::grpc_frame(&message),
                                 g.timeout_ms,
                             )
-                            .map_err(|code| {
-                                format!("cannot call cluster {:?} ({code:?})", g.cluster)
+                            .map_err(|code| ServiceError::NotSent {
+                                cluster: g.cluster.clone(),
+                                status: format!("{code:?}"),
                             }),
-                        None => Err("not a global rule".into()),
+                        None => Err(ServiceError::NotGlobal),
                     };
                     self.with(|st| st.started(&c.rt, &mut NativeHost { stream: s }, started))
                 }

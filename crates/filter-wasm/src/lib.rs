@@ -9,6 +9,7 @@ use abi::{Level, Map};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use ratelimit_core::config::Config;
+use ratelimit_core::error::{ServiceError, StoreFault};
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
@@ -73,9 +74,12 @@ impl Store for SharedData {
         slot: u64,
         f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
     ) -> Result<T, StoreError> {
-        let (value, cas) = self
-            .with_key(slot, abi::get_shared)
-            .map_err(|s| StoreError::Unavailable(format!("get_shared_data status {}", s.0)))?;
+        let (value, cas) = self.with_key(slot, abi::get_shared).map_err(|s| {
+            StoreError::Unavailable(StoreFault::Host {
+                call: "get_shared_data",
+                status: s.0,
+            })
+        })?;
         Ok(f(value.as_deref(), cas))
     }
 
@@ -83,10 +87,10 @@ impl Store for SharedData {
         match self.with_key(slot, |key| abi::set_shared(key, value, cas)) {
             Ok(()) => Ok(()),
             Err(abi::CAS_MISMATCH) => Err(StoreError::Conflict),
-            Err(s) => Err(StoreError::Unavailable(format!(
-                "set_shared_data status {}",
-                s.0
-            ))),
+            Err(s) => Err(StoreError::Unavailable(StoreFault::Host {
+                call: "set_shared_data",
+                status: s.0,
+            })),
         }
     }
 }
@@ -425,16 +429,15 @@ impl RootContext for Root {
 }
 
 /// Reads the answer being delivered to `on_grpc_call_response`.
-fn read_answer(status: u32, size: usize) -> Result<rls::Response, String> {
+fn read_answer(status: u32, size: usize) -> Result<rls::Response, ServiceError> {
     if status != 0 {
         // Also how a timeout arrives (DEADLINE_EXCEEDED) and an unreachable service.
-        let code = abi::grpc_status().unwrap_or(status);
-        return Err(format!("gRPC status {code}"));
+        return Err(ServiceError::Grpc(abi::grpc_status().unwrap_or(status)));
     }
     let body = abi::grpc_response(size)
-        .map_err(|s| format!("cannot read the answer (status {})", s.0))?
+        .map_err(|s| ServiceError::NotRead(s.0))?
         .unwrap_or_default();
-    rls::decode_response(&body).map_err(|_| "undecodable answer".to_string())
+    rls::decode_response(&body).map_err(|_| ServiceError::Undecodable)
 }
 
 /// The request as the pipeline sees it: attributes read from the host, each at most once.
@@ -542,10 +545,11 @@ impl Request {
                             g.timeout_ms,
                         )
                         .map(u64::from)
-                        .map_err(|s| {
-                            format!("cannot call cluster {:?} (status {})", g.cluster, s.0)
+                        .map_err(|s| ServiceError::NotSent {
+                            cluster: g.cluster.clone(),
+                            status: s.0.to_string(),
                         }),
-                        None => Err("not a global rule".into()),
+                        None => Err(ServiceError::NotGlobal),
                     };
                     self.state.started(rt, &mut WasmHost::default(), started)
                 }

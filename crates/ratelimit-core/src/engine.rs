@@ -10,6 +10,7 @@
 //! when a concurrent request may see the count one higher and be refused (never over-admitted).
 
 use crate::config::FailureMode;
+use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table::{self, Placement, Slot, BUCKET_LEN};
@@ -120,8 +121,30 @@ pub enum Failure {
     Corrupt,
     /// The key's sliding-log slot holds another live key.
     NoRoom,
-    /// A host call failed.
-    Unavailable(String),
+    /// The store failed.
+    Unavailable(StoreFault),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::RetriesExhausted => f.write_str("every compare-and-swap lost a race"),
+            Failure::Corrupt => f.write_str("a bucket did not decode (reset)"),
+            Failure::NoRoom => f.write_str("the key's log slot holds another live key"),
+            Failure::Unavailable(why) => write!(f, "store unavailable: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        match e {
+            StoreError::Conflict => Failure::RetriesExhausted,
+            StoreError::Unavailable(why) => Failure::Unavailable(why),
+        }
+    }
 }
 
 /// The decision for a request.
@@ -155,7 +178,7 @@ fn read(store: &impl Store, slot: u64) -> Result<Read, Failure> {
         .read(slot, |bytes, cas| {
             (Slot::decode(slot, bytes), cas.unwrap_or(CREATE_CAS))
         })
-        .map_err(|e| Failure::Unavailable(format!("{e:?}")))?;
+        .map_err(Failure::from)?;
     match decoded {
         Ok(s) => Ok(Read { slot: s, cas }),
         Err(_) => {
@@ -277,7 +300,7 @@ fn read_entry(store: &impl Store, slot: u64, fingerprint: u64) -> Result<Entry, 
         let found = table::lookup(bytes, fingerprint);
         (found, present.then_some(copy), cas.unwrap_or(CREATE_CAS))
     });
-    let (found, bytes, cas) = read.map_err(|e| Failure::Unavailable(format!("{e:?}")))?;
+    let (found, bytes, cas) = read.map_err(Failure::from)?;
     match found {
         Ok(found) => Ok(Entry { bytes, found, cas }),
         Err(table::Corrupt) => {
@@ -311,7 +334,7 @@ fn write_entry(
         bytes => {
             // `lookup` accepted these bytes, so they decode.
             let mut decoded = Slot::decode(slot, bytes.as_ref().map(|b| &b[..]))
-                .map_err(|_| StoreError::Unavailable("a bucket that no longer decodes".into()))?;
+                .map_err(|_| StoreError::Unavailable(StoreFault::Undecodable))?;
             let placement = decoded.put(fingerprint, next, now_ms);
             store
                 .write(slot, decoded.encode().as_ref(), b.cas)

@@ -7,6 +7,7 @@
 //! shared table until the service's reset time, so every worker refuses it from then on.
 
 use crate::config::{GlobalMode, Rule};
+use crate::error::ServiceError;
 use crate::key::Descriptor;
 use crate::limiter::{Policy, State, Verdict};
 use crate::rls;
@@ -32,7 +33,7 @@ pub struct Question {
 }
 
 /// A service's answer, or why there is none.
-pub type Answer = Result<rls::Response, String>;
+pub type Answer = Result<rls::Response, ServiceError>;
 
 /// The descriptor entries as the encoder takes them.
 fn entry_refs(entries: &Descriptor) -> Vec<(&str, &[u8])> {
@@ -59,16 +60,16 @@ fn ours(name: &str) -> bool {
 pub fn verdict(
     answer: Option<&Answer>,
     policy: &Policy,
-) -> Result<(Verdict, Vec<(String, String)>), String> {
+) -> Result<(Verdict, Vec<(String, String)>), ServiceError> {
     let r = match answer {
         Some(Ok(r)) => r,
         Some(Err(e)) => return Err(e.clone()),
-        None => return Err("no answer".into()),
+        None => return Err(ServiceError::NoAnswer),
     };
     let allowed = match r.overall_code {
         rls::Code::Ok => true,
         rls::Code::OverLimit => false,
-        rls::Code::Unknown => return Err("the service answered UNKNOWN".into()),
+        rls::Code::Unknown => return Err(ServiceError::Unknown),
     };
     let status = r.statuses.first().cloned().unwrap_or_default();
     let (limit, window_ms) = policy.limit_and_window();
@@ -244,8 +245,8 @@ mod tests {
         let unknown = Response::default();
         assert!(verdict(Some(&Ok(unknown)), &POLICY).is_err());
         assert_eq!(
-            verdict(Some(&Err("gRPC status 4".into())), &POLICY),
-            Err("gRPC status 4".into())
+            verdict(Some(&Err(ServiceError::Grpc(4))), &POLICY),
+            Err(ServiceError::Grpc(4))
         );
         assert!(verdict(None, &POLICY).is_err());
     }

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod elastic;
 pub mod engine;
+pub mod error;
 pub mod global;
 pub mod headers;
 pub mod key;

@@ -3,6 +3,8 @@
 //! `.wasm` for two messages. Unknown fields are skipped, as protobuf requires, so newer services
 //! interoperate.
 
+use crate::error::ServiceError;
+
 /// The gRPC service and method of `ShouldRateLimit`.
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 /// The method name.
@@ -55,18 +57,18 @@ impl GrpcAnswer {
     }
 
     /// The decoded answer once the stream is complete.
-    pub fn finish(&self) -> Result<Response, String> {
+    pub fn finish(&self) -> Result<Response, ServiceError> {
         match (self.http_status, self.grpc_status) {
-            (Some(s), _) if s != 200 => return Err(format!("HTTP status {s}")),
+            (Some(s), _) if s != 200 => return Err(ServiceError::Http(s)),
             (_, Some(0)) => {}
-            (_, Some(code)) => return Err(format!("gRPC status {code}")),
-            (_, None) => return Err("no gRPC status".into()),
+            (_, Some(code)) => return Err(ServiceError::Grpc(code)),
+            (_, None) => return Err(ServiceError::NoStatus),
         }
         let message = match self.body.split_first_chunk::<5>() {
             Some(([0, len @ ..], rest)) if u32::from_be_bytes(*len) as usize == rest.len() => rest,
-            _ => return Err("undecodable answer".into()),
+            _ => return Err(ServiceError::Undecodable),
         };
-        decode_response(message).map_err(|_| "undecodable answer".to_string())
+        decode_response(message).map_err(|_| ServiceError::Undecodable)
     }
 }
 
@@ -121,6 +123,14 @@ pub struct Response {
 /// The response could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeError;
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not a RateLimitResponse")
+    }
+}
+
+impl std::error::Error for DecodeError {}
 
 fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     while n >= 0x80 {
@@ -389,18 +399,21 @@ mod tests {
         // Trailers-only: how Envoy reports an unreachable service or a timeout.
         let mut refused = GrpcAnswer::default();
         refused.headers([(&b":status"[..], &b"200"[..]), (b"grpc-status", b"14")]);
-        assert_eq!(refused.finish().unwrap_err(), "gRPC status 14");
+        assert_eq!(refused.finish().unwrap_err().to_string(), "gRPC status 14");
         let mut http = GrpcAnswer::default();
         http.headers([(&b":status"[..], &b"503"[..])]);
-        assert_eq!(http.finish().unwrap_err(), "HTTP status 503");
+        assert_eq!(http.finish().unwrap_err().to_string(), "HTTP status 503");
         assert_eq!(
-            GrpcAnswer::default().finish().unwrap_err(),
+            GrpcAnswer::default().finish().unwrap_err().to_string(),
             "no gRPC status"
         );
         let mut short = GrpcAnswer::default();
         short.headers([(&b"grpc-status"[..], &b"0"[..])]);
         short.data(&[0, 0, 0, 0, 9, 1]);
-        assert_eq!(short.finish().unwrap_err(), "undecodable answer");
+        assert_eq!(
+            short.finish().unwrap_err().to_string(),
+            "undecodable answer"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! host's: a process-global array of buckets, each behind its own lock) and [`MemoryStore`] (a map
 //! with Envoy's exact semantics, for tests).
 
+use crate::error::StoreFault;
 use crate::table::BUCKET_LEN;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -25,9 +26,20 @@ pub const CREATE_CAS: u32 = u32::MAX;
 pub enum StoreError {
     /// Another writer changed the value since it was read.
     Conflict,
-    /// The store itself failed (a host call returned an unexpected status).
-    Unavailable(String),
+    /// The store itself failed.
+    Unavailable(StoreFault),
 }
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Conflict => f.write_str("changed since it was read"),
+            StoreError::Unavailable(why) => why.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
 
 /// A versioned byte store with compare-and-swap; slots are numbered.
 pub trait Store {
@@ -187,7 +199,7 @@ impl ProcessStore {
     fn log_shard(&self, slot: u64) -> Result<&Mutex<Values>, StoreError> {
         self.logs
             .get((slot % LOG_SHARDS as u64) as usize)
-            .ok_or_else(|| StoreError::Unavailable("no log shard".into()))
+            .ok_or(StoreError::Unavailable(StoreFault::NoSlot(slot)))
     }
 }
 
@@ -206,7 +218,7 @@ impl Store for ProcessStore {
         }
         let bucket = self
             .bucket(slot)
-            .ok_or_else(|| StoreError::Unavailable(format!("no bucket {slot}")))?;
+            .ok_or(StoreError::Unavailable(StoreFault::NoSlot(slot)))?;
         let b = lock(bucket);
         Ok(if b.cas == 0 {
             f(None, None)
@@ -228,17 +240,14 @@ impl Store for ProcessStore {
         }
         let bucket = self
             .bucket(slot)
-            .ok_or_else(|| StoreError::Unavailable(format!("no bucket {slot}")))?;
+            .ok_or(StoreError::Unavailable(StoreFault::NoSlot(slot)))?;
         let mut b = lock(bucket);
         let current = (b.cas != 0).then_some(b.cas);
         if !may_write(current, cas) {
             return Err(StoreError::Conflict);
         }
         if value.len() != BUCKET_LEN {
-            return Err(StoreError::Unavailable(format!(
-                "a bucket is {BUCKET_LEN} bytes, not {}",
-                value.len()
-            )));
+            return Err(StoreError::Unavailable(StoreFault::BadLength(value.len())));
         }
         b.bytes.copy_from_slice(value);
         b.cas = next_cas(b.cas);

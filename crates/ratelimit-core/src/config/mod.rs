@@ -522,6 +522,8 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl std::error::Error for ConfigError {}
+
 /// Every error found in one configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
@@ -537,3 +539,5 @@ impl fmt::Display for ConfigErrors {
         Ok(())
     }
 }
+
+impl std::error::Error for ConfigErrors {}

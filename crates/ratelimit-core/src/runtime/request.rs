@@ -337,7 +337,7 @@ impl<S: Store> Runtime<S> {
                     continue;
                 };
                 if let Some(failure) = self.store_work(a.rule, out) {
-                    self.failed(host, a.rule, now, &format!("{failure:?}"));
+                    self.failed(host, a.rule, now, failure);
                 }
                 let Some(v) = out.verdict else {
                     continue;
@@ -592,9 +592,7 @@ impl<S: Store> Runtime<S> {
                     .rules
                     .get(debt.rule)
                     .map_or("", |r| r.name.as_str());
-                log::warn!(
-                    "rule {name} could not settle {owed:?} ({failure:?}): it is not counted"
-                );
+                log::warn!("rule {name} could not settle {owed:?} ({failure}): it is not counted");
             }
         }
         out.verdict
@@ -643,7 +641,7 @@ impl<S: Store> Runtime<S> {
 
     /// Counts, and logs (at most once a second), a rule the store or the service could not
     /// decide.
-    fn failed(&self, host: &mut impl Host, rule: usize, now: u64, why: &str) {
+    fn failed(&self, host: &mut impl Host, rule: usize, now: u64, why: &dyn fmt::Display) {
         let mode = self.config.failure_mode;
         let counter = match mode {
             FailureMode::Allow => Counter::FailedOpen,
@@ -688,6 +686,7 @@ pub fn failure_reply(status: u16) -> Reply {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::error::ServiceError;
     use crate::key::Seed;
     use crate::metrics::Counter;
     use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
@@ -956,7 +955,7 @@ mod tests {
         let Start::Ask(mut p) = rt.start(&mut host) else {
             panic!()
         };
-        p.answer(0, Err("gRPC status 14".into()));
+        p.answer(0, Err(ServiceError::Grpc(14)));
         assert!(matches!(rt.finish(&mut host, p), Decision::Reply(_)));
         assert_eq!(
             counts(&rt),
@@ -1002,7 +1001,7 @@ mod tests {
         host.now += 30_000;
         assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
         // Errors are counted, nothing else.
-        rt.flushed(&flushes[0].target, Err("reset".into()), host.now);
+        rt.flushed(&flushes[0].target, Err(ServiceError::Reset(1)), host.now);
         assert!(counts(&rt).contains(&(0, Counter::GlobalErrors, 1)));
     }
 

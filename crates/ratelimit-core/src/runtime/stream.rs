@@ -20,6 +20,7 @@
 //! inside the hook that paused it.
 
 use super::{Admitted, Decision, Held, Host, Pending, Reply, Response, Runtime, Start};
+use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
 use crate::store::Store;
 
@@ -137,7 +138,7 @@ impl StreamState {
         &mut self,
         rt: &Runtime<S>,
         host: &mut impl Host,
-        result: Result<u64, String>,
+        result: Result<u64, ServiceError>,
     ) -> Next {
         let Phase::Asking(a) = &mut self.phase else {
             return Next::Wait;
@@ -196,7 +197,7 @@ impl StreamState {
         reset: Option<u32>,
     ) -> Next {
         self.answered(rt, host, id, |answer| match reset {
-            Some(reason) => Err(format!("stream reset (reason {reason})")),
+            Some(reason) => Err(ServiceError::Reset(reason)),
             None => answer.finish(),
         })
     }
@@ -207,7 +208,7 @@ impl StreamState {
         rt: &Runtime<S>,
         host: &mut impl Host,
         id: u64,
-        result: Result<rls::Response, String>,
+        result: Result<rls::Response, ServiceError>,
     ) -> Next {
         self.answered(rt, host, id, |_| result)
     }
@@ -217,7 +218,7 @@ impl StreamState {
         rt: &Runtime<S>,
         host: &mut impl Host,
         id: u64,
-        answer: impl FnOnce(&GrpcAnswer) -> Result<rls::Response, String>,
+        answer: impl FnOnce(&GrpcAnswer) -> Result<rls::Response, ServiceError>,
     ) -> Next {
         let Phase::Asking(a) = &mut self.phase else {
             return Next::Wait;
@@ -241,7 +242,7 @@ impl StreamState {
         while let Some((q, rule, message)) = a.pending.take_question(a.next) {
             a.next += 1;
             if rt.global_of(rule).is_none() {
-                a.pending.answer(q, Err("not a global rule".into()));
+                a.pending.answer(q, Err(ServiceError::NotGlobal));
                 continue;
             }
             a.starting = Some(q);
@@ -430,7 +431,7 @@ mod tests {
         ))
     }
 
-    fn service(code: Code) -> Result<RlsResponse, String> {
+    fn service(code: Code) -> Result<RlsResponse, ServiceError> {
         Ok(RlsResponse {
             overall_code: code,
             statuses: vec![DescriptorStatus {
@@ -566,13 +567,17 @@ mod tests {
             // Could not be started at all.
             let mut st = StreamState::default();
             asking(&rt, &mut st, &mut h);
-            let next = st.started(&rt, &mut h, Err("unknown cluster".into()));
+            let not_sent = ServiceError::NotSent {
+                cluster: "rls".into(),
+                status: "BadArgument".into(),
+            };
+            let next = st.started(&rt, &mut h, Err(not_sent));
             assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
             // Timed out (proxy-wasm: a gRPC status), or reset midway (a dynamic module).
             let mut timed_out = StreamState::default();
             asking(&rt, &mut timed_out, &mut h);
             timed_out.started(&rt, &mut h, Ok(1));
-            let next = timed_out.call_answer(&rt, &mut h, 1, Err("gRPC status 4".into()));
+            let next = timed_out.call_answer(&rt, &mut h, 1, Err(ServiceError::Grpc(4)));
             assert_eq!(matches!(next, Next::Reply(_)), refused, "{mode}");
             let mut reset = StreamState::default();
             asking(&rt, &mut reset, &mut h);
@@ -602,7 +607,9 @@ mod tests {
             };
             assert!(c.contains(&(0, failed, 4)), "{mode}: {c:?}");
             assert!(
-                h.logs.iter().any(|(_, l)| l.contains("unknown cluster")),
+                h.logs
+                    .iter()
+                    .any(|(_, l)| l.contains("cannot call cluster \"rls\" (status BadArgument)")),
                 "{mode}"
             );
         }
@@ -628,7 +635,7 @@ mod tests {
             Next::Wait
         ));
         assert!(matches!(
-            again.started(&rt, &mut h, Err("reset".into())),
+            again.started(&rt, &mut h, Err(ServiceError::Reset(2))),
             Next::Continue
         ));
         let c = counts(&rt);
