@@ -1,4 +1,6 @@
-//! The Envoy dynamic-module host: the same pipeline as the wasm build, at native speed.
+//! The Envoy dynamic-module host: the same core as the wasm build, at native speed. Each stream
+//! is the core's [`StreamState`]; this crate reads attributes, carries out what it says next
+//! and keeps the handles (schedulers, the held request's turn).
 //!
 //! Envoy loads `libwasm_ratelimit.so` and hands each filter configuration the same JSON plugin
 //! configuration; `filter_name` plays the part of the wasm plugin's name (metric labels, table

@@ -1,6 +1,6 @@
 //! The proxy-wasm host: Envoy's callbacks in, host calls out. It reads request attributes, keeps
-//! keys in shared data, and carries out what [`ratelimit_core::runtime`] decides; nothing is decided
-//! here.
+//! keys in shared data, and carries out what each stream's [`StreamState`] says next; nothing is
+//! decided here.
 #![cfg(target_arch = "wasm32")]
 
 mod abi;

@@ -1,5 +1,6 @@
-//! Where a request is decided: every matching rule is checked against its key's state in the
-//! store, and the request is counted only if all of them allow it.
+//! Where the rules' state is checked and updated: every rule that applies to a request is
+//! checked against its key's state in the store, and the request is counted only if all of
+//! them allow it ([`crate::runtime`] decides the request with it).
 //!
 //! Check, then commit. First every rule's bucket is read and decided without writing (a
 //! rejected request therefore costs reads only and consumes nothing). If all allow, each rule's

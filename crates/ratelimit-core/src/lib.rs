@@ -1,13 +1,15 @@
 //! wasm-ratelimit: HTTP rate limiting inside Envoy, as a proxy-wasm filter or an Envoy dynamic
 //! module, from one core.
 //!
-//! A request is decided in [`runtime`], the same way whichever host runs it: rules matched and
-//! keys built by [`key`], each rule's algorithm in [`limiter`], state updated with
-//! compare-and-swap by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer
-//! written by [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its
-//! [`metrics`]; [`global`] and [`rls`] speak to rate limit services. All of it is plain Rust,
-//! compiled and tested natively; [`host`] holds the only code that knows its host. The
-//! `ratelimit-config` CLI's modules (`manifest`, `summary`, `replay`) are in neither filter.
+//! A request is decided in [`runtime`], the same way whichever host runs it, and each stream
+//! goes through one state machine there ([`runtime::StreamState`]): rules matched and keys
+//! built by [`key`], each rule's algorithm in [`limiter`], state updated with compare-and-swap
+//! by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer written by
+//! [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its [`metrics`];
+//! [`global`] and [`rls`] speak to rate limit services; [`error`] has the typed errors. All of
+//! it is plain Rust with no host dependency, compiled and tested natively (`testkit`, behind
+//! the feature of that name, has a fake host). The hosts are the crates `filter-wasm` and
+//! `filter-native` (over `envoy-dm-abi`); the CLI is `ratelimit-config`.
 
 pub mod config;
 pub mod elastic;

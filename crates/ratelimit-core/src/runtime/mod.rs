@@ -8,8 +8,8 @@
 //! machine, [`StreamState`], that tells the host what to do next. The hosts only read
 //! attributes, carry out what they are told and keep the state.
 
-mod request;
-mod stream;
+pub mod request;
+pub mod stream;
 
 pub use request::{
     failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
