@@ -98,8 +98,12 @@ impl Counter {
 /// The gauges of a plugin (all its rules together).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gauge {
-    /// Table entries in use (keys tracked; an expired entry counts until it is reused).
+    /// Entries of the table's buckets in use (keys tracked; an expired entry counts until it
+    /// is reused): at most the table's capacity.
     TrackedKeys,
+    /// Sliding-log slots in use (their own `capacity` slots, besides the buckets; an expired
+    /// log counts until its slot is reused).
+    TrackedLogs,
     /// Requests held by delay mode right now.
     DelayQueue,
     /// In-flight slots held right now (requests admitted by `in_flight` rules, not yet done).
@@ -108,12 +112,18 @@ pub enum Gauge {
 
 impl Gauge {
     /// Every gauge, in the order of the accumulators.
-    pub const ALL: [Gauge; 3] = [Gauge::TrackedKeys, Gauge::DelayQueue, Gauge::InFlight];
+    pub const ALL: [Gauge; 4] = [
+        Gauge::TrackedKeys,
+        Gauge::TrackedLogs,
+        Gauge::DelayQueue,
+        Gauge::InFlight,
+    ];
 
     /// The name in the metric names.
     pub fn name(self) -> &'static str {
         match self {
             Gauge::TrackedKeys => "tracked_keys",
+            Gauge::TrackedLogs => "tracked_logs",
             Gauge::DelayQueue => "delay_queue",
             Gauge::InFlight => "in_flight",
         }
