@@ -499,3 +499,40 @@ fn empty_values_count_as_absent_in_keys_and_matches() {
     );
     assert_eq!(with(&mut c).status, 429);
 }
+
+/// The README: counters are published once a second, "so `/stats` may lag by up to a second".
+/// A lone request's counter is timed from its response to the first `/stats` that shows it,
+/// at 20 phases of the publishing period (each on a new connection, so on either worker). The
+/// bound allows 1 s, plus 150 ms for this test's 10 ms polling and a loaded 2-CPU machine; a
+/// publication skipped by a tick arriving a hair early would show as up to 2 s.
+#[test]
+fn a_lone_requests_counter_reaches_stats_within_a_second() {
+    const SAMPLES: u64 = 20;
+    const BOUND: Duration = Duration::from_millis(1000 + 150);
+    let envoy = Envoy::start(&one_rule("lone", "", "[]", 1_000_000, "hour"));
+    let allowed = common::metric(Some("lone"), "allowed");
+    assert_eq!(envoy.wait_stat(&allowed, 0), Some(0));
+    let mut lags = Vec::new();
+    for i in 0..SAMPLES {
+        // Phases spread over the period: 0, 370, 740, 110, ... ms after the last sample showed.
+        std::thread::sleep(Duration::from_millis(i * 370 % 1000));
+        let mut c = Client::connect(envoy.addr).unwrap();
+        assert_eq!(c.get("/").unwrap().status, 200);
+        let answered = std::time::Instant::now();
+        loop {
+            if envoy.stat(&allowed) == Some(i + 1) {
+                break;
+            }
+            assert!(answered.elapsed() < Duration::from_secs(5), "never shown");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        lags.push(answered.elapsed());
+    }
+    let worst = lags.iter().max().copied().unwrap_or_default();
+    let ms: Vec<u128> = lags.iter().map(Duration::as_millis).collect();
+    eprintln!("counter lag in /stats, ms: {ms:?}; worst {worst:?}");
+    assert!(
+        worst < BOUND,
+        "a lone request's counter lagged {worst:?}: {ms:?}"
+    );
+}

@@ -255,11 +255,13 @@ const PLUGIN: &str = r#"{"capacity": 256, "failure_mode": "allow", "rules": [
    "rate_limit": {"requests_per_unit": 100, "unit": "second"},
    "elastic": {"ceiling": 2.0, "floor": 0.5, "max_bad_share": 0.5, "window_s": 2, "ramp_s": 1}},
   {"name": "per-key", "match": {"path_prefix": "/flood"}, "key": ["header:x-key"],
-   "rate_limit": {"requests_per_unit": 1000, "unit": "hour"}}
+   "rate_limit": {"requests_per_unit": 1000, "unit": "hour"}},
+  {"name": "logged", "match": {"path_prefix": "/logged"}, "algorithm": "sliding_log",
+   "key": ["header:x-user"], "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}
 ]}"#;
 
-const RULES: [&str; 8] = [
-    "strict", "trial", "tokens", "slots", "paced", "remote", "elastic", "per-key",
+const RULES: [&str; 9] = [
+    "strict", "trial", "tokens", "slots", "paced", "remote", "elastic", "per-key", "logged",
 ];
 
 /// The window the test substitutes for `$__rate_interval` and `$__range`: longer than the test,
@@ -267,6 +269,8 @@ const RULES: [&str; 8] = [
 const WINDOW_S: f64 = 300.0;
 const FLOOD_KEYS: u64 = 2000;
 const CAPACITY: f64 = 256.0;
+/// Keys of the sliding_log rule: each takes a slot of its own, not a bucket entry.
+const LOGGED_KEYS: u64 = 3;
 
 /// The bootstrap: the filter in front of a test upstream, and a `ratelimit` cluster where
 /// nothing listens (the global rule's service is down).
@@ -386,6 +390,12 @@ fn drive(envoy: &Envoy) -> Sent {
     let deadline = Instant::now() + Duration::from_secs(3);
     while send(&mut c, "/elastic", &[("x-status", "503")]).status != 429 {
         assert!(Instant::now() < deadline, "nothing refused at the floor");
+    }
+
+    // A few keys of the sliding_log rule, in slots of their own.
+    for i in 0..LOGGED_KEYS {
+        let user = format!("u{i}");
+        assert_eq!(send(&mut c, "/logged", &[("x-user", &user)]).status, 200);
     }
 
     // A flood of new keys through a 256-key table: live keys are evicted.
@@ -572,6 +582,10 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
     prom.wait_value(&at(ELASTIC_FACTOR, "elastic"), 50.0);
     prom.wait_value(r#"wasm_ratelimit_in_flight{plugin="test"}"#, 0.0);
     prom.wait_value(r#"wasm_ratelimit_tracked_keys{plugin="test"}"#, CAPACITY);
+    prom.wait_value(
+        r#"wasm_ratelimit_tracked_logs{plugin="test"}"#,
+        LOGGED_KEYS as f64,
+    );
     // From now on, queries run at the time of the last scrape.
     let last = prom
         .value(r#"timestamp(wasm_ratelimit_allowed{plugin="test",rule="strict"})"#)
@@ -844,7 +858,12 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 true
             }
             ("Table fill", "A") => {
+                // Full, not over: the sliding log's keys are not in the buckets.
                 assert_eq!(one(), 1.0, "{what}: the flood filled the table");
+                true
+            }
+            ("Table fill", "B") => {
+                assert_close(&what, one(), LOGGED_KEYS as f64 / CAPACITY);
                 true
             }
             ("Store conflicts (CAS retries) /s", "A") => {
@@ -865,7 +884,7 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         }
     }
     // Every panel query the checks above name is still on the dashboard.
-    assert_eq!(checked.len(), 28, "panel queries checked: {checked:?}");
+    assert_eq!(checked.len(), 29, "panel queries checked: {checked:?}");
 
     // --- The alerts ---
     let rules = rule_list();

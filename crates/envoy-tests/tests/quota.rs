@@ -193,14 +193,19 @@ fn body_bytes_are_counted_exactly() {
 const IN_FLIGHT: &str = r#"{"rules": [{"name": "tenant", "key": ["header:x-tenant"],
     "in_flight": {"max": 8}}]}"#;
 
-/// `n` requests at once, each held `delay_ms` by the upstream: their statuses.
-fn wave(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<u16> {
+/// `n` requests at once, each held `delay_ms` by the upstream: their responses.
+fn wave_responses(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<common::Response> {
     let delay = delay_ms.to_string();
     at_once(envoy.addr, n, move |c| {
         c.send("GET", "/", &[("x-tenant", "t"), ("x-delay-ms", &delay)])
             .unwrap()
-            .status
     })
+}
+
+/// `n` requests at once, each held `delay_ms` by the upstream: their statuses.
+fn wave(envoy: &Envoy, n: usize, delay_ms: &str) -> Vec<u16> {
+    let responses = wave_responses(envoy, n, delay_ms);
+    responses.iter().map(|r| r.status).collect()
 }
 
 /// Waits (≤ 2 s) until a wave of 8 gets every slot: the slots given back were all freed.
@@ -219,10 +224,25 @@ fn until_all_slots_free(envoy: &Envoy) {
 #[test]
 fn the_in_flight_cap_holds_under_64_concurrent_slow_requests() {
     let (envoy, up) = start(IN_FLIGHT);
-    let statuses = wave(&envoy, 64, "2500");
+    let responses = wave_responses(&envoy, 64, "2500");
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(admitted, 8, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 56);
+    // A refusal: no slot left, and no reset time (requests in flight have none); the wait is
+    // a hint of a second.
+    let refused = responses.iter().find(|r| r.status == 429).unwrap();
+    let x = |name| refused.header(name);
+    assert_eq!(
+        [
+            x("x-ratelimit-limit"),
+            x("x-ratelimit-remaining"),
+            x("x-ratelimit-reset")
+        ],
+        [Some("8"), Some("0"), None]
+    );
+    assert_eq!(x("x-ratelimit-retry-after"), Some("1"));
+    assert_eq!(x("ratelimit"), Some("\"tenant\";r=0"));
     assert_eq!(up.most_in_flight(), 8);
     // Every slot came back: the next wave gets all eight again.
     let again = wave(&envoy, 12, "1500");
@@ -233,6 +253,15 @@ fn the_in_flight_cap_holds_under_64_concurrent_slow_requests() {
         Some("\"tenant\";q=8;qu=\"concurrent-requests\"")
     );
     assert_eq!(remaining(&r, "tenant"), 7);
+    let x = |name| r.header(name);
+    assert_eq!(
+        [
+            x("x-ratelimit-limit"),
+            x("x-ratelimit-remaining"),
+            x("x-ratelimit-reset")
+        ],
+        [Some("8"), Some("7"), None]
+    );
     let gauge = common::metric(None, "in_flight");
     assert_eq!(envoy.wait_stat(&gauge, 0), Some(0));
 }

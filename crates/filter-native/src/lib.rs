@@ -33,8 +33,6 @@ use std::time::Duration;
 const EVENT_TICK: u64 = 1;
 /// The stream-level event: a held request's turn has come.
 const EVENT_RELEASE: u64 = 1;
-/// How often counters are published, ms.
-const METRICS_PERIOD_MS: u64 = 1000;
 /// `response code details` of a limited reply, as Envoy's access log shows them.
 const DETAILS: &str = "rate_limited";
 
@@ -182,6 +180,8 @@ pub struct FilterConfig {
     ids: MetricIds,
     /// Drives [`FilterConfig::scheduled`]; stops when dropped.
     _ticker: Option<timer::Ticker>,
+    /// The period of the ticker, ms.
+    tick_ms: u32,
     /// Async flushes in flight, by stream id (main thread).
     flushes: Mutex<HashMap<u64, Flushing>>,
     last_flush: AtomicU64,
@@ -209,13 +209,12 @@ impl FilterConfig {
             rt.rules().len(),
             rt.capacity()
         );
-        let period = [rt.flush_period(), rt.tick_period()]
+        let tick_ms = [rt.flush_period(), rt.tick_period()]
             .into_iter()
             .flatten()
-            .map(u64::from)
-            .fold(METRICS_PERIOD_MS, u64::min);
+            .fold(metrics::PUBLISH_PERIOD_MS, u32::min);
         let ticker = handle.scheduler().map(|s: ConfigScheduler| {
-            timer::Ticker::start(s, EVENT_TICK, Duration::from_millis(period))
+            timer::Ticker::start(s, EVENT_TICK, Duration::from_millis(u64::from(tick_ms)))
         });
         let ids = MetricIds::define(&handle);
         ids.touch(&handle, &plugin, rt.rules(), rt.capacity() as u64);
@@ -225,6 +224,7 @@ impl FilterConfig {
             plugin,
             rt,
             _ticker: ticker,
+            tick_ms,
             flushes: Mutex::default(),
             last_flush: AtomicU64::new(0),
             last_publish: AtomicU64::new(0),
@@ -251,7 +251,7 @@ impl FilterConfig {
                 }
             }
         }
-        if now >= due(&self.last_publish, METRICS_PERIOD_MS) {
+        if metrics::publish_due(self.last_publish.load(Ordering::Relaxed), now, self.tick_ms) {
             self.last_publish.store(now, Ordering::Relaxed);
             self.publish();
         }

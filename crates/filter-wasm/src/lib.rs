@@ -95,8 +95,6 @@ impl Store for SharedData {
     }
 }
 
-/// How often each worker publishes its counters, ms.
-const METRICS_PERIOD_MS: u32 = 1000;
 /// The tick period while requests are held: they are released within about this much of
 /// their turn.
 const RELEASE_PERIOD_MS: u32 = 1;
@@ -282,7 +280,7 @@ impl Root {
         [rt.flush_period(), rt.tick_period()]
             .into_iter()
             .flatten()
-            .fold(METRICS_PERIOD_MS, u32::min)
+            .fold(metrics::PUBLISH_PERIOD_MS, u32::min)
     }
 
     fn publish_metrics(&self) {
@@ -383,9 +381,16 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let now = abi::now_ms().unwrap_or(0);
+        // The period this tick came at: 1 ms while requests were held.
+        let held = WAITING.with(|w| !w.borrow().is_empty());
         self.release_due(now);
         let Some(served) = self.served.clone() else {
             return;
+        };
+        let tick = if held {
+            RELEASE_PERIOD_MS
+        } else {
+            Root::base_tick(&served.rt)
         };
         if WAITING.with(|w| w.borrow().is_empty()) {
             let _ = abi::set_tick_period(Root::base_tick(&served.rt));
@@ -401,12 +406,7 @@ impl RootContext for Root {
         if served.rt.tick_period().is_some() && served.rt.tick(now) {
             served.ids.publish_elastic(&served.rt);
         }
-        if now
-            >= self
-                .last_publish
-                .get()
-                .saturating_add(u64::from(METRICS_PERIOD_MS))
-        {
+        if metrics::publish_due(self.last_publish.get(), now, tick) {
             self.last_publish.set(now);
             self.publish_metrics();
         }

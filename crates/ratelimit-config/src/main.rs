@@ -8,8 +8,8 @@
 //!
 //! `replay [OPTIONS] CONFIG LOG...` runs the requests of Envoy access logs through a
 //! configuration, offline, and reports what each rule would have allowed and limited
-//! (`ratelimit-config replay` alone lists the options). A bad configuration fails as `check`
-//! reports it (exit 1); usage and read errors exit 2.
+//! (`ratelimit-config replay` alone lists the options). A bad configuration, or one a
+//! `--what-if` makes, fails as `check` reports it (exit 1); usage and read errors exit 2.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}

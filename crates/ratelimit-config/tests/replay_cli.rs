@@ -158,6 +158,22 @@ fn a_bad_configuration_fails_exactly_as_check_reports_it() {
         out.contains("(what-if c=5): INVALID\n  rules[0].cost"),
         "{out}"
     );
+    // A limit of 0 too: the configuration it makes is invalid (exit 1), not the command line.
+    let (code, out, err) = cli(&[
+        "replay",
+        EXAMPLE_CONFIG,
+        EXAMPLE_LOG,
+        "--what-if",
+        "per-ip=0",
+    ]);
+    assert_eq!((code, err.as_str()), (1, ""), "{out}");
+    assert_eq!(
+        out,
+        format!(
+            "{EXAMPLE_CONFIG} (what-if per-ip=0): INVALID\n  rules[0].rate_limit.requests_per_unit: \
+             expected an integer from 1 to 4294967295, found number 0\n"
+        )
+    );
 }
 
 #[test]

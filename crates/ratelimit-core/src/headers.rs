@@ -5,7 +5,8 @@
 //! integer parameters `q` (quota), `w` (window, s), `r` (remaining) and `t` (seconds until more
 //! quota is available), and the sf-string `qu` (quota unit) for a quota that does not count
 //! requests. A quota without a window (requests in flight) has neither `w` nor `t`. Every
-//! applied rule is reported there; the X-RateLimit fields report the most restrictive one. Rule
+//! applied rule is reported there; the X-RateLimit fields report the most restrictive one, with
+//! no `X-RateLimit-Reset` when that is a quota without a window. Rule
 //! names are limited to `[A-Za-z0-9_.-]` and quota units to `[a-z0-9-]`, so they never need
 //! escaping inside an sf-string or a JSON string.
 
@@ -164,7 +165,11 @@ pub fn each_rate_limit_header(
             let mut d = itoa::Buffer::new();
             emit("x-ratelimit-limit", d.format(v.limit));
             emit("x-ratelimit-remaining", d.format(v.remaining));
-            emit("x-ratelimit-reset", d.format(ceil_seconds(v.reset_ms)));
+            // Requests in flight have no window, so no reset time (their IETF item has no `t`):
+            // a 0 or 1 here would tell a client when quota comes back, which no one knows.
+            if v.window_s > 0 {
+                emit("x-ratelimit-reset", d.format(ceil_seconds(v.reset_ms)));
+            }
             if limited {
                 emit(
                     "x-ratelimit-retry-after",
@@ -321,14 +326,55 @@ mod tests {
                 ("ratelimit", "\"llm\";r=6000;t=30, \"tenant\";r=3"),
             ]
         );
+        // The in-flight rule is the tightest: its limit and remaining slots, no reset time.
+        let h = rate_limit_headers(HeaderStyle::XRateLimit, &[tokens, flight], false);
+        assert_eq!(
+            h.iter().collect::<Vec<_>>(),
+            vec![("x-ratelimit-limit", "10"), ("x-ratelimit-remaining", "3")]
+        );
         let refused = Report {
             verdict: Verdict {
                 allowed: false,
+                remaining: 0,
+                reset_ms: 1_000,
                 retry_after_ms: 1_000,
                 ..flight.verdict
             },
             ..flight
         };
+        let h = rate_limit_headers(HeaderStyle::XRateLimit, &[tokens, refused], true);
+        assert_eq!(
+            h.iter().collect::<Vec<_>>(),
+            vec![
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-retry-after", "1"),
+            ]
+        );
+        // A rule with a window is the tightest: its reset time, as before.
+        let h = rate_limit_headers(
+            HeaderStyle::XRateLimit,
+            &[
+                tokens,
+                Report {
+                    verdict: Verdict {
+                        limit: 10_000,
+                        remaining: 7_000,
+                        ..flight.verdict
+                    },
+                    ..flight
+                },
+            ],
+            false,
+        );
+        assert_eq!(
+            h.iter().collect::<Vec<_>>(),
+            vec![
+                ("x-ratelimit-limit", "10000"),
+                ("x-ratelimit-remaining", "6000"),
+                ("x-ratelimit-reset", "30"),
+            ]
+        );
         let body: serde_json::Value =
             serde_json::from_str(&problem_body(429, &[refused], 1)).unwrap();
         assert_eq!(

@@ -7,6 +7,20 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+/// How often the hosts publish the counts, ms.
+pub const PUBLISH_PERIOD_MS: u32 = 1000;
+
+/// Whether counts last published at `last_ms` are due again at `now_ms`, on a host whose timer
+/// ticks every `tick_ms`. By the clock the filter reads, a tick can come a little before its
+/// period is up (Envoy arms a timer from the time its event loop last cached, and the clock is
+/// read in whole ms); a tick just short of the period would skip a whole tick, and a lone count
+/// would wait up to two periods. So a tick up to half a tick early is on time: counts are
+/// published at the tick that ends each period, within a period of being counted.
+pub fn publish_due(last_ms: u64, now_ms: u64, tick_ms: u32) -> bool {
+    let slack = u64::from(tick_ms.min(PUBLISH_PERIOD_MS) / 2);
+    now_ms.saturating_add(slack) >= last_ms.saturating_add(u64::from(PUBLISH_PERIOD_MS))
+}
+
 /// The counters every rule has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
@@ -84,8 +98,12 @@ impl Counter {
 /// The gauges of a plugin (all its rules together).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gauge {
-    /// Table entries in use (keys tracked; an expired entry counts until it is reused).
+    /// Entries of the table's buckets in use (keys tracked; an expired entry counts until it
+    /// is reused): at most the table's capacity.
     TrackedKeys,
+    /// Sliding-log slots in use (their own `capacity` slots, besides the buckets; an expired
+    /// log counts until its slot is reused).
+    TrackedLogs,
     /// Requests held by delay mode right now.
     DelayQueue,
     /// In-flight slots held right now (requests admitted by `in_flight` rules, not yet done).
@@ -94,12 +112,18 @@ pub enum Gauge {
 
 impl Gauge {
     /// Every gauge, in the order of the accumulators.
-    pub const ALL: [Gauge; 3] = [Gauge::TrackedKeys, Gauge::DelayQueue, Gauge::InFlight];
+    pub const ALL: [Gauge; 4] = [
+        Gauge::TrackedKeys,
+        Gauge::TrackedLogs,
+        Gauge::DelayQueue,
+        Gauge::InFlight,
+    ];
 
     /// The name in the metric names.
     pub fn name(self) -> &'static str {
         match self {
             Gauge::TrackedKeys => "tracked_keys",
+            Gauge::TrackedLogs => "tracked_logs",
             Gauge::DelayQueue => "delay_queue",
             Gauge::InFlight => "in_flight",
         }
@@ -197,6 +221,24 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tick_a_little_early_still_publishes() {
+        // Ticks of a second, published at 10,000: the next tick is due whether it comes a
+        // hair early or late; one half a period early is not.
+        assert!(publish_due(10_000, 10_999, 1000));
+        assert!(publish_due(10_000, 11_001, 1000));
+        assert!(!publish_due(10_000, 10_400, 1000));
+        // Ticks of 100 ms (async global rules): the tick that ends the period publishes, not
+        // the one before it.
+        assert!(!publish_due(10_000, 10_940, 100));
+        assert!(publish_due(10_000, 10_999, 100));
+        // Ticks of 1 ms (requests held): no slack to speak of.
+        assert!(!publish_due(10_000, 10_999, 1));
+        assert!(publish_due(10_000, 11_000, 1));
+        // Never published: due at once.
+        assert!(publish_due(0, 10_000, 1000));
+    }
 
     #[test]
     fn drain_takes_what_was_added_once() {

@@ -30,8 +30,9 @@ options:
 pub struct WhatIf {
     /// The rule's name.
     pub rule: String,
-    /// The new `requests_per_unit` (or `in_flight.max`).
-    pub limit: u32,
+    /// The new `requests_per_unit` (or `in_flight.max`), as written: the configuration it
+    /// makes is checked like any other (a 0 is refused there, with its field path).
+    pub limit: u64,
     /// The new unit, if given.
     pub unit: Option<Unit>,
     /// As written on the command line.
@@ -47,7 +48,7 @@ impl WhatIf {
             Some((n, u)) => (n, Some(u)),
             None => (limit, None),
         };
-        let limit: u32 = n.trim().parse().map_err(|_| bad())?;
+        let limit: u64 = n.trim().parse().map_err(|_| bad())?;
         let unit = match unit {
             None => None,
             Some(u) => Some(match u.trim() {
@@ -62,7 +63,7 @@ impl WhatIf {
                 }
             }),
         };
-        if rule.is_empty() || limit == 0 {
+        if rule.is_empty() {
             return Err(bad());
         }
         Ok(WhatIf {
@@ -214,6 +215,9 @@ mod tests {
         assert_eq!(o.what_ifs[1].unit, Some(Unit::Second));
         assert_eq!(o.what_ifs[1].limit, 2);
         assert_eq!(o.what_ifs[1].rule, "per-ip");
+        // A limit the filter would refuse is the configuration's error, not a usage error.
+        let zero = Options::parse(&args(&["c.json", "a.log", "--what-if", "per-ip=0"])).unwrap();
+        assert_eq!(zero.what_ifs[0].limit, 0);
         assert_eq!(o.fields, [(Field::RemoteAddress, "client".to_string())]);
         assert_eq!(o.reorder_window_ms, 2500);
         assert!(o.json && !o.raw_keys);
@@ -225,7 +229,8 @@ mod tests {
         for bad in [
             &["c.json"][..],
             &["c.json", "a.log", "--what-if", "per-ip"],
-            &["c.json", "a.log", "--what-if", "per-ip=0"],
+            &["c.json", "a.log", "--what-if", "per-ip=-1"],
+            &["c.json", "a.log", "--what-if", "=5"],
             &["c.json", "a.log", "--what-if", "per-ip=5/week"],
             &["c.json", "a.log", "--field", "client=x"],
             &["c.json", "a.log", "--top"],

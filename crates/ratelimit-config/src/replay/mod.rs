@@ -314,6 +314,25 @@ mod tests {
         let configs = configurations(costly, &[w("c=5")]).unwrap();
         let errors = configs[1].parsed.as_ref().unwrap_err();
         assert!(errors.to_string().contains("rules[0].cost"), "{errors}");
+        // So is a limit of 0, or one too large for the filter, in either kind of rule.
+        let configs =
+            configurations(TWO, &[w("per-ip=0"), w("flight=0"), w("per-ip=4294967296")]).unwrap();
+        let error = |i: usize| configs[i].parsed.as_ref().unwrap_err().to_string();
+        assert!(
+            error(1).starts_with("rules[0].rate_limit.requests_per_unit: "),
+            "{}",
+            error(1)
+        );
+        assert!(
+            error(2).starts_with("rules[1].in_flight.max: "),
+            "{}",
+            error(2)
+        );
+        assert!(
+            error(3).starts_with("rules[0].rate_limit.requests_per_unit: "),
+            "{}",
+            error(3)
+        );
     }
 
     #[test]

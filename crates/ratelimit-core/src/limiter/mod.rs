@@ -310,3 +310,29 @@ impl Policy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_elastic_limit_in_force_is_rounded_down_and_at_least_one() {
+        assert_eq!(scale(3, 1500), 4, "4.5");
+        assert_eq!(scale(100, 1999), 199, "199.9");
+        assert_eq!(scale(5, 10), 1, "0.05, at least 1");
+        let gcra = |limit, burst| {
+            Policy::Gcra(gcra::Params {
+                limit,
+                window_ms: 1000,
+                burst,
+                max_delay_ms: None,
+            })
+        };
+        assert_eq!(gcra(3, 7).scaled(1500), gcra(4, 10), "the burst too");
+        let in_flight = |max| Policy::InFlight {
+            max,
+            lease_ms: 1000,
+        };
+        assert_eq!(in_flight(3).scaled(500), in_flight(1), "1.5");
+    }
+}

@@ -437,7 +437,14 @@ impl<S: Store> Runtime<S> {
         self.metrics
             .add(rule, Counter::SlotEvictions, u64::from(out.evicted));
         if out.filled {
-            self.metrics.gauge(Gauge::TrackedKeys, 1);
+            // A sliding log has a slot of its own, not an entry in a bucket.
+            let log = self.compiled.get(rule).is_some_and(|c| c.policy.uses_log());
+            let gauge = if log {
+                Gauge::TrackedLogs
+            } else {
+                Gauge::TrackedKeys
+            };
+            self.metrics.gauge(gauge, 1);
         }
         out.failure.as_ref()
     }
@@ -833,6 +840,26 @@ mod tests {
     const DELAY: &str = r#"{"rules": [{"name": "d", "algorithm": "leaky_bucket", "burst": 3,
         "on_limit": "delay", "max_delay_ms": 5000,
         "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
+
+    #[test]
+    fn sliding_logs_are_tracked_apart_from_the_buckets() {
+        // Each key of a sliding_log rule has a slot of its own, not an entry in a bucket: the
+        // two gauges each stay within the capacity.
+        let rt = runtime(
+            r#"{"rules": [
+                {"name": "window", "key": ["remote_address"],
+                 "rate_limit": {"requests_per_unit": 10, "unit": "minute"}},
+                {"name": "log", "algorithm": "sliding_log", "key": ["remote_address"],
+                 "rate_limit": {"requests_per_unit": 10, "unit": "minute"}}]}"#,
+        );
+        for client in ["10.0.0.1", "10.0.0.2", "10.0.0.1"] {
+            let mut host = FakeHost::new(client, "/");
+            assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        }
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert_eq!(gauges, [(Gauge::TrackedKeys, 2), (Gauge::TrackedLogs, 2)]);
+    }
 
     #[test]
     fn delay_mode_holds_and_counts_each_fate() {
