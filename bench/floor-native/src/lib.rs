@@ -2,9 +2,7 @@
 //! a process-global table of 65,536 `AtomicU64` and do one atomic add; in response_headers add
 //! `x-ratelimit-limit` and `x-ratelimit-remaining`. Every hook catches panics. See README.md.
 
-mod abi;
-
-use abi::*;
+use envoy_dm_abi::sys::*;
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +44,12 @@ fn slot(addr: &[u8]) -> usize {
     (h ^ (h >> 32)) as usize & (SLOTS - 1)
 }
 
+/// Bytes lent to Envoy for one call.
+#[inline(always)]
+fn buf(b: &[u8]) -> ModuleBuffer {
+    ModuleBuffer { ptr: b.as_ptr() as *const c_char, length: b.len() }
+}
+
 /// Decimal digits of `v` into `buf`, without allocating.
 fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
@@ -61,8 +65,15 @@ fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
-    guard(std::ptr::null(), || b"v0.2.0\0".as_ptr() as *const c_char)
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
+    guard(std::ptr::null(), || match envoy_dm_abi::unsupported_envoy("floor-native") {
+        // An Envoy older than the build's ABI (ENVOY_VERSION, default 1.40.0): refuse.
+        Some(why) => {
+            eprintln!("{why}");
+            std::ptr::null()
+        }
+        None => ABI_VERSION.as_ptr(),
+    })
 }
 
 /// filter_config (StringValue) may be a decimal limit; default 100.
@@ -114,10 +125,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModu
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(envoy: FilterEnvoyPtr, filter: FilterModulePtr, _eos: bool) -> u32 {
-    guard(CONTINUE, || {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(envoy: FilterEnvoyPtr, filter: FilterModulePtr, _eos: bool) -> HeadersStatus {
+    guard(HeadersStatus::Continue, || {
         if filter.is_null() {
-            return CONTINUE;
+            return HeadersStatus::Continue;
         }
         // SAFETY: the per-stream object is only touched on its worker thread, one hook at a time.
         let f = unsafe { &mut *(filter as *mut Filter) };
@@ -125,7 +136,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(envoy: Fil
         // SAFETY: `envoy` is the live filter pointer of this hook; the buffer is Envoy-owned and
         // only read before this hook returns.
         let key: &[u8] = unsafe {
-            if envoy_dynamic_module_callback_http_filter_get_attribute_string(envoy, ATTRIBUTE_SOURCE_ADDRESS, &mut addr)
+            if envoy_dynamic_module_callback_http_filter_get_attribute_string(envoy, SOURCE_ADDRESS, &mut addr)
                 && !addr.ptr.is_null()
             {
                 std::slice::from_raw_parts(addr.ptr as *const u8, addr.length)
@@ -134,15 +145,15 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(envoy: Fil
             }
         };
         f.hits = TABLE[slot(key)].fetch_add(1, Ordering::Relaxed) + 1;
-        CONTINUE
+        HeadersStatus::Continue
     })
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(envoy: FilterEnvoyPtr, filter: FilterModulePtr, _eos: bool) -> u32 {
-    guard(CONTINUE, || {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(envoy: FilterEnvoyPtr, filter: FilterModulePtr, _eos: bool) -> HeadersStatus {
+    guard(HeadersStatus::Continue, || {
         if filter.is_null() {
-            return CONTINUE;
+            return HeadersStatus::Continue;
         }
         // SAFETY: see request_headers.
         let f = unsafe { &*(filter as *const Filter) };
@@ -151,30 +162,30 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(envoy: Fi
         let remaining = fmt_u64(f.limit.saturating_sub(f.hits), &mut b);
         // SAFETY: live filter pointer; Envoy copies key and value during the call.
         unsafe {
-            envoy_dynamic_module_callback_http_add_header(envoy, HeaderType::ResponseHeader, ModuleBuffer::new(b"x-ratelimit-limit"), ModuleBuffer::new(limit));
-            envoy_dynamic_module_callback_http_add_header(envoy, HeaderType::ResponseHeader, ModuleBuffer::new(b"x-ratelimit-remaining"), ModuleBuffer::new(remaining));
+            envoy_dynamic_module_callback_http_add_header(envoy, HeaderType::ResponseHeader, buf(b"x-ratelimit-limit"), buf(limit));
+            envoy_dynamic_module_callback_http_add_header(envoy, HeaderType::ResponseHeader, buf(b"x-ratelimit-remaining"), buf(remaining));
         }
-        CONTINUE
+        HeadersStatus::Continue
     })
 }
 
-// The remaining mandatory hooks: nothing to do (Continue = 0), still behind the panic guard.
+// The remaining mandatory hooks: nothing to do (Continue), still behind the panic guard.
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(_e: FilterEnvoyPtr, _f: FilterModulePtr, _eos: bool) -> u32 {
-    guard(CONTINUE, || CONTINUE)
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(_e: FilterEnvoyPtr, _f: FilterModulePtr, _eos: bool) -> BodyStatus {
+    guard(BodyStatus::Continue, || BodyStatus::Continue)
 }
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr) -> u32 {
-    guard(CONTINUE, || CONTINUE)
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr) -> TrailersStatus {
+    guard(TrailersStatus::Continue, || TrailersStatus::Continue)
 }
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(_e: FilterEnvoyPtr, _f: FilterModulePtr, _eos: bool) -> u32 {
-    guard(CONTINUE, || CONTINUE)
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(_e: FilterEnvoyPtr, _f: FilterModulePtr, _eos: bool) -> BodyStatus {
+    guard(BodyStatus::Continue, || BodyStatus::Continue)
 }
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr) -> u32 {
-    guard(CONTINUE, || CONTINUE)
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr) -> TrailersStatus {
+    guard(TrailersStatus::Continue, || TrailersStatus::Continue)
 }
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(_e: FilterEnvoyPtr, _f: FilterModulePtr) {
@@ -197,10 +208,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     _e: FilterEnvoyPtr,
     _f: FilterModulePtr,
     _id: u64,
-    _result: u32,
-    _headers: *const c_char,
+    _result: CalloutResult,
+    _headers: *mut EnvoyHeader,
     _headers_size: usize,
-    _body: *const c_char,
+    _body: *mut EnvoyBuffer,
     _body_size: usize,
 ) {
     guard((), || ())
@@ -210,7 +221,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
     _e: FilterEnvoyPtr,
     _f: FilterModulePtr,
     _id: u64,
-    _headers: *const c_char,
+    _headers: *mut EnvoyHeader,
     _n: usize,
     _eos: bool,
 ) {
@@ -221,14 +232,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
     _e: FilterEnvoyPtr,
     _f: FilterModulePtr,
     _id: u64,
-    _data: *const c_char,
+    _data: *const EnvoyBuffer,
     _n: usize,
     _eos: bool,
 ) {
     guard((), || ())
 }
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr, _id: u64, _t: *const c_char, _n: usize) {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(_e: FilterEnvoyPtr, _f: FilterModulePtr, _id: u64, _t: *mut EnvoyHeader, _n: usize) {
     guard((), || ())
 }
 #[no_mangle]
@@ -236,7 +247,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(_e: F
     guard((), || ())
 }
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(_e: FilterEnvoyPtr, _f: FilterModulePtr, _id: u64, _reason: u32) {
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(_e: FilterEnvoyPtr, _f: FilterModulePtr, _id: u64, _reason: ResetReason) {
     guard((), || ())
 }
 

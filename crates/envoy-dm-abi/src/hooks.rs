@@ -5,12 +5,12 @@
 //! poisoned: its filter is not called again (its request went the way
 //! [`HttpFilter::request_headers_failed`] says, or on unfiltered).
 
+use crate::sys::AbiVersionPtr;
 use crate::{
     chunks, header_pairs, BodyStatus, ConfigEnvoyPtr, ConfigHandle, ConfigModulePtr, EnvoyBuffer,
     EnvoyHeader, FilterEnvoyPtr, FilterModulePtr, HeadersStatus, Stream, TrailersStatus,
 };
 use std::cell::Cell;
-use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null;
 
@@ -132,11 +132,27 @@ unsafe fn stream<'a, C: HttpFilterConfig>(
 }
 
 /// `envoy_dynamic_module_on_program_init`: the ABI version this module was built against, or
-/// null (the module is refused) when `program_init` says no or panics.
-pub fn program_init<C: HttpFilterConfig>() -> *const c_char {
+/// null (Envoy refuses the module) when Envoy is older than the release the module was built
+/// for, or when `program_init` says no or panics. `module` names the module in the message.
+pub fn program_init<C: HttpFilterConfig>(module: &str) -> AbiVersionPtr {
+    if let Some(why) = catch_unwind(|| crate::unsupported_envoy(module)).unwrap_or(None) {
+        refuse(&why);
+        return null();
+    }
     match catch_unwind(C::program_init) {
         Ok(true) => crate::ABI_VERSION.as_ptr(),
         _ => null(),
+    }
+}
+
+/// Says why the module refuses to load: on stderr, and in Envoy's log when its logging callback
+/// is there (it is on every Envoy that got as far as calling `program_init`: the module imports
+/// it, and the dynamic linker resolves every import before).
+fn refuse(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "[dynamic module] {why}");
+    if crate::envoy_exports(c"envoy_dynamic_module_callback_log") {
+        crate::log(crate::LogLevel::Error, why);
     }
 }
 
@@ -454,15 +470,16 @@ macro_rules! export_http_filter {
             #![allow(clippy::undocumented_unsafe_blocks, missing_docs)]
             use super::*;
             use $crate::hooks as h;
-            use $crate::{
-                BodyStatus, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader,
-                FilterEnvoyPtr, FilterModulePtr, HeadersStatus, LocalReplyStatus, TrailersStatus,
+            use $crate::sys::{
+                AbiVersionPtr, BodyStatus, CalloutResult, ConfigEnvoyPtr, ConfigModulePtr,
+                EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, FilterModulePtr, HeadersStatus,
+                LocalReplyStatus, ResetReason, TrailersStatus,
             };
             type C = $config;
 
             #[no_mangle]
-            pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const ::std::os::raw::c_char {
-                h::program_init::<C>()
+            pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionPtr {
+                h::program_init::<C>(concat!(env!("CARGO_PKG_NAME"), " ", env!("CARGO_PKG_VERSION")))
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
@@ -482,10 +499,10 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
-                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, headers: *const EnvoyHeader,
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, headers: *mut EnvoyHeader,
                 n: usize, _end_stream: bool,
             ) {
-                unsafe { h::config_call_headers::<C>(ptr, id, headers, n) }
+                unsafe { h::config_call_headers::<C>(ptr, id, headers.cast_const(), n) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
@@ -496,10 +513,10 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
-                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, trailers: *const EnvoyHeader,
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, trailers: *mut EnvoyHeader,
                 n: usize,
             ) {
-                unsafe { h::config_call_headers::<C>(ptr, id, trailers, n) }
+                unsafe { h::config_call_headers::<C>(ptr, id, trailers.cast_const(), n) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
@@ -509,9 +526,9 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
-                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, reason: u32,
+                _envoy: ConfigEnvoyPtr, ptr: ConfigModulePtr, id: u64, reason: ResetReason,
             ) {
-                unsafe { h::config_call_done::<C>(ptr, id, Some(reason)) }
+                unsafe { h::config_call_done::<C>(ptr, id, Some(reason.0)) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
@@ -561,10 +578,10 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, headers: *const EnvoyHeader,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, headers: *mut EnvoyHeader,
                 n: usize, _end_stream: bool,
             ) {
-                unsafe { h::call_headers::<C>(envoy, filter, id, headers, n) }
+                unsafe { h::call_headers::<C>(envoy, filter, id, headers.cast_const(), n) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
@@ -575,10 +592,10 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, trailers: *const EnvoyHeader,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, trailers: *mut EnvoyHeader,
                 n: usize,
             ) {
-                unsafe { h::call_headers::<C>(envoy, filter, id, trailers, n) }
+                unsafe { h::call_headers::<C>(envoy, filter, id, trailers.cast_const(), n) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
@@ -588,9 +605,9 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, reason: u32,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, id: u64, reason: ResetReason,
             ) {
-                unsafe { h::call_done::<C>(envoy, filter, id, Some(reason)) }
+                unsafe { h::call_done::<C>(envoy, filter, id, Some(reason.0)) }
             }
             #[no_mangle]
             pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
@@ -623,8 +640,8 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-                _: FilterEnvoyPtr, _: FilterModulePtr, _id: u64, _result: u32,
-                _headers: *const EnvoyHeader, _headers_size: usize, _body: *const EnvoyBuffer,
+                _: FilterEnvoyPtr, _: FilterModulePtr, _id: u64, _result: CalloutResult,
+                _headers: *mut EnvoyHeader, _headers_size: usize, _body: *mut EnvoyBuffer,
                 _body_size: usize,
             ) {
             }

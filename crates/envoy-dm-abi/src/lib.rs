@@ -1,45 +1,31 @@
-//! Envoy's dynamic-module ABI, as far as an HTTP filter like this one uses it: the types and
-//! callbacks of `abi.h`, safe handles over them ([`Stream`], [`ConfigHandle`], schedulers), and
-//! the hooks Envoy calls ([`hooks`], exported by [`export_http_filter!`]). All the `unsafe` of
-//! the native build is in this crate. Buffers Envoy lends are valid until the hook that received
-//! them returns, and no handle outlives its hook.
+//! Envoy's dynamic-module ABI, as far as an HTTP filter like this one uses it: the raw types and
+//! callbacks of `abi.h` ([`sys`]), safe handles over them ([`Stream`], [`ConfigHandle`],
+//! schedulers), and the hooks Envoy calls ([`hooks`], exported by [`export_http_filter!`]). All
+//! the `unsafe` of the native build is in this crate. Buffers Envoy lends are valid until the
+//! hook that received them returns, and no handle outlives its hook.
+//!
+//! The declarations are checked against Envoy's own, vendored per release under `abi/` (see
+//! `abi/README.md` and `src/header_check.rs`); `ENVOY_VERSION` at build time (default 1.40.0)
+//! selects the release the module reports and requires ([`ENVOY_VERSION`], [`ABI_VERSION`]).
 #![allow(non_camel_case_types)]
 
-use std::ffi::c_void;
-use std::os::raw::c_char;
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 
-// --------------------------------------------------------------------------------------------
-// Types
-// --------------------------------------------------------------------------------------------
-
+#[cfg(test)]
+mod header_check;
 pub mod hooks;
+pub mod sys;
 
-/// The ABI version this module was built against, as `envoy_dynamic_module_on_program_init`
-/// reports it.
-pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
-
-/// Envoy's side of a filter configuration.
-pub type ConfigEnvoyPtr = *mut c_void;
-/// The module's side of a filter configuration.
-pub type ConfigModulePtr = *const c_void;
-/// Envoy's side of a stream.
-pub type FilterEnvoyPtr = *mut c_void;
-/// The module's side of a stream.
-pub type FilterModulePtr = *const c_void;
-type SchedulerPtr = *mut c_void;
-
-/// Bytes Envoy lends.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct EnvoyBuffer {
-    ptr: *const c_char,
-    length: usize,
-}
+use sys::*;
+pub use sys::{
+    BodyStatus, Code, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
+    FilterModulePtr, HeadersStatus, LocalReplyStatus, LogLevel, TrailersStatus, ABI_VERSION,
+    ENVOY_VERSION,
+};
 
 impl EnvoyBuffer {
     const NULL: EnvoyBuffer = EnvoyBuffer {
-        ptr: null(),
+        ptr: std::ptr::null(),
         length: 0,
     };
 
@@ -58,14 +44,6 @@ impl EnvoyBuffer {
     }
 }
 
-/// Bytes the module lends to Envoy for the duration of one call (Envoy copies what it keeps).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ModuleBuffer {
-    ptr: *const c_char,
-    length: usize,
-}
-
 impl ModuleBuffer {
     fn of(bytes: &[u8]) -> ModuleBuffer {
         ModuleBuffer {
@@ -73,15 +51,6 @@ impl ModuleBuffer {
             length: bytes.len(),
         }
     }
-}
-
-/// A header the module lends to Envoy.
-#[repr(C)]
-struct ModuleHeader {
-    key_ptr: *const c_char,
-    key_length: usize,
-    value_ptr: *const c_char,
-    value_length: usize,
 }
 
 impl ModuleHeader {
@@ -95,217 +64,49 @@ impl ModuleHeader {
     }
 }
 
-/// A header Envoy lends (valid until the hook returns).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct EnvoyHeader {
-    key_ptr: *const c_char,
-    key_length: usize,
-    value_ptr: *const c_char,
-    value_length: usize,
-}
-
-/// `envoy_dynamic_module_type_http_header_type`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-enum HeaderType {
-    Request = 0,
-    Response = 2,
-    ResponseTrailer = 3,
-}
-
-/// `envoy_dynamic_module_type_http_body_type`: the response body's piece of the current hook.
-const RECEIVED_RESPONSE_BODY: u32 = 2;
-
-/// Log levels (spdlog's).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogLevel {
-    Trace = 0,
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-    Critical = 5,
-}
-
-/// What a request or response header hook tells Envoy.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadersStatus {
-    /// Go on with the next filter.
-    Continue = 0,
-    /// Wait: the module continues the stream later (or has replied).
-    StopIteration = 1,
-}
-
-/// What a body hook tells Envoy.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub enum BodyStatus {
-    Continue = 0,
-}
-
-/// What a trailers hook tells Envoy.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub enum TrailersStatus {
-    Continue = 0,
-}
-
-/// What the local-reply hook tells Envoy.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub enum LocalReplyStatus {
-    Continue = 0,
-}
-
-/// `envoy_dynamic_module_type_attribute_id` values (Envoy 1.40's enum order).
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-struct AttributeId(u32);
-
-const REQUEST_PATH: AttributeId = AttributeId(0);
-const REQUEST_HOST: AttributeId = AttributeId(2);
-const REQUEST_METHOD: AttributeId = AttributeId(4);
-/// `source.address`: `ip:port`, `[ipv6]:port`.
-const SOURCE_ADDRESS: AttributeId = AttributeId(24);
-
-/// Results Envoy returns: `u32`s, since an out-of-range value in a Rust enum would be undefined
-/// behaviour.
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Code(u32);
-
-const SUCCESS: Code = Code(0);
-
 // --------------------------------------------------------------------------------------------
-// Callbacks (implemented by Envoy)
+// The Envoy this module runs in
 // --------------------------------------------------------------------------------------------
 
+#[cfg(target_os = "linux")]
 extern "C" {
-    fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
-    fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
+    /// The C library's symbol lookup (`<dlfcn.h>`).
+    fn dlsym(
+        handle: *mut std::ffi::c_void,
+        symbol: *const std::os::raw::c_char,
+    ) -> *mut std::ffi::c_void;
+}
 
-    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
-        config: ConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *mut ModuleBuffer,
-        label_names_length: usize,
-        id: *mut usize,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
-        config: ConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *mut ModuleBuffer,
-        label_names_length: usize,
-        id: *mut usize,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
-        config: ConfigEnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
-        config: ConfigEnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
-        config: ConfigEnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
-        config: ConfigEnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> Code;
+/// Whether the running process (Envoy) exports `symbol`: a lookup in the global scope
+/// (`dlsym(RTLD_DEFAULT, symbol)`), where Envoy's `envoy_dynamic_module_callback_*` are.
+#[cfg(target_os = "linux")]
+pub fn envoy_exports(symbol: &std::ffi::CStr) -> bool {
+    // RTLD_DEFAULT is the null handle in glibc and musl.
+    // SAFETY: dlsym only reads the NUL-terminated name; the result is compared, never called.
+    unsafe { !dlsym(null_mut(), symbol.as_ptr()).is_null() }
+}
 
-    fn envoy_dynamic_module_callback_http_get_header(
-        filter: FilterEnvoyPtr,
-        header_type: HeaderType,
-        key: ModuleBuffer,
-        result: *mut EnvoyBuffer,
-        index: usize,
-        optional_size: *mut usize,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_get_body_size(
-        filter: FilterEnvoyPtr,
-        body_type: u32,
-    ) -> usize;
-    fn envoy_dynamic_module_callback_http_add_header(
-        filter: FilterEnvoyPtr,
-        header_type: HeaderType,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_set_header(
-        filter: FilterEnvoyPtr,
-        header_type: HeaderType,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_send_response(
-        filter: FilterEnvoyPtr,
-        status: u32,
-        headers: *mut ModuleHeader,
-        headers_length: usize,
-        body: ModuleBuffer,
-        details: ModuleBuffer,
-    );
-    fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
-    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
-        filter: FilterEnvoyPtr,
-        id: AttributeId,
-        result: *mut EnvoyBuffer,
-    ) -> bool;
+/// Whether the running process exports `symbol` (not checked outside Linux: true).
+#[cfg(not(target_os = "linux"))]
+pub fn envoy_exports(_symbol: &std::ffi::CStr) -> bool {
+    true
+}
 
-    fn envoy_dynamic_module_callback_http_filter_scheduler_new(
-        filter: FilterEnvoyPtr,
-    ) -> SchedulerPtr;
-    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
-        scheduler: SchedulerPtr,
-        event: u64,
-    );
-    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
-        config: ConfigEnvoyPtr,
-    ) -> SchedulerPtr;
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
-        scheduler: SchedulerPtr,
-        event: u64,
-    );
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: SchedulerPtr);
-
-    fn envoy_dynamic_module_callback_http_filter_start_http_stream(
-        filter: FilterEnvoyPtr,
-        stream_id: *mut u64,
-        cluster: ModuleBuffer,
-        headers: *mut ModuleHeader,
-        headers_length: usize,
-        body: ModuleBuffer,
-        end_stream: bool,
-        timeout_ms: u64,
-    ) -> Code;
-    fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
-        config: ConfigEnvoyPtr,
-        stream_id: *mut u64,
-        cluster: ModuleBuffer,
-        headers: *mut ModuleHeader,
-        headers_length: usize,
-        body: ModuleBuffer,
-        end_stream: bool,
-        timeout_ms: u64,
-    ) -> Code;
+/// Why this Envoy cannot run the module, or `None`: an Envoy without [`sys::MARKER`] is older
+/// than the release the module was built for ([`ENVOY_VERSION`]), and Envoy only promises that a
+/// module built for 1.N runs on 1.N and 1.N+1.
+pub fn unsupported_envoy(module: &str) -> Option<String> {
+    if envoy_exports(MARKER) {
+        return None;
+    }
+    Some(format!(
+        "{module} was built for the dynamic-module ABI of Envoy {ENVOY_VERSION} ({abi}), but this \
+         Envoy does not export {marker}, which Envoy {ENVOY_VERSION} does: it is an older Envoy. \
+         Refusing to load. Build the module for this Envoy's release (make build-native \
+         ENVOY_VERSION=<release>; vendored releases: crates/envoy-dm-abi/abi/).",
+        abi = ABI_VERSION.to_string_lossy(),
+        marker = MARKER.to_string_lossy(),
+    ))
 }
 
 // --------------------------------------------------------------------------------------------
@@ -494,7 +295,7 @@ fn grpc_headers<'a>(authority: &'a str, path: &'a str) -> [ModuleHeader; 6] {
 }
 
 /// A scheduler for the main thread. Owned by the module: deleted once, on drop.
-pub struct ConfigScheduler(SchedulerPtr);
+pub struct ConfigScheduler(ConfigSchedulerPtr);
 
 // SAFETY: Envoy's config scheduler may be committed from any thread (it posts to the main
 // dispatcher); it is deleted once, on drop.
@@ -605,12 +406,12 @@ impl Stream<'_> {
 
     /// A request header's first value (`Some(b"")` for an empty value).
     pub fn request_header(&self, name: &str) -> Option<&[u8]> {
-        self.header(HeaderType::Request, name)
+        self.header(HeaderType::RequestHeader, name)
     }
 
     /// A response header's first value, in the response headers hook.
     pub fn response_header_value(&self, name: &str) -> Option<&[u8]> {
-        self.header(HeaderType::Response, name)
+        self.header(HeaderType::ResponseHeader, name)
     }
 
     /// A response trailer's first value, in the response trailers hook.
@@ -635,9 +436,19 @@ impl Stream<'_> {
         // SAFETY: `ptr` is live; key and value are copied.
         let _ = unsafe {
             if append {
-                envoy_dynamic_module_callback_http_add_header(self.ptr, HeaderType::Response, k, v)
+                envoy_dynamic_module_callback_http_add_header(
+                    self.ptr,
+                    HeaderType::ResponseHeader,
+                    k,
+                    v,
+                )
             } else {
-                envoy_dynamic_module_callback_http_set_header(self.ptr, HeaderType::Response, k, v)
+                envoy_dynamic_module_callback_http_set_header(
+                    self.ptr,
+                    HeaderType::ResponseHeader,
+                    k,
+                    v,
+                )
             }
         };
     }

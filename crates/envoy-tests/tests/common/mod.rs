@@ -376,10 +376,11 @@ pub struct Refused {
 }
 
 fn spawn(yaml: &str, concurrency: u32) -> (Child, PathBuf, PathBuf) {
-    spawn_with(yaml, concurrency, &native_dir(), &[])
+    spawn_with(&envoy_bin(), yaml, concurrency, &native_dir(), &[])
 }
 
 fn spawn_with(
+    bin: &str,
     yaml: &str,
     concurrency: u32,
     module_dir: &Path,
@@ -390,7 +391,7 @@ fn spawn_with(
     std::fs::write(&cfg, yaml).unwrap();
     let log = dir.join("envoy.log");
     let admin_file = dir.join("admin-address");
-    let child = Command::new(envoy_bin())
+    let child = Command::new(bin)
         .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir)
         .arg("-c")
         .arg(&cfg)
@@ -406,7 +407,7 @@ fn spawn_with(
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e} (set ENVOY)", envoy_bin()));
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e} (set ENVOY)"));
     (child, admin_file, log)
 }
 
@@ -428,16 +429,34 @@ impl Envoy {
 
     /// Starts Envoy with dynamic modules searched in `module_dir`.
     pub fn start_with_modules(yaml: &str, concurrency: u32, module_dir: &Path) -> Envoy {
-        Envoy::start_full(yaml, concurrency, module_dir, &[])
+        Envoy::start_full(&envoy_bin(), yaml, concurrency, module_dir, &[])
+    }
+
+    /// Starts the Envoy binary `bin` with dynamic modules searched in `module_dir` (its log file
+    /// flushed every 100 ms, so that start-up lines show at once).
+    pub fn start_on(bin: &str, yaml: &str, module_dir: &Path) -> Envoy {
+        Envoy::start_full(
+            bin,
+            yaml,
+            2,
+            module_dir,
+            &["--file-flush-interval-msec", "100"],
+        )
     }
 
     /// Starts Envoy with more command-line arguments.
     pub fn start_yaml_args(yaml: &str, extra: &[&str]) -> Envoy {
-        Envoy::start_full(yaml, 2, &native_dir(), extra)
+        Envoy::start_full(&envoy_bin(), yaml, 2, &native_dir(), extra)
     }
 
-    fn start_full(yaml: &str, concurrency: u32, module_dir: &Path, extra: &[&str]) -> Envoy {
-        let (mut child, admin_file, log) = spawn_with(yaml, concurrency, module_dir, extra);
+    fn start_full(
+        bin: &str,
+        yaml: &str,
+        concurrency: u32,
+        module_dir: &Path,
+        extra: &[&str],
+    ) -> Envoy {
+        let (mut child, admin_file, log) = spawn_with(bin, yaml, concurrency, module_dir, extra);
         let deadline = Instant::now() + Duration::from_secs(30);
         let admin: SocketAddr = loop {
             if let Ok(s) = std::fs::read_to_string(&admin_file) {
@@ -482,13 +501,24 @@ impl Envoy {
 
     /// Starts Envoy with a configuration it must refuse; returns its log once it exits (≤ 30 s).
     pub fn start_refused(plugin_config: &str) -> Refused {
-        let (mut child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()), 2);
+        let (child, _, log) = spawn(&bootstrap(plugin_config, &wasm_path()), 2);
+        Envoy::refused(child, &log)
+    }
+
+    /// Starts the Envoy binary `bin`, with dynamic modules searched in `module_dir`, on a
+    /// bootstrap it must refuse; returns its log once it exits (≤ 30 s).
+    pub fn refused_on(bin: &str, yaml: &str, module_dir: &Path) -> Refused {
+        let (child, _, log) = spawn_with(bin, yaml, 2, module_dir, &[]);
+        Envoy::refused(child, &log)
+    }
+
+    fn refused(mut child: Child, log: &Path) -> Refused {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 return Refused {
                     exit_ok: status.success(),
-                    log: std::fs::read_to_string(&log).unwrap_or_default(),
+                    log: std::fs::read_to_string(log).unwrap_or_default(),
                 };
             }
             if Instant::now() > deadline {
