@@ -25,7 +25,7 @@ fn main() {
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
-                .filter(|e| e.path().join("abi-extract.h").is_file())
+                .filter(|e| e.path().join("abi.decl").is_file())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect()
         })
@@ -43,7 +43,7 @@ fn main() {
             "cargo:warning=ENVOY_VERSION={requested}: building against the {version} ABI (same minor release)"
         );
     }
-    let header_path = dir.join(&version).join("abi-extract.h");
+    let header_path = dir.join(&version).join("abi.decl");
     let marker_path = dir.join(&version).join("MARKER");
     println!("cargo:rerun-if-changed={}", header_path.display());
     println!("cargo:rerun-if-changed={}", marker_path.display());
@@ -60,7 +60,7 @@ fn main() {
     let marker = marker.trim();
     if !marker.starts_with("envoy_dynamic_module_callback_") || !header.contains(marker) {
         fail(&format!(
-            "{}: {marker:?} is not a callback declared in abi-extract.h",
+            "{}: {marker:?} is not a callback declared in abi.decl",
             marker_path.display()
         ));
     }
@@ -70,7 +70,7 @@ fn main() {
         "/// The Envoy release this build targets (`ENVOY_VERSION` at build time; `abi/{version}/`).\n\
          pub const ENVOY_VERSION: &str = {version:?};\n\
          /// The ABI version this module reports to Envoy: `ENVOY_DYNAMIC_MODULES_ABI_VERSION` of\n\
-         /// `abi/{version}/abi-extract.h`.\n\
+         /// `abi/{version}/abi.decl`.\n\
          pub const ABI_VERSION: &::std::ffi::CStr = c{abi:?};\n\
          /// A callback Envoy {version} exports and the release before it does not\n\
          /// (`abi/{version}/MARKER`): without it, this Envoy is older than the build's.\n\

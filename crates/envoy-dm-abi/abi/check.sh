@@ -26,7 +26,7 @@ symbols() { nm -D "$@" | awk '{print $NF}' | sed 's/@.*//' | sort -u; }
 
 imports=$(symbols --undefined-only "$module" | grep '^envoy_dynamic_module_callback_' || true)
 hooks=$(symbols --defined-only "$module" | grep '^envoy_dynamic_module_on_' || true)
-declared=$(grep -o 'envoy_dynamic_module_on_[A-Za-z0-9_]*' "$HERE/$release/abi-extract.h" | sort -u)
+declared=$(grep -o 'envoy_dynamic_module_on_[A-Za-z0-9_]*' "$HERE/$release/abi.decl" | sort -u)
 mandatory=$(grep '^envoy' "$HERE/mandatory-hooks.txt" | sort -u)
 marker=$(tr -d '[:space:]' < "$HERE/$release/MARKER")
 name="$(basename "$module") (built for $release)"

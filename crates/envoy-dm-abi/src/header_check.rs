@@ -1,11 +1,11 @@
-//! The crate against Envoy's own declarations: every vendored `abi/<release>/abi-extract.h` is
+//! The crate against Envoy's declarations: every `abi/<release>/abi.decl` is
 //! parsed (a small parser for the C this header uses), and so are this crate's sources (a small
 //! tokenizer for the Rust they use). For each release it checks
 //! - every `extern "C"` function named `envoy_*` in `src/` (the callbacks of `sys.rs`): declared
 //!   by the header, same number of parameters, each parameter and the return type the Rust type
 //!   that [`TYPES`] maps the C type to;
 //! - every `envoy_dynamic_module_on_*` hook `export_http_filter!` (hooks.rs) defines: the same,
-//!   and the module defines exactly the hooks the extract declares;
+//!   and the module defines exactly the hooks the description declares;
 //! - every `#[repr(C)]` enum and `u32` newtype of `sys.rs` and their constants: the value of the
 //!   C enumerator of the same name;
 //! - every `#[repr(C)]` struct: field names, order and types, and the layout rustc gives it
@@ -381,10 +381,10 @@ fn vendored() -> Vec<(String, CHeader, String)> {
     let mut out: Vec<(String, CHeader, String)> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("abi-extract.h").is_file())
+        .filter(|p| p.join("abi.decl").is_file())
         .map(|p| {
             let version = p.file_name().unwrap().to_string_lossy().into_owned();
-            let header = parse_header(&std::fs::read_to_string(p.join("abi-extract.h")).unwrap());
+            let header = parse_header(&std::fs::read_to_string(p.join("abi.decl")).unwrap());
             let marker = std::fs::read_to_string(p.join("MARKER")).unwrap();
             (version, header, marker.trim().to_string())
         })
@@ -856,7 +856,7 @@ fn check_callbacks(h: &CHeader, r: &RustDecls, marker: &str) -> Vec<String> {
     for name in h.functions.keys() {
         let callback = name.starts_with("envoy_dynamic_module_callback_");
         if callback && !r.callbacks.contains_key(name) && name != marker {
-            errors.push(format!("{name}: in the extract but not used by the crate"));
+            errors.push(format!("{name}: in abi.decl but not used by the crate"));
         }
     }
     errors
@@ -1079,7 +1079,7 @@ fn check_all(h: &CHeader, r: &RustDecls, marker: &str) -> Vec<String> {
     errors
 }
 
-/// What changed from one release's extract to the next: only additions are allowed (new
+/// What changed from one release's description to the next: only additions are allowed (new
 /// functions, enumerators appended at the end); returns the new functions.
 fn additions(old: &CHeader, new: &CHeader) -> (Vec<String>, Vec<String>) {
     let mut errors = Vec::new();
@@ -1135,7 +1135,7 @@ fn the_crate_matches_every_vendored_header() {
         let errors = check_all(&h, &r, &marker);
         assert!(
             errors.is_empty(),
-            "abi/{version}/abi-extract.h vs the crate:\n  {}",
+            "abi/{version}/abi.decl vs the crate:\n  {}",
             errors.join("\n  ")
         );
     }
@@ -1155,7 +1155,7 @@ fn enum_types_are_the_size_of_a_c_enum() {
 }
 
 /// Releases only add to what the crate uses: one set of declarations serves them all. Between
-/// the vendored 1.39.3 and 1.40.0 extracts the only differences are the ABI string, the three
+/// the vendored 1.39.3 and 1.40.0 descriptions the only differences are the ABI string, the three
 /// attribute ids 1.40 appends and `log_v2` (which the crate only looks up, as 1.40's marker).
 #[test]
 fn vendored_releases_only_add() {
@@ -1211,7 +1211,7 @@ fn the_build_reports_the_selected_release() {
 fn the_check_catches_drift() {
     let sources = crate_sources();
     let r = parse_rust(&sources);
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/1.40.0/abi-extract.h");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/1.40.0/abi.decl");
     let text = std::fs::read_to_string(path).unwrap();
     let marker = "envoy_dynamic_module_callback_log_v2";
     assert!(check_all(&parse_header(&text), &r, marker).is_empty());
@@ -1220,8 +1220,8 @@ fn the_check_catches_drift() {
         check_all(&parse_header(&text.replacen(from, to, 1)), &r, marker).join("\n")
     };
     let e = drifted(
-        "scheduler_module_ptr,\n    uint64_t event_id);",
-        "scheduler_module_ptr,\n    uint32_t event_id);",
+        "scheduler_module_ptr, uint64_t event_id);",
+        "scheduler_module_ptr, uint32_t event_id);",
     );
     assert!(
         e.contains("scheduler_commit: parameter 1 (event_id) is `u64`"),
@@ -1236,18 +1236,18 @@ fn the_check_catches_drift() {
         "{e}"
     );
     let e = drifted(
-        "  envoy_dynamic_module_type_log_level_Trace,\n",
-        "  envoy_dynamic_module_type_log_level_Trace = 1,\n",
+        " envoy_dynamic_module_type_log_level_Trace,",
+        " envoy_dynamic_module_type_log_level_Trace = 1,",
     );
     assert!(e.contains("LogLevel::Trace = 0, but"), "{e}");
     let e = drifted(
-        "  envoy_dynamic_module_type_attribute_id_RequestUrlPath,\n",
+        " envoy_dynamic_module_type_attribute_id_RequestUrlPath,",
         "",
     );
     assert!(e.contains("AttributeId::SourceAddress = 24, but"), "{e}");
     let e = drifted(
-        "  envoy_dynamic_module_type_buffer_envoy_ptr ptr;\n  size_t length;",
-        "  size_t length;\n  envoy_dynamic_module_type_buffer_envoy_ptr ptr;",
+        "envoy_dynamic_module_type_buffer_envoy_ptr ptr; size_t length;",
+        "size_t length; envoy_dynamic_module_type_buffer_envoy_ptr ptr;",
     );
     assert!(
         e.contains("EnvoyBuffer: fields [\"ptr\", \"length\"]"),

@@ -1,5 +1,5 @@
 //! The raw ABI: the types and callbacks of Envoy's `abi.h` that this crate uses, written by hand
-//! from the vendored declarations in `abi/<envoy-version>/abi-extract.h` and checked against
+//! from the vendored declarations in `abi/<envoy-version>/abi.decl` and checked against
 //! every vendored release by `header_check.rs` (signatures, enum values, struct layouts). The
 //! module itself goes through the safe API of the crate root; this module is public for
 //! `bench/floor-native`, which measures the least a dynamic module can do per request.
