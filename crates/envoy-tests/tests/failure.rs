@@ -146,8 +146,17 @@ fn native_panic_with_failure_mode_allow_lets_that_request_through() {
     if !native_only() {
         return;
     }
-    let (crashed, _, _) = native_panic("allow");
+    let (crashed, _, envoy) = native_panic("allow");
     assert_eq!(crashed, 200);
+    // The stream whose hook panicked is poisoned: its response gets no rate-limit fields (the
+    // limit is reached by now: a stream that went on deciding would have been refused).
+    let r = Client::connect(envoy.addr)
+        .unwrap()
+        .send("GET", "/", &[("x-test-panic", "1")])
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("ratelimit"), None);
+    assert_eq!(r.header("x-ratelimit-limit"), None);
 }
 
 #[test]
