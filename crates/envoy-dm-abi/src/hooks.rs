@@ -648,3 +648,159 @@ macro_rules! export_http_filter {
         }
     };
 }
+
+#[cfg(test)]
+#[allow(clippy::panic, clippy::unwrap_used, clippy::undocumented_unsafe_blocks)]
+mod tests {
+    //! The guards, without Envoy: a fake configuration whose filter panics where told, driven
+    //! through the hooks as Envoy drives them (no hook here calls back into Envoy).
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+    struct Fake {
+        /// Where the filter panics: "new_filter", "request_headers", "response_headers".
+        panic_in: &'static str,
+    }
+
+    struct FakeFilter {
+        panic_in: &'static str,
+        calls: Cell<usize>,
+    }
+
+    impl FakeFilter {
+        fn call(&self, hook: &str) {
+            self.calls.set(self.calls.get() + 1);
+            if self.panic_in == hook {
+                panic!("{hook} panics");
+            }
+        }
+    }
+
+    impl HttpFilterConfig for Fake {
+        type Filter = FakeFilter;
+        fn program_init() -> bool {
+            true
+        }
+        fn panicked() {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+        }
+        fn new(_: ConfigHandle, _: &[u8], _: &[u8]) -> Option<Self> {
+            None
+        }
+        fn new_filter(&self) -> FakeFilter {
+            if self.panic_in == "new_filter" {
+                panic!("new_filter panics");
+            }
+            FakeFilter {
+                panic_in: self.panic_in,
+                calls: Cell::new(0),
+            }
+        }
+        fn scheduled(&self, _: u64) {}
+        fn call_headers(&self, _: u64, _: Fields<'_, '_>) {}
+        fn call_data(&self, _: u64, _: Chunks<'_, '_>) {}
+        fn call_done(&self, _: u64, _: Option<u32>) {}
+    }
+
+    impl HttpFilter for FakeFilter {
+        type Config = Fake;
+        fn request_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+            self.call("request_headers");
+            HeadersStatus::Continue
+        }
+        fn request_headers_failed(_: &Fake, _: &Stream) -> HeadersStatus {
+            HeadersStatus::StopIteration // what `failure_mode: deny` answers
+        }
+        fn response_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+            self.call("response_headers");
+            HeadersStatus::Continue
+        }
+        fn response_body(&self, _: &Fake, _: &Stream) {
+            self.call("response_body");
+        }
+        fn response_trailers(&self, _: &Fake, _: &Stream) {
+            self.call("response_trailers");
+        }
+        fn scheduled(&self, _: &Fake, _: &Stream, _: u64) {
+            self.call("scheduled");
+        }
+        fn call_headers(&self, _: &Fake, _: u64, _: Fields<'_, '_>) {
+            self.call("call_headers");
+        }
+        fn call_data(&self, _: &Fake, _: u64, _: Chunks<'_, '_>) {
+            self.call("call_data");
+        }
+        fn call_done(&self, _: &Fake, _: &Stream, _: u64, _: Option<u32>) {
+            self.call("call_done");
+        }
+        fn complete(&self, _: &Fake) {
+            self.call("complete");
+        }
+    }
+
+    fn calls(filter: FilterModulePtr) -> usize {
+        unsafe { &*filter.cast::<StreamBox<Fake>>() }
+            .filter
+            .calls
+            .get()
+    }
+
+    /// Every hook of one stream, as Envoy calls them; returns what request_headers answered.
+    fn drive(filter: FilterModulePtr) -> HeadersStatus {
+        let envoy = std::ptr::null_mut();
+        unsafe {
+            let status = request_headers::<Fake>(envoy, filter);
+            response_headers::<Fake>(envoy, filter);
+            response_body::<Fake>(envoy, filter);
+            response_trailers::<Fake>(envoy, filter);
+            scheduled::<Fake>(envoy, filter, 1);
+            call_headers::<Fake>(envoy, filter, 1, std::ptr::null(), 0);
+            call_data::<Fake>(envoy, filter, 1, std::ptr::null(), 0);
+            call_done::<Fake>(envoy, filter, 1, None);
+            stream_complete::<Fake>(envoy, filter);
+            status
+        }
+    }
+
+    #[test]
+    fn a_panicking_hook_poisons_its_stream_and_the_request_follows_the_fallback() {
+        let quiet = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        for (panic_in, status, calls_made) in [
+            ("nowhere", HeadersStatus::Continue, 9),
+            // The request gets what request_headers_failed says; nothing else is called.
+            ("request_headers", HeadersStatus::StopIteration, 1),
+            // The request went on; the hooks after the panic are not called.
+            ("response_headers", HeadersStatus::Continue, 2),
+        ] {
+            let config = Box::new(Fake { panic_in });
+            let ptr: ConfigModulePtr = std::ptr::from_ref(&*config).cast();
+            let before = PANICS.load(Ordering::SeqCst);
+            let filter = unsafe { filter_new::<Fake>(ptr) };
+            assert!(!filter.is_null());
+            assert_eq!(drive(filter), status, "{panic_in}");
+            assert_eq!(calls(filter), calls_made, "{panic_in}");
+            let panicked = usize::from(panic_in != "nowhere");
+            assert_eq!(
+                PANICS.load(Ordering::SeqCst) - before,
+                panicked,
+                "{panic_in}"
+            );
+            unsafe { filter_destroy::<Fake>(filter) };
+        }
+        // A stream whose filter cannot be made is null for Envoy, and counted.
+        let config = Box::new(Fake {
+            panic_in: "new_filter",
+        });
+        let before = PANICS.load(Ordering::SeqCst);
+        let filter = unsafe { filter_new::<Fake>(std::ptr::from_ref(&*config).cast()) };
+        assert!(filter.is_null());
+        assert_eq!(PANICS.load(Ordering::SeqCst) - before, 1);
+        // Hooks given a null stream or configuration do nothing.
+        assert_eq!(drive(std::ptr::null()), HeadersStatus::Continue);
+        assert!(unsafe { filter_new::<Fake>(std::ptr::null()) }.is_null());
+        std::panic::set_hook(quiet);
+    }
+}
