@@ -331,7 +331,9 @@ def instructions(envoy_bin, specs, workdir, requests=2000):
         name, filters = spec
         out = workdir / f"callgrind-{name}"
         wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
-                   "--smc-check=all-non-file", f"--callgrind-out-file={out}.%p"]
+                   "--smc-check=all-non-file", f"--callgrind-out-file={out}.%p",
+                   # e.g. --dump-instr=yes, to annotate the module's machine code
+                   *os.environ.get("CALLGRIND_ARGS", "").split()]
         e = Envoy(envoy_bin, f"cg-{name}", filters, workdir, wrapper=wrapper)
         try:
             send(e.port, requests)
