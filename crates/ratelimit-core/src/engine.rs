@@ -218,9 +218,10 @@ pub fn decide(
 
 /// [`decide`] for the commonest request: one rule, whose key lives in a bucket. The same
 /// outcome for less work, which every request pays: the key's entry is found and rewritten in
-/// the bucket's bytes as read, without decoding or re-encoding the other entries (the whole
-/// bucket is still checked, see [`table::lookup`]), and none of the per-rule bookkeeping (with
-/// one rule there is nothing to refund). A key new to its bucket takes [`Slot::put`]'s path.
+/// the bucket's bytes, without decoding or re-encoding the other entries (the whole bucket is
+/// still checked, see [`table::lookup`]), and none of the per-rule bookkeeping (with one rule
+/// there is nothing to refund). A key new to its bucket takes [`Slot::put`]'s path. A store
+/// that can hold the slot for the update ([`Store::locked`]) is updated in place, in one step.
 fn decide_one(
     store: &impl Store,
     check: &Check,
@@ -234,37 +235,33 @@ fn decide_one(
         rules: smallvec::smallvec![out],
     };
     for _ in 0..MAX_ATTEMPTS {
-        let b = match read_entry(store, check.slot, check.fingerprint) {
-            Ok(b) => b,
+        // Decides on the key's state as read; says whether the request is admitted, and the
+        // state to write, if any.
+        let decide = |out: &mut RuleOutcome, state: Option<&State>| {
+            let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
+            out.above_base = check.above_base(&verdict, state, now_ms);
+            if check.charge_later {
+                out.verdict = Some(check.reported(verdict, state, now_ms));
+                return (verdict.allowed || check.shadow, None);
+            }
+            out.verdict = Some(verdict);
+            if !verdict.allowed && !check.shadow {
+                return (false, None); // refused: nothing is written
+            }
+            // `None`: a shadow rule that would refuse: nothing to count.
+            (true, next)
+        };
+        match update(store, check.slot, check.fingerprint, now_ms, |state| {
+            decide(&mut out, state)
+        }) {
+            Ok(Some((allowed, placement))) => {
+                out.evicted = placement == Some(Placement::Evicted);
+                out.filled = placement == Some(Placement::Filled);
+                return done(out, allowed);
+            }
+            Ok(None) => out.retries += 1,
             Err(failure) => {
-                out.verdict = None;
                 out.failure = Some(failure);
-                return done(out, !fails_closed);
-            }
-        };
-        let state = b.found.as_ref().map(|(_, s)| s);
-        let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
-        out.above_base = check.above_base(&verdict, state, now_ms);
-        if check.charge_later {
-            out.verdict = Some(check.reported(verdict, state, now_ms));
-            return done(out, verdict.allowed || check.shadow);
-        }
-        out.verdict = Some(verdict);
-        if !verdict.allowed && !check.shadow {
-            return done(out, false); // refused: nothing is written
-        }
-        let Some(next) = next else {
-            return done(out, true); // a shadow rule that would refuse: nothing to count
-        };
-        match write_entry(store, check.slot, check.fingerprint, b, next, now_ms) {
-            Ok(placement) => {
-                out.evicted = placement == Placement::Evicted;
-                out.filled = placement == Placement::Filled;
-                return done(out, true);
-            }
-            Err(StoreError::Conflict) => out.retries += 1,
-            Err(StoreError::Unavailable(e)) => {
-                out.failure = Some(Failure::Unavailable(e));
                 break;
             }
         }
@@ -276,70 +273,107 @@ fn decide_one(
     done(out, !fails_closed)
 }
 
-/// A bucket read to update one key in place: its bytes (`None`: never written), the key's
-/// entry if it has one, and the CAS to write back with.
-struct Entry {
-    bytes: Option<[u8; BUCKET_LEN]>,
-    found: Option<(usize, State)>,
-    cas: u32,
-}
+/// What [`update_entry`] did: `f`'s result, and where the key's new state went (`None`: not
+/// written).
+type Updated<T> = (T, Option<Placement>);
 
-/// Reads the key's entry of a bucket without decoding the other entries (the whole bucket is
-/// still checked, see [`table::lookup`]). A corrupt bucket is reset, so that the keys in it
-/// work again from the next request on.
-fn read_entry(store: &impl Store, slot: u64, fingerprint: u64) -> Result<Entry, Failure> {
-    let read = store.read(slot, |bytes, cas| {
-        let mut copy = [0u8; BUCKET_LEN];
-        let present = match bytes {
-            Some(b) if b.len() == BUCKET_LEN => {
-                copy.copy_from_slice(b);
-                true
-            }
-            _ => false,
-        };
-        let found = table::lookup(bytes, fingerprint);
-        (found, present.then_some(copy), cas.unwrap_or(CREATE_CAS))
-    });
-    let (found, bytes, cas) = read.map_err(Failure::from)?;
-    match found {
-        Ok(found) => Ok(Entry { bytes, found, cas }),
+/// Updates one key in a bucket's bytes (`present`: the store holds the bucket; else they are
+/// all zero): `f` gets the key's state (`None`: the bucket does not hold it) and returns its
+/// result and the key's new state, if any, which is written into the bytes: in place, rewriting
+/// only the key's entry, when it had one, else through the decoded bucket, which finds it a
+/// place by the table's eviction policy. Bytes that are not a bucket are made an empty one (to
+/// be written back, so that the keys in it work again from the next request on) and give
+/// [`Failure::Corrupt`]. The bytes change only when the result says something was placed, or
+/// is `Corrupt`.
+fn update_entry<T>(
+    bytes: &mut [u8; BUCKET_LEN],
+    present: bool,
+    slot: u64,
+    fingerprint: u64,
+    now_ms: u64,
+    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
+) -> Result<Updated<T>, Failure> {
+    let found = match table::lookup(present.then_some(&bytes[..]), fingerprint) {
+        Ok(found) => found,
         Err(table::Corrupt) => {
             if let Ok(empty) = Slot::decode(slot, None) {
-                let _ = store.write(slot, empty.encode().as_ref(), cas);
+                bytes.copy_from_slice(empty.encode().as_ref());
             }
-            Err(Failure::Corrupt)
+            return Err(Failure::Corrupt);
+        }
+    };
+    let (result, next) = f(found.as_ref().map(|(_, s)| s));
+    let Some(next) = next else {
+        return Ok((result, None));
+    };
+    if let Some((i, _)) = found {
+        if table::store_entry(bytes, i, fingerprint, &next) {
+            return Ok((result, Some(Placement::Updated)));
         }
     }
+    // `lookup` accepted these bytes, so they decode.
+    let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
+        .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
+    let placement = decoded.put(fingerprint, next, now_ms);
+    match decoded.encode() {
+        table::Encoded::Bucket(encoded) => *bytes = encoded,
+        table::Encoded::Log(_) => return Err(Failure::Unavailable(StoreFault::Undecodable)),
+    }
+    Ok((result, Some(placement)))
 }
 
-/// Writes the key's `next` state into the bucket as read: in place, rewriting only its entry,
-/// when it had one; else through the decoded bucket, which finds it a place by the table's
-/// eviction policy.
-fn write_entry(
+/// One attempt at [`update_entry`] on the bucket in store slot `slot`: under the store's hold
+/// where it can ([`Store::locked`]), else on a copy read and written back with compare-and-swap.
+/// `Ok(None)`: the copy lost a race (the bucket changed since it was read): try again.
+fn update<T>(
     store: &impl Store,
     slot: u64,
     fingerprint: u64,
-    mut b: Entry,
-    next: State,
     now_ms: u64,
-) -> Result<Placement, StoreError> {
-    let in_place = match (&b.found, b.bytes.as_mut()) {
-        (Some((i, _)), Some(bytes)) => table::store_entry(bytes, *i, fingerprint, &next),
-        _ => false,
+    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
+) -> Result<Option<Updated<T>>, Failure> {
+    let mut f = Some(f);
+    let mut run = |bytes: &mut [u8; BUCKET_LEN], present: bool| match f.take() {
+        Some(f) => update_entry(bytes, present, slot, fingerprint, now_ms, f),
+        None => Err(Failure::RetriesExhausted), // not reached: one run per attempt
     };
-    match b.bytes {
-        Some(bytes) if in_place => store
-            .write(slot, &bytes, b.cas)
-            .map(|()| Placement::Updated),
-        bytes => {
-            // `lookup` accepted these bytes, so they decode.
-            let mut decoded = Slot::decode(slot, bytes.as_ref().map(|b| &b[..]))
-                .map_err(|_| StoreError::Unavailable(StoreFault::Undecodable))?;
-            let placement = decoded.put(fingerprint, next, now_ms);
-            store
-                .write(slot, decoded.encode().as_ref(), b.cas)
-                .map(|()| placement)
+    let held = store.locked(slot, |bytes, present| {
+        let r = run(bytes, present);
+        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
+        (r, written)
+    });
+    if let Some(r) = held {
+        return r.map_err(Failure::from)?.map(Some);
+    }
+    // A copy: the bucket's bytes, whether the store holds a bucket there, the CAS to write
+    // back with. Bytes of another length are no bucket (`present`, version 0: corrupt).
+    let (mut bytes, present, cas) = store
+        .read(slot, |read, cas| {
+            let mut copy = [0u8; BUCKET_LEN];
+            let present = match read {
+                None | Some([]) => false,
+                Some(b) => {
+                    if b.len() == BUCKET_LEN {
+                        copy.copy_from_slice(b);
+                    }
+                    true
+                }
+            };
+            (copy, present, cas.unwrap_or(CREATE_CAS))
+        })
+        .map_err(Failure::from)?;
+    match run(&mut bytes, present) {
+        Err(Failure::Corrupt) => {
+            let _ = store.write(slot, &bytes, cas);
+            Err(Failure::Corrupt)
         }
+        Err(failure) => Err(failure),
+        Ok((result, None)) => Ok(Some((result, None))),
+        Ok((result, Some(placement))) => match store.write(slot, &bytes, cas) {
+            Ok(()) => Ok(Some((result, Some(placement)))),
+            Err(StoreError::Conflict) => Ok(None),
+            Err(StoreError::Unavailable(e)) => Err(Failure::Unavailable(e)),
+        },
     }
 }
 
@@ -479,33 +513,25 @@ pub fn settle(
 ) -> RuleOutcome {
     let mut out = RuleOutcome::default();
     for _ in 0..MAX_ATTEMPTS {
-        let b = match read_entry(store, slot, fingerprint) {
-            Ok(b) => b,
-            Err(f) => {
-                out.failure = Some(f);
+        let settled = update(store, slot, fingerprint, now_ms, |state| {
+            let next = match owed {
+                Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
+                    out.verdict = Some(v);
+                    s
+                }),
+                Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
+            };
+            ((), next) // `None`: nothing to change
+        });
+        match settled {
+            Ok(Some(((), placement))) => {
+                out.evicted = placement == Some(Placement::Evicted);
+                out.filled = placement == Some(Placement::Filled);
                 return out;
             }
-        };
-        let state = b.found.as_ref().map(|(_, s)| s);
-        let next = match owed {
-            Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
-                out.verdict = Some(v);
-                s
-            }),
-            Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
-        };
-        let Some(next) = next else {
-            return out; // nothing to change
-        };
-        match write_entry(store, slot, fingerprint, b, next, now_ms) {
-            Ok(placement) => {
-                out.evicted = placement == Placement::Evicted;
-                out.filled = placement == Placement::Filled;
-                return out;
-            }
-            Err(StoreError::Conflict) => out.retries += 1,
-            Err(StoreError::Unavailable(e)) => {
-                out.failure = Some(Failure::Unavailable(e));
+            Ok(None) => out.retries += 1,
+            Err(failure) => {
+                out.failure = Some(failure);
                 return out;
             }
         }
@@ -604,7 +630,8 @@ mod tests {
 
     /// The one-bucket path decides exactly as the general path: the same outcomes and the same
     /// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
-    /// rules, a clock going back, corrupt slots).
+    /// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
+    /// data) or the store's own bucket under its lock (the native build's process store).
     #[test]
     fn the_one_bucket_path_matches_the_general_path() {
         use crate::limiter::gcra;
@@ -631,10 +658,12 @@ mod tests {
                 max_delay_ms: None,
             }),
         ];
-        let slot_of =
-            |s: &MemoryStore, slot: u64| s.read(slot, |b, _| Slot::decode(slot, b)).unwrap();
+        fn slot_of(s: &impl Store, slot: u64) -> Slot {
+            s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().unwrap()
+        }
         for mode in [FailureMode::Allow, FailureMode::Deny] {
             let (fast, general) = (MemoryStore::new(), MemoryStore::new());
+            let held = crate::store::ProcessStore::new(3);
             let mut now = 10_000u64;
             for _ in 0..20_000 {
                 now = (now + next(300)).saturating_sub(next(50));
@@ -651,12 +680,16 @@ mod tests {
                     for s in [&fast, &general] {
                         s.write(check.slot, b"garbage", 0).unwrap();
                     }
+                    held.write(check.slot, &[b'g'; BUCKET_LEN], 0).unwrap();
                 }
                 let a = decide(&fast, &[check], now, mode);
                 let b = decide_general(&general, &[check], now, mode);
+                let c = decide(&held, &[check], now, mode);
                 assert_eq!(a, b, "{check:?} at {now}");
+                assert_eq!(a, c, "{check:?} at {now}");
                 for slot in 0..3 {
                     assert_eq!(slot_of(&fast, slot), slot_of(&general, slot));
+                    assert_eq!(slot_of(&fast, slot), slot_of(&held, slot));
                 }
             }
         }
@@ -862,34 +895,45 @@ mod tests {
     }
     #[test]
     fn charged_later_counts_nothing_until_settled() {
-        let store = MemoryStore::new();
+        charged_later_in(&MemoryStore::new());
+        charged_later_in(&crate::store::ProcessStore::new(1));
+    }
+
+    fn charged_later_in(store: &impl Store) {
         let later = Check {
             cost: 4, // the reserve
             charge_later: true,
             ..check(0, 3, 10, MINUTE)
         };
         for _ in 0..5 {
-            let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+            let o = decide(store, &[later], 1_000, FailureMode::Deny);
             assert!(o.allowed);
             assert_eq!(o.rules[0].verdict.unwrap().remaining, 10, "nothing counted");
         }
-        assert!(store.is_empty(), "nothing written");
+        assert!(
+            store.read(0, |b, _| b.is_none()).unwrap(),
+            "nothing written"
+        );
         // Charged 8: 2 left, less than the reserve of 4.
-        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
+        let out = settle(store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
         assert_eq!(out.verdict.unwrap().remaining, 2);
         assert!(out.filled);
-        let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+        let o = decide(store, &[later], 1_000, FailureMode::Deny);
         assert!(!o.allowed);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
         // Over the limit: charged whatever it says.
-        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
+        let out = settle(store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
         assert_eq!(out.verdict.unwrap().remaining, 0);
-        assert_eq!(current(stored(&store, 0, 3)), 38);
+        assert_eq!(current(stored(store, 0, 3)), 38);
     }
 
     #[test]
     fn in_flight_slots_come_back_through_settle() {
-        let store = MemoryStore::new();
+        in_flight_in(&MemoryStore::new());
+        in_flight_in(&crate::store::ProcessStore::new(2));
+    }
+
+    fn in_flight_in(store: &impl Store) {
         let flight = Check {
             policy: Policy::InFlight {
                 max: 2,
@@ -897,10 +941,10 @@ mod tests {
             },
             ..check(0, 3, 0, 0)
         };
-        let take = |now| decide(&store, &[flight], now, FailureMode::Deny).allowed;
+        let take = |now| decide(store, &[flight], now, FailureMode::Deny).allowed;
         assert!(take(1_000) && take(1_001) && !take(1_002));
         let back = settle(
-            &store,
+            store,
             0,
             3,
             &flight.policy,
@@ -911,7 +955,7 @@ mod tests {
         assert!(take(1_600) && !take(1_601));
         // A key the table forgot: nothing to give back, nothing written.
         let other = settle(
-            &store,
+            store,
             1,
             9,
             &flight.policy,
