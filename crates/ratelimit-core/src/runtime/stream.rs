@@ -259,7 +259,7 @@ impl StreamState {
         let Phase::Asking(a) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
             return Next::Wait;
         };
-        let decision = rt.finish(host, a.pending);
+        let decision = rt.finish(host, &a.pending);
         self.decided(decision)
     }
 
