@@ -468,18 +468,22 @@ impl<S: Store> Runtime<S> {
         self.metrics.gauge(Gauge::DelayQueue, -1);
     }
 
+    /// A rule's verdict with its name, quota unit and texts.
+    fn report(&self, rule: usize, verdict: Verdict) -> Option<Report<'_>> {
+        let r = self.config.rules.get(rule)?;
+        Some(Report {
+            name: &r.name,
+            unit: r.quota_unit.as_deref(),
+            verdict,
+            texts: self.compiled.get(rule).map(|c| &c.texts),
+        })
+    }
+
     /// The verdicts with their rules' names and quota units.
     fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<Report<'a>> {
         verdicts
             .iter()
-            .filter_map(|&(i, verdict)| {
-                let rule = self.config.rules.get(i)?;
-                Some(Report {
-                    name: &rule.name,
-                    unit: rule.quota_unit.as_deref(),
-                    verdict,
-                })
-            })
+            .filter_map(|&(i, verdict)| self.report(i, verdict))
             .collect()
     }
 
@@ -507,9 +511,9 @@ impl<S: Store> Runtime<S> {
         for (k, v) in &a.service {
             emit(k, v, false);
         }
-        let named = self.named(&a.verdicts);
+        let reports = a.verdicts.iter().filter_map(|&(i, v)| self.report(i, v));
         let style = self.config.response.headers;
-        headers::each_rate_limit_header(style, &named, false, buf, |k, v| emit(k, v, true));
+        headers::each_rate_limit_header(style, reports, false, buf, |k, v| emit(k, v, true));
     }
 
     /// The response's trailers are in: charges the rules whose usage they report.
