@@ -670,8 +670,10 @@ impl HttpFilter for Filter {
     }
 
     fn response_body(&self, _c: &FilterConfig, s: &Stream) {
-        let bytes = s.received_response_body() as u64;
-        self.with(|st| st.response_body(bytes));
+        if self.with(|st| st.counts_body()) {
+            let bytes = s.received_response_body() as u64;
+            self.with(|st| st.response_body(bytes));
+        }
     }
 
     fn response_trailers(&self, c: &FilterConfig, s: &Stream) {

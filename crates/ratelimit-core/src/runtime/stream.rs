@@ -331,6 +331,12 @@ impl StreamState {
         }
     }
 
+    /// Whether the size of the response body's pieces matters ([`StreamState::response_body`]
+    /// does nothing otherwise): a host may skip asking for it.
+    pub fn counts_body(&self) -> bool {
+        self.admitted.is_some()
+    }
+
     /// A piece of the response body passes (`bytes` long).
     pub fn response_body(&mut self, bytes: u64) {
         if let Some(a) = self.admitted.as_mut() {
