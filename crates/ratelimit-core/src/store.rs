@@ -66,6 +66,51 @@ pub trait Store {
     ) -> Option<Result<T, StoreError>> {
         None
     }
+
+    /// Runs `f` while this store holds every bucket in `slots` (below
+    /// [`crate::table::LOG_SLOTS`]) for the caller alone, as [`Store::locked`] holds one, if
+    /// it can; `None` otherwise (the caller reads and writes with compare-and-swap).
+    fn locked_many<T>(&self, _slots: &[u64], _f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
+        None
+    }
+}
+
+/// Buckets of a process store held at once for one caller ([`Store::locked_many`]).
+pub struct Held<'a> {
+    /// (slot, the bucket, times written since held), by slot.
+    buckets: smallvec::SmallVec<[(u64, MutexGuard<'a, Bucket>, u32); 4]>,
+}
+
+impl Held<'_> {
+    /// Where the bucket in `slot` is among those held (`None`: not held, no such bucket).
+    pub fn index(&self, slot: u64) -> Option<usize> {
+        self.buckets.binary_search_by_key(&slot, |b| b.0).ok()
+    }
+
+    /// The bytes of held bucket `i` (all zero if it was never written), whether it holds a
+    /// bucket, and how many times it was written since it was held.
+    pub fn get(&mut self, i: usize) -> Option<(&mut [u8; BUCKET_LEN], bool, u32)> {
+        let (_, bucket, writes) = self.buckets.get_mut(i)?;
+        let present = bucket.cas != 0 || *writes > 0;
+        Some((&mut bucket.bytes, present, *writes))
+    }
+
+    /// Held bucket `i` was written (its CAS moves on when it is released).
+    pub fn wrote(&mut self, i: usize) {
+        if let Some(b) = self.buckets.get_mut(i) {
+            b.2 += 1;
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for (_, bucket, writes) in &mut self.buckets {
+            if *writes > 0 {
+                bucket.cas = next_cas(bucket.cas);
+            }
+        }
+    }
 }
 
 /// A shared store is a store (the native host shares one table between configurations).
@@ -88,6 +133,10 @@ impl<T: Store> Store for std::sync::Arc<T> {
         f: impl FnOnce(&mut [u8; BUCKET_LEN], bool) -> (R, bool),
     ) -> Option<Result<R, StoreError>> {
         (**self).locked(slot, f)
+    }
+
+    fn locked_many<R>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> R) -> Option<R> {
+        (**self).locked_many(slots, f)
     }
 }
 
@@ -294,6 +343,27 @@ impl Store for ProcessStore {
             b.cas = next_cas(b.cas);
         }
         Some(Ok(result))
+    }
+
+    /// The buckets are locked in the order of their slots, each once: whoever holds several
+    /// holds them in that order, and whoever holds one waits for no other, so no two callers
+    /// can wait for each other.
+    fn locked_many<T>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
+        let mut sorted: smallvec::SmallVec<[u64; 4]> = slots.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.iter().any(|&s| s >= crate::table::LOG_SLOTS) {
+            return None;
+        }
+        let mut held = Held {
+            buckets: smallvec::SmallVec::with_capacity(sorted.len()),
+        };
+        for slot in sorted {
+            if let Some(bucket) = self.bucket(slot) {
+                held.buckets.push((slot, lock(bucket), 0));
+            }
+        }
+        Some(f(&mut held))
     }
 }
 

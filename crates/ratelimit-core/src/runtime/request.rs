@@ -222,6 +222,12 @@ impl<S: Store> Runtime<S> {
     /// global rules must ask their services first.
     pub fn start(&self, host: &mut impl Host) -> Start {
         let mut p = Pending::default();
+        // One allocation for many rules, not one per doubling (nothing for a few).
+        let n = self.config.rules.len();
+        if n > engine::INLINE_RULES {
+            p.checks.reserve_exact(n);
+            p.applied.reserve_exact(n);
+        }
         let full = host.held() >= MAX_HELD;
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
             if !key::matches(&rule.matcher, host) {
@@ -302,6 +308,10 @@ impl<S: Store> Runtime<S> {
         let now = host.now_ms();
         // The verdicts, kept whole for the response's fields (no copy).
         let mut reported: Verdicts = SmallVec::new();
+        let n = p.checks.len() + p.questions.len();
+        if n > reported.inline_size() {
+            reported.reserve_exact(n);
+        }
         let mut service = Vec::new();
         let mut refused = false;
         let mut held = Held::default();
