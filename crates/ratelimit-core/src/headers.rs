@@ -11,6 +11,7 @@
 
 use crate::config::{HeaderStyle, CONCURRENT_REQUESTS};
 use crate::limiter::Verdict;
+use smallvec::SmallVec;
 use std::fmt::Write;
 
 /// What one rule reports of one request.
@@ -215,14 +216,52 @@ pub fn each_rate_limit_header<'a>(
     rules: impl Iterator<Item = Report<'a>> + Clone,
     limited: bool,
     buf: &mut String,
+    emit: impl FnMut(&'static str, &str),
+) {
+    let verdicts: SmallVec<[(usize, Verdict); 4]> = rules
+        .clone()
+        .enumerate()
+        .map(|(i, r)| (i, r.verdict))
+        .collect();
+    let reports: SmallVec<[Report<'a>; 4]> = rules.collect();
+    each_field(
+        style,
+        &verdicts,
+        |i| reports.get(i).map(|r| (r.name, r.unit, r.texts)),
+        limited,
+        buf,
+        emit,
+    );
+}
+
+/// What a rule's fields say of it besides its verdict: its name, quota unit and texts.
+pub type Described<'a> = (&'a str, Option<&'a str>, Option<&'a Texts>);
+
+/// [`each_rate_limit_header`] for `(rule, verdict)` pairs, each rule described by
+/// `describe` (a rule it does not describe is left out), without making a [`Report`] of every
+/// verdict for every field.
+pub fn each_field<'a>(
+    style: HeaderStyle,
+    verdicts: &[(usize, Verdict)],
+    describe: impl Fn(usize) -> Option<Described<'a>>,
+    limited: bool,
+    buf: &mut String,
     mut emit: impl FnMut(&'static str, &str),
 ) {
-    if rules.clone().next().is_none() {
+    let report = |&(i, verdict): &(usize, Verdict)| {
+        describe(i).map(|(name, unit, texts)| Report {
+            name,
+            unit,
+            verdict,
+            texts,
+        })
+    };
+    if verdicts.iter().all(|v| describe(v.0).is_none()) {
         return;
     }
     if style.ietf() {
         buf.clear();
-        for (i, r) in rules.clone().enumerate() {
+        for (i, r) in verdicts.iter().filter_map(report).enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
@@ -230,7 +269,7 @@ pub fn each_rate_limit_header<'a>(
         }
         emit("ratelimit-policy", buf);
         buf.clear();
-        for (i, r) in rules.clone().enumerate() {
+        for (i, r) in verdicts.iter().filter_map(report).enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
@@ -244,7 +283,12 @@ pub fn each_rate_limit_header<'a>(
         emit("ratelimit", buf);
     }
     if style.x_ratelimit() {
-        if let Some(r) = most_restrictive(rules.clone()) {
+        // The most restrictive verdict, compared without its rule (first of equals).
+        let chosen = verdicts
+            .iter()
+            .filter(|(i, _)| describe(*i).is_some())
+            .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms));
+        if let Some(r) = chosen.and_then(report) {
             let v = &r.verdict;
             let mut d = itoa::Buffer::new();
             match Texts::of(r.texts, v) {
@@ -254,10 +298,13 @@ pub fn each_rate_limit_header<'a>(
             emit("x-ratelimit-remaining", d.format(v.remaining));
             emit("x-ratelimit-reset", d.format(ceil_seconds(v.reset_ms)));
             if limited {
-                emit(
-                    "x-ratelimit-retry-after",
-                    d.format(retry_after_of(rules.map(|r| r.verdict))),
+                let retry = retry_after_of(
+                    verdicts
+                        .iter()
+                        .filter(|(i, _)| describe(*i).is_some())
+                        .map(|(_, v)| *v),
                 );
+                emit("x-ratelimit-retry-after", d.format(retry));
             }
         }
     }

@@ -521,9 +521,18 @@ impl<S: Store> Runtime<S> {
         for (k, v) in &a.service {
             emit(k, v, false);
         }
-        let reports = a.verdicts.iter().filter_map(|&(i, v)| self.report(i, v));
+        let describe = |i: usize| {
+            let r = self.config.rules.get(i)?;
+            Some((
+                r.name.as_str(),
+                r.quota_unit.as_deref(),
+                self.compiled.get(i).map(|c| &c.texts),
+            ))
+        };
         let style = self.config.response.headers;
-        headers::each_rate_limit_header(style, reports, false, buf, |k, v| emit(k, v, true));
+        headers::each_field(style, &a.verdicts, describe, false, buf, |k, v| {
+            emit(k, v, true)
+        });
     }
 
     /// The response's trailers are in: charges the rules whose usage they report.
