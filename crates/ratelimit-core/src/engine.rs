@@ -214,7 +214,7 @@ pub fn decide(
         }
     }
     if checks.iter().all(|c| !c.policy.uses_log()) {
-        let slots: PerRule<u64> = checks.iter().map(|c| c.slot).collect();
+        let slots: SmallVec<[u64; HELD_INLINE]> = checks.iter().map(|c| c.slot).collect();
         let held = store.locked_many(&slots, |held| {
             decide_held(held, checks, now_ms, failure_mode)
         });
@@ -224,6 +224,10 @@ pub fn decide(
     }
     decide_general(store, checks, now_ms, failure_mode)
 }
+
+/// The rules whose working lists [`decide_held`] keeps on the stack (they live for one call,
+/// so a request with many rules need not allocate them).
+pub const HELD_INLINE: usize = 16;
 
 /// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
 /// request, the state to write with the bucket's write count when it was read and the key's
@@ -247,7 +251,7 @@ fn decide_held(
     failure_mode: FailureMode,
 ) -> Outcome {
     let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
-    let mut work: PerRule<HeldWork> = PerRule::with_capacity(checks.len());
+    let mut work: SmallVec<[HeldWork; HELD_INLINE]> = SmallVec::with_capacity(checks.len());
     // Phase 1: decide every rule; nothing is written (but a corrupt bucket is reset).
     let mut refused = false;
     for (check, out) in checks.iter().zip(rules.iter_mut()) {

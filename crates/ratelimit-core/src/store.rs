@@ -78,7 +78,7 @@ pub trait Store {
 /// Buckets of a process store held at once for one caller ([`Store::locked_many`]).
 pub struct Held<'a> {
     /// (slot, the bucket, times written since held), by slot.
-    buckets: smallvec::SmallVec<[(u64, MutexGuard<'a, Bucket>, u32); 4]>,
+    buckets: smallvec::SmallVec<[(u64, MutexGuard<'a, Bucket>, u32); crate::engine::HELD_INLINE]>,
 }
 
 impl Held<'_> {
@@ -349,7 +349,8 @@ impl Store for ProcessStore {
     /// holds them in that order, and whoever holds one waits for no other, so no two callers
     /// can wait for each other.
     fn locked_many<T>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
-        let mut sorted: smallvec::SmallVec<[u64; 4]> = slots.iter().copied().collect();
+        let mut sorted: smallvec::SmallVec<[u64; crate::engine::HELD_INLINE]> =
+            slots.iter().copied().collect();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.iter().any(|&s| s >= crate::table::LOG_SLOTS) {
