@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-WASM = ROOT / "target/wasm32-wasip1/release/wasm_ratelimit.wasm"
-# NATIVE_DIR in the environment: another build of the dynamic module (e.g. one with symbols).
+# WASM, NATIVE_DIR in the environment: other builds of the filter (one with symbols, a baseline).
+WASM = Path(os.environ.get("WASM") or ROOT / "target/wasm32-wasip1/release/wasm_ratelimit.wasm")
 NATIVE_DIR = Path(os.environ.get("NATIVE_DIR") or ROOT / "target/native")
 NOOP_WASM = BENCH / "noop/target/wasm32-wasip1/release/noop_filter.wasm"
 FLOOR_WASM = BENCH / "floor-wasm/target/wasm32-wasip1/release/floor_filter.wasm"
