@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 # WASM, NATIVE_DIR in the environment: other builds of the filter (one with symbols, a baseline).
-WASM = Path(os.environ.get("WASM") or ROOT / "target/wasm32-wasip1/release/wasm_ratelimit.wasm")
-NATIVE_DIR = Path(os.environ.get("NATIVE_DIR") or ROOT / "target/native")
+WASM = Path(os.environ.get("WASM") or ROOT / "target/wasm32-wasip1/release/wasm_ratelimit.wasm").resolve()
+NATIVE_DIR = Path(os.environ.get("NATIVE_DIR") or ROOT / "target/native").resolve()
 NOOP_WASM = BENCH / "noop/target/wasm32-wasip1/release/noop_filter.wasm"
 FLOOR_WASM = BENCH / "floor-wasm/target/wasm32-wasip1/release/floor_filter.wasm"
 FLOOR_NATIVE_DIR = BENCH / "floor-native/target/release"
@@ -399,7 +399,7 @@ def main():
     args = ap.parse_args()
     if args.report_only:
         results = json.loads((BENCH / "results.json").read_text())
-        (ROOT / "BENCHMARKS.md").write_text(report(results))
+        write_benchmarks(report(results))
         return
     if args.quick:
         args.rounds, args.seconds, args.cycles = 1, 1, 1
@@ -444,7 +444,7 @@ def main():
             args, lua, work, args.rounds)
         results["curves_redone"] = True
         (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        (ROOT / "BENCHMARKS.md").write_text(report(results))
+        write_benchmarks(report(results))
         return
     if args.instructions_only:
         every = specs + header_styles() + rules_specs()
@@ -527,7 +527,7 @@ def main():
         "duration_s": round(time.time() - started),
     }
     (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (ROOT / "BENCHMARKS.md").write_text(report(results))
+    write_benchmarks(report(results))
     print((ROOT / "BENCHMARKS.md").read_text())
 
 
@@ -917,6 +917,29 @@ def report(r):
         "",
     ]
     return "\n".join(lines)
+
+
+# A section of BENCHMARKS.md measured apart from `make bench` (by --instructions-only runs)
+# says so on the line after its heading; rewriting the page keeps it, at the end.
+KEPT = "<!-- kept by bench.py:"
+
+
+def write_benchmarks(text):
+    """Writes BENCHMARKS.md, carrying over the sections of the current one marked KEPT."""
+    page = ROOT / "BENCHMARKS.md"
+    old = page.read_text() if page.exists() else ""
+    kept, section = [], None
+    for line in old.splitlines():
+        if line.startswith("## "):
+            if section:
+                kept.append(section)
+            section = [line]
+        elif section is not None:
+            section.append(line)
+    if section:
+        kept.append(section)
+    kept = ["\n".join(s).rstrip() + "\n" for s in kept if len(s) > 1 and s[1].startswith(KEPT)]
+    page.write_text(text.rstrip() + "\n" + "".join("\n" + k for k in kept))
 
 
 def global_report(g):
