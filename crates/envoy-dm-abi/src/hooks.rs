@@ -10,9 +10,11 @@ use crate::{
     chunks, header_pairs, BodyStatus, ConfigEnvoyPtr, ConfigHandle, ConfigModulePtr, EnvoyBuffer,
     EnvoyHeader, FilterEnvoyPtr, FilterModulePtr, HeadersStatus, Stream, TrailersStatus,
 };
-use std::cell::Cell;
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null;
+use std::ptr::NonNull;
 
 /// Header fields Envoy lends to one hook: (name, value).
 pub type Fields<'r, 'a> = &'r mut dyn Iterator<Item = (&'a [u8], &'a [u8])>;
@@ -253,6 +255,83 @@ pub unsafe fn config_call_done<C: HttpFilterConfig>(
     }
 }
 
+/// The most stream boxes a thread keeps for its next streams.
+const MAX_SPARE: usize = 128;
+
+/// Memory of stream boxes whose streams ended on this thread, for the thread's next streams:
+/// Envoy makes and destroys one per stream, and the allocator costs more than this list. All of
+/// one layout (a module has one filter type); given back to the allocator when the thread ends.
+struct Spare {
+    layout: Layout,
+    free: Vec<NonNull<u8>>,
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        for p in self.free.drain(..) {
+            // SAFETY: allocated with `layout` by `alloc_stream_box`, not in use.
+            unsafe { dealloc(p.as_ptr(), self.layout) }
+        }
+    }
+}
+
+thread_local! {
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            layout: Layout::new::<()>(),
+            free: Vec::new(),
+        })
+    };
+}
+
+/// Memory for a stream box of `layout` (not zero-sized): a spare one, or the allocator's.
+fn alloc_stream_box(layout: Layout) -> NonNull<u8> {
+    let spare = SPARE
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            if s.layout == layout {
+                s.free.pop()
+            } else {
+                None
+            }
+        })
+        .ok()
+        .flatten();
+    spare.unwrap_or_else(|| {
+        // SAFETY: `layout` is not zero-sized (a stream box holds a pointer).
+        NonNull::new(unsafe { alloc(layout) }).unwrap_or_else(|| handle_alloc_error(layout))
+    })
+}
+
+/// Gives back a stream box's memory (its value already dropped).
+///
+/// # Safety
+/// `p` came from `alloc_stream_box(layout)` and is no longer used.
+unsafe fn free_stream_box(p: NonNull<u8>, layout: Layout) {
+    let kept = SPARE
+        .try_with(|s| {
+            let Ok(mut s) = s.try_borrow_mut() else {
+                return false;
+            };
+            if s.layout != layout {
+                if !s.free.is_empty() {
+                    return false;
+                }
+                s.layout = layout;
+            }
+            if s.free.len() >= MAX_SPARE {
+                return false;
+            }
+            s.free.push(p);
+            true
+        })
+        .unwrap_or(false);
+    if !kept {
+        // SAFETY: the caller's: allocated with `layout`, unused.
+        unsafe { dealloc(p.as_ptr(), layout) }
+    }
+}
+
 /// `envoy_dynamic_module_on_http_filter_new`.
 ///
 /// # Safety
@@ -268,7 +347,10 @@ pub unsafe fn filter_new<C: HttpFilterConfig>(ptr: ConfigModulePtr) -> FilterMod
             filter: c.new_filter(),
             poisoned: Cell::new(false),
         };
-        Box::into_raw(Box::new(b)).cast_const().cast()
+        let p = alloc_stream_box(Layout::new::<StreamBox<C>>()).cast::<StreamBox<C>>();
+        // SAFETY: fresh memory of a StreamBox's layout, written once.
+        unsafe { p.as_ptr().write(b) };
+        p.as_ptr().cast_const().cast()
     })
 }
 
@@ -281,9 +363,13 @@ pub unsafe fn filter_destroy<C: HttpFilterConfig>(filter: FilterModulePtr) {
         None,
         || (),
         || {
-            if !filter.is_null() {
-                // SAFETY: made by Box::into_raw in filter_new; destroyed once.
-                drop(unsafe { Box::from_raw(filter.cast_mut().cast::<StreamBox<C>>()) });
+            if let Some(p) = NonNull::new(filter.cast_mut().cast::<StreamBox<C>>()) {
+                // SAFETY: written by filter_new; destroyed once: dropped, then its memory is
+                // given back (the drop may panic: the memory is then leaked, not reused).
+                unsafe {
+                    std::ptr::drop_in_place(p.as_ptr());
+                    free_stream_box(p.cast(), Layout::new::<StreamBox<C>>());
+                }
             }
         },
     )

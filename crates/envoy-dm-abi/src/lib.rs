@@ -125,6 +125,18 @@ pub fn log_enabled(level: LogLevel) -> bool {
     unsafe { envoy_dynamic_module_callback_log_enabled(level) }
 }
 
+/// Bytes as text, `None` if they are not UTF-8. What Envoy lends is nearly always ASCII (an
+/// address, a method, a path), which is checked a word at a time; the full UTF-8 check, byte by
+/// byte on short strings, is left to the rest.
+pub fn text(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    } else {
+        std::str::from_utf8(bytes).ok()
+    }
+}
+
 /// Label values lent to Envoy for one call.
 fn labels(values: &[&str]) -> (Vec<ModuleBuffer>, usize) {
     let v: Vec<ModuleBuffer> = values

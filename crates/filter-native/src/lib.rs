@@ -358,30 +358,66 @@ thread_local! {
     static HELD: Cell<usize> = const { Cell::new(0) };
 }
 
-/// The request as the pipeline sees it, for one hook.
+/// The request as the pipeline sees it, for one hook. Each attribute is read from Envoy at most
+/// once per hook (every rule keyed by client address asks for `source.address`).
 struct NativeHost<'a, 'hook> {
     stream: &'a Stream<'hook>,
+    source: Option<Option<&'a str>>,
+    client: Option<Option<&'a str>>,
+    path: Option<Option<&'a str>>,
+    method: Option<Option<&'a str>>,
+    authority: Option<Option<&'a str>>,
 }
 
-fn text(bytes: Option<&[u8]>) -> Option<&str> {
-    std::str::from_utf8(bytes?).ok()
+impl<'a, 'hook> NativeHost<'a, 'hook> {
+    fn new(stream: &'a Stream<'hook>) -> Self {
+        NativeHost {
+            stream,
+            source: None,
+            client: None,
+            path: None,
+            method: None,
+            authority: None,
+        }
+    }
+}
+
+impl<'a> NativeHost<'a, '_> {
+    /// `source.address`, lent by Envoy for the hook.
+    fn source(&mut self) -> Option<&'a str> {
+        let s = self.stream;
+        *self
+            .source
+            .get_or_insert_with(|| abi::text(s.source_address()?))
+    }
 }
 
 impl Attributes for NativeHost<'_, '_> {
     fn source_address(&mut self) -> Option<&str> {
-        text(self.stream.source_address())
+        self.source()
     }
     fn path(&mut self) -> Option<&str> {
-        text(self.stream.path())
+        let s = self.stream;
+        *self.path.get_or_insert_with(|| abi::text(s.path()?))
     }
     fn method(&mut self) -> Option<&str> {
-        text(self.stream.method())
+        let s = self.stream;
+        *self.method.get_or_insert_with(|| abi::text(s.method()?))
     }
     fn authority(&mut self) -> Option<&str> {
-        text(self.stream.authority())
+        let s = self.stream;
+        *self
+            .authority
+            .get_or_insert_with(|| abi::text(s.authority()?))
     }
     fn header(&mut self, name: &str) -> Option<&[u8]> {
         self.stream.request_header(name)
+    }
+    fn client_address(&mut self) -> Option<&str> {
+        if self.client.is_none() {
+            self.client = Some(self.source().map(ratelimit_core::key::strip_port));
+        }
+        self.client.flatten()
     }
 }
 
@@ -443,7 +479,7 @@ impl Filter {
                             }),
                         None => Err(ServiceError::NotGlobal),
                     };
-                    self.with(|st| st.started(&c.rt, &mut NativeHost { stream: s }, started))
+                    self.with(|st| st.started(&c.rt, &mut NativeHost::new(s), started))
                 }
                 Next::Hold { until_ms } => match s.scheduler() {
                     Some(scheduler) => {
@@ -480,7 +516,7 @@ impl Filter {
             Some(_) => panic!("x-test-panic"),
             None => {}
         }
-        let next = self.with(|st| st.request_headers(&c.rt, &mut NativeHost { stream: s }));
+        let next = self.with(|st| st.request_headers(&c.rt, &mut NativeHost::new(s)));
         self.carry_out(c, s, next, true)
     }
 
@@ -497,7 +533,7 @@ impl Filter {
 
     /// A call this stream started ended (complete, or reset).
     fn call_done(&self, c: &FilterConfig, s: &Stream, id: u64, reset: Option<u32>) {
-        let next = self.with(|st| st.call_done(&c.rt, &mut NativeHost { stream: s }, id, reset));
+        let next = self.with(|st| st.call_done(&c.rt, &mut NativeHost::new(s), id, reset));
         self.carry_out(c, s, next, false);
     }
 
@@ -636,8 +672,10 @@ impl HttpFilter for Filter {
     }
 
     fn response_body(&self, _c: &FilterConfig, s: &Stream) {
-        let bytes = s.received_response_body() as u64;
-        self.with(|st| st.response_body(bytes));
+        if self.with(|st| st.counts_body()) {
+            let bytes = s.received_response_body() as u64;
+            self.with(|st| st.response_body(bytes));
+        }
     }
 
     fn response_trailers(&self, c: &FilterConfig, s: &Stream) {

@@ -13,7 +13,7 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
-use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::store::{Held, Store, StoreError, CREATE_CAS};
 use crate::table::{self, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
 
@@ -214,14 +214,228 @@ pub fn decide(
             return decide_one(store, check, now_ms, failure_mode);
         }
     }
+    if checks.iter().all(|c| !c.policy.uses_log()) {
+        let slots: SmallVec<[u64; HELD_INLINE]> = checks.iter().map(|c| c.slot).collect();
+        let held = store.locked_many(&slots, |held| {
+            decide_held(held, checks, now_ms, failure_mode)
+        });
+        if let Some(outcome) = held {
+            return outcome;
+        }
+    }
     decide_general(store, checks, now_ms, failure_mode)
+}
+
+/// The rules whose working lists [`decide_held`] keeps on the stack (they live for one call,
+/// so a request with many rules need not allocate them).
+pub const HELD_INLINE: usize = 16;
+
+/// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
+/// request, the state to write with the bucket's write count when it was read and the key's
+/// entry then, the state written.
+struct HeldWork {
+    bucket: Option<usize>,
+    before: Option<State>,
+    pending: Option<(State, u32, Option<usize>)>,
+    committed: Option<State>,
+}
+
+/// [`decide_general`] with every bucket held ([`Store::locked_many`]): the same steps on the
+/// store's own bytes, without copies, decoding the other entries of a bucket, or lost races.
+/// What a lost race does there happens here exactly when it happens there without other
+/// writers: a rule whose bucket an earlier rule of the request wrote since it was read is
+/// decided again (and counted as a retry).
+fn decide_held(
+    held: &mut Held<'_>,
+    checks: &[Check],
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> Outcome {
+    let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
+    let mut work: SmallVec<[HeldWork; HELD_INLINE]> = SmallVec::with_capacity(checks.len());
+    // Phase 1: decide every rule; nothing is written (but a corrupt bucket is reset).
+    let mut refused = false;
+    for (check, out) in checks.iter().zip(rules.iter_mut()) {
+        let mut w = HeldWork {
+            bucket: held.index(check.slot),
+            before: None,
+            pending: None,
+            committed: None,
+        };
+        match held_lookup(held, w.bucket, check) {
+            Ok((found, writes)) => {
+                w.before = found.as_ref().map(|(_, s)| s.clone());
+                let (verdict, state) = check.policy.decide(w.before.as_ref(), now_ms, check.cost);
+                refused |= !verdict.allowed && !check.shadow;
+                out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
+                if check.charge_later {
+                    out.verdict = Some(check.reported(verdict, w.before.as_ref(), now_ms));
+                } else {
+                    out.verdict = Some(verdict);
+                    w.pending = state.map(|s| (s, writes, found.map(|(i, _)| i)));
+                }
+            }
+            Err(f) => {
+                refused |= failure_mode == FailureMode::Deny && !check.shadow;
+                out.failure = Some(f);
+            }
+        }
+        work.push(w);
+    }
+    if refused {
+        return refused_outcome(
+            rules,
+            checks,
+            work.iter().map(|w| w.before.as_ref()),
+            now_ms,
+        );
+    }
+    // Phase 2: write each rule's state, deciding again a rule whose bucket changed meanwhile.
+    for i in 0..checks.len() {
+        let (Some(check), Some(out), Some(w)) = (checks.get(i), rules.get_mut(i), work.get_mut(i))
+        else {
+            continue;
+        };
+        let Some((mut state, writes, mut found)) = w.pending.take() else {
+            continue; // the store failed for this rule and failure_mode is allow
+        };
+        let mut decided = true;
+        if w.bucket
+            .and_then(|b| held.get(b))
+            .is_none_or(|(_, _, now)| now != writes)
+        {
+            out.retries += 1;
+            match held_lookup(held, w.bucket, check) {
+                Ok((again, _)) => {
+                    let current = again.as_ref().map(|(_, s)| s);
+                    let (verdict, next) = check.policy.decide(current, now_ms, check.cost);
+                    out.verdict = Some(verdict);
+                    out.above_base = check.above_base(&verdict, current, now_ms);
+                    match next {
+                        Some(s) => {
+                            state = s;
+                            found = again.map(|(i, _)| i);
+                        }
+                        None if check.shadow => decided = false, // count nothing
+                        None => {
+                            // Used up by this request's other rules: undo and refuse.
+                            held_refund(held, checks, &work);
+                            let before = work.iter().map(|w| w.before.as_ref());
+                            return refused_outcome(rules, checks, before, now_ms);
+                        }
+                    }
+                }
+                Err(f) => {
+                    out.failure = Some(f);
+                    decided = false;
+                }
+            }
+        }
+        if decided {
+            match held_place(held, w.bucket, check, found, &state, now_ms) {
+                Ok(placement) => {
+                    out.evicted = placement == Placement::Evicted;
+                    out.filled = placement == Placement::Filled;
+                    w.committed = Some(state);
+                }
+                Err(f) => out.failure = Some(f),
+            }
+        }
+        let shadow_refused = check.shadow && out.verdict.is_some_and(|v| !v.allowed);
+        if w.committed.is_none() && !shadow_refused {
+            if out.failure.is_none() {
+                out.failure = Some(Failure::RetriesExhausted);
+            }
+            out.verdict = None;
+            if failure_mode == FailureMode::Deny && !check.shadow {
+                held_refund(held, checks, &work);
+                let before = work.iter().map(|w| w.before.as_ref());
+                return refused_outcome(rules, checks, before, now_ms);
+            }
+        }
+    }
+    Outcome {
+        allowed: true,
+        rules,
+    }
+}
+
+/// The key's entry in its held bucket, and the bucket's write count. A bucket that is not one
+/// is reset (written) and gives [`Failure::Corrupt`].
+fn held_lookup(
+    held: &mut Held<'_>,
+    bucket: Option<usize>,
+    check: &Check,
+) -> Result<(Option<(usize, State)>, u32), Failure> {
+    let (i, (bytes, present, writes)) = bucket
+        .and_then(|i| Some((i, held.get(i)?)))
+        .ok_or(Failure::Unavailable(StoreFault::NoSlot(check.slot)))?;
+    match table::lookup(present.then_some(&bytes[..]), check.fingerprint) {
+        Ok(found) => Ok((found, writes)),
+        Err(table::Corrupt) => {
+            if let Ok(empty) = Slot::decode(check.slot, None) {
+                bytes.copy_from_slice(empty.encode().as_ref());
+            }
+            held.wrote(i);
+            Err(Failure::Corrupt)
+        }
+    }
+}
+
+/// Writes a key's state into its held bucket: in place at its entry `found` when it has one,
+/// else where the table's eviction policy puts it.
+fn held_place(
+    held: &mut Held<'_>,
+    bucket: Option<usize>,
+    check: &Check,
+    found: Option<usize>,
+    state: &State,
+    now_ms: u64,
+) -> Result<Placement, Failure> {
+    let (slot, fingerprint) = (check.slot, check.fingerprint);
+    let (b, (bytes, present, _)) = bucket
+        .and_then(|i| Some((i, held.get(i)?)))
+        .ok_or(Failure::Unavailable(StoreFault::NoSlot(slot)))?;
+    let placement = match found {
+        Some(i) if table::store_entry(bytes, i, fingerprint, state) => Placement::Updated,
+        _ => {
+            let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
+                .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
+            let placement = decoded.put(fingerprint, state.clone(), now_ms);
+            match decoded.encode() {
+                table::Encoded::Bucket(encoded) => *bytes = encoded,
+                table::Encoded::Log(_) => {
+                    return Err(Failure::Unavailable(StoreFault::Undecodable))
+                }
+            }
+            placement
+        }
+    };
+    held.wrote(b);
+    Ok(placement)
+}
+
+/// [`refund`] in held buckets.
+fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork]) {
+    for (check, w) in checks.iter().zip(work) {
+        let Some(counted) = &w.committed else {
+            continue;
+        };
+        let Ok((Some((i, current)), _)) = held_lookup(held, w.bucket, check) else {
+            continue;
+        };
+        let back = check.policy.refund(current, counted, check.cost);
+        let at = back.last_ms();
+        let _ = held_place(held, w.bucket, check, Some(i), &back, at);
+    }
 }
 
 /// [`decide`] for the commonest request: one rule, whose key lives in a bucket. The same
 /// outcome for less work, which every request pays: the key's entry is found and rewritten in
-/// the bucket's bytes as read, without decoding or re-encoding the other entries (the whole
-/// bucket is still checked, see [`table::lookup`]), and none of the per-rule bookkeeping (with
-/// one rule there is nothing to refund). A key new to its bucket takes [`Slot::put`]'s path.
+/// the bucket's bytes, without decoding or re-encoding the other entries (the whole bucket is
+/// still checked, see [`table::lookup`]), and none of the per-rule bookkeeping (with one rule
+/// there is nothing to refund). A key new to its bucket takes [`Slot::put`]'s path. A store
+/// that can hold the slot for the update ([`Store::locked`]) is updated in place, in one step.
 fn decide_one(
     store: &impl Store,
     check: &Check,
@@ -235,37 +449,33 @@ fn decide_one(
         rules: smallvec::smallvec![out],
     };
     for _ in 0..MAX_ATTEMPTS {
-        let b = match read_entry(store, check.slot, check.fingerprint) {
-            Ok(b) => b,
+        // Decides on the key's state as read; says whether the request is admitted, and the
+        // state to write, if any.
+        let decide = |out: &mut RuleOutcome, state: Option<&State>| {
+            let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
+            out.above_base = check.above_base(&verdict, state, now_ms);
+            if check.charge_later {
+                out.verdict = Some(check.reported(verdict, state, now_ms));
+                return (verdict.allowed || check.shadow, None);
+            }
+            out.verdict = Some(verdict);
+            if !verdict.allowed && !check.shadow {
+                return (false, None); // refused: nothing is written
+            }
+            // `None`: a shadow rule that would refuse: nothing to count.
+            (true, next)
+        };
+        match update(store, check.slot, check.fingerprint, now_ms, |state| {
+            decide(&mut out, state)
+        }) {
+            Ok(Some((allowed, placement))) => {
+                out.evicted = placement == Some(Placement::Evicted);
+                out.filled = placement == Some(Placement::Filled);
+                return done(out, allowed);
+            }
+            Ok(None) => out.retries += 1,
             Err(failure) => {
-                out.verdict = None;
                 out.failure = Some(failure);
-                return done(out, !fails_closed);
-            }
-        };
-        let state = b.found.as_ref().map(|(_, s)| s);
-        let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
-        out.above_base = check.above_base(&verdict, state, now_ms);
-        if check.charge_later {
-            out.verdict = Some(check.reported(verdict, state, now_ms));
-            return done(out, verdict.allowed || check.shadow);
-        }
-        out.verdict = Some(verdict);
-        if !verdict.allowed && !check.shadow {
-            return done(out, false); // refused: nothing is written
-        }
-        let Some(next) = next else {
-            return done(out, true); // a shadow rule that would refuse: nothing to count
-        };
-        match write_entry(store, check.slot, check.fingerprint, b, next, now_ms) {
-            Ok(placement) => {
-                out.evicted = placement == Placement::Evicted;
-                out.filled = placement == Placement::Filled;
-                return done(out, true);
-            }
-            Err(StoreError::Conflict) => out.retries += 1,
-            Err(StoreError::Unavailable(e)) => {
-                out.failure = Some(Failure::Unavailable(e));
                 break;
             }
         }
@@ -277,70 +487,107 @@ fn decide_one(
     done(out, !fails_closed)
 }
 
-/// A bucket read to update one key in place: its bytes (`None`: never written), the key's
-/// entry if it has one, and the CAS to write back with.
-struct Entry {
-    bytes: Option<[u8; BUCKET_LEN]>,
-    found: Option<(usize, State)>,
-    cas: u32,
-}
+/// What [`update_entry`] did: `f`'s result, and where the key's new state went (`None`: not
+/// written).
+type Updated<T> = (T, Option<Placement>);
 
-/// Reads the key's entry of a bucket without decoding the other entries (the whole bucket is
-/// still checked, see [`table::lookup`]). A corrupt bucket is reset, so that the keys in it
-/// work again from the next request on.
-fn read_entry(store: &impl Store, slot: u64, fingerprint: u64) -> Result<Entry, Failure> {
-    let read = store.read(slot, |bytes, cas| {
-        let mut copy = [0u8; BUCKET_LEN];
-        let present = match bytes {
-            Some(b) if b.len() == BUCKET_LEN => {
-                copy.copy_from_slice(b);
-                true
-            }
-            _ => false,
-        };
-        let found = table::lookup(bytes, fingerprint);
-        (found, present.then_some(copy), cas.unwrap_or(CREATE_CAS))
-    });
-    let (found, bytes, cas) = read.map_err(Failure::from)?;
-    match found {
-        Ok(found) => Ok(Entry { bytes, found, cas }),
+/// Updates one key in a bucket's bytes (`present`: the store holds the bucket; else they are
+/// all zero): `f` gets the key's state (`None`: the bucket does not hold it) and returns its
+/// result and the key's new state, if any, which is written into the bytes: in place, rewriting
+/// only the key's entry, when it had one, else through the decoded bucket, which finds it a
+/// place by the table's eviction policy. Bytes that are not a bucket are made an empty one (to
+/// be written back, so that the keys in it work again from the next request on) and give
+/// [`Failure::Corrupt`]. The bytes change only when the result says something was placed, or
+/// is `Corrupt`.
+fn update_entry<T>(
+    bytes: &mut [u8; BUCKET_LEN],
+    present: bool,
+    slot: u64,
+    fingerprint: u64,
+    now_ms: u64,
+    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
+) -> Result<Updated<T>, Failure> {
+    let found = match table::lookup(present.then_some(&bytes[..]), fingerprint) {
+        Ok(found) => found,
         Err(table::Corrupt) => {
             if let Ok(empty) = Slot::decode(slot, None) {
-                let _ = store.write(slot, empty.encode().as_ref(), cas);
+                bytes.copy_from_slice(empty.encode().as_ref());
             }
-            Err(Failure::Corrupt)
+            return Err(Failure::Corrupt);
+        }
+    };
+    let (result, next) = f(found.as_ref().map(|(_, s)| s));
+    let Some(next) = next else {
+        return Ok((result, None));
+    };
+    if let Some((i, _)) = found {
+        if table::store_entry(bytes, i, fingerprint, &next) {
+            return Ok((result, Some(Placement::Updated)));
         }
     }
+    // `lookup` accepted these bytes, so they decode.
+    let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
+        .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
+    let placement = decoded.put(fingerprint, next, now_ms);
+    match decoded.encode() {
+        table::Encoded::Bucket(encoded) => *bytes = encoded,
+        table::Encoded::Log(_) => return Err(Failure::Unavailable(StoreFault::Undecodable)),
+    }
+    Ok((result, Some(placement)))
 }
 
-/// Writes the key's `next` state into the bucket as read: in place, rewriting only its entry,
-/// when it had one; else through the decoded bucket, which finds it a place by the table's
-/// eviction policy.
-fn write_entry(
+/// One attempt at [`update_entry`] on the bucket in store slot `slot`: under the store's hold
+/// where it can ([`Store::locked`]), else on a copy read and written back with compare-and-swap.
+/// `Ok(None)`: the copy lost a race (the bucket changed since it was read): try again.
+fn update<T>(
     store: &impl Store,
     slot: u64,
     fingerprint: u64,
-    mut b: Entry,
-    next: State,
     now_ms: u64,
-) -> Result<Placement, StoreError> {
-    let in_place = match (&b.found, b.bytes.as_mut()) {
-        (Some((i, _)), Some(bytes)) => table::store_entry(bytes, *i, fingerprint, &next),
-        _ => false,
+    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
+) -> Result<Option<Updated<T>>, Failure> {
+    let mut f = Some(f);
+    let mut run = |bytes: &mut [u8; BUCKET_LEN], present: bool| match f.take() {
+        Some(f) => update_entry(bytes, present, slot, fingerprint, now_ms, f),
+        None => Err(Failure::RetriesExhausted), // not reached: one run per attempt
     };
-    match b.bytes {
-        Some(bytes) if in_place => store
-            .write(slot, &bytes, b.cas)
-            .map(|()| Placement::Updated),
-        bytes => {
-            // `lookup` accepted these bytes, so they decode.
-            let mut decoded = Slot::decode(slot, bytes.as_ref().map(|b| &b[..]))
-                .map_err(|_| StoreError::Unavailable(StoreFault::Undecodable))?;
-            let placement = decoded.put(fingerprint, next, now_ms);
-            store
-                .write(slot, decoded.encode().as_ref(), b.cas)
-                .map(|()| placement)
+    let held = store.locked(slot, |bytes, present| {
+        let r = run(bytes, present);
+        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
+        (r, written)
+    });
+    if let Some(r) = held {
+        return r.map_err(Failure::from)?.map(Some);
+    }
+    // A copy: the bucket's bytes, whether the store holds a bucket there, the CAS to write
+    // back with. Bytes of another length are no bucket (`present`, version 0: corrupt).
+    let (mut bytes, present, cas) = store
+        .read(slot, |read, cas| {
+            let mut copy = [0u8; BUCKET_LEN];
+            let present = match read {
+                None | Some([]) => false,
+                Some(b) => {
+                    if b.len() == BUCKET_LEN {
+                        copy.copy_from_slice(b);
+                    }
+                    true
+                }
+            };
+            (copy, present, cas.unwrap_or(CREATE_CAS))
+        })
+        .map_err(Failure::from)?;
+    match run(&mut bytes, present) {
+        Err(Failure::Corrupt) => {
+            let _ = store.write(slot, &bytes, cas);
+            Err(Failure::Corrupt)
         }
+        Err(failure) => Err(failure),
+        Ok((result, None)) => Ok(Some((result, None))),
+        Ok((result, Some(placement))) => match store.write(slot, &bytes, cas) {
+            Ok(()) => Ok(Some((result, Some(placement)))),
+            Err(StoreError::Conflict) => Ok(None),
+            Err(StoreError::Unavailable(e)) => Err(Failure::Unavailable(e)),
+        },
     }
 }
 
@@ -386,7 +633,12 @@ fn decide_general(
         work.push(w);
     }
     if refused {
-        return refused_outcome(rules, checks, &work, now_ms);
+        return refused_outcome(
+            rules,
+            checks,
+            work.iter().map(|w| w.before.as_ref()),
+            now_ms,
+        );
     }
     // Phase 2: commit each rule with CAS, re-deciding a rule whose bucket changed meanwhile.
     for i in 0..checks.len() {
@@ -432,7 +684,12 @@ fn decide_general(
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
                     refund(store, checks, &work);
-                    return refused_outcome(rules, checks, &work, now_ms);
+                    return refused_outcome(
+                        rules,
+                        checks,
+                        work.iter().map(|w| w.before.as_ref()),
+                        now_ms,
+                    );
                 }
             }
         }
@@ -444,7 +701,12 @@ fn decide_general(
             out.verdict = None;
             if failure_mode == FailureMode::Deny && !check.shadow {
                 refund(store, checks, &work);
-                return refused_outcome(rules, checks, &work, now_ms);
+                return refused_outcome(
+                    rules,
+                    checks,
+                    work.iter().map(|w| w.before.as_ref()),
+                    now_ms,
+                );
             }
         }
     }
@@ -480,33 +742,25 @@ pub fn settle(
 ) -> RuleOutcome {
     let mut out = RuleOutcome::default();
     for _ in 0..MAX_ATTEMPTS {
-        let b = match read_entry(store, slot, fingerprint) {
-            Ok(b) => b,
-            Err(f) => {
-                out.failure = Some(f);
+        let settled = update(store, slot, fingerprint, now_ms, |state| {
+            let next = match owed {
+                Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
+                    out.verdict = Some(v);
+                    s
+                }),
+                Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
+            };
+            ((), next) // `None`: nothing to change
+        });
+        match settled {
+            Ok(Some(((), placement))) => {
+                out.evicted = placement == Some(Placement::Evicted);
+                out.filled = placement == Some(Placement::Filled);
                 return out;
             }
-        };
-        let state = b.found.as_ref().map(|(_, s)| s);
-        let next = match owed {
-            Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
-                out.verdict = Some(v);
-                s
-            }),
-            Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
-        };
-        let Some(next) = next else {
-            return out; // nothing to change
-        };
-        match write_entry(store, slot, fingerprint, b, next, now_ms) {
-            Ok(placement) => {
-                out.evicted = placement == Placement::Evicted;
-                out.filled = placement == Placement::Filled;
-                return out;
-            }
-            Err(StoreError::Conflict) => out.retries += 1,
-            Err(StoreError::Unavailable(e)) => {
-                out.failure = Some(Failure::Unavailable(e));
+            Ok(None) => out.retries += 1,
+            Err(failure) => {
+                out.failure = Some(failure);
                 return out;
             }
         }
@@ -517,15 +771,15 @@ pub fn settle(
 
 /// A refused request: rules that would have admitted it report the quota as it is without
 /// this request, which consumed nothing.
-fn refused_outcome(
+fn refused_outcome<'w>(
     mut rules: PerRule<RuleOutcome>,
     checks: &[Check],
-    work: &[Work],
+    before: impl Iterator<Item = Option<&'w State>>,
     now_ms: u64,
 ) -> Outcome {
-    for ((out, check), w) in rules.iter_mut().zip(checks).zip(work) {
+    for ((out, check), before) in rules.iter_mut().zip(checks).zip(before) {
         if let Some(v) = out.verdict.as_mut().filter(|v| v.allowed) {
-            *v = check.policy.decide(w.before.as_ref(), now_ms, 0).0;
+            *v = check.policy.decide(before, now_ms, 0).0;
         }
     }
     Outcome {
@@ -605,7 +859,8 @@ mod tests {
 
     /// The one-bucket path decides exactly as the general path: the same outcomes and the same
     /// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
-    /// rules, a clock going back, corrupt slots).
+    /// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
+    /// data) or the store's own bucket under its lock (the native build's process store).
     #[test]
     fn the_one_bucket_path_matches_the_general_path() {
         use crate::limiter::gcra;
@@ -632,10 +887,12 @@ mod tests {
                 max_delay_ms: None,
             }),
         ];
-        let slot_of =
-            |s: &MemoryStore, slot: u64| s.read(slot, |b, _| Slot::decode(slot, b)).unwrap();
+        fn slot_of(s: &impl Store, slot: u64) -> Slot {
+            s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().unwrap()
+        }
         for mode in [FailureMode::Allow, FailureMode::Deny] {
             let (fast, general) = (MemoryStore::new(), MemoryStore::new());
+            let held = crate::store::ProcessStore::new(3);
             let mut now = 10_000u64;
             for _ in 0..20_000 {
                 now = (now + next(300)).saturating_sub(next(50));
@@ -652,15 +909,94 @@ mod tests {
                     for s in [&fast, &general] {
                         s.write(check.slot, b"garbage", 0).unwrap();
                     }
+                    held.write(check.slot, &[b'g'; BUCKET_LEN], 0).unwrap();
                 }
                 let a = decide(&fast, &[check], now, mode);
                 let b = decide_general(&general, &[check], now, mode);
+                let c = decide(&held, &[check], now, mode);
                 assert_eq!(a, b, "{check:?} at {now}");
+                assert_eq!(a, c, "{check:?} at {now}");
                 for slot in 0..3 {
                     assert_eq!(slot_of(&fast, slot), slot_of(&general, slot));
+                    assert_eq!(slot_of(&fast, slot), slot_of(&held, slot));
                 }
             }
         }
+    }
+
+    /// Several rules decided with their buckets held (the native build's process store) decide
+    /// exactly as with copies and compare-and-swap: the same outcomes, retries included, and
+    /// the same stored slots over random requests of one to four rules (sharing buckets,
+    /// evicting one another, refused by some, shadow or charged later, corrupt buckets).
+    #[test]
+    fn held_buckets_decide_as_compare_and_swap() {
+        use crate::limiter::gcra;
+        use crate::store::ProcessStore;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let policies = [
+            Policy::SlidingWindow {
+                limit: 3,
+                window_ms: 1_000,
+            },
+            Policy::FixedWindow {
+                limit: 2,
+                window_ms: 500,
+            },
+            Policy::Gcra(gcra::Params {
+                limit: 4,
+                window_ms: 1_000,
+                burst: 2,
+                max_delay_ms: None,
+            }),
+            Policy::InFlight {
+                max: 2,
+                lease_ms: 2_000,
+            },
+        ];
+        // `None`: corrupt (until a rule decides on it).
+        fn slot_of(s: &impl Store, slot: u64) -> Option<Slot> {
+            s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().ok()
+        }
+        // Requests: [refused, admitted, refused after a retry (undone), admitted after one].
+        let mut seen = [0u32; 4];
+        for mode in [FailureMode::Allow, FailureMode::Deny] {
+            let (cas, held) = (MemoryStore::new(), ProcessStore::new(3));
+            let mut now = 10_000u64;
+            for _ in 0..20_000 {
+                now = (now + next(300)).saturating_sub(next(50));
+                let checks: Vec<Check> = (0..1 + next(4))
+                    .map(|_| Check {
+                        slot: next(3),
+                        fingerprint: 1 + 2 * next(7),
+                        policy: policies[next(4) as usize],
+                        cost: 1 + next(2),
+                        shadow: next(5) == 0,
+                        charge_later: next(6) == 0,
+                        base: None,
+                    })
+                    .collect();
+                if next(300) == 0 {
+                    let slot = next(3);
+                    cas.write(slot, b"garbage", 0).unwrap();
+                    held.write(slot, &[b'g'; BUCKET_LEN], 0).unwrap();
+                }
+                let a = decide_general(&cas, &checks, now, mode);
+                let b = decide(&held, &checks, now, mode);
+                assert_eq!(a, b, "{checks:?} at {now}");
+                let retried = a.rules.iter().any(|r| r.retries > 0);
+                seen[usize::from(retried) * 2 + usize::from(a.allowed)] += 1;
+                for slot in 0..3 {
+                    assert_eq!(slot_of(&cas, slot), slot_of(&held, slot), "{checks:?}");
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 20), "{seen:?}");
     }
 
     #[test]
@@ -863,34 +1199,45 @@ mod tests {
     }
     #[test]
     fn charged_later_counts_nothing_until_settled() {
-        let store = MemoryStore::new();
+        charged_later_in(&MemoryStore::new());
+        charged_later_in(&crate::store::ProcessStore::new(1));
+    }
+
+    fn charged_later_in(store: &impl Store) {
         let later = Check {
             cost: 4, // the reserve
             charge_later: true,
             ..check(0, 3, 10, MINUTE)
         };
         for _ in 0..5 {
-            let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+            let o = decide(store, &[later], 1_000, FailureMode::Deny);
             assert!(o.allowed);
             assert_eq!(o.rules[0].verdict.unwrap().remaining, 10, "nothing counted");
         }
-        assert!(store.is_empty(), "nothing written");
+        assert!(
+            store.read(0, |b, _| b.is_none()).unwrap(),
+            "nothing written"
+        );
         // Charged 8: 2 left, less than the reserve of 4.
-        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
+        let out = settle(store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
         assert_eq!(out.verdict.unwrap().remaining, 2);
         assert!(out.filled);
-        let o = decide(&store, &[later], 1_000, FailureMode::Deny);
+        let o = decide(store, &[later], 1_000, FailureMode::Deny);
         assert!(!o.allowed);
         assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
         // Over the limit: charged whatever it says.
-        let out = settle(&store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
+        let out = settle(store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
         assert_eq!(out.verdict.unwrap().remaining, 0);
-        assert_eq!(current(stored(&store, 0, 3)), 38);
+        assert_eq!(current(stored(store, 0, 3)), 38);
     }
 
     #[test]
     fn in_flight_slots_come_back_through_settle() {
-        let store = MemoryStore::new();
+        in_flight_in(&MemoryStore::new());
+        in_flight_in(&crate::store::ProcessStore::new(2));
+    }
+
+    fn in_flight_in(store: &impl Store) {
         let flight = Check {
             policy: Policy::InFlight {
                 max: 2,
@@ -898,10 +1245,10 @@ mod tests {
             },
             ..check(0, 3, 0, 0)
         };
-        let take = |now| decide(&store, &[flight], now, FailureMode::Deny).allowed;
+        let take = |now| decide(store, &[flight], now, FailureMode::Deny).allowed;
         assert!(take(1_000) && take(1_001) && !take(1_002));
         let back = settle(
-            &store,
+            store,
             0,
             3,
             &flight.policy,
@@ -912,7 +1259,7 @@ mod tests {
         assert!(take(1_600) && !take(1_601));
         // A key the table forgot: nothing to give back, nothing written.
         let other = settle(
-            &store,
+            store,
             1,
             9,
             &flight.policy,

@@ -12,6 +12,7 @@
 
 use crate::config::{HeaderStyle, CONCURRENT_REQUESTS};
 use crate::limiter::Verdict;
+use smallvec::SmallVec;
 use std::fmt::Write;
 
 /// What one rule reports of one request.
@@ -23,6 +24,97 @@ pub struct Report<'a> {
     pub unit: Option<&'a str>,
     /// Its verdict.
     pub verdict: Verdict,
+    /// The rule's texts written once ([`Texts`]), if there are.
+    pub texts: Option<&'a Texts>,
+}
+
+/// What a rule's fields say whatever the request, written once per configuration (the same
+/// text [`each_rate_limit_header`] would write each time): its `RateLimit-Policy` item and its
+/// limit as text, for the limit and window it has unless scaled, and the start of its
+/// `RateLimit` item.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Texts {
+    /// The limit and window (s) `policy` and `limit_text` say.
+    limit: u64,
+    window_s: u64,
+    /// `"name";q=LIMIT;w=WINDOW;qu="unit"`.
+    policy: String,
+    /// LIMIT.
+    limit_text: String,
+    /// `"name";r=`.
+    rate: String,
+}
+
+impl Texts {
+    /// The texts of a rule called `name`, counting `unit`, whose verdicts report `limit` per
+    /// `window_s`.
+    pub fn new(name: &str, unit: Option<&str>, limit: u64, window_s: u64) -> Texts {
+        let verdict = Verdict {
+            allowed: true,
+            limit,
+            window_s,
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: 0,
+            delay_ms: 0,
+        };
+        let r = Report {
+            name,
+            unit,
+            verdict,
+            texts: None,
+        };
+        let mut policy = String::new();
+        policy_item(&mut policy, &r);
+        let mut rate = String::new();
+        rate_item_start(&mut rate, &r);
+        let mut limit_text = String::new();
+        push_u64(&mut limit_text, limit);
+        Texts {
+            limit,
+            window_s,
+            policy,
+            limit_text,
+            rate,
+        }
+    }
+
+    /// The texts, if they say this verdict's limit and window.
+    fn of<'t>(texts: Option<&'t Texts>, v: &Verdict) -> Option<&'t Texts> {
+        texts.filter(|t| t.limit == v.limit && t.window_s == v.window_s)
+    }
+}
+
+/// Appends a rule's `RateLimit-Policy` item.
+fn policy_item(buf: &mut String, r: &Report) {
+    if let Some(t) = Texts::of(r.texts, &r.verdict) {
+        buf.push_str(&t.policy);
+        return;
+    }
+    buf.push('"');
+    buf.push_str(r.name);
+    buf.push_str("\";q=");
+    push_u64(buf, r.verdict.limit);
+    if r.verdict.window_s > 0 {
+        buf.push_str(";w=");
+        push_u64(buf, r.verdict.window_s);
+    }
+    if let Some(unit) = r.unit {
+        buf.push_str(";qu=\"");
+        buf.push_str(unit);
+        buf.push('"');
+    }
+}
+
+/// Appends the start of a rule's `RateLimit` item, up to its remaining quota.
+fn rate_item_start(buf: &mut String, r: &Report) {
+    if let Some(t) = r.texts {
+        buf.push_str(&t.rate);
+        return;
+    }
+    buf.push('"');
+    buf.push_str(r.name);
+    buf.push_str("\";r=");
 }
 
 /// Appends the decimal digits of `n`. `core::fmt` is several times slower than `itoa` inside
@@ -41,11 +133,15 @@ pub fn ceil_seconds(ms: u64) -> u64 {
 
 /// The `Retry-After` value in seconds for a refused request: the latest retry time of the rules
 /// that refused it, at least 1.
-pub fn retry_after_seconds(rules: &[Report]) -> u64 {
-    rules
-        .iter()
-        .filter(|r| !r.verdict.allowed)
-        .map(|r| ceil_seconds(r.verdict.retry_after_ms))
+pub fn retry_after_seconds<'a>(rules: impl IntoIterator<Item = &'a Report<'a>>) -> u64 {
+    retry_after_of(rules.into_iter().map(|r| r.verdict))
+}
+
+/// [`retry_after_seconds`] of these verdicts.
+fn retry_after_of(verdicts: impl Iterator<Item = Verdict>) -> u64 {
+    verdicts
+        .filter(|v| !v.allowed)
+        .map(|v| ceil_seconds(v.retry_after_ms))
         .max()
         .unwrap_or(1)
         .max(1)
@@ -53,8 +149,8 @@ pub fn retry_after_seconds(rules: &[Report]) -> u64 {
 
 /// The rule the X-RateLimit fields report: a refusing rule first, else the one with the least
 /// remaining quota, then the longest wait.
-pub fn most_restrictive<'a>(rules: &'a [Report<'a>]) -> Option<&'a Report<'a>> {
-    rules.iter().min_by_key(|r| {
+pub fn most_restrictive<'a>(rules: impl Iterator<Item = Report<'a>>) -> Option<Report<'a>> {
+    rules.min_by_key(|r| {
         let v = &r.verdict;
         (v.allowed, v.remaining, u64::MAX - v.reset_ms)
     })
@@ -102,9 +198,13 @@ pub fn rate_limit_headers(style: HeaderStyle, rules: &[Report], limited: bool) -
         ..Fields::default()
     };
     let mut value = String::new();
-    each_rate_limit_header(style, rules, limited, &mut value, |name, v| {
-        out.push(name, v)
-    });
+    each_rate_limit_header(
+        style,
+        rules.iter().copied(),
+        limited,
+        &mut value,
+        |name, v| out.push(name, v),
+    );
     out
 }
 
@@ -112,45 +212,69 @@ pub fn rate_limit_headers(style: HeaderStyle, rules: &[Report], limited: bool) -
 /// first) and handed to `emit` with its name. With a `buf` reused for every response this
 /// allocates nothing; and it is straight-line code, which matters in wasm, where the request
 /// path's code is cold in the CPU's caches at every request.
-pub fn each_rate_limit_header(
+pub fn each_rate_limit_header<'a>(
     style: HeaderStyle,
-    rules: &[Report],
+    rules: impl Iterator<Item = Report<'a>> + Clone,
+    limited: bool,
+    buf: &mut String,
+    emit: impl FnMut(&'static str, &str),
+) {
+    let verdicts: SmallVec<[(usize, Verdict); 4]> = rules
+        .clone()
+        .enumerate()
+        .map(|(i, r)| (i, r.verdict))
+        .collect();
+    let reports: SmallVec<[Report<'a>; 4]> = rules.collect();
+    each_field(
+        style,
+        &verdicts,
+        |i| reports.get(i).map(|r| (r.name, r.unit, r.texts)),
+        limited,
+        buf,
+        emit,
+    );
+}
+
+/// What a rule's fields say of it besides its verdict: its name, quota unit and texts.
+pub type Described<'a> = (&'a str, Option<&'a str>, Option<&'a Texts>);
+
+/// [`each_rate_limit_header`] for `(rule, verdict)` pairs, each rule described by
+/// `describe` (a rule it does not describe is left out), without making a [`Report`] of every
+/// verdict for every field.
+pub fn each_field<'a>(
+    style: HeaderStyle,
+    verdicts: &[(usize, Verdict)],
+    describe: impl Fn(usize) -> Option<Described<'a>>,
     limited: bool,
     buf: &mut String,
     mut emit: impl FnMut(&'static str, &str),
 ) {
-    if rules.is_empty() {
+    let report = |&(i, verdict): &(usize, Verdict)| {
+        describe(i).map(|(name, unit, texts)| Report {
+            name,
+            unit,
+            verdict,
+            texts,
+        })
+    };
+    if verdicts.iter().all(|v| describe(v.0).is_none()) {
         return;
     }
     if style.ietf() {
         buf.clear();
-        for (i, r) in rules.iter().enumerate() {
+        for (i, r) in verdicts.iter().filter_map(report).enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
-            buf.push('"');
-            buf.push_str(r.name);
-            buf.push_str("\";q=");
-            push_u64(buf, r.verdict.limit);
-            if r.verdict.window_s > 0 {
-                buf.push_str(";w=");
-                push_u64(buf, r.verdict.window_s);
-            }
-            if let Some(unit) = r.unit {
-                buf.push_str(";qu=\"");
-                buf.push_str(unit);
-                buf.push('"');
-            }
+            policy_item(buf, &r);
         }
         emit("ratelimit-policy", buf);
         buf.clear();
-        for (i, r) in rules.iter().enumerate() {
+        for (i, r) in verdicts.iter().filter_map(report).enumerate() {
             if i > 0 {
                 buf.push_str(", ");
             }
-            buf.push('"');
-            buf.push_str(r.name);
-            buf.push_str("\";r=");
+            rate_item_start(buf, &r);
             push_u64(buf, r.verdict.remaining);
             if r.verdict.window_s > 0 {
                 buf.push_str(";t=");
@@ -160,10 +284,18 @@ pub fn each_rate_limit_header(
         emit("ratelimit", buf);
     }
     if style.x_ratelimit() {
-        if let Some(r) = most_restrictive(rules) {
+        // The most restrictive verdict, compared without its rule (first of equals).
+        let chosen = verdicts
+            .iter()
+            .filter(|(i, _)| describe(*i).is_some())
+            .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms));
+        if let Some(r) = chosen.and_then(report) {
             let v = &r.verdict;
             let mut d = itoa::Buffer::new();
-            emit("x-ratelimit-limit", d.format(v.limit));
+            match Texts::of(r.texts, v) {
+                Some(t) => emit("x-ratelimit-limit", &t.limit_text),
+                None => emit("x-ratelimit-limit", d.format(v.limit)),
+            }
             emit("x-ratelimit-remaining", d.format(v.remaining));
             // Requests in flight have no window, so no reset time (their IETF item has no `t`):
             // a 0 or 1 here would tell a client when quota comes back, which no one knows.
@@ -171,10 +303,13 @@ pub fn each_rate_limit_header(
                 emit("x-ratelimit-reset", d.format(ceil_seconds(v.reset_ms)));
             }
             if limited {
-                emit(
-                    "x-ratelimit-retry-after",
-                    d.format(retry_after_seconds(rules)),
+                let retry = retry_after_of(
+                    verdicts
+                        .iter()
+                        .filter(|(i, _)| describe(*i).is_some())
+                        .map(|(_, v)| *v),
                 );
+                emit("x-ratelimit-retry-after", d.format(retry));
             }
         }
     }
@@ -221,6 +356,7 @@ mod tests {
             name,
             unit: None,
             verdict,
+            texts: None,
         }
     }
 
@@ -259,6 +395,65 @@ mod tests {
         assert!(rate_limit_headers(HeaderStyle::None, &rules, false).is_empty());
         let ietf = rate_limit_headers(HeaderStyle::Ietf, &rules, false);
         assert_eq!(ietf.iter().count(), 2);
+    }
+
+    /// Texts written once give the fields written each time: when they say the verdict's limit
+    /// and window, and when they do not (a scaled limit, another window: written each time).
+    #[test]
+    fn texts_written_once_say_the_same() {
+        let flight = Verdict {
+            window_s: 0,
+            ..v(true, 10, 3, 0, 0)
+        };
+        let verdicts = [
+            ("a", None, v(true, 100, 42, 16_200, 0)),
+            ("b.c", Some("tokens"), v(false, 7, 0, 3_000, 3_000)),
+            ("d", Some(CONCURRENT_REQUESTS), flight),
+        ];
+        let texts: Vec<Vec<Texts>> = verdicts
+            .iter()
+            .map(|(name, unit, v)| {
+                vec![
+                    Texts::new(name, *unit, v.limit, v.window_s),
+                    Texts::new(name, *unit, v.limit + 1, v.window_s),
+                    Texts::new(name, *unit, v.limit, v.window_s + 60),
+                ]
+            })
+            .collect();
+        for which in 0..3 {
+            for n in 1..=verdicts.len() {
+                let plain: Vec<Report> = verdicts[..n]
+                    .iter()
+                    .map(|(name, unit, v)| Report {
+                        unit: *unit,
+                        ..r(name, *v)
+                    })
+                    .collect();
+                let with: Vec<Report> = plain
+                    .iter()
+                    .zip(&texts)
+                    .map(|(r, t)| Report {
+                        texts: Some(&t[which]),
+                        ..*r
+                    })
+                    .collect();
+                for style in [
+                    HeaderStyle::Ietf,
+                    HeaderStyle::XRateLimit,
+                    HeaderStyle::Both,
+                ] {
+                    for limited in [false, true] {
+                        let a = rate_limit_headers(style, &plain, limited);
+                        let b = rate_limit_headers(style, &with, limited);
+                        assert_eq!(
+                            a.iter().collect::<Vec<_>>(),
+                            b.iter().collect::<Vec<_>>(),
+                            "{which} {n} {style:?} {limited}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -314,6 +509,7 @@ mod tests {
                 ..v(true, 10, 3, 0, 0)
             },
             name: "tenant",
+            texts: None,
         };
         let h = rate_limit_headers(HeaderStyle::Ietf, &[tokens, flight], false);
         assert_eq!(

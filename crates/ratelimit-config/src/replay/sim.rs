@@ -327,7 +327,7 @@ impl Variant {
             Start::Decided(d) => d,
             // Replay's copy of a configuration has no global rule: never asks, but a request
             // that did would be decided as if no service answered.
-            Start::Ask(p) => self.rt.finish(&mut host, p),
+            Start::Ask(p) => self.rt.finish(&mut host, &p),
         };
         let admitted = match decision {
             Decision::Continue(a) => a,

@@ -38,6 +38,8 @@ pub(crate) struct Compiled {
     pub policy: Policy,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
+    /// What its response fields say whatever the request, written once.
+    pub texts: crate::headers::Texts,
 }
 
 /// What one worker (or process) knows of an elastic rule: the factor in force, and the
@@ -93,9 +95,17 @@ impl<S: Store> Runtime<S> {
             .map(|rule| {
                 let fingerprint =
                     key::rule_fingerprint(seed, &rule.name, &rule.key, rule.limit.algorithm_name());
+                let policy = rule.policy();
+                let (limit, window_ms) = policy.limit_and_window();
                 Compiled {
                     fingerprint,
-                    policy: rule.policy(),
+                    policy,
+                    texts: crate::headers::Texts::new(
+                        &rule.name,
+                        rule.quota_unit.as_deref(),
+                        limit,
+                        window_ms / 1000,
+                    ),
                     watch: rule.elastic.map(|params| Watch {
                         params,
                         slot: table::HEALTH_SLOTS + fingerprint % (1 << 31),

@@ -87,6 +87,9 @@ pub struct Held {
     pub(crate) rules: PerRule<(usize, bool)>,
 }
 
+/// Each applied rule's verdict: (rule index, verdict).
+type Verdicts = SmallVec<[(usize, Verdict); 2]>;
+
 /// What an admitted request leaves for its response: the verdicts its rate-limit fields report
 /// (written by [`Runtime::response_headers`]), the headers the services of sync global rules
 /// asked to add, and what its rules are owed once the response is known. The host keeps it
@@ -95,7 +98,7 @@ pub struct Held {
 pub struct Admitted {
     /// (rule index, verdict); empty when the configuration sends no fields on allowed
     /// responses.
-    verdicts: SmallVec<[(usize, Verdict); 2]>,
+    verdicts: Verdicts,
     service: Vec<(String, String)>,
     /// Not settled yet.
     owed: Vec<Debt>,
@@ -219,6 +222,12 @@ impl<S: Store> Runtime<S> {
     /// global rules must ask their services first.
     pub fn start(&self, host: &mut impl Host) -> Start {
         let mut p = Pending::default();
+        // One allocation for many rules, not one per doubling (nothing for a few).
+        let n = self.config.rules.len();
+        if n > engine::INLINE_RULES {
+            p.checks.reserve_exact(n);
+            p.applied.reserve_exact(n);
+        }
         let full = host.held() >= MAX_HELD;
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
             if !key::matches(&rule.matcher, host) {
@@ -287,17 +296,22 @@ impl<S: Store> Runtime<S> {
             return Start::Decided(Decision::Continue(None));
         }
         if p.questions.is_empty() {
-            return Start::Decided(self.finish(host, p));
+            return Start::Decided(self.finish(host, &p));
         }
         Start::Ask(p)
     }
 
     /// Decides once every service has answered (a missing answer is an error): the services'
     /// verdicts first, then the local rules, counted only if the services admit the request.
-    pub fn finish(&self, host: &mut impl Host, p: Pending) -> Decision {
+    pub fn finish(&self, host: &mut impl Host, p: &Pending) -> Decision {
         // A failing clock reads as 0, which the algorithms clamp to each key's last time.
         let now = host.now_ms();
-        let mut reported: PerRule<(usize, Verdict)> = PerRule::new();
+        // The verdicts, kept whole for the response's fields (no copy).
+        let mut reported: Verdicts = SmallVec::new();
+        let n = p.checks.len() + p.questions.len();
+        if n > reported.inline_size() {
+            reported.reserve_exact(n);
+        }
         let mut service = Vec::new();
         let mut refused = false;
         let mut held = Held::default();
@@ -328,6 +342,11 @@ impl<S: Store> Runtime<S> {
         let outcome = (!refused && !p.checks.is_empty())
             .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        // Held by delay mode: the rules are counted when it goes on; else counted now.
+        let delay = match &outcome {
+            Some(o) if allowed => o.delay_ms(),
+            _ => 0,
+        };
         let mut owed = Vec::new();
         let mut watched = SmallVec::new();
         let mut timed = false;
@@ -345,7 +364,11 @@ impl<S: Store> Runtime<S> {
                 if !v.allowed {
                     self.refusal(host, a.rule, a.hash, &v, check.cost);
                 } else if allowed {
-                    held.rules.push((a.rule, v.delay_ms > 0));
+                    if delay > 0 {
+                        held.rules.push((a.rule, v.delay_ms > 0));
+                    } else {
+                        self.metrics.add(a.rule, Counter::Allowed, 1);
+                    }
                     if let Some(w) = self.compiled.get(a.rule).and_then(|c| c.watch.as_ref()) {
                         watched.push(a.rule);
                         timed |= w.params.latency_ms.is_some();
@@ -394,11 +417,7 @@ impl<S: Store> Runtime<S> {
             return Decision::Reply(reply(response.status, response.headers, &named, service));
         }
         let fields = response.on_allowed && response.headers != HeaderStyle::None;
-        let verdicts = if fields {
-            reported.iter().copied().collect()
-        } else {
-            SmallVec::new()
-        };
+        let verdicts = if fields { reported } else { SmallVec::new() };
         let admitted = (!verdicts.is_empty()
             || !service.is_empty()
             || !owed.is_empty()
@@ -412,7 +431,6 @@ impl<S: Store> Runtime<S> {
             timed,
             admitted_ms: now,
         });
-        let delay = outcome.as_ref().map_or(0, engine::Outcome::delay_ms);
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
             let until_ms = now.saturating_add(delay);
@@ -467,18 +485,22 @@ impl<S: Store> Runtime<S> {
         self.metrics.gauge(Gauge::DelayQueue, -1);
     }
 
+    /// A rule's verdict with its name, quota unit and texts.
+    fn report(&self, rule: usize, verdict: Verdict) -> Option<Report<'_>> {
+        let r = self.config.rules.get(rule)?;
+        Some(Report {
+            name: &r.name,
+            unit: r.quota_unit.as_deref(),
+            verdict,
+            texts: self.compiled.get(rule).map(|c| &c.texts),
+        })
+    }
+
     /// The verdicts with their rules' names and quota units.
     fn named<'a>(&'a self, verdicts: &[(usize, Verdict)]) -> PerRule<Report<'a>> {
         verdicts
             .iter()
-            .filter_map(|&(i, verdict)| {
-                let rule = self.config.rules.get(i)?;
-                Some(Report {
-                    name: &rule.name,
-                    unit: rule.quota_unit.as_deref(),
-                    verdict,
-                })
-            })
+            .filter_map(|&(i, verdict)| self.report(i, verdict))
             .collect()
     }
 
@@ -506,9 +528,18 @@ impl<S: Store> Runtime<S> {
         for (k, v) in &a.service {
             emit(k, v, false);
         }
-        let named = self.named(&a.verdicts);
+        let describe = |i: usize| {
+            let r = self.config.rules.get(i)?;
+            Some((
+                r.name.as_str(),
+                r.quota_unit.as_deref(),
+                self.compiled.get(i).map(|c| &c.texts),
+            ))
+        };
         let style = self.config.response.headers;
-        headers::each_rate_limit_header(style, &named, false, buf, |k, v| emit(k, v, true));
+        headers::each_field(style, &a.verdicts, describe, false, buf, |k, v| {
+            emit(k, v, true)
+        });
     }
 
     /// The response's trailers are in: charges the rules whose usage they report.
@@ -940,7 +971,7 @@ mod tests {
         p.answer(0, ok(Code::OverLimit, 0));
         p.answer(0, ok(Code::Ok, 9)); // a second answer is ignored
         assert!(p.complete());
-        let Decision::Reply(r) = rt.finish(&mut host, p) else {
+        let Decision::Reply(r) = rt.finish(&mut host, &p) else {
             panic!("admitted")
         };
         let headers: Vec<(&str, &str)> = r.headers().collect();
@@ -968,7 +999,7 @@ mod tests {
             panic!()
         };
         p.answer(0, ok(Code::Ok, 9));
-        let Decision::Continue(a) = rt.finish(&mut host, p) else {
+        let Decision::Continue(a) = rt.finish(&mut host, &p) else {
             panic!("refused")
         };
         let f = fields(&rt, &a);
@@ -983,7 +1014,7 @@ mod tests {
             panic!()
         };
         p.answer(0, Err(ServiceError::Grpc(14)));
-        assert!(matches!(rt.finish(&mut host, p), Decision::Reply(_)));
+        assert!(matches!(rt.finish(&mut host, &p), Decision::Reply(_)));
         assert_eq!(
             counts(&rt),
             [

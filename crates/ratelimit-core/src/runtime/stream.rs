@@ -259,7 +259,7 @@ impl StreamState {
         let Phase::Asking(a) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
             return Next::Wait;
         };
-        let decision = rt.finish(host, a.pending);
+        let decision = rt.finish(host, &a.pending);
         self.decided(decision)
     }
 
@@ -329,6 +329,12 @@ impl StreamState {
         if !a.owes() {
             self.admitted = None;
         }
+    }
+
+    /// Whether the size of the response body's pieces matters ([`StreamState::response_body`]
+    /// does nothing otherwise): a host may skip asking for it.
+    pub fn counts_body(&self) -> bool {
+        self.admitted.is_some()
     }
 
     /// A piece of the response body passes (`bytes` long).
