@@ -13,7 +13,7 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
-use crate::store::{Held, Store, StoreError, CREATE_CAS};
+use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE};
 use crate::table::{self, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
 
@@ -225,10 +225,6 @@ pub fn decide(
     }
     decide_general(store, checks, now_ms, failure_mode)
 }
-
-/// The rules whose working lists [`decide_held`] keeps on the stack (they live for one call,
-/// so a request with many rules need not allocate them).
-pub const HELD_INLINE: usize = 16;
 
 /// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
 /// request, the state to write with the bucket's write count when it was read and the key's

@@ -21,6 +21,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// to hand out this value, so an existing key virtually never matches it.
 pub const CREATE_CAS: u32 = u32::MAX;
 
+/// How many buckets one caller holds at once without allocating ([`Held`]); the engine keeps
+/// its working lists for a request's rules on the stack up to as many (a request with many
+/// rules need not allocate them).
+pub const HELD_INLINE: usize = 16;
+
 /// Why a store operation failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreError {
@@ -78,7 +83,7 @@ pub trait Store {
 /// Buckets of a process store held at once for one caller ([`Store::locked_many`]).
 pub struct Held<'a> {
     /// (slot, the bucket, times written since held), by slot.
-    buckets: smallvec::SmallVec<[(u64, MutexGuard<'a, Bucket>, u32); crate::engine::HELD_INLINE]>,
+    buckets: smallvec::SmallVec<[(u64, MutexGuard<'a, Bucket>, u32); HELD_INLINE]>,
 }
 
 impl Held<'_> {
@@ -349,8 +354,7 @@ impl Store for ProcessStore {
     /// holds them in that order, and whoever holds one waits for no other, so no two callers
     /// can wait for each other.
     fn locked_many<T>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
-        let mut sorted: smallvec::SmallVec<[u64; crate::engine::HELD_INLINE]> =
-            slots.iter().copied().collect();
+        let mut sorted: smallvec::SmallVec<[u64; HELD_INLINE]> = slots.iter().copied().collect();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.iter().any(|&s| s >= crate::table::LOG_SLOTS) {
