@@ -860,13 +860,8 @@ mod tests {
     #[test]
     fn the_one_bucket_path_matches_the_general_path() {
         use crate::limiter::gcra;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = move |n: u64| rng.below(n);
         let policies = [
             Policy::SlidingWindow {
                 limit: 3,
@@ -928,13 +923,8 @@ mod tests {
     fn held_buckets_decide_as_compare_and_swap() {
         use crate::limiter::gcra;
         use crate::store::ProcessStore;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = crate::testkit::Rng(0x2545_f491_4f6c_dd1du64);
+        let mut next = move |n: u64| rng.below(n);
         let policies = [
             Policy::SlidingWindow {
                 limit: 3,
