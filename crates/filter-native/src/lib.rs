@@ -672,10 +672,11 @@ impl HttpFilter for Filter {
     }
 
     fn response_body(&self, _c: &FilterConfig, s: &Stream) {
-        if self.with(|st| st.counts_body()) {
-            let bytes = s.received_response_body() as u64;
-            self.with(|st| st.response_body(bytes));
-        }
+        self.with(|st| {
+            if st.counts_body() {
+                st.response_body(s.received_response_body() as u64);
+            }
+        });
     }
 
     fn response_trailers(&self, c: &FilterConfig, s: &Stream) {
