@@ -563,6 +563,7 @@ impl Filter {
                         now_ms,
                         &mut buf,
                         |name, value, append| s.response_header(name, value, append),
+                        |_, _| {},
                     )
                 });
             }
@@ -580,7 +581,7 @@ impl Filter {
                 panic!("x-test-panic: end");
             }
         }
-        if self.with(|st| st.complete(&c.rt, now_ms)) {
+        if self.with(|st| st.complete(&c.rt, now_ms, |_, _| {})) {
             drop(self.turn.borrow_mut().take()); // the turn will not be posted
             HELD.with(|h| h.set(h.get().saturating_sub(1)));
         }
@@ -671,10 +672,11 @@ impl HttpFilter for Filter {
         Filter::response_headers(self, c, s)
     }
 
-    fn response_body(&self, _c: &FilterConfig, s: &Stream) {
+    fn response_body(&self, c: &FilterConfig, s: &Stream) {
         self.with(|st| {
             if st.counts_body() {
-                st.response_body(s.received_response_body() as u64);
+                let len = s.received_response_body() as u64;
+                st.response_body(&c.rt, len, None, false, now_ms, |_, _| {});
             }
         });
     }
@@ -684,7 +686,7 @@ impl HttpFilter for Filter {
             stream: s,
             trailers: true,
         };
-        self.with(|st| st.response_trailers(&c.rt, &mut fields, now_ms));
+        self.with(|st| st.response_trailers(&c.rt, &mut fields, now_ms, |_, _| {}));
     }
 
     fn scheduled(&self, c: &FilterConfig, s: &Stream, event: u64) {

@@ -103,6 +103,12 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_set_property(
+        path: *const u8,
+        path_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_get_status(code: *mut u32, message: *mut *mut u8, message_size: *mut usize) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
@@ -160,10 +166,10 @@ pub fn set_tick_period(ms: u32) -> Result<(), Status> {
     check(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
-fn buffer(kind: u32, size: usize) -> Result<Option<Vec<u8>>, Status> {
+fn buffer(kind: u32, start: usize, size: usize) -> Result<Option<Vec<u8>>, Status> {
     let (mut ptr, mut len) = (null_mut(), 0usize);
     // SAFETY: pointers and lengths describe buffers alive for the call; out-pointers are locals.
-    match check(unsafe { proxy_get_buffer_bytes(kind, 0, size, &mut ptr, &mut len) }) {
+    match check(unsafe { proxy_get_buffer_bytes(kind, start, size, &mut ptr, &mut len) }) {
         // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
         Ok(()) => Ok(unsafe { owned(ptr, len) }),
         Err(NOT_FOUND) => Ok(None),
@@ -171,16 +177,38 @@ fn buffer(kind: u32, size: usize) -> Result<Option<Vec<u8>>, Status> {
     }
 }
 
+/// An HTTP body's buffer.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum Body {
+    /// The request body (what Envoy holds of it while the filter pauses).
+    Request = 0,
+    /// The response body piece of the current hook.
+    Response = 1,
+}
+
+/// `size` bytes of a body from `start`.
+pub fn body(which: Body, start: usize, size: usize) -> Result<Option<Vec<u8>>, Status> {
+    buffer(which as u32, start, size)
+}
+
+/// Sets a property of the stream: Envoy keeps it as the filter state `wasm.<path>`, which
+/// access logs read with `%FILTER_STATE(wasm.<path>:PLAIN)%`.
+pub fn set_property(path: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: pointers and lengths describe buffers alive for the call.
+    check(unsafe { proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len()) })
+}
+
 /// The plugin configuration bytes (`None` when there is none).
 pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, Status> {
     const PLUGIN_CONFIGURATION: u32 = 7;
-    buffer(PLUGIN_CONFIGURATION, size)
+    buffer(PLUGIN_CONFIGURATION, 0, size)
 }
 
 /// The body of a gRPC call's answer.
 pub fn grpc_response(size: usize) -> Result<Option<Vec<u8>>, Status> {
     const GRPC_RECEIVE_BUFFER: u32 = 5;
-    buffer(GRPC_RECEIVE_BUFFER, size)
+    buffer(GRPC_RECEIVE_BUFFER, 0, size)
 }
 
 /// The gRPC status of the call whose answer is being delivered.

@@ -306,8 +306,7 @@ impl Root {
                 w.state.release(&w.served.rt);
                 RELEASED.with(|r| r.borrow_mut().push((w.context, w.state)));
             } else {
-                w.state
-                    .complete(&w.served.rt, || abi::now_ms().unwrap_or(0));
+                w.state.complete(&w.served.rt, now_ms, report_usage);
             }
         }
         let _ = abi::set_effective_context(self.id);
@@ -418,6 +417,7 @@ impl RootContext for Root {
             served: self.served.clone(),
             state: StreamState::default(),
             away: false,
+            request_read: 0,
             #[cfg(feature = "panic-trigger")]
             panic_at_end: false,
         }))
@@ -448,6 +448,8 @@ struct WasmHost {
     method: Option<Option<String>>,
     authority: Option<Option<String>>,
     headers: Vec<(String, Option<Vec<u8>>)>,
+    /// A request body follows the headers.
+    body_follows: bool,
 }
 
 fn request_header_string(name: &str) -> Option<String> {
@@ -503,6 +505,22 @@ impl runtime::Host for WasmHost {
     fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
         log::log!(level, "{line}");
     }
+
+    fn body_follows(&self) -> bool {
+        self.body_follows
+    }
+}
+
+/// Hands a rule's usage to the access log: the filter state `wasm.wasm_ratelimit.RULE`.
+fn report_usage(rule: &str, usage: u64) {
+    let mut key = String::with_capacity(15 + rule.len());
+    key.push_str("wasm_ratelimit.");
+    key.push_str(rule);
+    let _ = abi::set_property(&key, itoa::Buffer::new().format(usage).as_bytes());
+}
+
+fn now_ms() -> u64 {
+    abi::now_ms().unwrap_or(0)
 }
 
 /// One HTTP stream.
@@ -512,6 +530,8 @@ struct Request {
     state: StreamState,
     /// The state is on the waiting or released list (held by delay mode).
     away: bool,
+    /// Request body bytes read so far (Envoy holds the body while the filter reads it).
+    request_read: usize,
     /// Test builds: panic when the stream ends (`x-test-panic: end`).
     #[cfg(feature = "panic-trigger")]
     panic_at_end: bool,
@@ -608,8 +628,7 @@ impl Context for Request {
         // However the stream ended: a request still held was abandoned by its client, and
         // what its rules are still owed is settled.
         if let Some(served) = self.served.clone() {
-            self.state()
-                .complete(&served.rt, || abi::now_ms().unwrap_or(0));
+            self.state().complete(&served.rt, now_ms, report_usage);
         }
         true
     }
@@ -630,7 +649,7 @@ impl Context for Request {
 }
 
 impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         // Test builds only: a way to kill the VM on purpose and watch what Envoy does.
         #[cfg(feature = "panic-trigger")]
         match abi::header(Map::RequestHeaders, "x-test-panic")
@@ -646,9 +665,44 @@ impl HttpContext for Request {
         let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
+        let mut host = WasmHost {
+            body_follows: !end_of_stream,
+            ..WasmHost::default()
+        };
+        let next = self.state.request_headers(&served.rt, &mut host);
+        self.carry_out(&served, next, true)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(served) = self.served.clone() else {
+            return Action::Continue;
+        };
+        if !self.state().reads_request_body() {
+            return Action::Continue;
+        }
+        // While the filter pauses, Envoy keeps the body: `body_size` is all of it so far.
+        let start = self.request_read.min(body_size);
+        let piece = abi::body(abi::Body::Request, start, body_size - start)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        self.request_read = body_size;
+        let next =
+            self.state
+                .request_body(&served.rt, &mut WasmHost::default(), &piece, end_of_stream);
+        self.carry_out(&served, next, true)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        let Some(served) = self.served.clone() else {
+            return Action::Continue;
+        };
+        if !self.state().reads_request_body() {
+            return Action::Continue;
+        }
         let next = self
             .state
-            .request_headers(&served.rt, &mut WasmHost::default());
+            .request_body(&served.rt, &mut WasmHost::default(), &[], true);
         self.carry_out(&served, next, true)
     }
 
@@ -674,14 +728,33 @@ impl HttpContext for Request {
                         abi::replace_header(Map::ResponseHeaders, name, value)
                     };
                 },
+                report_usage,
             );
         });
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         // Called with each chunk as it passes (this filter never buffers the body).
-        self.state().response_body(body_size as u64);
+        let Some(served) = self.served.clone() else {
+            return Action::Continue;
+        };
+        let state = self.state();
+        if !state.counts_body() {
+            return Action::Continue;
+        }
+        let bytes = match state.scans_body() {
+            true => abi::body(abi::Body::Response, 0, body_size).ok().flatten(),
+            false => None,
+        };
+        state.response_body(
+            &served.rt,
+            body_size as u64,
+            bytes.as_deref(),
+            end_of_stream,
+            now_ms,
+            report_usage,
+        );
         Action::Continue
     }
 
@@ -689,7 +762,7 @@ impl HttpContext for Request {
         if let Some(served) = self.served.clone() {
             let mut fields = HostFields::of(Map::ResponseTrailers);
             self.state()
-                .response_trailers(&served.rt, &mut fields, || abi::now_ms().unwrap_or(0));
+                .response_trailers(&served.rt, &mut fields, now_ms, report_usage);
         }
         Action::Continue
     }

@@ -35,16 +35,23 @@ pub fn summary(c: &Config) -> String {
                 Cost::Fixed(n) => format!(", cost {n}"),
                 Cost::Header(h) => format!(", cost from header {h}"),
                 Cost::Response(c) => format!(
-                    ", charged after the response from {} (reserve {}{})",
+                    ", charged after the response from {} (reserve {}{}{})",
                     match &c.usage {
                         Usage::Header(h) => format!("header or trailer {h}"),
                         Usage::BodyBytes => "its body bytes".into(),
+                        Usage::Body(_) => "its body's usage fields".into(),
                     },
-                    c.reserve,
-                    match c.usage {
-                        Usage::Header(_) => format!(", default {}", c.default),
-                        Usage::BodyBytes => String::new(),
-                    }
+                    match &c.sized {
+                        Some(_) => format!("sized by the request body, else {}", c.reserve),
+                        None => c.reserve.to_string(),
+                    },
+                    match (&c.usage, c.default) {
+                        (Usage::BodyBytes, _) => String::new(),
+                        (_, Some(d)) => format!(", default {d}"),
+                        (_, None) if c.true_up => ", default the reservation".into(),
+                        (_, None) => format!(", default {}", c.admission()),
+                    },
+                    if c.true_up { ", trued up" } else { "" }
                 ),
             },
         ));

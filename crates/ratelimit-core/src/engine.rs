@@ -722,6 +722,13 @@ pub enum Owed {
         /// When the slot was taken, ms since the epoch.
         taken_ms: u64,
     },
+    /// The unused part of a reservation counted at admission.
+    Refund {
+        /// How much to give back.
+        cost: u64,
+        /// When the reservation was counted, ms since the epoch.
+        counted_ms: u64,
+    },
 }
 
 /// Settles what a request owes one rule's key in `slot` at `now_ms`: charges its usage, or
@@ -745,6 +752,12 @@ pub fn settle(
                     s
                 }),
                 Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
+                Owed::Refund { cost, counted_ms } => {
+                    policy.refund_at(state, counted_ms, cost).map(|s| {
+                        out.verdict = Some(policy.decide(Some(&s), now_ms, 0).0);
+                        s
+                    })
+                }
             };
             ((), next) // `None`: nothing to change
         });

@@ -48,6 +48,10 @@ pub enum Counter {
     UsageCharged,
     /// Responses that never reported their usage and were charged the rule's default.
     UsageUnreported,
+    /// Units of reservations given back because the response used less (`true_up`).
+    UsageRefunded,
+    /// Units responses used beyond their reservations, charged afterwards (`true_up`).
+    UsageExceeded,
     /// Requests an elastic rule admitted above its base limit.
     ElasticAllowed,
     /// The `Retry-After` seconds the rule told the clients it refused, summed: divided by
@@ -57,7 +61,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 16] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -70,6 +74,8 @@ impl Counter {
         Counter::Abandoned,
         Counter::UsageCharged,
         Counter::UsageUnreported,
+        Counter::UsageRefunded,
+        Counter::UsageExceeded,
         Counter::ElasticAllowed,
         Counter::RetryAfterSeconds,
     ];
@@ -89,6 +95,8 @@ impl Counter {
             Counter::Abandoned => "abandoned",
             Counter::UsageCharged => "usage_charged",
             Counter::UsageUnreported => "usage_unreported",
+            Counter::UsageRefunded => "usage_refunded",
+            Counter::UsageExceeded => "usage_exceeded",
             Counter::ElasticAllowed => "elastic_allowed",
             Counter::RetryAfterSeconds => "retry_after_seconds",
         }

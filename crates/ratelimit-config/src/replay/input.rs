@@ -48,6 +48,10 @@ pub enum Field {
     Header(String),
     /// A response header or trailer (lower-case name), `%RESP(NAME)%` or `%TRAILER(NAME)%`.
     Response(String),
+    /// The usage the filter charged a rule (by name) for the request, as it reports it to the
+    /// access log: `%DYNAMIC_METADATA(wasm_ratelimit:RULE)%` (native build) or
+    /// `%FILTER_STATE(wasm_ratelimit.RULE:PLAIN)%` (wasm build).
+    Usage(String),
 }
 
 impl Field {
@@ -67,6 +71,8 @@ impl Field {
                     Field::Header(h.to_ascii_lowercase())
                 } else if let Some(h) = name.strip_prefix("response:").filter(|h| !h.is_empty()) {
                     Field::Response(h.to_ascii_lowercase())
+                } else if let Some(r) = name.strip_prefix("usage:").filter(|r| !r.is_empty()) {
+                    Field::Usage(r.to_string())
                 } else {
                     return None;
                 }
@@ -86,6 +92,7 @@ impl Field {
             Field::BytesSent => "bytes_sent".into(),
             Field::Header(h) => format!("header:{h}"),
             Field::Response(h) => format!("response:{h}"),
+            Field::Usage(r) => format!("usage:{r}"),
         }
     }
 
@@ -104,6 +111,7 @@ impl Field {
                     vec![h.clone(), underscored]
                 }
             }
+            Field::Usage(r) => vec![r.clone(), format!("usage_{r}")],
             other => vec![other.name()],
         }
     }
@@ -125,6 +133,13 @@ impl Field {
             (Field::Header(h), "REQ") => arg.split('?').next() == Some(&h.to_ascii_uppercase()),
             (Field::Response(h), "RESP" | "TRAILER") => {
                 arg.split('?').next() == Some(&h.to_ascii_uppercase())
+            }
+            // Command arguments are upper-cased; rule names compare without case.
+            (Field::Usage(r), "DYNAMIC_METADATA") => {
+                arg.split(':').collect::<Vec<_>>() == ["WASM_RATELIMIT", &r.to_ascii_uppercase()]
+            }
+            (Field::Usage(r), "FILTER_STATE") => {
+                arg.split(':').next() == Some(&format!("WASM_RATELIMIT.{}", r.to_ascii_uppercase()))
             }
             _ => false,
         }
@@ -168,6 +183,7 @@ pub fn needed(config: &Config) -> Vec<Field> {
             Cost::Response(c) => need(match &c.usage {
                 Usage::Header(h) => Field::Response(h.clone()),
                 Usage::BodyBytes => Field::BytesSent,
+                Usage::Body(_) => Field::Usage(rule.name.clone()),
             }),
             Cost::Fixed(_) => {}
         }
@@ -186,7 +202,8 @@ pub struct Entry {
     pub bytes_sent: Option<u64>,
     /// What the rules read of it.
     pub request: PlainRequest,
-    /// The response header fields the rules charge from (lower-case names).
+    /// The response header fields the rules charge from (lower-case names), and the usages
+    /// the filter logged (`usage:RULE`).
     pub response: Vec<(String, Vec<u8>)>,
 }
 
@@ -468,6 +485,9 @@ impl Mapping {
                 Field::BytesSent => e.bytes_sent = v.trim().parse().ok(),
                 Field::Header(h) => e.request.headers.push((h.clone(), v.as_bytes().to_vec())),
                 Field::Response(h) => e.response.push((h.clone(), v.as_bytes().to_vec())),
+                Field::Usage(r) => e
+                    .response
+                    .push((format!("usage:{r}"), v.as_bytes().to_vec())),
             }
         }
         e.start_ms = start.ok_or("no start time")?;

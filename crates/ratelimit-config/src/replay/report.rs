@@ -359,10 +359,10 @@ pub fn text(run: &Run, raw_keys: bool) -> String {
                     thousands(base.usage_charged),
                     match charge.usage {
                         Usage::BodyBytes => "bytes",
-                        Usage::Header(_) => "units",
+                        Usage::Header(_) | Usage::Body(_) => "units",
                     },
                     thousands(base.usage_unreported),
-                    charge.default
+                    charge.unreported(charge.admission())
                 );
             }
         }

@@ -104,6 +104,10 @@ pub struct Outcome {
     pub usage_charged: u64,
     /// Responses that did not report their usage (charged the rule's default).
     pub usage_unreported: u64,
+    /// Units of reservations given back (`true_up`).
+    pub usage_refunded: u64,
+    /// Units used beyond reservations (`true_up`).
+    pub usage_exceeded: u64,
     /// Distinct keys limited.
     pub keys_limited: Distinct,
     /// The most limited keys.
@@ -121,6 +125,8 @@ impl Outcome {
             evictions: 0,
             usage_charged: 0,
             usage_unreported: 0,
+            usage_refunded: 0,
+            usage_exceeded: 0,
             keys_limited: Distinct::default(),
             top: SpaceSaving::new(TOP_CAPACITY),
         }
@@ -136,6 +142,8 @@ impl Outcome {
             Counter::SlotEvictions => &mut self.evictions,
             Counter::UsageCharged => &mut self.usage_charged,
             Counter::UsageUnreported => &mut self.usage_unreported,
+            Counter::UsageRefunded => &mut self.usage_refunded,
+            Counter::UsageExceeded => &mut self.usage_exceeded,
             // No store races offline, no service, no held request left behind; elastic rules
             // replay at their base limit (the log cannot say how the backend was doing as each
             // request was decided), and waits are not reported.
@@ -384,7 +392,6 @@ impl Variant {
             };
             let o = *o;
             let mut a = o.admitted;
-            a.body(o.bytes_sent);
             if !o.response.is_empty() {
                 let mut logged = Logged(&o.response);
                 self.rt.response_headers(
@@ -393,9 +400,27 @@ impl Variant {
                     o.end_ms,
                     &mut self.fields,
                     |_, _, _| {},
+                    &mut |_, _| {},
                 );
+                let logged = |rule: &str| {
+                    let name = format!("usage:{rule}");
+                    let (_, v) = o.response.iter().find(|(k, _)| *k == name)?;
+                    // A number as JSON writes it ("1234", or "1234.0" from a float field).
+                    let v = std::str::from_utf8(v).ok()?.trim();
+                    v.parse::<u64>().ok().or_else(|| {
+                        let f = v
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|f| f.is_finite() && *f >= 0.0)?;
+                        Some(f as u64)
+                    })
+                };
+                self.rt
+                    .charge_known(&mut a, logged, o.end_ms, &mut |_, _| {});
             }
-            self.rt.settle(a, o.end_ms);
+            self.rt
+                .response_body(&mut a, o.bytes_sent, None, true, o.end_ms, &mut |_, _| {});
+            self.rt.settle(a, o.end_ms, &mut |_, _| {});
             let outcomes = &mut self.outcomes;
             self.rt.metrics().drain(
                 |rule, counter, n| {

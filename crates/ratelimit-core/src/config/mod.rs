@@ -1,6 +1,7 @@
 //! Plugin configuration: the typed rules a request is decided by. [`Config::parse`] (in
 //! [`parse`]) builds them from the plugin's JSON, validated once at configure time.
 
+pub mod body;
 mod parse;
 
 use crate::elastic;
@@ -28,6 +29,10 @@ pub struct Config {
     pub capacity: u32,
     /// The level of the line logged for each limited request.
     pub log_limited: LogLevel,
+    /// Every field a rule reads from response bodies ([`Usage::Body`]), one slot per term.
+    pub usage_paths: crate::usage::Paths,
+    /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.
+    pub request_paths: crate::usage::Paths,
 }
 
 /// A log level for the filter's own lines.
@@ -207,16 +212,67 @@ pub enum Cost {
 pub struct Charge {
     /// Where the usage comes from.
     pub usage: Usage,
-    /// Room a key must have left to be admitted (at least 1 is always required).
+    /// The reservation: room a key must have left to be admitted (at least 1 is always
+    /// required); with [`Charge::sized`], what a request whose body names no maximum reserves.
     pub reserve: u32,
-    /// What a response that never reports its usage is charged.
-    pub default: u32,
+    /// The reservation sized from the request's body, if configured.
+    pub sized: Option<Sized>,
+    /// What a response that never reports its usage is charged (`None`: the reservation).
+    pub default: Option<u32>,
+    /// Whether the reservation is counted at admission and trued up once the usage is known
+    /// (refunding what was not used, charging the excess); otherwise admission only checks
+    /// that it fits and the usage is charged afterwards.
+    pub true_up: bool,
 }
 
 impl Charge {
-    /// What admission asks of the key's quota.
+    /// What admission asks of the key's quota when the request's body does not size it.
     pub fn admission(&self) -> u64 {
         u64::from(self.reserve.max(1))
+    }
+
+    /// What a request that reserved `reserved` is charged when its response never reports its
+    /// usage.
+    pub fn unreported(&self, reserved: u64) -> u64 {
+        match (self.default, self.true_up) {
+            (Some(d), _) => u64::from(d),
+            (None, true) => reserved,
+            (None, false) => self.admission(),
+        }
+    }
+}
+
+/// A reservation sized from the request's body: the output maximum it names, plus an estimate
+/// of its input, capped by the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sized {
+    /// The fields naming the output maximum (the last one found counts).
+    pub from: Vec<Vec<String>>,
+    /// Their slot in [`Config::request_paths`].
+    pub slot: usize,
+    /// The estimate of the input added to it.
+    pub input: Input,
+    /// The most body bytes held while looking for the fields; a body that names none within
+    /// them reserves [`Charge::reserve`].
+    pub max_body: u32,
+}
+
+/// An estimate of a request's input, in the rule's units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Always this much.
+    Fixed(u32),
+    /// The request body's bytes divided by this (its `content-length`, else the bytes seen).
+    PerBytes(u32),
+}
+
+impl Input {
+    /// The estimate for a body of `bytes`.
+    pub fn estimate(self, bytes: u64) -> u64 {
+        match self {
+            Input::Fixed(n) => u64::from(n),
+            Input::PerBytes(d) => bytes / u64::from(d.max(1)),
+        }
     }
 }
 
@@ -228,7 +284,50 @@ pub enum Usage {
     Header(String),
     /// The response body's bytes, counted as they pass.
     BodyBytes,
+    /// Numbers in the response body (a JSON document, or a stream of JSON events), summed.
+    Body(BodyUsage),
 }
+
+/// A usage read from the response body: the sum of each term's weight times its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyUsage {
+    /// The terms; a term whose fields never appear counts 0, and a body where none appears
+    /// did not report its usage.
+    pub terms: Vec<Term>,
+}
+
+/// One term of a [`BodyUsage`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Term {
+    /// What each unit of the value counts.
+    pub weight: u32,
+    /// The fields giving the value, each a path of keys from the document's root; the last one
+    /// found in the body counts (streams repeat running totals).
+    pub paths: Vec<Vec<String>>,
+    /// Their slot in [`Config::usage_paths`].
+    pub slot: usize,
+}
+
+impl BodyUsage {
+    /// The usage a scan found; `None` if none of the fields appeared.
+    pub fn total(&self, value: impl Fn(usize) -> Option<u64>) -> Option<u64> {
+        let mut found = false;
+        let mut total = 0u64;
+        for t in &self.terms {
+            if let Some(v) = value(t.slot) {
+                found = true;
+                total = total.saturating_add(v.saturating_mul(u64::from(t.weight)));
+            }
+        }
+        found.then_some(total)
+    }
+}
+
+/// How many request body bytes a sized reservation holds by default while looking for its
+/// fields.
+pub const DEFAULT_BODY_HELD: u32 = 16 * 1024;
+/// The most `max_body` may be (Envoy's default per-connection buffer limit is 1 MiB).
+pub const MAX_BODY_HELD: u32 = 512 * 1024;
 
 /// The longest `max_delay_ms` accepted.
 pub const MAX_DELAY_MS: u64 = 60_000;

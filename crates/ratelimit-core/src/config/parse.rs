@@ -5,6 +5,7 @@
 use super::*;
 use crate::elastic;
 use crate::limiter::sliding_log;
+use crate::usage::Paths;
 use serde_json::{Map, Value};
 
 impl Config {
@@ -239,13 +240,20 @@ impl Validator {
             None => Some(DEFAULT_CAPACITY),
         };
         shadow?;
-        Some(Config {
+        let mut config = Config {
             rules: rules?,
             response: response?,
             failure_mode: failure_mode?,
             capacity: capacity?,
             log_limited: log_limited?,
-        })
+            usage_paths: Paths::default(),
+            request_paths: Paths::default(),
+        };
+        if let Err(why) = body::assign(&mut config) {
+            self.error("rules", why);
+            return None;
+        }
+        Some(config)
     }
 
     fn rules(&mut self, v: &Value, path: &str, shadow: bool) -> Option<Vec<Rule>> {
@@ -327,7 +335,7 @@ impl Validator {
                 (Some(Cost::Response(c)), _) => Some(
                     match c.usage {
                         Usage::BodyBytes => CONTENT_BYTES,
-                        Usage::Header(_) => DEFAULT_USAGE_UNIT,
+                        Usage::Header(_) | Usage::Body(_) => DEFAULT_USAGE_UNIT,
                     }
                     .to_string(),
                 ),
@@ -741,7 +749,7 @@ impl Validator {
         let capacity = limit.capacity();
         match v {
             Value::Object(map) if map.contains_key("response") => {
-                let map = self.object(v, path, &["response", "reserve", "default"])?;
+                let map = self.object(v, path, &["response", "reserve", "default", "true_up"])?;
                 let charge = self.charge(map, path, capacity);
                 if let (Some(_), Limit::Rate { algorithm, .. }) = (&charge, limit) {
                     let why = match algorithm {
@@ -784,8 +792,9 @@ impl Validator {
         }
     }
 
-    /// A cost charged from the response: `response` (`header:NAME` or `body_bytes`), its
-    /// `reserve` and its `default`.
+    /// A cost charged from the response: `response` (`header:NAME`, `body_bytes`, a body
+    /// expression or a preset), its `reserve` (a number, or sized from the request's body),
+    /// its `default` and `true_up`.
     fn charge(&mut self, map: &Map<String, Value>, path: &str, capacity: u32) -> Option<Charge> {
         let p = join(path, "response");
         let usage = match map.get("response").map(|r| (r, self.string(r, &p))) {
@@ -794,27 +803,39 @@ impl Validator {
                 let name = s.trim_start_matches("header:");
                 self.header_name(name, &p).map(Usage::Header)
             }
-            Some((_, Some(s))) => {
-                self.error(
-                    &p,
-                    format!("unknown usage {s:?} (expected header:NAME or body_bytes)"),
-                );
-                None
-            }
+            Some((_, Some(s))) => match body::expression(s, &body::RESPONSE_PRESETS) {
+                Ok(terms) => Some(Usage::Body(BodyUsage {
+                    terms: terms.into_iter().map(body::term).collect(),
+                })),
+                Err(why) => {
+                    let reason = if s.contains("json:") {
+                        format!("usage {s:?}: {why}")
+                    } else {
+                        format!(
+                            "unknown usage {s:?} (expected header:NAME, body_bytes, openai, \
+                             anthropic, gemini, or json:PATH fields, e.g. json:usage.total_tokens)"
+                        )
+                    };
+                    self.error(&p, reason);
+                    None
+                }
+            },
             _ => None,
         };
-        let reserve = match map.get("reserve") {
-            Some(r) => {
-                let rp = join(path, "reserve");
-                match self.integer(r, &rp, 0, u64::from(u32::MAX)) {
-                    Some(n) if n > u64::from(capacity) => {
-                        self.error(&rp, too_much(n, capacity));
-                        None
-                    }
-                    n => n,
+        let rp = join(path, "reserve");
+        let (reserve, sized) = match map.get("reserve") {
+            Some(r @ Value::Object(_)) => match self.sized(r, &rp, capacity) {
+                Some((reserve, sized)) => (Some(reserve), Some(Some(sized))),
+                None => (None, None),
+            },
+            Some(r) => match self.integer(r, &rp, 0, u64::from(u32::MAX)) {
+                Some(n) if n > u64::from(capacity) => {
+                    self.error(&rp, too_much(n, capacity));
+                    (None, Some(None))
                 }
-            }
-            None => Some(0),
+                n => (n, Some(None)),
+            },
+            None => (Some(0), Some(None)),
         };
         let default = match (map.get("default"), &usage) {
             (Some(_), Some(Usage::BodyBytes)) => {
@@ -824,14 +845,95 @@ impl Validator {
                 );
                 None
             }
-            (Some(d), _) => self.integer(d, &join(path, "default"), 0, u64::from(u32::MAX)),
-            (None, _) => reserve.map(|r| r.max(1)),
+            (Some(d), _) => self
+                .integer(d, &join(path, "default"), 0, u64::from(u32::MAX))
+                .map(Some),
+            (None, _) => Some(None),
+        };
+        let true_up = match map.get("true_up") {
+            Some(t) => self.boolean(t, &join(path, "true_up")),
+            None => Some(false),
         };
         Some(Charge {
             usage: usage?,
             reserve: u32::try_from(reserve?).ok()?,
-            default: u32::try_from(default?).ok()?,
+            sized: sized?,
+            default: match default? {
+                Some(d) => Some(u32::try_from(d).ok()?),
+                None => None,
+            },
+            true_up: true_up?,
         })
+    }
+
+    /// A reservation sized from the request's body: `from` (a preset or `json:PATH`
+    /// alternatives), `input` (`N` or `"bytes/N"`), `default` (required: what a body naming no
+    /// maximum reserves) and `max_body`. Gives (the default, the sizing).
+    fn sized(&mut self, v: &Value, path: &str, capacity: u32) -> Option<(u64, Sized)> {
+        let map = self.object(v, path, &["from", "input", "default", "max_body"])?;
+        let fp = join(path, "from");
+        let from = match map.get("from") {
+            Some(f) => self.string(f, &fp).and_then(|s| {
+                match body::expression(s, &body::REQUEST_PRESETS) {
+                    Ok(mut terms) if terms.len() == 1 && terms.first().is_some_and(|t| t.0 == 1) => {
+                        terms.pop().map(|t| t.1)
+                    }
+                    Ok(_) => {
+                        self.error(&fp, "expected one field (json:PATH alternatives joined by |), not a sum");
+                        None
+                    }
+                    Err(why) => {
+                        let reason = if s.contains("json:") {
+                            format!("field {s:?}: {why}")
+                        } else {
+                            format!("unknown field {s:?} (expected openai, anthropic, gemini, or json:PATH alternatives joined by |)")
+                        };
+                        self.error(&fp, reason);
+                        None
+                    }
+                }
+            }),
+            None => {
+                self.error(&fp, "required field is missing");
+                None
+            }
+        };
+        let ip = join(path, "input");
+        let input = match map.get("input") {
+            Some(Value::String(s)) => match s.strip_prefix("bytes/").map(str::parse::<u32>) {
+                Some(Ok(d)) if d >= 1 => Some(Input::PerBytes(d)),
+                _ => {
+                    self.error(&ip, format!("{s:?} is not \"bytes/N\" with N from 1"));
+                    None
+                }
+            },
+            Some(n) => self
+                .integer(n, &ip, 0, u64::from(capacity))
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Input::Fixed),
+            None => Some(Input::Fixed(0)),
+        };
+        let dp = join(path, "default");
+        let default = match map.get("default") {
+            Some(d) => match self.integer(d, &dp, 1, u64::from(u32::MAX)) {
+                Some(n) if n > u64::from(capacity) => {
+                    self.error(&dp, too_much(n, capacity));
+                    None
+                }
+                n => n,
+            },
+            None => {
+                self.error(&dp, "required field is missing (what a request whose body names no maximum reserves)");
+                None
+            }
+        };
+        let max_body = match map.get("max_body") {
+            Some(m) => self
+                .integer(m, &join(path, "max_body"), 1, u64::from(MAX_BODY_HELD))
+                .and_then(|n| u32::try_from(n).ok()),
+            None => Some(DEFAULT_BODY_HELD),
+        };
+        Some((default?, body::sized(from?, input?, max_body?)))
     }
 
     fn rule_name(&mut self, v: &Value, path: &str) -> Option<String> {

@@ -288,6 +288,33 @@ impl Policy {
         }
     }
 
+    /// Takes back `cost` counted at `counted_ms` (the unused part of a reservation) from the
+    /// key's state: what still counts of it, in the windows or the bucket, is given back.
+    /// `None` if there is nothing to change (the key was forgotten, or the policy counts no
+    /// reservations).
+    pub fn refund_at(&self, state: Option<&State>, counted_ms: u64, cost: u64) -> Option<State> {
+        match (self, state?) {
+            (Policy::SlidingWindow { .. }, State::SlidingWindow(s)) => {
+                let counted = sliding_window::State {
+                    last_ms: counted_ms,
+                    ..*s
+                };
+                Some(State::SlidingWindow(sliding_window::refund(
+                    *s, &counted, cost,
+                )))
+            }
+            (Policy::FixedWindow { .. }, State::FixedWindow(s)) => {
+                let counted = fixed_window::State {
+                    last_ms: counted_ms,
+                    ..*s
+                };
+                Some(State::FixedWindow(fixed_window::refund(*s, &counted, cost)))
+            }
+            (Policy::Gcra(_), State::Gcra(s)) => Some(State::Gcra(gcra::refund(*s, cost))),
+            _ => None,
+        }
+    }
+
     /// Takes back `cost` that a [`Policy::decide`] counted by storing `counted`, from the key's
     /// `current` state.
     pub fn refund(&self, current: State, counted: &State, cost: u64) -> State {

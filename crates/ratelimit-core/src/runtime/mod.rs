@@ -8,6 +8,7 @@
 //! machine, [`StreamState`], that tells the host what to do next. The hosts only read
 //! attributes, carry out what they are told and keep the state.
 
+mod charge;
 pub mod request;
 pub mod stream;
 

@@ -12,8 +12,8 @@
 //! [`Runtime::settle`] as the response passes. The host only reads attributes ([`Host`],
 //! [`Response`]), carries out the decision and provides the store.
 
-use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel, Usage};
-use crate::engine::{self, Check, Owed, PerRule, RuleOutcome};
+use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel};
+use crate::engine::{self, Check, PerRule, RuleOutcome};
 use crate::global::{self, Answer, Question, Target};
 use crate::headers::{self, Fields, Report};
 use crate::key::{self, Attributes, Descriptor};
@@ -41,6 +41,10 @@ pub trait Host: Attributes {
     fn held(&self) -> usize;
     /// Writes a log line at `level`.
     fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>);
+    /// Whether a request body follows the headers (rules sized by it wait for it).
+    fn body_follows(&self) -> bool {
+        false
+    }
 }
 
 /// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
@@ -57,7 +61,9 @@ pub enum Start {
     /// Decided at once.
     Decided(Decision),
     /// Send each question to its rule's service ([`Runtime::global_of`]), record the answers with
-    /// [`Pending::answer`], then call [`Runtime::finish`].
+    /// [`Pending::answer`], then call [`Runtime::finish`]; and first, if
+    /// [`Pending::reads_body`], size the reservations from the request's body
+    /// ([`Runtime::size`]).
     Ask(Pending),
 }
 
@@ -101,22 +107,32 @@ pub struct Admitted {
     verdicts: Verdicts,
     service: Vec<(String, String)>,
     /// Not settled yet.
-    owed: Vec<Debt>,
+    pub(super) owed: Vec<Debt>,
     /// Response body bytes so far.
-    body_bytes: u64,
+    pub(super) body_bytes: u64,
+    /// The scan of the response body for the usage it reports, once the headers said how to.
+    pub(super) scan: Option<Box<super::charge::BodyScan>>,
     /// The elastic rules whose backend health this response tells about.
     watched: SmallVec<[usize; 1]>,
     /// Whether one of them judges latency (the response's time is needed then).
     timed: bool,
     /// When the request was admitted, ms since the epoch (its response's latency is measured
     /// from here).
-    admitted_ms: u64,
+    pub(super) admitted_ms: u64,
 }
 
 impl Admitted {
-    /// Counts response body bytes as they pass (nothing is buffered).
-    pub fn body(&mut self, bytes: u64) {
-        self.body_bytes = self.body_bytes.saturating_add(bytes);
+    /// A rule's quota changed after a charge: the fields report it.
+    pub(super) fn update_verdict(&mut self, rule: usize, v: Verdict) {
+        if let Some(slot) = self.verdicts.iter_mut().find(|(r, _)| *r == rule) {
+            slot.1 = v;
+        }
+    }
+
+    /// Whether the response body's bytes are read (a rule's usage is in them), not only
+    /// counted.
+    pub fn scans_body(&self) -> bool {
+        self.scan.as_ref().is_some_and(|s| s.reads())
     }
 
     /// Whether anything is still owed: the host must keep this until the stream ends.
@@ -133,17 +149,20 @@ impl Admitted {
 
 /// What an admitted request owes one rule's key.
 #[derive(Clone, Copy, Debug)]
-struct Debt {
-    rule: usize,
-    slot: u64,
-    fingerprint: u64,
-    kind: DebtKind,
+pub(super) struct Debt {
+    pub(super) rule: usize,
+    pub(super) slot: u64,
+    pub(super) fingerprint: u64,
+    pub(super) kind: DebtKind,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DebtKind {
-    /// The usage the response reports (the rule's [`config::Charge`] says where).
+pub(super) enum DebtKind {
+    /// The usage the response reports (the rule's [`config::Charge`] says where), nothing
+    /// counted yet.
     Usage,
+    /// The usage the response reports, against this reservation counted at admission.
+    Reserved(u64),
     /// The in-flight slot taken at this time, ms.
     Slot(u64),
 }
@@ -176,13 +195,27 @@ impl Reply {
 /// A request between the questions to the services and the decision.
 #[derive(Debug, Default)]
 pub struct Pending {
-    checks: PerRule<Check>,
-    applied: PerRule<Applied>,
+    pub(super) checks: PerRule<Check>,
+    pub(super) applied: PerRule<Applied>,
     questions: Vec<Question>,
     answers: Vec<Option<Answer>>,
+    /// The checks whose cost is sized from the request's body, not sized yet.
+    pub(super) sized: SmallVec<[usize; 1]>,
+    /// The request's `content-length`, when a rule sizes by it.
+    pub(super) content_length: Option<u64>,
 }
 
 impl Pending {
+    /// Whether reservations wait to be sized from the request's body.
+    pub fn reads_body(&self) -> bool {
+        !self.sized.is_empty()
+    }
+
+    /// Whether sync global rules ask their services.
+    pub fn asks(&self) -> bool {
+        !self.questions.is_empty()
+    }
+
     /// The questions for the services of sync global rules, in order.
     pub fn questions(&self) -> &[Question] {
         &self.questions
@@ -209,8 +242,8 @@ impl Pending {
 
 /// A rule that applies to the request, besides its [`Check`].
 #[derive(Debug)]
-struct Applied {
-    rule: usize,
+pub(super) struct Applied {
+    pub(super) rule: usize,
     /// The keyed hash of the client key.
     hash: u64,
     /// The descriptor to report hits with (async global rules).
@@ -229,6 +262,7 @@ impl<S: Store> Runtime<S> {
             p.applied.reserve_exact(n);
         }
         let full = host.held() >= MAX_HELD;
+        let body_follows = host.body_follows();
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
             if !key::matches(&rule.matcher, host) {
                 continue;
@@ -277,13 +311,16 @@ impl<S: Store> Runtime<S> {
                     gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
                 }
             }
+            if body_follows && rule.charge().is_some_and(|c| c.sized.is_some()) {
+                p.sized.push(p.checks.len());
+            }
             p.checks.push(Check {
                 slot,
                 fingerprint: table::fingerprint_of(hash),
                 policy,
                 cost,
                 shadow: rule.shadow,
-                charge_later: rule.charge().is_some(),
+                charge_later: rule.charge().is_some_and(|c| !c.true_up),
                 base,
             });
             p.applied.push(Applied {
@@ -295,7 +332,11 @@ impl<S: Store> Runtime<S> {
         if p.checks.is_empty() && p.questions.is_empty() {
             return Start::Decided(Decision::Continue(None));
         }
-        if p.questions.is_empty() {
+        if p.reads_body() {
+            p.content_length = host
+                .header("content-length")
+                .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
+        } else if p.questions.is_empty() {
             return Start::Decided(self.finish(host, &p));
         }
         Start::Ask(p)
@@ -378,13 +419,14 @@ impl<S: Store> Runtime<S> {
                             u64::from(out.above_base),
                         );
                     }
-                    let kind = match check.policy {
-                        Policy::InFlight { .. } => Some(DebtKind::Slot(now)),
-                        _ if check.charge_later => Some(DebtKind::Usage),
+                    let kind = match (check.policy, rule.charge()) {
+                        (Policy::InFlight { .. }, _) => Some(DebtKind::Slot(now)),
+                        (_, Some(c)) if c.true_up => Some(DebtKind::Reserved(check.cost)),
+                        (_, Some(_)) => Some(DebtKind::Usage),
                         _ => None,
                     };
                     if let Some(kind) = kind {
-                        if kind != DebtKind::Usage {
+                        if let DebtKind::Slot(_) = kind {
                             self.metrics.gauge(Gauge::InFlight, 1);
                         }
                         owed.push(Debt {
@@ -427,6 +469,7 @@ impl<S: Store> Runtime<S> {
             service,
             owed,
             body_bytes: 0,
+            scan: None,
             watched,
             timed,
             admitted_ms: now,
@@ -449,7 +492,11 @@ impl<S: Store> Runtime<S> {
     }
 
     /// Counts what the store did for a rule; returns why it could not decide, if it could not.
-    fn store_work<'o>(&self, rule: usize, out: &'o RuleOutcome) -> Option<&'o engine::Failure> {
+    pub(super) fn store_work<'o>(
+        &self,
+        rule: usize,
+        out: &'o RuleOutcome,
+    ) -> Option<&'o engine::Failure> {
         self.metrics
             .add(rule, Counter::StoreRetries, u64::from(out.retries));
         self.metrics
@@ -518,9 +565,11 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         buf: &mut String,
         mut emit: impl FnMut(&str, &str, bool),
+        report: &mut impl FnMut(&str, u64),
     ) {
         if !a.owed.is_empty() {
-            self.charge_reported(a, response, now_ms);
+            self.charge_reported(a, response, now_ms, report);
+            self.start_scan(a, response);
         }
         if !a.watched.is_empty() {
             self.observe(a, response, now_ms);
@@ -542,34 +591,6 @@ impl<S: Store> Runtime<S> {
         });
     }
 
-    /// The response's trailers are in: charges the rules whose usage they report.
-    pub fn response_trailers(&self, a: &mut Admitted, trailers: &mut impl Response, now_ms: u64) {
-        if !a.owed.is_empty() {
-            self.charge_reported(a, trailers, now_ms);
-        }
-    }
-
-    /// The stream is over, however it ended: charges what is still owed (the body's bytes, or
-    /// the default for a response that never reported its usage) and gives the in-flight
-    /// slots back.
-    pub fn settle(&self, a: Admitted, now_ms: u64) {
-        for debt in &a.owed {
-            let owed = match (debt.kind, self.charge_of(debt.rule)) {
-                (DebtKind::Slot(taken_ms), _) => {
-                    self.metrics.gauge(Gauge::InFlight, -1);
-                    Owed::GiveBack { taken_ms }
-                }
-                (DebtKind::Usage, Some(Usage::BodyBytes)) => Owed::Charge(a.body_bytes),
-                (DebtKind::Usage, _) => {
-                    self.metrics.add(debt.rule, Counter::UsageUnreported, 1);
-                    let default = self.config.rules.get(debt.rule).and_then(|r| r.charge());
-                    Owed::Charge(default.map_or(1, |c| u64::from(c.default)))
-                }
-            };
-            self.pay(debt, owed, now_ms);
-        }
-    }
-
     /// Tells each elastic rule the request matched how its backend answered.
     fn observe(&self, a: &mut Admitted, response: &mut impl Response, now_ms: u64) {
         let status = response
@@ -582,63 +603,6 @@ impl<S: Store> Runtime<S> {
                 w.observe(status, latency);
             }
         }
-    }
-
-    /// Charges the usage debts whose header `fields` carries, updating their verdicts.
-    fn charge_reported(&self, a: &mut Admitted, fields: &mut impl Response, now_ms: u64) {
-        let mut i = 0;
-        while let Some(debt) = a.owed.get(i).copied() {
-            let reported = match (debt.kind, self.charge_of(debt.rule)) {
-                (DebtKind::Usage, Some(Usage::Header(name))) => {
-                    fields.field(name).and_then(config::parse_usage)
-                }
-                _ => None,
-            };
-            let Some(usage) = reported else {
-                i += 1;
-                continue;
-            };
-            a.owed.swap_remove(i);
-            if let Some(v) = self.pay(&debt, Owed::Charge(usage), now_ms) {
-                if let Some(slot) = a.verdicts.iter_mut().find(|(r, _)| *r == debt.rule) {
-                    slot.1 = v;
-                }
-            }
-        }
-    }
-
-    /// Settles one debt in the store; the key's quota after a charge.
-    fn pay(&self, debt: &Debt, owed: Owed, now_ms: u64) -> Option<Verdict> {
-        let policy = &self.compiled.get(debt.rule)?.policy;
-        let out = engine::settle(
-            &self.store,
-            debt.slot,
-            debt.fingerprint,
-            policy,
-            owed,
-            now_ms,
-        );
-        if let Owed::Charge(n) = owed {
-            self.metrics.add(debt.rule, Counter::UsageCharged, n);
-        }
-        if let Some(failure) = self.store_work(debt.rule, &out) {
-            // The request went through already: what it owed is lost (failing open).
-            self.metrics.add(debt.rule, Counter::FailedOpen, 1);
-            if self.may_log_failure(now_ms) {
-                let name = self
-                    .config
-                    .rules
-                    .get(debt.rule)
-                    .map_or("", |r| r.name.as_str());
-                log::warn!("rule {name} could not settle {owed:?} ({failure}): it is not counted");
-            }
-        }
-        out.verdict
-    }
-
-    /// Where a rule's usage comes from, if it is charged by its responses.
-    fn charge_of(&self, rule: usize) -> Option<&Usage> {
-        Some(&self.config.rules.get(rule)?.charge()?.usage)
     }
 
     /// Counts a request that went on at once.
@@ -679,7 +643,13 @@ impl<S: Store> Runtime<S> {
 
     /// Counts, and logs (at most once a second), a rule the store or the service could not
     /// decide.
-    fn failed(&self, host: &mut impl Host, rule: usize, now: u64, why: &dyn fmt::Display) {
+    pub(super) fn failed(
+        &self,
+        host: &mut impl Host,
+        rule: usize,
+        now: u64,
+        why: &dyn fmt::Display,
+    ) {
         let mode = self.config.failure_mode;
         let counter = match mode {
             FailureMode::Allow => Counter::FailedOpen,
@@ -758,9 +728,14 @@ mod tests {
     ) -> Vec<(String, String, bool)> {
         let mut out = Vec::new();
         if let Some(a) = a {
-            rt.response_headers(a, response, now, &mut String::new(), |k, v, append| {
-                out.push((k.to_string(), v.to_string(), append))
-            });
+            rt.response_headers(
+                a,
+                response,
+                now,
+                &mut String::new(),
+                |k, v, append| out.push((k.to_string(), v.to_string(), append)),
+                &mut |_, _| {},
+            );
         }
         out
     }
@@ -771,6 +746,7 @@ mod tests {
             service: a.service.clone(),
             owed: Vec::new(),
             body_bytes: 0,
+            scan: None,
             watched: SmallVec::new(),
             timed: false,
             admitted_ms: 0,
@@ -1138,9 +1114,10 @@ mod tests {
             &mut b,
             &mut FakeResponse::with("x-usage-tokens", " 3000 "),
             now,
+            &mut |_, _| {},
         );
         assert!(!b.owes());
-        rt.settle(b, now);
+        rt.settle(b, now, &mut |_, _| {});
         // 8,000 used: 2,000 left, less than the reserve: refused, with the exact wait (the
         // usage must decay to 6,000).
         let Decision::Reply(r) = decided(&rt, &mut host) else {
@@ -1154,7 +1131,7 @@ mod tests {
         // Another key is not affected; a response that never says is charged the default.
         let mut other = FakeHost::new("10.0.0.1", "/").header("x-api-key", "other");
         let c = admitted(&rt, &mut other).unwrap();
-        rt.settle(c, now);
+        rt.settle(c, now, &mut |_, _| {});
         let counted = counts(&rt);
         assert!(
             counted.contains(&(0, Counter::UsageCharged, 8_500)),
@@ -1215,9 +1192,9 @@ mod tests {
         )));
         let mut a = a.unwrap();
         for chunk in [400, 300, 200] {
-            a.body(chunk);
+            rt.response_body(&mut a, chunk, None, false, now, &mut |_, _| {});
         }
-        rt.settle(a, now);
+        rt.settle(a, now, &mut |_, _| {});
         let f = fields(&rt, &admitted(&rt, &mut host));
         assert!(
             f.contains(&("x-ratelimit-remaining".into(), "100".into(), true)),
@@ -1251,11 +1228,11 @@ mod tests {
         rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
         assert!(gauges.contains(&(Gauge::InFlight, 2)));
         // One ends: a slot is free again, at once.
-        rt.settle(a, now + 5);
+        rt.settle(a, now + 5, &mut |_, _| {});
         let c = admitted(&rt, &mut host).unwrap();
         assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
-        rt.settle(b, now + 6);
-        rt.settle(c, now + 7);
+        rt.settle(b, now + 6, &mut |_, _| {});
+        rt.settle(c, now + 7, &mut |_, _| {});
         let mut gauges = Vec::new();
         rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
         assert!(gauges.contains(&(Gauge::InFlight, -2)), "{gauges:?}");
@@ -1277,7 +1254,7 @@ mod tests {
         for _ in 0..10 {
             assert!(matches!(decided(&rt, &mut limited), Decision::Reply(_)));
         }
-        rt.settle(a, limited.now);
+        rt.settle(a, limited.now, &mut |_, _| {});
         // All five slots are free: the refused requests took none.
         let mut other = FakeHost::new("10.0.0.1", "/other");
         let held: Vec<Admitted> = (0..5).filter_map(|_| admitted(&rt, &mut other)).collect();

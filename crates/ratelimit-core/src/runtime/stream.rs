@@ -19,6 +19,7 @@
 //! the decision waits for [`StreamState::started`], so that a request is never resumed from
 //! inside the hook that paused it.
 
+use super::charge::Reading;
 use super::{Admitted, Decision, Held, Host, Pending, Reply, Response, Runtime, Start};
 use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
@@ -65,6 +66,9 @@ enum Phase {
     /// The request's headers have not been seen.
     #[default]
     New,
+    /// Reading the request's body for the fields that size its reservations (boxed: few
+    /// streams read).
+    Reading(Box<Reading>),
     /// Waiting for the services of sync global rules (boxed: few streams ask).
     Asking(Box<Asking>),
     /// Held by delay mode until its turn.
@@ -121,16 +125,60 @@ impl StreamState {
         }
         match rt.start(host) {
             Start::Decided(decision) => self.decided(decision),
-            Start::Ask(pending) => {
-                self.phase = Phase::Asking(Box::new(Asking {
-                    pending,
-                    calls: Vec::new(),
-                    starting: None,
-                    next: 0,
-                }));
-                self.ask(rt, host)
+            Start::Ask(pending) if pending.reads_body() => {
+                self.phase = Phase::Reading(Box::new(Reading::new(pending)));
+                Next::Wait
             }
+            Start::Ask(pending) => self.asking(rt, host, pending),
         }
+    }
+
+    /// Asks the services of sync global rules, or decides if none asks.
+    fn asking<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        pending: Pending,
+    ) -> Next {
+        if !pending.asks() {
+            let decision = rt.finish(host, &pending);
+            return self.decided(decision);
+        }
+        self.phase = Phase::Asking(Box::new(Asking {
+            pending,
+            calls: Vec::new(),
+            starting: None,
+            next: 0,
+        }));
+        self.ask(rt, host)
+    }
+
+    /// Whether the request's body is awaited (the host holds it, up to the rules' bound, and
+    /// hands each piece to [`StreamState::request_body`]).
+    pub fn reads_request_body(&self) -> bool {
+        matches!(self.phase, Phase::Reading(_))
+    }
+
+    /// A piece of the request's body (`end`: the last one; the request's trailers count as its
+    /// end). Sizes the reservations once their fields are read, then goes on as after the
+    /// headers; [`Next::Wait`] while more is needed (the host keeps the body).
+    pub fn request_body<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        chunk: &[u8],
+        end: bool,
+    ) -> Next {
+        let Phase::Reading(r) = &mut self.phase else {
+            return Next::Continue;
+        };
+        if !rt.read_request(r, chunk, end) {
+            return Next::Wait;
+        }
+        let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
+            return Next::Continue;
+        };
+        self.asking(rt, host, r.pending)
     }
 
     /// The call of the last [`Next::Call`] started (`Ok(id)`) or could not be started.
@@ -317,6 +365,7 @@ impl StreamState {
         clock: impl FnOnce() -> u64,
         buf: &mut String,
         emit: impl FnMut(&str, &str, bool),
+        mut report: impl FnMut(&str, u64),
     ) {
         if matches!(self.phase, Phase::Replied) {
             return;
@@ -325,35 +374,53 @@ impl StreamState {
             return;
         };
         let now = if a.needs_clock() { clock() } else { 0 };
-        rt.response_headers(a, response, now, buf, emit);
+        rt.response_headers(a, response, now, buf, emit, &mut report);
         if !a.owes() {
             self.admitted = None;
         }
     }
 
-    /// Whether the size of the response body's pieces matters ([`StreamState::response_body`]
-    /// does nothing otherwise): a host may skip asking for it.
+    /// Whether the response body matters ([`StreamState::response_body`] does nothing
+    /// otherwise): a host may skip the body hook's work.
     pub fn counts_body(&self) -> bool {
-        self.admitted.is_some()
+        self.admitted.as_ref().is_some_and(Admitted::owes)
     }
 
-    /// A piece of the response body passes (`bytes` long).
-    pub fn response_body(&mut self, bytes: u64) {
-        if let Some(a) = self.admitted.as_mut() {
-            a.body(bytes);
+    /// Whether the response body's bytes are read, not only counted: the host passes them to
+    /// [`StreamState::response_body`].
+    pub fn scans_body(&self) -> bool {
+        self.admitted.as_ref().is_some_and(Admitted::scans_body)
+    }
+
+    /// A piece of the response body passes: `len` bytes, and the bytes themselves when
+    /// [`StreamState::scans_body`] (they are read as they pass, never kept). At the body's
+    /// `end`, the usage it reported is charged and handed to `report(rule, usage)`.
+    pub fn response_body<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        len: u64,
+        bytes: Option<&[u8]>,
+        end: bool,
+        clock: impl FnOnce() -> u64,
+        mut report: impl FnMut(&str, u64),
+    ) {
+        if let Some(a) = self.admitted.as_mut().filter(|a| a.owes()) {
+            let now = if end { clock() } else { 0 };
+            rt.response_body(a, len, bytes, end, now, &mut report);
         }
     }
 
-    /// The response's trailers: charges the usage they report.
+    /// The response's trailers: charges the usage they report, and what the body reported.
     pub fn response_trailers<S: Store>(
         &mut self,
         rt: &Runtime<S>,
         trailers: &mut impl Response,
         clock: impl FnOnce() -> u64,
+        mut report: impl FnMut(&str, u64),
     ) {
         if let Some(a) = self.admitted.as_mut() {
             if a.owes() {
-                rt.response_trailers(a, trailers, clock());
+                rt.response_trailers(a, trailers, clock(), &mut report);
             }
         }
     }
@@ -361,7 +428,12 @@ impl StreamState {
     /// The stream ended, however it ended: a request still held was abandoned by its client
     /// (true: the host cancels its turn), and what its rules are still owed is settled. Calls
     /// still in flight are forgotten; later events find nothing to do.
-    pub fn complete<S: Store>(&mut self, rt: &Runtime<S>, clock: impl FnOnce() -> u64) -> bool {
+    pub fn complete<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        clock: impl FnOnce() -> u64,
+        mut report: impl FnMut(&str, u64),
+    ) -> bool {
         let held = match std::mem::replace(&mut self.phase, Phase::Ended) {
             Phase::Held(held) => {
                 rt.abandon(&held);
@@ -370,7 +442,7 @@ impl StreamState {
             _ => false,
         };
         if let Some(a) = self.admitted.take() {
-            rt.settle(a, clock());
+            rt.settle(a, clock(), &mut report);
         }
         held
     }
@@ -421,6 +493,7 @@ mod tests {
             || 600_010,
             &mut String::new(),
             |k, v, _| out.push((k.to_string(), v.to_string())),
+            |_, _| {},
         );
         out
     }
@@ -494,7 +567,7 @@ mod tests {
         assert_eq!(reply.status, 429);
         // The reply passes through the response hooks: nothing is added to it.
         assert!(respond(&rt, &mut b, &mut FakeResponse::default()).is_empty());
-        assert!(!a.complete(&rt, || 0) && !b.complete(&rt, || 0));
+        assert!(!a.complete(&rt, || 0, |_, _| {}) && !b.complete(&rt, || 0, |_, _| {}));
         assert_eq!(
             counts(&rt),
             [
@@ -686,7 +759,7 @@ mod tests {
         let mut st = StreamState::default();
         asking(&rt, &mut st, &mut h);
         st.started(&rt, &mut h, Ok(4));
-        assert!(!st.complete(&rt, || 0));
+        assert!(!st.complete(&rt, || 0, |_, _| {}));
         assert!(matches!(
             st.call_answer(&rt, &mut h, 4, service(Code::Ok)),
             Next::Wait
@@ -721,11 +794,11 @@ mod tests {
         // The second's turn comes; a second release does nothing.
         assert!(matches!(second.release(&rt), Next::Continue));
         assert!(matches!(second.release(&rt), Next::Wait));
-        assert!(!second.complete(&rt, || 0));
+        assert!(!second.complete(&rt, || 0, |_, _| {}));
         // The third's client goes away first.
-        assert!(third.complete(&rt, || 0));
+        assert!(third.complete(&rt, || 0, |_, _| {}));
         assert!(matches!(third.release(&rt), Next::Wait));
-        assert!(!first.complete(&rt, || 0));
+        assert!(!first.complete(&rt, || 0, |_, _| {}));
         assert_eq!(
             counts(&rt),
             [
@@ -762,29 +835,34 @@ mod tests {
         let mut st = StreamState::default();
         assert!(matches!(st.request_headers(&rt, &mut h), Next::Continue));
         respond(&rt, &mut st, &mut FakeResponse::with("x-usage", "120"));
-        st.response_body(300);
-        st.response_body(12);
-        st.complete(&rt, || 600_020);
+        st.response_body(&rt, 300, None, false, || 0, |_, _| {});
+        st.response_body(&rt, 12, None, false, || 0, |_, _| {});
+        st.complete(&rt, || 600_020, |_, _| {});
         assert_eq!(charged(&rt), [(0, 120), (1, 312)]);
         // Reported in the trailers.
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut h);
         respond(&rt, &mut st, &mut FakeResponse::default());
-        st.response_trailers(&rt, &mut FakeResponse::with("x-usage", "70"), || 600_030);
-        st.complete(&rt, || 600_030);
+        st.response_trailers(
+            &rt,
+            &mut FakeResponse::with("x-usage", "70"),
+            || 600_030,
+            |_, _| {},
+        );
+        st.complete(&rt, || 600_030, |_, _| {});
         assert_eq!(charged(&rt), [(0, 70)]); // an empty body charges nothing
                                              // Never reported: the default, counted as unreported.
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut h);
         respond(&rt, &mut st, &mut FakeResponse::default());
-        st.complete(&rt, || 600_040);
+        st.complete(&rt, || 600_040, |_, _| {});
         let c = counts(&rt);
         assert!(c.contains(&(0, Counter::UsageCharged, 50)), "{c:?}");
         assert!(c.contains(&(0, Counter::UsageUnreported, 1)), "{c:?}");
         // Reset before any response: still settled at the end.
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut h);
-        st.complete(&rt, || 600_050);
+        st.complete(&rt, || 600_050, |_, _| {});
         assert_eq!(charged(&rt), [(0, 50)]);
     }
 
@@ -809,24 +887,24 @@ mod tests {
             assert_eq!(in_flight(&rt), 1);
             let mut full = StreamState::default();
             assert!(matches!(full.request_headers(&rt, &mut h), Next::Reply(_)));
-            full.complete(&rt, || 600_001);
+            full.complete(&rt, || 600_001, |_, _| {});
             if respond_first {
                 respond(&rt, &mut st, &mut FakeResponse::default());
             }
             assert_eq!(in_flight(&rt), 0);
-            st.complete(&rt, || 600_002);
+            st.complete(&rt, || 600_002, |_, _| {});
             assert_eq!(in_flight(&rt), -1);
             // The slot is free again.
             let mut next = StreamState::default();
             assert!(matches!(next.request_headers(&rt, &mut h), Next::Continue));
-            next.complete(&rt, || 600_003);
+            next.complete(&rt, || 600_003, |_, _| {});
             assert_eq!(in_flight(&rt), 0);
         }
         // A second complete (Envoy calls it once) gives nothing back twice.
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut h);
-        st.complete(&rt, || 600_004);
-        st.complete(&rt, || 600_005);
+        st.complete(&rt, || 600_004, |_, _| {});
+        st.complete(&rt, || 600_005, |_, _| {});
         assert_eq!(in_flight(&rt), 0);
     }
 
@@ -844,7 +922,8 @@ mod tests {
             || panic!("clock read"),
             &mut String::new(),
             |_, _, _| {},
+            |_, _| {},
         );
-        st.complete(&rt, || panic!("clock read at the end"));
+        st.complete(&rt, || panic!("clock read at the end"), |_, _| {});
     }
 }

@@ -1,0 +1,209 @@
+//! Usage read from bodies: the `cost.response` expressions (`json:PATH`, weighted sums,
+//! alternatives) and the presets for the common LLM APIs, and the slots their fields take in
+//! the scanners' [`Paths`].
+
+use super::{Config, Cost, Sized, Term, Usage};
+use crate::usage::{Paths, MAX_DEPTH, MAX_SLOTS};
+
+/// The presets of `cost.response`: the usage each API reports in its JSON answers and in its
+/// event streams.
+pub const RESPONSE_PRESETS: [(&str, &str); 3] = [
+    // Chat Completions, Completions, Embeddings (`usage`, also the last chunk of a stream with
+    // `stream_options.include_usage`); the Responses API (`usage`, and the `response.completed`
+    // event of its stream).
+    (
+        "openai",
+        "json:usage.total_tokens | json:response.usage.total_tokens",
+    ),
+    // Messages: `usage` in the answer; in a stream `message_start` carries `message.usage` and
+    // `message_delta` the running `usage.output_tokens` (the last one is the total).
+    (
+        "anthropic",
+        "json:usage.input_tokens | json:message.usage.input_tokens + \
+         json:usage.output_tokens | json:message.usage.output_tokens",
+    ),
+    // generateContent, and every event of streamGenerateContent (running totals).
+    ("gemini", "json:usageMetadata.totalTokenCount"),
+];
+
+/// The presets of `cost.reserve.from`: where each API's request names its output maximum.
+pub const REQUEST_PRESETS: [(&str, &str); 3] = [
+    (
+        "openai",
+        "json:max_completion_tokens | json:max_tokens | json:max_output_tokens",
+    ),
+    ("anthropic", "json:max_tokens"),
+    ("gemini", "json:generationConfig.maxOutputTokens"),
+];
+
+/// The longest expression accepted, bytes.
+const MAX_EXPRESSION: usize = 1024;
+
+/// Parses a usage expression (or a preset's name): terms joined by `+`, each an optional
+/// integer weight and `*`, then one or more `json:PATH` joined by `|` (alternatives: the last
+/// one found counts). A path is keys joined by `.` from the document's root.
+pub fn expression(
+    s: &str,
+    presets: &[(&str, &str)],
+) -> Result<Vec<(u32, Vec<Vec<String>>)>, String> {
+    let s = presets
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map_or(s, |(_, e)| *e);
+    if s.len() > MAX_EXPRESSION {
+        return Err(format!("longer than {MAX_EXPRESSION} bytes"));
+    }
+    let mut terms = Vec::new();
+    for term in s.split('+') {
+        let term = term.trim();
+        let (weight, alternatives) = match term.split_once('*') {
+            Some((w, rest)) => {
+                let w = w.trim();
+                let n = w.parse::<u32>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                    format!("weight {w:?} is not an integer from 1 to {}", u32::MAX)
+                })?;
+                (n, rest)
+            }
+            None => (1, term),
+        };
+        let mut paths = Vec::new();
+        for alt in alternatives.split('|') {
+            let alt = alt.trim();
+            let Some(path) = alt.strip_prefix("json:") else {
+                return Err(format!(
+                    "{alt:?} is not a field (expected json:PATH, e.g. json:usage.total_tokens)"
+                ));
+            };
+            let segments: Vec<String> = path.split('.').map(str::to_string).collect();
+            if segments.iter().any(String::is_empty) {
+                return Err(format!("{alt:?} has an empty key"));
+            }
+            if segments.len() > MAX_DEPTH {
+                return Err(format!("{alt:?} has more than {MAX_DEPTH} keys"));
+            }
+            paths.push(segments);
+        }
+        terms.push((weight, paths));
+    }
+    Ok(terms)
+}
+
+/// Gives every body field of the rules its slot and compiles the scanners' paths: (response,
+/// request). Rules reading the same fields share their slots. `Err` names the side with too
+/// many distinct fields.
+pub(super) fn assign(config: &mut Config) -> Result<(), String> {
+    let mut response: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut request: Vec<Vec<Vec<String>>> = Vec::new();
+    for rule in &mut config.rules {
+        let Cost::Response(charge) = &mut rule.cost else {
+            continue;
+        };
+        if let Usage::Body(body) = &mut charge.usage {
+            for term in &mut body.terms {
+                term.slot = slot_of(&mut response, &term.paths);
+            }
+        }
+        if let Some(sized) = &mut charge.sized {
+            sized.slot = slot_of(&mut request, &sized.from);
+        }
+    }
+    config.usage_paths = compile(&response, "response")?;
+    config.request_paths = compile(&request, "request")?;
+    Ok(())
+}
+
+fn slot_of(slots: &mut Vec<Vec<Vec<String>>>, paths: &[Vec<String>]) -> usize {
+    match slots.iter().position(|s| s.as_slice() == paths) {
+        Some(i) => i,
+        None => {
+            slots.push(paths.to_vec());
+            slots.len() - 1
+        }
+    }
+}
+
+fn compile(slots: &[Vec<Vec<String>>], side: &str) -> Result<Paths, String> {
+    if slots.len() > MAX_SLOTS {
+        return Err(format!(
+            "the rules read {} distinct {side} body values (at most {MAX_SLOTS})",
+            slots.len()
+        ));
+    }
+    let flat: Vec<(Vec<String>, usize)> = slots
+        .iter()
+        .enumerate()
+        .flat_map(|(slot, paths)| paths.iter().map(move |p| (p.clone(), slot)))
+        .collect();
+    Paths::new(&flat)
+}
+
+/// A term of `paths` alternatives weighing `weight`, its slot assigned later.
+pub(super) fn term((weight, paths): (u32, Vec<Vec<String>>)) -> Term {
+    Term {
+        weight,
+        paths,
+        slot: 0,
+    }
+}
+
+/// A sized reservation, its slot assigned later.
+pub(super) fn sized(from: Vec<Vec<String>>, input: super::Input, max_body: u32) -> Sized {
+    Sized {
+        from,
+        slot: 0,
+        input,
+        max_body,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<String> {
+        s.split('.').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn expressions_and_presets() {
+        assert_eq!(
+            expression("json:usage.total_tokens", &RESPONSE_PRESETS).unwrap(),
+            [(1, vec![p("usage.total_tokens")])]
+        );
+        assert_eq!(
+            expression("json:a.b + 3*json:c | json:d.e", &RESPONSE_PRESETS).unwrap(),
+            [(1, vec![p("a.b")]), (3, vec![p("c"), p("d.e")])]
+        );
+        assert_eq!(
+            expression("anthropic", &RESPONSE_PRESETS).unwrap(),
+            [
+                (
+                    1,
+                    vec![p("usage.input_tokens"), p("message.usage.input_tokens")]
+                ),
+                (
+                    1,
+                    vec![p("usage.output_tokens"), p("message.usage.output_tokens")]
+                ),
+            ]
+        );
+        assert_eq!(
+            expression("gemini", &REQUEST_PRESETS).unwrap(),
+            [(1, vec![p("generationConfig.maxOutputTokens")])]
+        );
+        for bad in [
+            "usage.total",
+            "json:",
+            "json:a..b",
+            "0*json:a",
+            "x*json:a",
+            "json:a+",
+            "openai2",
+        ] {
+            assert!(expression(bad, &RESPONSE_PRESETS).is_err(), "{bad}");
+        }
+        let deep = format!("json:{}", ["k"; MAX_DEPTH + 1].join("."));
+        assert!(expression(&deep, &RESPONSE_PRESETS).is_err());
+    }
+}
