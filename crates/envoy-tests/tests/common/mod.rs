@@ -19,6 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+pub mod llm;
 pub mod upstream;
 
 pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
