@@ -671,7 +671,7 @@ impl HttpFilter for Filter {
         Filter::response_headers(self, c, s)
     }
 
-    fn response_body(&self, _c: &FilterConfig, s: &Stream) {
+    fn response_body(&self, _c: &FilterConfig, s: &Stream, _end_of_stream: bool) {
         self.with(|st| {
             if st.counts_body() {
                 st.response_body(s.received_response_body() as u64);
