@@ -52,22 +52,29 @@ pub trait HttpFilter: 'static {
     /// The configuration this filter belongs to.
     type Config;
 
-    /// The request's headers.
-    fn request_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
+    /// The request's headers; `end_of_stream`: the request has no body (no body hook will
+    /// come, so a `StopIteration` here waits for a `continue_decoding`, not for a body).
+    fn request_headers(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> HeadersStatus;
     /// What becomes of the request when `request_headers` panicked (the stream is poisoned).
     fn request_headers_failed(c: &Self::Config, s: &Stream) -> HeadersStatus;
-    /// A piece of the request body (`end_of_stream`: the last one; none when the headers ended
-    /// the request). The piece is [`crate::BodyType::ReceivedRequestBody`]; what
-    /// `StopIterationAndBuffer` held so far is [`crate::BodyType::BufferedRequestBody`]. A panic here passes the
-    /// request on (`Continue`) and poisons the stream. By default: `Continue`, as before this
-    /// hook reached filters.
+    /// A piece of the request body; `end_of_stream`: the last call (often with no bytes). The
+    /// piece is [`crate::BodyType::ReceivedRequestBody`]; what `StopIterationAndBuffer` held
+    /// before it is [`crate::BodyType::BufferedRequestBody`] (the piece joins it after the
+    /// hook). `Continue` after headers that stopped sends the headers, what was held and the
+    /// piece, even if the filter meant to hold the request longer: a filter that stops
+    /// headers of a request with a body must hold its body too. A panic passes the request on
+    /// (`Continue`) and poisons the stream. By default: `Continue`, what the hook answered
+    /// before filters could see it.
     fn request_body(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> BodyStatus {
         let _ = (c, s, end_of_stream);
         BodyStatus::Continue
     }
-    /// The response's headers.
-    fn response_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
-    /// A piece of the response body (`end_of_stream`: the last one); Envoy always passes it on.
+    /// The response's headers; `end_of_stream`: the response has no body.
+    fn response_headers(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> HeadersStatus;
+    /// A piece of the response body ([`crate::BodyType::ReceivedResponseBody`]), passed on;
+    /// `end_of_stream`: the last call (often with no bytes). A response that ends with
+    /// trailers or is cut short never gets `end_of_stream` here; [`HttpFilter::complete`] comes
+    /// in every case.
     fn response_body(&self, c: &Self::Config, s: &Stream, end_of_stream: bool);
     /// The response's trailers.
     fn response_trailers(&self, c: &Self::Config, s: &Stream);
@@ -79,8 +86,10 @@ pub trait HttpFilter: 'static {
     fn call_data(&self, c: &Self::Config, id: u64, chunks: Chunks<'_, '_>);
     /// A call this stream started ended: complete (`None`) or reset with a reason.
     fn call_done(&self, c: &Self::Config, s: &Stream, id: u64, reset: Option<u32>);
-    /// The stream ended, however it ended.
-    fn complete(&self, c: &Self::Config);
+    /// The stream ended, however it ended (a reset, a disconnect, a local reply included; not
+    /// called for a poisoned stream). The stream is still Envoy's here: dynamic metadata set
+    /// now is in the access log, written after this hook (measured in Envoy 1.40.0).
+    fn complete(&self, c: &Self::Config, s: &Stream);
 }
 
 /// What Envoy holds for one stream.
@@ -391,6 +400,7 @@ pub unsafe fn filter_destroy<C: HttpFilterConfig>(filter: FilterModulePtr) {
 pub unsafe fn request_headers<C: HttpFilterConfig>(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
+    end_of_stream: bool,
 ) -> HeadersStatus {
     // SAFETY: the caller's.
     let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
@@ -404,7 +414,7 @@ pub unsafe fn request_headers<C: HttpFilterConfig>(
             }))
             .unwrap_or(HeadersStatus::Continue)
         },
-        || b.filter.request_headers(c, &s),
+        || b.filter.request_headers(c, &s, end_of_stream),
     )
 }
 
@@ -415,6 +425,7 @@ pub unsafe fn request_headers<C: HttpFilterConfig>(
 pub unsafe fn response_headers<C: HttpFilterConfig>(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
+    end_of_stream: bool,
 ) -> HeadersStatus {
     // SAFETY: the caller's.
     let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
@@ -423,7 +434,7 @@ pub unsafe fn response_headers<C: HttpFilterConfig>(
     guard::<C, _>(
         Some(&b.poisoned),
         || HeadersStatus::Continue,
-        || b.filter.response_headers(c, &s),
+        || b.filter.response_headers(c, &s, end_of_stream),
     )
 }
 
@@ -493,8 +504,8 @@ pub unsafe fn response_trailers<C: HttpFilterConfig>(
 /// Envoy's live stream for this hook.
 pub unsafe fn stream_complete<C: HttpFilterConfig>(envoy: FilterEnvoyPtr, filter: FilterModulePtr) {
     // SAFETY: the caller's.
-    if let Some((b, c, _)) = unsafe { stream::<C>(envoy, filter) } {
-        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.complete(c));
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.complete(c, &s));
     }
 }
 
@@ -663,15 +674,15 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
             ) -> HeadersStatus {
-                unsafe { h::request_headers::<C>(envoy, filter) }
+                unsafe { h::request_headers::<C>(envoy, filter, end_of_stream) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
             ) -> HeadersStatus {
-                unsafe { h::response_headers::<C>(envoy, filter) }
+                unsafe { h::response_headers::<C>(envoy, filter, end_of_stream) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
@@ -828,7 +839,7 @@ mod tests {
 
     impl HttpFilter for FakeFilter {
         type Config = Fake;
-        fn request_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+        fn request_headers(&self, _: &Fake, _: &Stream, _: bool) -> HeadersStatus {
             self.call("request_headers");
             HeadersStatus::Continue
         }
@@ -843,7 +854,7 @@ mod tests {
                 BodyStatus::StopIterationAndBuffer
             }
         }
-        fn response_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+        fn response_headers(&self, _: &Fake, _: &Stream, _: bool) -> HeadersStatus {
             self.call("response_headers");
             HeadersStatus::Continue
         }
@@ -865,7 +876,7 @@ mod tests {
         fn call_done(&self, _: &Fake, _: &Stream, _: u64, _: Option<u32>) {
             self.call("call_done");
         }
-        fn complete(&self, _: &Fake) {
+        fn complete(&self, _: &Fake, _: &Stream) {
             self.call("complete");
         }
     }
@@ -882,10 +893,10 @@ mod tests {
     fn drive(filter: FilterModulePtr) -> (HeadersStatus, BodyStatus) {
         let envoy = std::ptr::null_mut();
         unsafe {
-            let status = request_headers::<Fake>(envoy, filter);
+            let status = request_headers::<Fake>(envoy, filter, false);
             let body = request_body::<Fake>(envoy, filter, false);
             request_body::<Fake>(envoy, filter, true);
-            response_headers::<Fake>(envoy, filter);
+            response_headers::<Fake>(envoy, filter, false);
             response_body::<Fake>(envoy, filter, true);
             response_trailers::<Fake>(envoy, filter);
             scheduled::<Fake>(envoy, filter, 1);

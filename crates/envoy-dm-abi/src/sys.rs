@@ -88,12 +88,12 @@ pub enum HeaderType {
 pub enum BodyType {
     /// The request body piece of the current request body hook (none outside it).
     ReceivedRequestBody = 0,
-    /// The request body buffered so far (by this filter returning `StopIterationAndBuffer`, or
-    /// by an earlier filter).
+    /// The request body held so far (by `StopIterationAndBuffer`), without the current piece:
+    /// it joins after the hook.
     BufferedRequestBody = 1,
     /// The response body piece of the current response body hook (none outside it).
     ReceivedResponseBody = 2,
-    /// The response body buffered so far.
+    /// The response body held so far, likewise.
     BufferedResponseBody = 3,
 }
 
@@ -127,8 +127,8 @@ pub enum HeadersStatus {
 pub enum BodyStatus {
     /// Pass this piece on (and, after headers that stopped, the headers and what was buffered).
     Continue = 0,
-    /// Hold the piece: Envoy buffers it (up to its buffer limit) and calls the hook again with
-    /// the next one.
+    /// Hold the piece: Envoy buffers it and calls the hook again with the next one. Past the
+    /// connection's buffer limit (1 MiB by default) Envoy answers a request 413 itself.
     StopIterationAndBuffer = 1,
     /// Hold the piece, buffering with flow control (watermarks) instead of a limit.
     StopIterationAndWatermark = 2,

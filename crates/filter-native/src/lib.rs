@@ -659,7 +659,7 @@ impl HttpFilterConfig for FilterConfig {
 impl HttpFilter for Filter {
     type Config = FilterConfig;
 
-    fn request_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
+    fn request_headers(&self, c: &FilterConfig, s: &Stream, _end_of_stream: bool) -> HeadersStatus {
         Filter::request_headers(self, c, s)
     }
 
@@ -667,7 +667,12 @@ impl HttpFilter for Filter {
         Filter::failed(c, s)
     }
 
-    fn response_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
+    fn response_headers(
+        &self,
+        c: &FilterConfig,
+        s: &Stream,
+        _end_of_stream: bool,
+    ) -> HeadersStatus {
         Filter::response_headers(self, c, s)
     }
 
@@ -703,7 +708,7 @@ impl HttpFilter for Filter {
         Filter::call_done(self, c, s, id, reset);
     }
 
-    fn complete(&self, c: &FilterConfig) {
+    fn complete(&self, c: &FilterConfig, _s: &Stream) {
         Filter::complete(self, c);
     }
 }
