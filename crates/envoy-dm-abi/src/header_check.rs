@@ -794,6 +794,7 @@ fn rust_of(t: &CType, h: &CHeader) -> Result<String, String> {
                 "size_t" => "usize".into(),
                 "uint64_t" => "u64".into(),
                 "uint32_t" => "u32".into(),
+                "double" => "f64".into(),
                 _ => match h.typedefs.get(n) {
                     Some(def) => rust_of(def, h)?,
                     None => return Err(format!("no Rust type for the C type {n}")),
@@ -970,6 +971,7 @@ fn c_size_align(t: &CType, h: &CHeader) -> (usize, usize) {
             "size_t" => (size_of::<usize>(), align_of::<usize>()),
             "uint64_t" => (8, align_of::<u64>()),
             "uint32_t" => (4, 4),
+            "double" => (8, align_of::<f64>()),
             _ if h.enums.contains_key(n) => (4, 4),
             _ if h.structs.contains_key(n) => {
                 let (size, align, _) = c_layout(n, h);
@@ -1125,7 +1127,7 @@ fn additions(old: &CHeader, new: &CHeader) -> (Vec<String>, Vec<String>) {
 fn the_crate_matches_every_vendored_header() {
     let r = parse_rust(&crate_sources());
     assert!(
-        r.callbacks.len() >= 23,
+        r.callbacks.len() >= 27,
         "callbacks found: {:?}",
         r.callbacks.keys()
     );
@@ -1269,6 +1271,62 @@ fn the_check_catches_drift() {
     );
     assert!(
         e.contains("on_http_filter_scheduled: exported by the crate, not in the header"),
+        "{e}"
+    );
+    // The body and metadata declarations: a chunk array of the wrong type, a number that is not
+    // a double, a renumbered body status and body type, a request body hook without its flag.
+    let e = drifted(
+        "envoy_dynamic_module_type_envoy_buffer* result_buffer_vector",
+        "envoy_dynamic_module_type_module_buffer* result_buffer_vector",
+    );
+    assert!(
+        e.contains("get_body_chunks: parameter 2 (result_buffer_vector) is `*mut EnvoyBuffer`"),
+        "{e}"
+    );
+    let e = drifted(
+        "envoy_dynamic_module_callback_http_get_body_chunks_size( envoy_dynamic_module_type_http_filter_envoy_ptr filter_envoy_ptr, envoy_dynamic_module_type_http_body_type body_type)",
+        "envoy_dynamic_module_callback_http_get_body_chunks_size( envoy_dynamic_module_type_http_filter_envoy_ptr filter_envoy_ptr, envoy_dynamic_module_type_http_header_type body_type)",
+    );
+    assert!(
+        e.contains("get_body_chunks_size: parameter 1 (body_type) is `BodyType`"),
+        "{e}"
+    );
+    let e = drifted(
+        "envoy_dynamic_module_type_module_buffer key, double value);",
+        "envoy_dynamic_module_type_module_buffer key, uint64_t value);",
+    );
+    assert!(
+        e.contains("set_dynamic_metadata_number: parameter 3 (value) is `f64`"),
+        "{e}"
+    );
+    let e = drifted(
+        "envoy_dynamic_module_type_module_buffer key, envoy_dynamic_module_type_module_buffer value);\nbool envoy_dynamic_module_callback_http_set_header(",
+        "envoy_dynamic_module_type_module_buffer value);\nbool envoy_dynamic_module_callback_http_set_header(",
+    );
+    assert!(
+        e.contains("set_dynamic_metadata_string: 4 parameters in Rust, 3 in the header"),
+        "{e}"
+    );
+    let e = drifted(
+        " envoy_dynamic_module_type_on_http_filter_response_body_status_Continue,",
+        " envoy_dynamic_module_type_on_http_filter_response_body_status_Continue, envoy_dynamic_module_type_on_http_filter_response_body_status_Pause,",
+    );
+    assert!(
+        e.contains("BodyStatus::StopIterationAndBuffer = 1, but envoy_dynamic_module_type_on_http_filter_response_body_status_StopIterationAndBuffer = 2"),
+        "{e}"
+    );
+    let e = drifted(
+        " envoy_dynamic_module_type_http_body_type_ReceivedRequestBody,",
+        "",
+    );
+    assert!(e.contains("BodyType::ReceivedRequestBody: "), "{e}");
+    assert!(e.contains("BodyType::BufferedResponseBody = 3, but"), "{e}");
+    let e = drifted(
+        "envoy_dynamic_module_on_http_filter_request_body( envoy_dynamic_module_type_http_filter_envoy_ptr filter_envoy_ptr, envoy_dynamic_module_type_http_filter_module_ptr filter_module_ptr, bool end_of_stream)",
+        "envoy_dynamic_module_on_http_filter_request_body( envoy_dynamic_module_type_http_filter_envoy_ptr filter_envoy_ptr, envoy_dynamic_module_type_http_filter_module_ptr filter_module_ptr)",
+    );
+    assert!(
+        e.contains("on_http_filter_request_body: 3 parameters in Rust, 2 in the header"),
         "{e}"
     );
     // And on the Rust side: a parameter type changed in sys.rs.

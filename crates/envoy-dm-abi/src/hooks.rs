@@ -52,14 +52,30 @@ pub trait HttpFilter: 'static {
     /// The configuration this filter belongs to.
     type Config;
 
-    /// The request's headers.
-    fn request_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
+    /// The request's headers; `end_of_stream`: the request has no body (no body hook will
+    /// come, so a `StopIteration` here waits for a `continue_decoding`, not for a body).
+    fn request_headers(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> HeadersStatus;
     /// What becomes of the request when `request_headers` panicked (the stream is poisoned).
     fn request_headers_failed(c: &Self::Config, s: &Stream) -> HeadersStatus;
-    /// The response's headers.
-    fn response_headers(&self, c: &Self::Config, s: &Stream) -> HeadersStatus;
-    /// A piece of the response body.
-    fn response_body(&self, c: &Self::Config, s: &Stream);
+    /// A piece of the request body; `end_of_stream`: the last call (often with no bytes). The
+    /// piece is [`crate::BodyType::ReceivedRequestBody`]; what `StopIterationAndBuffer` held
+    /// before it is [`crate::BodyType::BufferedRequestBody`] (the piece joins it after the
+    /// hook). `Continue` after headers that stopped sends the headers, what was held and the
+    /// piece, even if the filter meant to hold the request longer: a filter that stops
+    /// headers of a request with a body must hold its body too. A panic passes the request on
+    /// (`Continue`) and poisons the stream. By default: `Continue`, what the hook answered
+    /// before filters could see it.
+    fn request_body(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> BodyStatus {
+        let _ = (c, s, end_of_stream);
+        BodyStatus::Continue
+    }
+    /// The response's headers; `end_of_stream`: the response has no body.
+    fn response_headers(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> HeadersStatus;
+    /// A piece of the response body ([`crate::BodyType::ReceivedResponseBody`]), passed on;
+    /// `end_of_stream`: the last call (often with no bytes). A response that ends with
+    /// trailers or is cut short never gets `end_of_stream` here; [`HttpFilter::complete`] comes
+    /// in every case.
+    fn response_body(&self, c: &Self::Config, s: &Stream, end_of_stream: bool);
     /// The response's trailers.
     fn response_trailers(&self, c: &Self::Config, s: &Stream);
     /// A stream-level event this filter scheduled.
@@ -70,8 +86,10 @@ pub trait HttpFilter: 'static {
     fn call_data(&self, c: &Self::Config, id: u64, chunks: Chunks<'_, '_>);
     /// A call this stream started ended: complete (`None`) or reset with a reason.
     fn call_done(&self, c: &Self::Config, s: &Stream, id: u64, reset: Option<u32>);
-    /// The stream ended, however it ended.
-    fn complete(&self, c: &Self::Config);
+    /// The stream ended, however it ended (a reset, a disconnect, a local reply included; not
+    /// called for a poisoned stream). The stream is still Envoy's here: dynamic metadata set
+    /// now is in the access log, written after this hook (measured in Envoy 1.40.0).
+    fn complete(&self, c: &Self::Config, s: &Stream);
 }
 
 /// What Envoy holds for one stream.
@@ -382,6 +400,7 @@ pub unsafe fn filter_destroy<C: HttpFilterConfig>(filter: FilterModulePtr) {
 pub unsafe fn request_headers<C: HttpFilterConfig>(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
+    end_of_stream: bool,
 ) -> HeadersStatus {
     // SAFETY: the caller's.
     let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
@@ -395,7 +414,7 @@ pub unsafe fn request_headers<C: HttpFilterConfig>(
             }))
             .unwrap_or(HeadersStatus::Continue)
         },
-        || b.filter.request_headers(c, &s),
+        || b.filter.request_headers(c, &s, end_of_stream),
     )
 }
 
@@ -406,6 +425,7 @@ pub unsafe fn request_headers<C: HttpFilterConfig>(
 pub unsafe fn response_headers<C: HttpFilterConfig>(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
+    end_of_stream: bool,
 ) -> HeadersStatus {
     // SAFETY: the caller's.
     let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
@@ -414,7 +434,28 @@ pub unsafe fn response_headers<C: HttpFilterConfig>(
     guard::<C, _>(
         Some(&b.poisoned),
         || HeadersStatus::Continue,
-        || b.filter.response_headers(c, &s),
+        || b.filter.response_headers(c, &s, end_of_stream),
+    )
+}
+
+/// `envoy_dynamic_module_on_http_filter_request_body`: what the filter says, `Continue` for a
+/// poisoned stream or a panic (the request goes on with what was held).
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn request_body<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+    end_of_stream: bool,
+) -> BodyStatus {
+    // SAFETY: the caller's.
+    let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
+        return BodyStatus::Continue;
+    };
+    guard::<C, _>(
+        Some(&b.poisoned),
+        || BodyStatus::Continue,
+        || b.filter.request_body(c, &s, end_of_stream),
     )
 }
 
@@ -425,10 +466,15 @@ pub unsafe fn response_headers<C: HttpFilterConfig>(
 pub unsafe fn response_body<C: HttpFilterConfig>(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
+    end_of_stream: bool,
 ) -> BodyStatus {
     // SAFETY: the caller's.
     if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
-        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.response_body(c, &s));
+        guard::<C, _>(
+            Some(&b.poisoned),
+            || (),
+            || b.filter.response_body(c, &s, end_of_stream),
+        );
     }
     BodyStatus::Continue
 }
@@ -458,8 +504,8 @@ pub unsafe fn response_trailers<C: HttpFilterConfig>(
 /// Envoy's live stream for this hook.
 pub unsafe fn stream_complete<C: HttpFilterConfig>(envoy: FilterEnvoyPtr, filter: FilterModulePtr) {
     // SAFETY: the caller's.
-    if let Some((b, c, _)) = unsafe { stream::<C>(envoy, filter) } {
-        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.complete(c));
+    if let Some((b, c, s)) = unsafe { stream::<C>(envoy, filter) } {
+        guard::<C, _>(Some(&b.poisoned), || (), || b.filter.complete(c, &s));
     }
 }
 
@@ -548,7 +594,7 @@ pub unsafe fn call_done<C: HttpFilterConfig>(
 
 /// Exports every hook Envoy resolves for an HTTP filter, for the configuration type `$config`
 /// (an [`HttpFilterConfig`]). Hooks this ABI requires but filters of this kind have no use for
-/// (request body and trailers, local replies, watermarks, one-shot callouts) do nothing.
+/// (request trailers, local replies, watermarks, one-shot callouts) do nothing.
 #[macro_export]
 macro_rules! export_http_filter {
     ($config:ty) => {
@@ -628,21 +674,27 @@ macro_rules! export_http_filter {
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
             ) -> HeadersStatus {
-                unsafe { h::request_headers::<C>(envoy, filter) }
+                unsafe { h::request_headers::<C>(envoy, filter, end_of_stream) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
             ) -> HeadersStatus {
-                unsafe { h::response_headers::<C>(envoy, filter) }
+                unsafe { h::response_headers::<C>(envoy, filter, end_of_stream) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
+            ) -> BodyStatus {
+                unsafe { h::request_body::<C>(envoy, filter, end_of_stream) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-                envoy: FilterEnvoyPtr, filter: FilterModulePtr, _end_of_stream: bool,
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr, end_of_stream: bool,
             ) -> BodyStatus {
-                unsafe { h::response_body::<C>(envoy, filter) }
+                unsafe { h::response_body::<C>(envoy, filter, end_of_stream) }
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
@@ -696,12 +748,6 @@ macro_rules! export_http_filter {
                 unsafe { h::call_done::<C>(envoy, filter, id, Some(reason.0)) }
             }
             #[no_mangle]
-            pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-                _: FilterEnvoyPtr, _: FilterModulePtr, _: bool,
-            ) -> BodyStatus {
-                BodyStatus::Continue
-            }
-            #[no_mangle]
             pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
                 _: FilterEnvoyPtr, _: FilterModulePtr,
             ) -> TrailersStatus {
@@ -746,7 +792,8 @@ mod tests {
     static PANICS: AtomicUsize = AtomicUsize::new(0);
 
     struct Fake {
-        /// Where the filter panics: "new_filter", "request_headers", "response_headers".
+        /// Where the filter panics: "new_filter", "request_headers", "request_body",
+        /// "response_headers".
         panic_in: &'static str,
     }
 
@@ -792,18 +839,26 @@ mod tests {
 
     impl HttpFilter for FakeFilter {
         type Config = Fake;
-        fn request_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+        fn request_headers(&self, _: &Fake, _: &Stream, _: bool) -> HeadersStatus {
             self.call("request_headers");
             HeadersStatus::Continue
         }
         fn request_headers_failed(_: &Fake, _: &Stream) -> HeadersStatus {
             HeadersStatus::StopIteration // what `failure_mode: deny` answers
         }
-        fn response_headers(&self, _: &Fake, _: &Stream) -> HeadersStatus {
+        fn request_body(&self, _: &Fake, _: &Stream, end_of_stream: bool) -> BodyStatus {
+            self.call("request_body");
+            if end_of_stream {
+                BodyStatus::Continue
+            } else {
+                BodyStatus::StopIterationAndBuffer
+            }
+        }
+        fn response_headers(&self, _: &Fake, _: &Stream, _: bool) -> HeadersStatus {
             self.call("response_headers");
             HeadersStatus::Continue
         }
-        fn response_body(&self, _: &Fake, _: &Stream) {
+        fn response_body(&self, _: &Fake, _: &Stream, _: bool) {
             self.call("response_body");
         }
         fn response_trailers(&self, _: &Fake, _: &Stream) {
@@ -821,7 +876,7 @@ mod tests {
         fn call_done(&self, _: &Fake, _: &Stream, _: u64, _: Option<u32>) {
             self.call("call_done");
         }
-        fn complete(&self, _: &Fake) {
+        fn complete(&self, _: &Fake, _: &Stream) {
             self.call("complete");
         }
     }
@@ -833,20 +888,23 @@ mod tests {
             .get()
     }
 
-    /// Every hook of one stream, as Envoy calls them; returns what request_headers answered.
-    fn drive(filter: FilterModulePtr) -> HeadersStatus {
+    /// Every hook of one stream, as Envoy calls them; returns what request_headers and the
+    /// first request_body (not the end of the stream) answered.
+    fn drive(filter: FilterModulePtr) -> (HeadersStatus, BodyStatus) {
         let envoy = std::ptr::null_mut();
         unsafe {
-            let status = request_headers::<Fake>(envoy, filter);
-            response_headers::<Fake>(envoy, filter);
-            response_body::<Fake>(envoy, filter);
+            let status = request_headers::<Fake>(envoy, filter, false);
+            let body = request_body::<Fake>(envoy, filter, false);
+            request_body::<Fake>(envoy, filter, true);
+            response_headers::<Fake>(envoy, filter, false);
+            response_body::<Fake>(envoy, filter, true);
             response_trailers::<Fake>(envoy, filter);
             scheduled::<Fake>(envoy, filter, 1);
             call_headers::<Fake>(envoy, filter, 1, std::ptr::null(), 0);
             call_data::<Fake>(envoy, filter, 1, std::ptr::null(), 0);
             call_done::<Fake>(envoy, filter, 1, None);
             stream_complete::<Fake>(envoy, filter);
-            status
+            (status, body)
         }
     }
 
@@ -854,12 +912,27 @@ mod tests {
     fn a_panicking_hook_poisons_its_stream_and_the_request_follows_the_fallback() {
         let quiet = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
+        use BodyStatus::{Continue, StopIterationAndBuffer};
         for (panic_in, status, calls_made) in [
-            ("nowhere", HeadersStatus::Continue, 9),
+            (
+                "nowhere",
+                (HeadersStatus::Continue, StopIterationAndBuffer),
+                11,
+            ),
             // The request gets what request_headers_failed says; nothing else is called.
-            ("request_headers", HeadersStatus::StopIteration, 1),
+            (
+                "request_headers",
+                (HeadersStatus::StopIteration, Continue),
+                1,
+            ),
+            // The request body goes on (what was held with it); nothing else is called.
+            ("request_body", (HeadersStatus::Continue, Continue), 2),
             // The request went on; the hooks after the panic are not called.
-            ("response_headers", HeadersStatus::Continue, 2),
+            (
+                "response_headers",
+                (HeadersStatus::Continue, StopIterationAndBuffer),
+                4,
+            ),
         ] {
             let config = Box::new(Fake { panic_in });
             let ptr: ConfigModulePtr = std::ptr::from_ref(&*config).cast();
@@ -885,7 +958,10 @@ mod tests {
         assert!(filter.is_null());
         assert_eq!(PANICS.load(Ordering::SeqCst) - before, 1);
         // Hooks given a null stream or configuration do nothing.
-        assert_eq!(drive(std::ptr::null()), HeadersStatus::Continue);
+        assert_eq!(
+            drive(std::ptr::null()),
+            (HeadersStatus::Continue, BodyStatus::Continue)
+        );
         assert!(unsafe { filter_new::<Fake>(std::ptr::null()) }.is_null());
         std::panic::set_hook(quiet);
     }

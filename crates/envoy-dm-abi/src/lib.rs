@@ -18,9 +18,9 @@ pub mod sys;
 
 use sys::*;
 pub use sys::{
-    BodyStatus, Code, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
-    FilterModulePtr, HeadersStatus, LocalReplyStatus, LogLevel, TrailersStatus, ABI_VERSION,
-    ENVOY_VERSION,
+    BodyStatus, BodyType, Code, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader,
+    FilterEnvoyPtr, FilterModulePtr, HeadersStatus, LocalReplyStatus, LogLevel, TrailersStatus,
+    ABI_VERSION, ENVOY_VERSION,
 };
 
 impl EnvoyBuffer {
@@ -433,9 +433,77 @@ impl Stream<'_> {
 
     /// The bytes of the response body piece this body hook received.
     pub fn received_response_body(&self) -> usize {
-        // SAFETY: `ptr` is live during the hook; Envoy answers 0 when there is no body.
+        self.body_size(BodyType::ReceivedResponseBody)
+    }
+
+    /// The size in bytes of a body: 0 when Envoy has none of that type (a received body outside
+    /// its body hook, a body not buffered).
+    pub fn body_size(&self, which: BodyType) -> usize {
+        // SAFETY: `ptr` is live during the hook; a plain query.
+        unsafe { envoy_dynamic_module_callback_http_get_body_size(self.ptr, which) }
+    }
+
+    /// Calls `f` with each chunk of a body, in order, without copying: Envoy lends its own
+    /// buffer slices, for this call only. Nothing when Envoy has no body of that type.
+    pub fn body(&self, which: BodyType, mut f: impl FnMut(&[u8])) {
+        /// Chunks read without allocating: a received piece is usually one slice, a buffered
+        /// body one per ~16 KiB read.
+        const INLINE: usize = 16;
+        // SAFETY: `ptr` is live during the hook; a plain query.
+        let n = unsafe { envoy_dynamic_module_callback_http_get_body_chunks_size(self.ptr, which) };
+        if n == 0 {
+            return;
+        }
+        let mut inline = [EnvoyBuffer::NULL; INLINE];
+        let mut heap = Vec::new();
+        let slots: &mut [EnvoyBuffer] = match inline.get_mut(..n) {
+            Some(s) => s,
+            None => {
+                heap.resize(n, EnvoyBuffer::NULL);
+                &mut heap
+            }
+        };
+        // SAFETY: `ptr` is live; `slots` holds the `n` entries Envoy writes (the body cannot
+        // change between the two calls: nothing runs on this stream in between). Envoy answers
+        // false, writing nothing, when it has no such body.
+        let available = unsafe {
+            envoy_dynamic_module_callback_http_get_body_chunks(self.ptr, which, slots.as_mut_ptr())
+        };
+        if !available {
+            return;
+        }
+        for chunk in slots.iter() {
+            // SAFETY: Envoy's slices of the body, valid until the hook returns unless the body
+            // is changed: `f` only gets `&[u8]` for its call and this crate has no body setter.
+            f(unsafe { chunk.bytes() });
+        }
+    }
+
+    /// Sets a number in the stream's dynamic metadata (`namespace`, `key`), replacing any value
+    /// there: what an access log reads with `%DYNAMIC_METADATA(namespace:key)%`.
+    pub fn set_metadata_number(&self, namespace: &str, key: &str, value: f64) {
+        // SAFETY: `ptr` is live; namespace and key are copied during the call.
         unsafe {
-            envoy_dynamic_module_callback_http_get_body_size(self.ptr, RECEIVED_RESPONSE_BODY)
+            envoy_dynamic_module_callback_http_set_dynamic_metadata_number(
+                self.ptr,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                value,
+            )
+        }
+    }
+
+    /// Sets a string in the stream's dynamic metadata (`namespace`, `key`), replacing any value
+    /// there.
+    pub fn set_metadata_string(&self, namespace: &str, key: &str, value: &str) {
+        // SAFETY: `ptr` is live; namespace, key and value are copied during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
+                self.ptr,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
         }
     }
 

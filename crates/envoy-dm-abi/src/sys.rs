@@ -81,13 +81,21 @@ pub enum HeaderType {
     ResponseTrailer = 3,
 }
 
-/// `envoy_dynamic_module_type_http_body_type`.
-#[repr(transparent)]
+/// `envoy_dynamic_module_type_http_body_type`: which body a body callback reads. Only the
+/// module hands it to Envoy, so a Rust enum.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BodyType(pub u32);
-
-/// The response body piece of the current body hook.
-pub const RECEIVED_RESPONSE_BODY: BodyType = BodyType(2);
+pub enum BodyType {
+    /// The request body piece of the current request body hook (none outside it).
+    ReceivedRequestBody = 0,
+    /// The request body held so far (by `StopIterationAndBuffer`), without the current piece:
+    /// it joins after the hook.
+    BufferedRequestBody = 1,
+    /// The response body piece of the current response body hook (none outside it).
+    ReceivedResponseBody = 2,
+    /// The response body held so far, likewise.
+    BufferedResponseBody = 3,
+}
 
 /// `envoy_dynamic_module_type_log_level` (spdlog's levels).
 #[repr(C)]
@@ -112,11 +120,20 @@ pub enum HeadersStatus {
     StopIteration = 1,
 }
 
-/// `envoy_dynamic_module_type_on_http_filter_{request,response}_body_status`.
+/// `envoy_dynamic_module_type_on_http_filter_{request,response}_body_status`: what a body hook
+/// tells Envoy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyStatus {
+    /// Pass this piece on (and, after headers that stopped, the headers and what was buffered).
     Continue = 0,
+    /// Hold the piece: Envoy buffers it and calls the hook again with the next one. Past the
+    /// connection's buffer limit (1 MiB by default) Envoy answers a request 413 itself.
+    StopIterationAndBuffer = 1,
+    /// Hold the piece, buffering with flow control (watermarks) instead of a limit.
+    StopIterationAndWatermark = 2,
+    /// Hold without buffering: the module continues the stream itself.
+    StopIterationNoBuffer = 3,
 }
 
 /// `envoy_dynamic_module_type_on_http_filter_{request,response}_trailers_status`.
@@ -249,6 +266,27 @@ extern "C" {
         filter_envoy_ptr: FilterEnvoyPtr,
         body_type: BodyType,
     ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        body_type: BodyType,
+    ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        body_type: BodyType,
+        result_buffer_vector: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_number(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        ns: ModuleBuffer,
+        key: ModuleBuffer,
+        value: f64,
+    );
+    pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        ns: ModuleBuffer,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    );
 
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(
         filter_envoy_ptr: FilterEnvoyPtr,

@@ -13,7 +13,10 @@
 mod timer;
 
 use envoy_dm_abi::hooks::{self, Chunks, HttpFilter, HttpFilterConfig};
-use envoy_dm_abi::{self as abi, ConfigHandle, ConfigScheduler, HeadersStatus, LogLevel, Stream};
+use envoy_dm_abi::{
+    self as abi, BodyStatus, BodyType, ConfigHandle, ConfigScheduler, HeadersStatus, LogLevel,
+    Stream,
+};
 use ratelimit_core::config::{Config, FailureMode};
 use ratelimit_core::error::ServiceError;
 use ratelimit_core::global::Target;
@@ -362,6 +365,8 @@ thread_local! {
 /// once per hook (every rule keyed by client address asks for `source.address`).
 struct NativeHost<'a, 'hook> {
     stream: &'a Stream<'hook>,
+    /// A request body follows the headers.
+    body_follows: bool,
     source: Option<Option<&'a str>>,
     client: Option<Option<&'a str>>,
     path: Option<Option<&'a str>>,
@@ -373,6 +378,7 @@ impl<'a, 'hook> NativeHost<'a, 'hook> {
     fn new(stream: &'a Stream<'hook>) -> Self {
         NativeHost {
             stream,
+            body_follows: false,
             source: None,
             client: None,
             path: None,
@@ -433,6 +439,19 @@ impl runtime::Host for NativeHost<'_, '_> {
     fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
         log::log!(level, "{line}");
     }
+
+    fn body_follows(&self) -> bool {
+        self.body_follows
+    }
+}
+
+/// The dynamic metadata namespace the usage of each rule is reported in, for access logs:
+/// `%DYNAMIC_METADATA(wasm_ratelimit:RULE)%`.
+const METADATA_NAMESPACE: &str = "wasm_ratelimit";
+
+/// Hands rules' usage to the access log, as dynamic metadata of the stream.
+fn reporter<'a>(s: &'a Stream<'_>) -> impl FnMut(&str, u64) + 'a {
+    move |rule, usage| s.set_metadata_number(METADATA_NAMESPACE, rule, usage as f64)
 }
 
 /// One HTTP stream: its state (the core's state machine) and its turn when held.
@@ -507,8 +526,8 @@ impl Filter {
         }
     }
 
-    /// Decides the request (or asks the services first).
-    fn request_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
+    /// Decides the request (or asks the services first, or reads its body first).
+    fn request_headers(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> HeadersStatus {
         #[cfg(feature = "panic-trigger")]
         match s.request_header("x-test-panic") {
             Some(b"end") => self.panic_at_end.set(true),
@@ -516,8 +535,40 @@ impl Filter {
             Some(_) => panic!("x-test-panic"),
             None => {}
         }
-        let next = self.with(|st| st.request_headers(&c.rt, &mut NativeHost::new(s)));
+        let mut host = NativeHost::new(s);
+        host.body_follows = !end_of_stream;
+        let next = self.with(|st| st.request_headers(&c.rt, &mut host));
         self.carry_out(c, s, next, true)
+    }
+
+    /// A piece of the request body: read while reservations are sized from it, held while the
+    /// request waits (for the services, its turn or its body), passed on otherwise.
+    fn request_body(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> BodyStatus {
+        let next = self.with(|st| {
+            if !st.reads_request_body() {
+                return None;
+            }
+            let mut host = NativeHost::new(s);
+            let mut next = Next::Wait;
+            s.body(BodyType::ReceivedRequestBody, |chunk| {
+                if matches!(next, Next::Wait) {
+                    next = st.request_body(&c.rt, &mut host, chunk, false);
+                }
+            });
+            if matches!(next, Next::Wait) && end_of_stream {
+                next = st.request_body(&c.rt, &mut host, &[], true);
+            }
+            Some(next)
+        });
+        let status = match next {
+            Some(next) => self.carry_out(c, s, next, true),
+            None if self.with(|st| st.stops_request()) => HeadersStatus::StopIteration,
+            None => HeadersStatus::Continue,
+        };
+        match status {
+            HeadersStatus::Continue => BodyStatus::Continue,
+            HeadersStatus::StopIteration => BodyStatus::StopIterationAndBuffer,
+        }
     }
 
     /// A panic in `request_headers` was caught: `failure_mode` decides.
@@ -549,7 +600,7 @@ impl Filter {
 
     /// Adds the rate-limit fields to an admitted request's response (charging first the
     /// usage its headers report).
-    fn response_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
+    fn response_headers(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> HeadersStatus {
         FIELD_VALUE.with(|buf| {
             if let Ok(mut buf) = buf.try_borrow_mut() {
                 let mut fields = Fields {
@@ -563,8 +614,12 @@ impl Filter {
                         now_ms,
                         &mut buf,
                         |name, value, append| s.response_header(name, value, append),
-                        |_, _| {},
-                    )
+                        reporter(s),
+                    );
+                    if end_of_stream {
+                        // No body follows (HEAD, 204): the body hook is not called.
+                        st.response_body(&c.rt, 0, None, true, now_ms, reporter(s));
+                    }
                 });
             }
         });
@@ -573,7 +628,7 @@ impl Filter {
 
     /// The stream ends, however it ends: a request still held was abandoned by its client (its
     /// turn is cancelled), and what its rules are still owed is settled.
-    fn complete(&self, c: &FilterConfig) {
+    fn complete(&self, c: &FilterConfig, s: &Stream) {
         #[cfg(feature = "panic-trigger")]
         if self.panic_at_end.get() {
             #[allow(clippy::panic)]
@@ -581,7 +636,7 @@ impl Filter {
                 panic!("x-test-panic: end");
             }
         }
-        if self.with(|st| st.complete(&c.rt, now_ms, |_, _| {})) {
+        if self.with(|st| st.complete(&c.rt, now_ms, reporter(s))) {
             drop(self.turn.borrow_mut().take()); // the turn will not be posted
             HELD.with(|h| h.set(h.get().saturating_sub(1)));
         }
@@ -660,23 +715,38 @@ impl HttpFilterConfig for FilterConfig {
 impl HttpFilter for Filter {
     type Config = FilterConfig;
 
-    fn request_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
-        Filter::request_headers(self, c, s)
+    fn request_headers(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> HeadersStatus {
+        Filter::request_headers(self, c, s, end_of_stream)
+    }
+
+    fn request_body(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> BodyStatus {
+        Filter::request_body(self, c, s, end_of_stream)
     }
 
     fn request_headers_failed(c: &FilterConfig, s: &Stream) -> HeadersStatus {
         Filter::failed(c, s)
     }
 
-    fn response_headers(&self, c: &FilterConfig, s: &Stream) -> HeadersStatus {
-        Filter::response_headers(self, c, s)
+    fn response_headers(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> HeadersStatus {
+        Filter::response_headers(self, c, s, end_of_stream)
     }
 
-    fn response_body(&self, c: &FilterConfig, s: &Stream) {
+    fn response_body(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) {
         self.with(|st| {
-            if st.counts_body() {
+            if !st.counts_body() {
+                return;
+            }
+            if st.scans_body() {
+                s.body(BodyType::ReceivedResponseBody, |chunk| {
+                    let len = chunk.len() as u64;
+                    st.response_body(&c.rt, len, Some(chunk), false, now_ms, |_, _| {});
+                });
+                if end_of_stream {
+                    st.response_body(&c.rt, 0, None, true, now_ms, reporter(s));
+                }
+            } else {
                 let len = s.received_response_body() as u64;
-                st.response_body(&c.rt, len, None, false, now_ms, |_, _| {});
+                st.response_body(&c.rt, len, None, end_of_stream, now_ms, reporter(s));
             }
         });
     }
@@ -686,7 +756,7 @@ impl HttpFilter for Filter {
             stream: s,
             trailers: true,
         };
-        self.with(|st| st.response_trailers(&c.rt, &mut fields, now_ms, |_, _| {}));
+        self.with(|st| st.response_trailers(&c.rt, &mut fields, now_ms, reporter(s)));
     }
 
     fn scheduled(&self, c: &FilterConfig, s: &Stream, event: u64) {
@@ -705,7 +775,7 @@ impl HttpFilter for Filter {
         Filter::call_done(self, c, s, id, reset);
     }
 
-    fn complete(&self, c: &FilterConfig) {
-        Filter::complete(self, c);
+    fn complete(&self, c: &FilterConfig, s: &Stream) {
+        Filter::complete(self, c, s);
     }
 }

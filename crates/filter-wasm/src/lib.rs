@@ -677,8 +677,14 @@ impl HttpContext for Request {
         let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
-        if !self.state().reads_request_body() {
-            return Action::Continue;
+        let state = self.state();
+        if !state.reads_request_body() {
+            // A request waiting (for the services, or its turn) keeps its body too: going on
+            // here would let it go.
+            return match state.stops_request() {
+                true => Action::Pause,
+                false => Action::Continue,
+            };
         }
         // While the filter pauses, Envoy keeps the body: `body_size` is all of it so far.
         let start = self.request_read.min(body_size);
@@ -706,7 +712,7 @@ impl HttpContext for Request {
         self.carry_out(&served, next, true)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
@@ -731,6 +737,10 @@ impl HttpContext for Request {
                 report_usage,
             );
         });
+        if end_of_stream {
+            // No body follows (HEAD, 204): the body hook is not called.
+            state.response_body(&served.rt, 0, None, true, now_ms, report_usage);
+        }
         Action::Continue
     }
 

@@ -753,9 +753,8 @@ pub fn settle(
                 }),
                 Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
                 Owed::Refund { cost, counted_ms } => {
-                    policy.refund_at(state, counted_ms, cost).map(|s| {
-                        out.verdict = Some(policy.decide(Some(&s), now_ms, 0).0);
-                        s
+                    policy.refund_at(state, counted_ms, cost).inspect(|s| {
+                        out.verdict = Some(policy.decide(Some(s), now_ms, 0).0);
                     })
                 }
             };

@@ -36,16 +36,16 @@ pub const REQUEST_PRESETS: [(&str, &str); 3] = [
     ("gemini", "json:generationConfig.maxOutputTokens"),
 ];
 
+/// A parsed expression's terms: (weight, alternative paths, each a list of keys).
+pub type Terms = Vec<(u32, Vec<Vec<String>>)>;
+
 /// The longest expression accepted, bytes.
 const MAX_EXPRESSION: usize = 1024;
 
 /// Parses a usage expression (or a preset's name): terms joined by `+`, each an optional
 /// integer weight and `*`, then one or more `json:PATH` joined by `|` (alternatives: the last
 /// one found counts). A path is keys joined by `.` from the document's root.
-pub fn expression(
-    s: &str,
-    presets: &[(&str, &str)],
-) -> Result<Vec<(u32, Vec<Vec<String>>)>, String> {
+pub fn expression(s: &str, presets: &[(&str, &str)]) -> Result<Terms, String> {
     let s = presets
         .iter()
         .find(|(name, _)| *name == s)

@@ -349,6 +349,15 @@ impl StreamState {
         }
     }
 
+    /// Whether the request is stopped: waiting for the services, its turn or its body. Its
+    /// body must be held too (going on from a body hook would let the request go).
+    pub fn stops_request(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Asking(_) | Phase::Held(_) | Phase::Reading(_)
+        )
+    }
+
     /// Whether the request is held by delay mode.
     pub fn is_held(&self) -> bool {
         matches!(self.phase, Phase::Held(_))
