@@ -649,6 +649,20 @@ impl Context for Request {
 }
 
 impl HttpContext for Request {
+    fn on_log(&mut self) {
+        #[cfg(feature = "panic-trigger")]
+        if self.panic_at_end {
+            #[allow(clippy::panic)]
+            {
+                panic!("x-test-panic: end");
+            }
+        }
+        // Before the access log (on_done comes after it): what is settled here is logged.
+        if let Some(served) = self.served.clone() {
+            self.state().complete(&served.rt, now_ms, report_usage);
+        }
+    }
+
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         // Test builds only: a way to kill the VM on purpose and watch what Envoy does.
         #[cfg(feature = "panic-trigger")]
@@ -670,6 +684,12 @@ impl HttpContext for Request {
             ..WasmHost::default()
         };
         let next = self.state.request_headers(&served.rt, &mut host);
+        if self.state.reads_request_body() {
+            // proxy-wasm cannot stop the headers and still see the body (a paused request's
+            // body is held from the filter too): the headers go on, the body is held until
+            // the request is decided.
+            return Action::Continue;
+        }
         self.carry_out(&served, next, true)
     }
 
