@@ -26,3 +26,4 @@ pub mod store;
 pub mod table;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod usage;
