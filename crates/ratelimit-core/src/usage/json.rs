@@ -65,6 +65,10 @@ enum State {
     Dead,
 }
 
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 /// `true`, `false`, `null`.
 const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
 
@@ -165,6 +169,21 @@ impl Json {
                     None => return,
                 },
                 State::Dead => return,
+                // Indentation comes in runs.
+                State::Value
+                | State::ArrayFirst
+                | State::ObjectFirst
+                | State::KeyNext
+                | State::Colon
+                | State::After
+                    if rest.first().is_some_and(|&b| is_space(b)) =>
+                {
+                    i += rest
+                        .iter()
+                        .position(|&b| !is_space(b))
+                        .unwrap_or(rest.len());
+                    continue;
+                }
                 _ => {}
             }
             let Some(&b) = bytes.get(i) else { return };
@@ -177,7 +196,7 @@ impl Json {
     /// Takes one byte; false when it belongs to what comes next (the byte after a number),
     /// to be taken again.
     fn step(&mut self, paths: &Paths, b: u8) -> bool {
-        let space = matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        let space = is_space(b);
         match self.state {
             State::Value | State::ArrayFirst if space => {}
             State::ArrayFirst if b == b']' => self.close(false),

@@ -182,8 +182,14 @@ impl Paths {
         }
     }
 
-    /// Whether a document may hold a value at some path (false only if it holds none: it
-    /// contains no needle).
+    /// Whether documents can be prefiltered: see [`Paths::may_match`].
+    pub(super) fn prefilters(&self) -> bool {
+        self.needles.is_some()
+    }
+
+    /// Whether a document without `\u` escapes may hold a value at some path (false only if
+    /// it holds none: it contains no needle). The caller checks for `\u`, in the search it
+    /// makes anyway for the document's end.
     pub(super) fn may_match(&self, document: &[u8]) -> bool {
         match &self.needles {
             None => true,
@@ -194,7 +200,7 @@ impl Paths {
 
 /// The prefilter's needles: each path's longest key (a document holding a value at the path
 /// contains that key, unless it escapes some character of it, which takes a `\u` for the
-/// characters allowed here), reduced to the shortest that cover the others, and `\u`. None
+/// characters allowed here), reduced to the shortest that cover the others. None
 /// when a key has a character JSON may write with another escape (`\/`, `\"`, `\\`, `\n`...)
 /// or non-ASCII (raw or escaped, both legal).
 fn needles(paths: &[(Vec<String>, usize)]) -> Option<Needles> {
@@ -210,7 +216,6 @@ fn needles(paths: &[(Vec<String>, usize)]) -> Option<Needles> {
         let key = segments.iter().rev().max_by_key(|s| s.len())?;
         longest.push(key.as_bytes());
     }
-    longest.push(b"\\u");
     longest.sort_unstable_by_key(|k| k.len());
     longest.dedup();
     let mut bytes: Vec<Box<[u8]>> = Vec::new();

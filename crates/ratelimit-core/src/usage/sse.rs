@@ -10,7 +10,7 @@
 
 use super::json::Json;
 use super::paths::Paths;
-use memchr::memchr2;
+use memchr::{memchr2, memchr3};
 
 /// Where in a line the framing is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,11 +165,26 @@ impl Sse {
 }
 
 /// At the start of a line, outside any event's data: when the line is a data line whose event
-/// ends right after it, all in `rest`, and it contains no needle, how many bytes to skip to the
-/// blank line after it.
+/// ends right after it, all in `rest`, and it contains no needle and no `\u` escape, how many
+/// bytes to skip to the blank line after it.
 fn skip_document(paths: &Paths, rest: &[u8]) -> Option<usize> {
     let value = rest.strip_prefix(b"data:")?;
-    let end = memchr2(b'\n', b'\r', value)?;
+    if !paths.prefilters() {
+        return None;
+    }
+    // The line's end, and on the way any `\u` (a key may hide a needle behind escapes).
+    let mut end = 0;
+    loop {
+        end += memchr3(b'\n', b'\r', b'\\', value.get(end..)?)?;
+        if value.get(end) != Some(&b'\\') {
+            break;
+        }
+        if value.get(end + 1) == Some(&b'u') {
+            return None;
+        }
+        // (An escaped '\\' before a 'u' reads as `\u` too: the line is just not skipped.)
+        end += 1;
+    }
     let line = value.get(..end)?;
     let mut next = end + 1;
     if value.get(end) == Some(&b'\r') {
