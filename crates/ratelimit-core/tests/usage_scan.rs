@@ -11,7 +11,10 @@
 //! valgrind --tool=callgrind --toggle-collect='*feed_all*' target/release/deps/usage_scan-* \
 //!   --ignored --exact instructions_openai_stream   # or instructions_openai_json
 //! ```
-//! then instructions (the `Collected` line) / the bytes the test prints.
+//! then instructions (the `Collected` line) / the bytes the test prints. Measured when written
+//! (x86_64, AVX2): the 200-event stream 121,893 / 61,109 = 1.99 instructions per byte (the
+//! 198 events without usage skipped by the prefilter); the 4 KB JSON answer 23,451 / 4,148 =
+//! 5.7 (no prefilter for JSON: its structure is tokenized, its strings skipped with memchr2).
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use ratelimit_core::usage::{Format, Paths, Scanner, MAX_DEPTH, MAX_SLOTS};

@@ -16,6 +16,7 @@
 //!   document is skipped unparsed when it contains no needle.
 //!
 //! Where this departs from the standards, on purpose or by economy:
+//! - an event's data is read as a JSON body is, a sequence of texts (usually one);
 //! - an event the stream ends in the middle of still counts (the event-stream standard drops
 //!   it): what the upstream reported is charged;
 //! - invalid JSON ends its document (for SSE, until the event ends; for JSON, the rest of the
