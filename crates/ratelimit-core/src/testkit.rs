@@ -18,6 +18,8 @@ pub struct FakeHost {
     pub held: usize,
     /// Every log line.
     pub logs: Vec<(log::Level, String)>,
+    /// A request body follows the headers.
+    pub body_follows: bool,
 }
 
 impl FakeHost {
@@ -34,6 +36,7 @@ impl FakeHost {
             now: 600_000,
             held: 0,
             logs: Vec::new(),
+            body_follows: false,
         }
     }
 
@@ -73,6 +76,9 @@ impl Host for FakeHost {
     }
     fn log(&mut self, level: log::Level, line: fmt::Arguments<'_>) {
         self.logs.push((level, line.to_string()));
+    }
+    fn body_follows(&self) -> bool {
+        self.body_follows
     }
 }
 

@@ -371,3 +371,315 @@ impl<S: Store> Runtime<S> {
         Some(&self.config.rules.get(rule)?.charge()?.usage)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+mod tests {
+    use crate::config::Config;
+    use crate::key::Seed;
+    use crate::metrics::Counter;
+    use crate::runtime::{Next, Runtime, StreamState};
+    use crate::store::MemoryStore;
+    use crate::testkit::{FakeHost, FakeResponse};
+
+    const STREAM: &str = include_str!("../../tests/fixtures/llm/anthropic_stream.sse");
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        let config = Config::parse(json.as_bytes()).unwrap();
+        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+    }
+
+    fn counted(rt: &Runtime<MemoryStore>, which: Counter) -> u64 {
+        let mut n = 0;
+        rt.metrics()
+            .drain(|_, c, k| n += if c == which { k } else { 0 }, |_, _| {});
+        n
+    }
+
+    fn host(key: &str) -> FakeHost {
+        let mut h = FakeHost::new("10.0.0.1", "/v1/messages");
+        h.req
+            .headers
+            .push(("x-api-key".into(), key.as_bytes().to_vec()));
+        h
+    }
+
+    /// The key's remaining quota, probed with a request that reserves the rule's default and
+    /// is then trued up to nothing (or is refused, and says what is left).
+    fn remaining(rt: &Runtime<MemoryStore>, key: &str, reserve: u64) -> u64 {
+        let mut st = StreamState::default();
+        let parse = |k: &str, v: &str| {
+            (k == "x-ratelimit-remaining")
+                .then(|| v.parse::<u64>().ok())
+                .flatten()
+        };
+        match st.request_headers(rt, &mut host(key)) {
+            Next::Continue => {}
+            Next::Reply(r) => return r.headers().find_map(|(k, v)| parse(k, v)).unwrap(),
+            other => panic!("{other:?}"),
+        }
+        let mut left = None;
+        let mut json = FakeResponse::with("content-type", "application/json");
+        st.response_headers(
+            rt,
+            &mut json,
+            || 600_000,
+            &mut String::new(),
+            |k, v, _| left = left.or(parse(k, v)),
+            |_, _| {},
+        );
+        st.response_body(
+            rt,
+            0,
+            Some(br#"{"usage":{"total_tokens":0}}"#),
+            true,
+            || 600_000,
+            |_, _| {},
+        );
+        st.complete(rt, || 600_000, |_, _| {});
+        left.unwrap() + reserve
+    }
+
+    /// Answers with `body` (of `content_type`) in pieces of `piece` bytes; what was reported.
+    fn answer(
+        rt: &Runtime<MemoryStore>,
+        st: &mut StreamState,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        piece: usize,
+        end: bool,
+    ) -> Vec<(String, u64)> {
+        let mut reported = Vec::new();
+        let mut response = FakeResponse(
+            headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        );
+        st.response_headers(
+            rt,
+            &mut response,
+            || 600_000,
+            &mut String::new(),
+            |_, _, _| {},
+            |_, _| {},
+        );
+        for chunk in body.chunks(piece.max(1)) {
+            let bytes = st.scans_body().then_some(chunk);
+            st.response_body(rt, chunk.len() as u64, bytes, false, || 600_000, |_, _| {});
+        }
+        if end {
+            st.response_body(
+                rt,
+                0,
+                None,
+                true,
+                || 600_000,
+                |r, n| reported.push((r.to_string(), n)),
+            );
+        }
+        st.complete(rt, || 600_000, |r, n| reported.push((r.to_string(), n)));
+        reported
+    }
+
+    const ANTHROPIC: &str = r#"{"rules": [{"name": "tokens", "key": ["header:x-api-key"],
+        "rate_limit": {"requests_per_unit": 10000, "unit": "hour"},
+        "cost": {"response": "anthropic", "reserve": 100, "default": 7}}]}"#;
+
+    #[test]
+    fn a_streamed_answer_is_charged_what_its_events_report_at_its_end() {
+        let rt = runtime(ANTHROPIC);
+        let sse = [("content-type", "text/event-stream; charset=utf-8")];
+        for piece in [1, 7, 64, STREAM.len()] {
+            let mut st = StreamState::default();
+            assert!(matches!(
+                st.request_headers(&rt, &mut host("k")),
+                Next::Continue
+            ));
+            assert!(st.counts_body());
+            let got = answer(&rt, &mut st, &sse, STREAM.as_bytes(), piece, true);
+            // message_start's input_tokens 472, message_delta's output_tokens 89.
+            assert_eq!(got, [("tokens".to_string(), 472 + 89)], "pieces of {piece}");
+        }
+        assert_eq!(counted(&rt, Counter::UsageCharged), 4 * 561);
+        assert_eq!(counted(&rt, Counter::UsageUnreported), 0);
+    }
+
+    #[test]
+    fn a_stream_cut_short_or_compressed_or_silent_is_charged_the_default() {
+        let rt = runtime(ANTHROPIC);
+        let sse = [("content-type", "text/event-stream")];
+        // Cut short: the body never ended, however much it said.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut host("k"));
+        assert_eq!(
+            answer(&rt, &mut st, &sse, STREAM.as_bytes(), 50, false),
+            [("tokens".into(), 7)]
+        );
+        // Compressed: not read at all.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut host("k"));
+        let gz = [
+            ("content-type", "text/event-stream"),
+            ("content-encoding", "gzip"),
+        ];
+        let mut response = FakeResponse(
+            gz.iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        );
+        st.response_headers(
+            &rt,
+            &mut response,
+            || 600_000,
+            &mut String::new(),
+            |_, _, _| {},
+            |_, _| {},
+        );
+        assert!(st.counts_body() && !st.scans_body());
+        let mut got = Vec::new();
+        st.response_body(
+            &rt,
+            10,
+            None,
+            true,
+            || 600_000,
+            |r, n| got.push((r.to_string(), n)),
+        );
+        assert_eq!(got, [("tokens".to_string(), 7)]);
+        // A JSON error answer with no usage.
+        let mut st = StreamState::default();
+        st.request_headers(&rt, &mut host("k"));
+        let json = [("content-type", "application/json")];
+        let body = br#"{"type":"error","error":{"type":"overloaded_error"}}"#;
+        assert_eq!(
+            answer(&rt, &mut st, &json, body, 5, true),
+            [("tokens".into(), 7)]
+        );
+        assert_eq!(counted(&rt, Counter::UsageUnreported), 3);
+    }
+
+    const TRUE_UP: &str = r#"{"rules": [{"name": "tokens", "key": ["header:x-api-key"],
+        "rate_limit": {"requests_per_unit": 1000, "unit": "hour"},
+        "cost": {"response": "json:usage.total_tokens", "true_up": true,
+                 "reserve": {"from": "openai", "input": "bytes/4", "default": 300, "max_body": 64}}}]}"#;
+
+    fn openai(total: u64) -> String {
+        format!(
+            r#"{{"id":"x","choices":[],"usage":{{"prompt_tokens":1,"completion_tokens":2,"total_tokens":{total}}}}}"#
+        )
+    }
+
+    /// Sends `body` in pieces of `piece`; the decision and the piece it came at.
+    fn request(
+        rt: &Runtime<MemoryStore>,
+        st: &mut StreamState,
+        h: &mut FakeHost,
+        body: &[u8],
+        piece: usize,
+    ) -> (Next, usize) {
+        h.body_follows = !body.is_empty();
+        let next = st.request_headers(rt, h);
+        if !matches!(next, Next::Wait) {
+            return (next, 0);
+        }
+        assert!(st.reads_request_body() && st.stops_request());
+        let chunks: Vec<&[u8]> = body.chunks(piece).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let next = st.request_body(rt, h, chunk, i + 1 == chunks.len());
+            if !matches!(next, Next::Wait) {
+                return (next, i + 1);
+            }
+        }
+        panic!("never decided");
+    }
+
+    #[test]
+    fn a_reservation_sized_by_the_request_is_counted_then_trued_up() {
+        let rt = runtime(TRUE_UP);
+        let json = [("content-type", "application/json")];
+        // 48 bytes: reserves max_tokens 200 + 48/4.
+        let body = br#"{"max_tokens":200,"messages":[{"content":"hi"}]}"#;
+        assert_eq!(body.len(), 48);
+        let mut h = host("a");
+        let mut st = StreamState::default();
+        let (next, at) = request(&rt, &mut st, &mut h, body, 8);
+        assert!(matches!(next, Next::Continue));
+        assert_eq!(at, 6, "without a content-length, decided at the body's end");
+        assert_eq!(
+            remaining(&rt, "a", 300),
+            1000 - 212,
+            "the reservation counts at admission"
+        );
+        answer(&rt, &mut st, &json, openai(150).as_bytes(), 9, true);
+        assert_eq!(
+            remaining(&rt, "a", 300),
+            1000 - 150,
+            "trued up to what was used"
+        );
+        // And the two probes gave back their whole reservations.
+        assert_eq!(counted(&rt, Counter::UsageRefunded), 62 + 2 * 300);
+        // With a content-length, decided as soon as the field is read.
+        let mut h = host("b");
+        h.req
+            .headers
+            .push(("content-length".into(), b"48".to_vec()));
+        let mut st = StreamState::default();
+        let (_, at) = request(&rt, &mut st, &mut h, body, 8);
+        assert_eq!(at, 3, "max_tokens ends in the third piece");
+        // Used more than reserved: the excess is charged.
+        answer(&rt, &mut st, &json, openai(500).as_bytes(), 1000, true);
+        assert_eq!(remaining(&rt, "b", 300), 500);
+        assert_eq!(counted(&rt, Counter::UsageExceeded), 500 - 212);
+        // No maximum, or none within max_body (64 bytes), or no body: the default, 300.
+        for (key, body) in [
+            ("c", br#"{"messages":[]}"#.to_vec()),
+            (
+                "d",
+                format!(r#"{{"messages":["{}"],"max_tokens":1}}"#, "x".repeat(80)).into_bytes(),
+            ),
+            ("e", Vec::new()),
+        ] {
+            let mut st = StreamState::default();
+            let (next, _) = request(&rt, &mut st, &mut host(key), &body, 10);
+            assert!(matches!(next, Next::Continue));
+            assert_eq!(remaining(&rt, key, 300), 700, "{key}");
+            st.complete(&rt, || 600_000, |_, _| {});
+        }
+    }
+
+    #[test]
+    fn a_reservation_that_does_not_fit_is_refused_and_capped_by_the_limit() {
+        let rt = runtime(TRUE_UP);
+        let mut st = StreamState::default();
+        let big = br#"{"max_tokens":5000}"#;
+        let (next, _) = request(&rt, &mut st, &mut host("a"), big, 100);
+        assert!(
+            matches!(next, Next::Continue),
+            "capped at the limit: it fits an empty key"
+        );
+        assert_eq!(remaining(&rt, "a", 300), 0);
+        let mut second = StreamState::default();
+        let (next, _) = request(
+            &rt,
+            &mut second,
+            &mut host("a"),
+            br#"{"max_tokens":10}"#,
+            100,
+        );
+        let Next::Reply(reply) = next else {
+            panic!("{next:?}")
+        };
+        assert_eq!(reply.status, 429);
+        // The first used 100: 900 back, and the next fits.
+        answer(
+            &rt,
+            &mut st,
+            &[("content-type", "application/json")],
+            openai(100).as_bytes(),
+            7,
+            true,
+        );
+        assert_eq!(remaining(&rt, "a", 300), 900);
+    }
+}

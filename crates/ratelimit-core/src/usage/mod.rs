@@ -1,47 +1,86 @@
-//! STUB (replaced by the scanner branch): the API of the body scanner.
-#![allow(missing_docs, dead_code)]
+//! The usage an LLM answer reports in its body (`"usage": {"total_tokens": 42}`), found while
+//! the body streams through, without buffering it and without allocating per stream.
+//!
+//! [`Paths`] are the JSON paths to look for, compiled once from the config. A [`Scanner`] is
+//! one body's scan: fixed-size state fed chunk by chunk, which keeps for each slot the last
+//! non-negative integer seen at any of the slot's paths (streams repeat cumulative counts, so
+//! the last one is the total). Any split of the body into chunks gives the same values.
+//!
+//! [`Format::Json`]: the body is a sequence of JSON texts (usually one). [`Format::Sse`]: the
+//! body is a `text/event-stream`; the data lines of each event, joined with `"\n"`, form one
+//! JSON document whose root the paths start from, and data that is not JSON (`[DONE]`) is
+//! ignored. The parts:
+//! - [`paths`](Paths): the trie of path segments, and the needles of the prefilter;
+//! - `json`: the resumable JSON tokenizer that follows the path from the root;
+//! - `sse`: the event-stream framing around it, and its fast path: a data line that is a whole
+//!   document is skipped unparsed when it contains no needle.
+//!
+//! Where this departs from the standards, on purpose or by economy:
+//! - an event's data is read as a JSON body is, a sequence of texts (usually one);
+//! - an event the stream ends in the middle of still counts (the event-stream standard drops
+//!   it): what the upstream reported is charged;
+//! - invalid JSON ends its document (for SSE, until the event ends; for JSON, the rest of the
+//!   body), but the values found before the error stay. Inside strings and keys that cannot
+//!   match, escapes and control characters are not checked, only skipped over;
+//! - JSON nested deeper than 127 levels is invalid, as for `serde_json`.
 
+mod json;
+mod paths;
+mod sse;
+
+pub use paths::Paths;
+
+/// The most segments a path may have.
 pub const MAX_DEPTH: usize = 8;
+/// The most values one [`Paths`] collects.
 pub const MAX_SLOTS: usize = 16;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Paths {
-    paths: Vec<(Vec<String>, usize)>,
-}
-
-impl Paths {
-    pub fn new(paths: &[(Vec<String>, usize)]) -> Result<Paths, String> {
-        Ok(Paths {
-            paths: paths.to_vec(),
-        })
-    }
-    pub fn slots(&self) -> usize {
-        self.paths.iter().map(|p| p.1 + 1).max().unwrap_or(0)
-    }
-}
-
+/// How a body is framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// One or more JSON texts (`application/json`).
     Json,
+    /// A server-sent event stream (`text/event-stream`), one JSON document per event.
     Sse,
 }
 
+/// One body's scan. Its size is fixed (no heap), whatever the body.
 #[derive(Clone, Debug)]
 pub struct Scanner {
     format: Format,
-    values: [Option<u64>; MAX_SLOTS],
+    sse: sse::Sse,
+    json: json::Json,
 }
 
 impl Scanner {
+    /// A scan of a body framed as `format`, before its first byte.
     pub fn new(format: Format) -> Scanner {
         Scanner {
             format,
-            values: [None; MAX_SLOTS],
+            sse: sse::Sse::new(),
+            json: json::Json::new(),
         }
     }
-    pub fn feed(&mut self, _paths: &Paths, _chunk: &[u8]) {}
-    pub fn finish(&mut self, _paths: &Paths) {}
+
+    /// The body's next bytes.
+    pub fn feed(&mut self, paths: &Paths, chunk: &[u8]) {
+        match self.format {
+            Format::Json => self.json.feed(paths, chunk),
+            Format::Sse => self.sse.feed(&mut self.json, paths, chunk),
+        }
+    }
+
+    /// The body ended (completes a number at the very end).
+    pub fn finish(&mut self, paths: &Paths) {
+        match self.format {
+            Format::Json => self.json.end_document(paths),
+            Format::Sse => self.sse.finish(&mut self.json, paths),
+        }
+    }
+
+    /// The last value seen at any path of `slot`: non-negative integers only (no fraction, no
+    /// exponent, fits u64); `None` when no path of the slot had one.
     pub fn value(&self, slot: usize) -> Option<u64> {
-        self.values.get(slot).copied().flatten()
+        self.json.value(slot)
     }
 }

@@ -1,0 +1,486 @@
+//! A resumable JSON tokenizer that follows where it is from the document's root and records
+//! the integers at the paths' ends. Its state is a few dozen bytes: the kind of every open
+//! container (a bit each) and the trie node of each open object that a path leads to.
+
+use super::paths::{NodeId, Paths, NONE, ROOT};
+use super::{MAX_DEPTH, MAX_SLOTS};
+use memchr::memchr2;
+
+/// Containers nest at most this deep (serde_json's limit, so that both read the same
+/// documents as valid).
+const MAX_NESTING: u8 = 127;
+
+/// What the tokenizer expects next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// A value: after ':', after ',' in an array, or a document's first (depth 0).
+    Value,
+    /// After '[': a value or ']'.
+    ArrayFirst,
+    /// After '{': a key or '}'.
+    ObjectFirst,
+    /// After ',' in an object: a key.
+    KeyNext,
+    /// Inside a key that may still match: its bytes are compared as they come.
+    Key,
+    /// After '\' in such a key.
+    KeyEscape,
+    /// In the hex digits of a `\u` escape in such a key.
+    KeyHex,
+    /// After a `\u` escape of a high surrogate: its low surrogate's '\'.
+    KeyLowBackslash,
+    /// Its 'u'.
+    KeyLowU,
+    /// Inside a key that cannot match.
+    SkipKey,
+    /// After '\' in such a key.
+    SkipKeyEscape,
+    /// After a key: ':'.
+    Colon,
+    /// Inside a string value.
+    Str,
+    /// After '\' in a string value.
+    StrEscape,
+    /// After '-'.
+    Minus,
+    /// After a leading '0'.
+    Zero,
+    /// In an integer's digits.
+    Int,
+    /// After '.'.
+    Dot,
+    /// In a fraction's digits.
+    Fraction,
+    /// After 'e' or 'E'.
+    Exponent,
+    /// After the exponent's sign.
+    ExponentSign,
+    /// In the exponent's digits.
+    ExponentDigits,
+    /// In `true`, `false` or `null`.
+    Literal,
+    /// After a value in a container: ',' or the container's end.
+    After,
+    /// The document is invalid: the rest of it is ignored.
+    Dead,
+}
+
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// `true`, `false`, `null`.
+const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
+
+/// The tokenizer, and the values found.
+#[derive(Clone, Debug)]
+pub(super) struct Json {
+    /// Bit `d` set: the container at depth `d + 1` is an array.
+    arrays: u128,
+    /// Each slot's last value (meaningful where `found` has its bit).
+    values: [u64; MAX_SLOTS],
+    /// A number's value so far.
+    number: u64,
+    /// The bytes of the key being compared, so far.
+    key_pos: u32,
+    /// The edges whose keys start with those bytes.
+    edges: (u16, u16),
+    /// A `\u` escape's digits so far.
+    hex: u16,
+    /// A high surrogate waiting for its low one.
+    high: u16,
+    /// The slots that have a value, a bit each.
+    found: u16,
+    state: State,
+    /// Open containers.
+    depth: u8,
+    /// Containers at depths `1..=live` are objects a path leads to; `nodes[d - 1]` is the
+    /// node of the one at depth `d`. Its keys are compared only at depth `live`.
+    live: u8,
+    nodes: [NodeId; MAX_DEPTH + 1],
+    /// The node of the value that comes next (NONE: no path leads there).
+    target: NodeId,
+    /// Whether the number being read can be a value (no minus, fraction, exponent, overflow).
+    plain: bool,
+    /// Hex digits read of a `\u` escape; or the position in a literal.
+    count: u8,
+    /// Which literal is being read.
+    literal: u8,
+}
+
+impl Json {
+    pub(super) fn new() -> Json {
+        Json {
+            arrays: 0,
+            values: [0; MAX_SLOTS],
+            number: 0,
+            key_pos: 0,
+            edges: (0, 0),
+            hex: 0,
+            high: 0,
+            found: 0,
+            state: State::Value,
+            depth: 0,
+            live: 0,
+            nodes: [NONE; MAX_DEPTH + 1],
+            target: ROOT,
+            plain: false,
+            count: 0,
+            literal: 0,
+        }
+    }
+
+    pub(super) fn value(&self, slot: usize) -> Option<u64> {
+        let found = u32::try_from(slot)
+            .ok()
+            .and_then(|s| 1u16.checked_shl(s))
+            .is_some_and(|bit| self.found & bit != 0);
+        found.then(|| self.values.get(slot).copied()).flatten()
+    }
+
+    /// The document ended: a number at its very end is complete. Then a new document may
+    /// start.
+    pub(super) fn end_document(&mut self, paths: &Paths) {
+        if matches!(
+            self.state,
+            State::Zero | State::Int | State::Fraction | State::ExponentDigits
+        ) {
+            self.end_number(paths);
+        }
+        self.reset();
+    }
+
+    /// Back to the start of a document, keeping the values found.
+    fn reset(&mut self) {
+        self.state = State::Value;
+        self.depth = 0;
+        self.live = 0;
+        self.target = ROOT;
+    }
+
+    /// The document's next bytes.
+    pub(super) fn feed(&mut self, paths: &Paths, bytes: &[u8]) {
+        let mut i = 0;
+        while let Some(rest) = bytes.get(i..) {
+            match self.state {
+                // Only '"' and '\' matter in a string no path can be inside.
+                State::Str | State::SkipKey => match memchr2(b'"', b'\\', rest) {
+                    Some(at) => i += at,
+                    None => return,
+                },
+                State::Dead => return,
+                // Indentation comes in runs.
+                State::Value
+                | State::ArrayFirst
+                | State::ObjectFirst
+                | State::KeyNext
+                | State::Colon
+                | State::After
+                    if rest.first().is_some_and(|&b| is_space(b)) =>
+                {
+                    i += rest
+                        .iter()
+                        .position(|&b| !is_space(b))
+                        .unwrap_or(rest.len());
+                    continue;
+                }
+                _ => {}
+            }
+            let Some(&b) = bytes.get(i) else { return };
+            if self.step(paths, b) {
+                i += 1;
+            }
+        }
+    }
+
+    /// Takes one byte; false when it belongs to what comes next (the byte after a number),
+    /// to be taken again.
+    fn step(&mut self, paths: &Paths, b: u8) -> bool {
+        let space = is_space(b);
+        match self.state {
+            State::Value | State::ArrayFirst if space => {}
+            State::ArrayFirst if b == b']' => self.close(false),
+            State::Value | State::ArrayFirst => self.start_value(b),
+            State::ObjectFirst | State::KeyNext | State::Colon | State::After if space => {}
+            State::ObjectFirst if b == b'}' => self.close(true),
+            State::ObjectFirst | State::KeyNext if b == b'"' => self.start_key(paths),
+            State::Colon if b == b':' => self.state = State::Value,
+            State::After => match b {
+                b',' if self.in_array() => {
+                    self.target = NONE;
+                    self.state = State::Value;
+                }
+                b',' => self.state = State::KeyNext,
+                b']' => self.close(false),
+                b'}' => self.close(true),
+                _ => self.state = State::Dead,
+            },
+            State::Key => match b {
+                b'"' => {
+                    self.target = paths.exact(self.edges, self.key_pos);
+                    self.state = State::Colon;
+                }
+                b'\\' => self.state = State::KeyEscape,
+                // Raw control characters are invalid in a string.
+                0..=0x1f => self.state = State::Dead,
+                _ => {
+                    self.key_bytes(paths, &[b]);
+                }
+            },
+            State::KeyEscape => {
+                let unescaped = match b {
+                    b'"' | b'\\' | b'/' => b,
+                    b'b' => 0x08,
+                    b'f' => 0x0c,
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'u' => {
+                        self.start_hex();
+                        return true;
+                    }
+                    _ => {
+                        self.state = State::Dead;
+                        return true;
+                    }
+                };
+                self.state = State::Key;
+                self.key_bytes(paths, &[unescaped]);
+            }
+            State::KeyHex => self.hex_digit(paths, b),
+            State::KeyLowBackslash if b == b'\\' => self.state = State::KeyLowU,
+            State::KeyLowU if b == b'u' => self.start_hex(),
+            State::SkipKey => match b {
+                b'"' => {
+                    self.target = NONE;
+                    self.state = State::Colon;
+                }
+                b'\\' => self.state = State::SkipKeyEscape,
+                _ => {}
+            },
+            State::SkipKeyEscape => self.state = State::SkipKey,
+            State::Str => match b {
+                b'"' => self.after_value(),
+                b'\\' => self.state = State::StrEscape,
+                _ => {}
+            },
+            State::StrEscape => self.state = State::Str,
+            State::Minus => match b {
+                b'0' => self.state = State::Zero,
+                b'1'..=b'9' => self.state = State::Int,
+                _ => self.state = State::Dead,
+            },
+            State::Zero | State::Int | State::Fraction | State::ExponentDigits
+                if b.is_ascii_digit() =>
+            {
+                match self.state {
+                    // JSON has no leading zeros.
+                    State::Zero => self.state = State::Dead,
+                    State::Int => {
+                        let digit = u64::from(b - b'0');
+                        match self
+                            .number
+                            .checked_mul(10)
+                            .and_then(|n| n.checked_add(digit))
+                        {
+                            Some(n) => self.number = n,
+                            None => self.plain = false,
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            State::Zero | State::Int if b == b'.' => {
+                self.plain = false;
+                self.state = State::Dot;
+            }
+            State::Zero | State::Int | State::Fraction if b == b'e' || b == b'E' => {
+                self.plain = false;
+                self.state = State::Exponent;
+            }
+            State::Zero | State::Int | State::Fraction | State::ExponentDigits => {
+                self.end_number(paths);
+                return false;
+            }
+            State::Dot if b.is_ascii_digit() => self.state = State::Fraction,
+            State::Exponent if b == b'+' || b == b'-' => self.state = State::ExponentSign,
+            State::Exponent | State::ExponentSign if b.is_ascii_digit() => {
+                self.state = State::ExponentDigits;
+            }
+            State::Literal => {
+                let word = LITERALS.get(usize::from(self.literal)).copied();
+                let word = word.unwrap_or_default();
+                if word.get(usize::from(self.count)) != Some(&b) {
+                    self.state = State::Dead;
+                } else {
+                    self.count += 1;
+                    if usize::from(self.count) == word.len() {
+                        self.after_value();
+                    }
+                }
+            }
+            _ => self.state = State::Dead,
+        }
+        true
+    }
+
+    /// The first byte of a value (not whitespace).
+    fn start_value(&mut self, b: u8) {
+        match b {
+            b'{' => self.open(false),
+            b'[' => self.open(true),
+            b'"' => self.state = State::Str,
+            b'-' => {
+                self.plain = false;
+                self.state = State::Minus;
+            }
+            b'0'..=b'9' => {
+                self.plain = true;
+                self.number = u64::from(b - b'0');
+                self.state = if b == b'0' { State::Zero } else { State::Int };
+            }
+            b't' | b'f' | b'n' => {
+                self.literal = match b {
+                    b't' => 0,
+                    b'f' => 1,
+                    _ => 2,
+                };
+                self.count = 1;
+                self.state = State::Literal;
+            }
+            _ => self.state = State::Dead,
+        }
+    }
+
+    fn in_array(&self) -> bool {
+        let bit = self.depth.checked_sub(1).map_or(0, |d| 1u128 << d);
+        self.arrays & bit != 0
+    }
+
+    fn open(&mut self, array: bool) {
+        if self.depth >= MAX_NESTING {
+            self.state = State::Dead;
+            return;
+        }
+        // A path leads here only if it led to the container around (so that is at `live`).
+        if !array && self.target != NONE {
+            if let Some(node) = self.nodes.get_mut(usize::from(self.depth)) {
+                *node = self.target;
+                self.live = self.depth + 1;
+            }
+        }
+        let bit = 1u128 << self.depth;
+        if array {
+            self.arrays |= bit;
+            self.target = NONE;
+            self.state = State::ArrayFirst;
+        } else {
+            self.arrays &= !bit;
+            self.state = State::ObjectFirst;
+        }
+        self.depth += 1;
+    }
+
+    fn close(&mut self, object: bool) {
+        if self.in_array() == object {
+            self.state = State::Dead;
+            return;
+        }
+        self.depth -= 1;
+        self.live = self.live.min(self.depth);
+        self.after_value();
+    }
+
+    fn after_value(&mut self) {
+        if self.depth == 0 {
+            // The next document of a sequence.
+            self.reset();
+        } else {
+            self.state = State::After;
+        }
+    }
+
+    fn end_number(&mut self, paths: &Paths) {
+        if self.plain && self.target != NONE {
+            let slots = paths.slots_at(self.target);
+            for (slot, value) in self.values.iter_mut().enumerate() {
+                if slots & (1 << slot) != 0 {
+                    *value = self.number;
+                }
+            }
+            self.found |= slots;
+        }
+        self.after_value();
+    }
+
+    fn start_key(&mut self, paths: &Paths) {
+        self.state = State::SkipKey;
+        if self.depth == self.live {
+            let node = self
+                .nodes
+                .get(usize::from(self.depth).wrapping_sub(1))
+                .copied();
+            self.edges = paths.children(node.unwrap_or(NONE));
+            self.key_pos = 0;
+            self.high = 0;
+            if self.edges.0 < self.edges.1 {
+                self.state = State::Key;
+            }
+        }
+    }
+
+    /// Compares the next bytes of a key (unescaped); no key can match any more: skip it.
+    fn key_bytes(&mut self, paths: &Paths, bytes: &[u8]) {
+        for &b in bytes {
+            self.edges = paths.narrow(self.edges, self.key_pos, b);
+            self.key_pos = self.key_pos.saturating_add(1);
+        }
+        self.state = if self.edges.0 < self.edges.1 {
+            State::Key
+        } else {
+            State::SkipKey
+        };
+    }
+
+    fn start_hex(&mut self) {
+        self.hex = 0;
+        self.count = 0;
+        self.state = State::KeyHex;
+    }
+
+    fn hex_digit(&mut self, paths: &Paths, b: u8) {
+        let Some(digit) = char::from(b).to_digit(16) else {
+            self.state = State::Dead;
+            return;
+        };
+        // Four digits make at most 0xffff.
+        self.hex = (self.hex << 4) | digit as u16;
+        self.count += 1;
+        if self.count < 4 {
+            return;
+        }
+        let unit = u32::from(self.hex);
+        let code = match (self.high, unit) {
+            (0, 0xd800..=0xdbff) => {
+                self.high = self.hex;
+                self.state = State::KeyLowBackslash;
+                return;
+            }
+            (0, 0xdc00..=0xdfff) => None,
+            (0, _) => Some(unit),
+            (high, 0xdc00..=0xdfff) => {
+                self.high = 0;
+                Some(0x10000 + ((u32::from(high) - 0xd800) << 10) + (unit - 0xdc00))
+            }
+            // A high surrogate alone is invalid, as in serde_json.
+            _ => None,
+        };
+        match code.and_then(char::from_u32) {
+            Some(c) => {
+                let mut utf8 = [0; 4];
+                self.key_bytes(paths, c.encode_utf8(&mut utf8).as_bytes());
+            }
+            None => self.state = State::Dead,
+        }
+    }
+}
