@@ -153,6 +153,9 @@ impl Rig {
     }
 }
 
+/// Request header fields.
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
 fn remaining(r: &Reply) -> u64 {
     r.header("x-ratelimit-remaining")
         .and_then(|v| v.parse().ok())
@@ -229,25 +232,120 @@ fn each_api_is_charged_exactly_what_its_answer_reports() {
     let crlf_every: &[(&str, &str)] = &[("x-test-crlf", "1"), ("x-test-split", "every")];
     let multiline: &[(&str, &str)] = &[("x-test-multiline", "1"), ("x-test-split", "random:7")];
     let cases = [
-        Case { api: Api::Chat, mode: Mode::Json, rule: "openai", extra: &[] },
-        Case { api: Api::Chat, mode: Mode::Json, rule: "openai", extra: every },
-        Case { api: Api::Chat, mode: Mode::Sse, rule: "openai", extra: &[] },
-        Case { api: Api::Chat, mode: Mode::Sse, rule: "openai", extra: every },
-        Case { api: Api::Chat, mode: Mode::Sse, rule: "openai", extra: crlf_random },
-        Case { api: Api::Responses, mode: Mode::Sse, rule: "openai", extra: &[] },
-        Case { api: Api::Responses, mode: Mode::Sse, rule: "openai", extra: random },
-        Case { api: Api::Responses, mode: Mode::Json, rule: "openai", extra: &[] },
-        Case { api: Api::Messages, mode: Mode::Json, rule: "anthropic", extra: &[] },
-        Case { api: Api::Messages, mode: Mode::Json, rule: "anthropic", extra: random },
-        Case { api: Api::Messages, mode: Mode::Sse, rule: "anthropic", extra: &[] },
-        Case { api: Api::Messages, mode: Mode::Sse, rule: "anthropic", extra: crlf_every },
-        Case { api: Api::Gemini, mode: Mode::Json, rule: "gemini", extra: &[] },
-        Case { api: Api::Gemini, mode: Mode::Json, rule: "gemini", extra: every },
-        Case { api: Api::Gemini, mode: Mode::Sse, rule: "gemini", extra: &[] },
-        Case { api: Api::Gemini, mode: Mode::Sse, rule: "gemini", extra: crlf_random },
-        Case { api: Api::Chat, mode: Mode::Json, rule: "chat_weighted", extra: &[] },
-        Case { api: Api::Chat, mode: Mode::Sse, rule: "chat_weighted", extra: multiline },
-        Case { api: Api::Messages, mode: Mode::Sse, rule: "claude_weighted", extra: random },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Json,
+            rule: "openai",
+            extra: &[],
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Json,
+            rule: "openai",
+            extra: every,
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Sse,
+            rule: "openai",
+            extra: &[],
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Sse,
+            rule: "openai",
+            extra: every,
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Sse,
+            rule: "openai",
+            extra: crlf_random,
+        },
+        Case {
+            api: Api::Responses,
+            mode: Mode::Sse,
+            rule: "openai",
+            extra: &[],
+        },
+        Case {
+            api: Api::Responses,
+            mode: Mode::Sse,
+            rule: "openai",
+            extra: random,
+        },
+        Case {
+            api: Api::Responses,
+            mode: Mode::Json,
+            rule: "openai",
+            extra: &[],
+        },
+        Case {
+            api: Api::Messages,
+            mode: Mode::Json,
+            rule: "anthropic",
+            extra: &[],
+        },
+        Case {
+            api: Api::Messages,
+            mode: Mode::Json,
+            rule: "anthropic",
+            extra: random,
+        },
+        Case {
+            api: Api::Messages,
+            mode: Mode::Sse,
+            rule: "anthropic",
+            extra: &[],
+        },
+        Case {
+            api: Api::Messages,
+            mode: Mode::Sse,
+            rule: "anthropic",
+            extra: crlf_every,
+        },
+        Case {
+            api: Api::Gemini,
+            mode: Mode::Json,
+            rule: "gemini",
+            extra: &[],
+        },
+        Case {
+            api: Api::Gemini,
+            mode: Mode::Json,
+            rule: "gemini",
+            extra: every,
+        },
+        Case {
+            api: Api::Gemini,
+            mode: Mode::Sse,
+            rule: "gemini",
+            extra: &[],
+        },
+        Case {
+            api: Api::Gemini,
+            mode: Mode::Sse,
+            rule: "gemini",
+            extra: crlf_random,
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Json,
+            rule: "chat_weighted",
+            extra: &[],
+        },
+        Case {
+            api: Api::Chat,
+            mode: Mode::Sse,
+            rule: "chat_weighted",
+            extra: multiline,
+        },
+        Case {
+            api: Api::Messages,
+            mode: Mode::Sse,
+            rule: "claude_weighted",
+            extra: random,
+        },
     ];
     let mut charged: std::collections::BTreeMap<&str, u64> = Default::default();
     for (k, case) in cases.iter().enumerate() {
@@ -255,7 +353,10 @@ fn each_api_is_charged_exactly_what_its_answer_reports() {
         let (i, o) = (100 + 7 * k, 20 + 13 * k);
         let (is, os) = (i.to_string(), o.to_string());
         let key = format!("exact-{k}");
-        let what = format!("case {k}: {:?} {:?} {} {:?}", case.api, case.mode, case.rule, case.extra);
+        let what = format!(
+            "case {k}: {:?} {:?} {} {:?}",
+            case.api, case.mode, case.rule, case.extra
+        );
         let mut headers = vec![
             ("x-rule", case.rule),
             ("x-api-key", key.as_str()),
@@ -282,7 +383,11 @@ fn each_api_is_charged_exactly_what_its_answer_reports() {
         *charged.entry(case.rule).or_default() += 2 * used;
     }
     for (rule, total) in charged {
-        assert_eq!(rig.counter(rule, "usage_charged", total), Some(total), "{rule}");
+        assert_eq!(
+            rig.counter(rule, "usage_charged", total),
+            Some(total),
+            "{rule}"
+        );
         assert_eq!(rig.counter(rule, "usage_unreported", 0), Some(0), "{rule}");
     }
 }
@@ -297,7 +402,9 @@ const SIZED_DEFAULT: u64 = 500;
 /// message text before the maximum.
 fn chat_body(max: Option<u64>, pad: usize) -> Vec<u8> {
     let text = "a".repeat(pad);
-    let max = max.map(|m| format!(r#","max_tokens":{m}"#)).unwrap_or_default();
+    let max = max
+        .map(|m| format!(r#","max_tokens":{m}"#))
+        .unwrap_or_default();
     format!(r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{text}"}}]{max}}}"#)
         .into_bytes()
 }
@@ -321,53 +428,90 @@ fn reservations_sized_from_the_request_are_trued_up() {
     // One request of `key`: its body, answered with `i` + `o` tokens; checks the reservation
     // (`reserved`: what the key has counted before it) and the usage logged; returns the
     // usage. `pieces`: where to cut the body (sent 150 ms apart).
-    let mut ask = |key: &str, body: &[u8], cut: Option<usize>, i: u64, o: u64, reserved: u64, before: u64| {
-        let id = new_id("sized");
-        let (is, os) = (i.to_string(), o.to_string());
-        let headers = [
-            ("x-test-id", id.as_str()),
-            ("x-rule", "sized"),
-            ("x-api-key", key),
-            ("x-test-input-tokens", is.as_str()),
-            ("x-test-output-tokens", os.as_str()),
-        ];
-        let pieces: Vec<&[u8]> = match cut {
-            Some(c) => vec![&body[..c], &body[c..]],
-            None => vec![body],
+    let mut ask =
+        |key: &str, body: &[u8], cut: Option<usize>, i: u64, o: u64, reserved: u64, before: u64| {
+            let id = new_id("sized");
+            let (is, os) = (i.to_string(), o.to_string());
+            let headers = [
+                ("x-test-id", id.as_str()),
+                ("x-rule", "sized"),
+                ("x-api-key", key),
+                ("x-test-input-tokens", is.as_str()),
+                ("x-test-output-tokens", os.as_str()),
+            ];
+            let pieces: Vec<&[u8]> = match cut {
+                Some(c) => vec![&body[..c], &body[c..]],
+                None => vec![body],
+            };
+            let r = LlmClient::connect(rig.envoy.addr)
+                .unwrap()
+                .send_pieces(
+                    "POST",
+                    &path,
+                    &headers,
+                    &pieces,
+                    Duration::from_millis(150),
+                    None,
+                )
+                .unwrap();
+            let what = format!("{key} ({} body bytes, reserves {reserved})", body.len());
+            assert_eq!(
+                r.status,
+                200,
+                "{what}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+            // Counted at admission: the key's usage so far and this reservation.
+            assert_eq!(remaining(&r), SIZED_LIMIT - before - reserved, "{what}");
+            rig.assert_intact(&r, &what);
+            // The upstream got the request body whole.
+            let e = rig.up.exchange(r.seq().unwrap()).unwrap();
+            assert_eq!(
+                (e.body_len, e.body_hash),
+                (body.len() as u64, llm::hash(body)),
+                "{what}"
+            );
+            let used = i + o;
+            assert_eq!(rig.logged_usage(&id, "sized"), Some(used), "{what}");
+            if used < reserved {
+                refunded += reserved - used;
+            } else {
+                exceeded += used - reserved;
+            }
+            charged += used;
+            used
         };
-        let r = LlmClient::connect(rig.envoy.addr)
-            .unwrap()
-            .send_pieces("POST", &path, &headers, &pieces, Duration::from_millis(150), None)
-            .unwrap();
-        let what = format!("{key} ({} body bytes, reserves {reserved})", body.len());
-        assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
-        // Counted at admission: the key's usage so far and this reservation.
-        assert_eq!(remaining(&r), SIZED_LIMIT - before - reserved, "{what}");
-        rig.assert_intact(&r, &what);
-        // The upstream got the request body whole.
-        let e = rig.up.exchange(r.seq().unwrap()).unwrap();
-        assert_eq!((e.body_len, e.body_hash), (body.len() as u64, llm::hash(body)), "{what}");
-        let used = i + o;
-        assert_eq!(rig.logged_usage(&id, "sized"), Some(used), "{what}");
-        if used < reserved {
-            refunded += reserved - used;
-        } else {
-            exceeded += used - reserved;
-        }
-        charged += used;
-        used
-    };
-    // max_tokens M and B bytes reserve M + B/4; the answer used 100: 100 stays counted.
+    // max_tokens M and a body of B bytes reserve M + B/4; the answer used 100: 100 stays
+    // counted.
     let body = chat_body(Some(1000), 400);
     let b = body.len() as u64;
     let used = ask("a", &body, None, 40, 60, 1000 + b / 4, 0);
     let body2 = chat_body(Some(2000), 1000);
-    let used2 = ask("a", &body2, None, 30, 70, 2000 + body2.len() as u64 / 4, used);
+    let used2 = ask(
+        "a",
+        &body2,
+        None,
+        30,
+        70,
+        2000 + body2.len() as u64 / 4,
+        used,
+    );
+    // What stays counted for the key is what its answers used.
     let body3 = chat_body(Some(10), 0);
-    // A maximum above the limit reserves the limit.
-    ask("a", &chat_body(Some(10 * SIZED_LIMIT), 0), None, 1, 2, SIZED_LIMIT - used - used2, used + used2);
+    let b3 = body3.len() as u64;
+    ask("a", &body3, None, 1, 1, 10 + b3 / 4, used + used2);
+    // A maximum above the limit reserves the limit (on a key that has all of it).
+    ask(
+        "cap",
+        &chat_body(Some(10 * SIZED_LIMIT), 0),
+        None,
+        1,
+        2,
+        SIZED_LIMIT,
+        0,
+    );
     // An answer above its reservation: the excess is charged (usage_exceeded).
-    let small = 10 + body3.len() as u64 / 4;
+    let small = 10 + b3 / 4;
     let over = ask("b", &body3, None, 40, 500, small, 0);
     assert!(over > small);
     // No maximum named: the default reservation.
@@ -377,9 +521,18 @@ fn reservations_sized_from_the_request_are_trued_up() {
     // upstream still gets every byte.
     let late = chat_body(Some(3000), 6000);
     ask("c", &late, Some(5000), 50, 50, SIZED_DEFAULT, 0);
-    assert_eq!(rig.counter("sized", "usage_charged", charged), Some(charged));
-    assert_eq!(rig.counter("sized", "usage_refunded", refunded), Some(refunded));
-    assert_eq!(rig.counter("sized", "usage_exceeded", exceeded), Some(exceeded));
+    assert_eq!(
+        rig.counter("sized", "usage_charged", charged),
+        Some(charged)
+    );
+    assert_eq!(
+        rig.counter("sized", "usage_refunded", refunded),
+        Some(refunded)
+    );
+    assert_eq!(
+        rig.counter("sized", "usage_exceeded", exceeded),
+        Some(exceeded)
+    );
     assert_eq!(rig.counter("sized", "usage_unreported", 0), Some(0));
 }
 
@@ -451,7 +604,9 @@ fn a_reservation_that_does_not_fit_is_refused_with_the_exact_wait() {
     std::thread::sleep(Duration::from_millis(200));
     let exchanges = rig.up.exchanges();
     assert!(
-        exchanges.iter().all(|e| e.header("x-test-id") != Some(refused_id.as_str())),
+        exchanges
+            .iter()
+            .all(|e| e.header("x-test-id") != Some(refused_id.as_str())),
         "the refused request reached the upstream"
     );
     assert_eq!(exchanges.len(), 2, "{exchanges:?}");
@@ -462,7 +617,10 @@ fn a_reservation_that_does_not_fit_is_refused_with_the_exact_wait() {
     rig.line(&again);
     let used = llm::DEFAULT_INPUT_TOKENS + llm::DEFAULT_OUTPUT_TOKENS;
     let refunded = (800 - used) + 2 * (500 - used);
-    assert_eq!(rig.counter("tb", "usage_refunded", refunded), Some(refunded));
+    assert_eq!(
+        rig.counter("tb", "usage_refunded", refunded),
+        Some(refunded)
+    );
     assert_eq!(rig.counter("tb", "usage_charged", 3 * used), Some(3 * used));
 }
 
@@ -490,11 +648,15 @@ fn storm(rig: &Rig, rule: &'static str) -> (u64, u64) {
             std::thread::spawn(move || {
                 let body = Api::Chat.request_body(Mode::Sse, true, MAX_TOKENS);
                 let path = Api::Chat.path(Mode::Sse);
-                let mut c = LlmClient::connect(addr).unwrap();
+                let mut c = Some(LlmClient::connect(addr).unwrap());
                 go.wait();
                 let (mut ok, mut refused) = (0, 0);
                 for _ in 0..ROUNDS {
-                    let r = c
+                    // A refusal at the headers closes the connection (the body was not read).
+                    let mut conn = c
+                        .take()
+                        .unwrap_or_else(|| LlmClient::connect(addr).unwrap());
+                    let r = conn
                         .post(
                             &path,
                             &[
@@ -508,6 +670,9 @@ fn storm(rig: &Rig, rule: &'static str) -> (u64, u64) {
                             body.as_bytes(),
                         )
                         .unwrap();
+                    if r.header("connection") != Some("close") {
+                        c = Some(conn);
+                    }
                     match r.status {
                         200 => ok += 1,
                         429 => refused += 1,
@@ -571,7 +736,9 @@ fn over_admission_under_32_clients_stays_within_its_bounds() {
     let charged = rig
         .counter("trued", "usage_charged", admitted * ANSWER)
         .unwrap();
-    let refunded = rig.envoy.stat(&common::metric(Some("trued"), "usage_refunded"));
+    let refunded = rig
+        .envoy
+        .stat(&common::metric(Some("trued"), "usage_refunded"));
     let floor = OVER_LIMIT - MAX_TOKENS - (n - 1) * (MAX_TOKENS - ANSWER);
     eprintln!(
         "over-admission, true_up (reservation = max_tokens {MAX_TOKENS}), {CLIENTS} clients x \
@@ -594,8 +761,16 @@ fn over_admission_under_32_clients_stays_within_its_bounds() {
 fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
     let rig = start(
         &rules(&[
-            rule("post", DAY_LIMIT, r#"{"response": "openai", "default": 777}"#),
-            rule("trued", DAY_LIMIT, r#"{"response": "openai", "true_up": true, "reserve": 300}"#),
+            rule(
+                "post",
+                DAY_LIMIT,
+                r#"{"response": "openai", "default": 777}"#,
+            ),
+            rule(
+                "trued",
+                DAY_LIMIT,
+                r#"{"response": "openai", "true_up": true, "reserve": 300}"#,
+            ),
         ]),
         &["post", "trued"],
     );
@@ -607,7 +782,7 @@ fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
     let reset: &[(&str, &str)] = &[("x-test-reset-after", "300")];
     let no_usage: &[(&str, &str)] = &[("x-test-no-usage", "1")];
     let gzip: &[(&str, &str)] = &[("x-test-encoding", "gzip")];
-    let cases: [(&str, &str, &[(&str, &str)], &str); 5] = [
+    let cases: [(&str, &str, Headers, &str); 5] = [
         ("reset midway", &sse, reset, &sse_body),
         ("JSON without usage", &json, no_usage, &json_body),
         ("stream without include_usage", &sse, &[], &sse_no_usage),
@@ -624,7 +799,10 @@ fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
         if *what == "reset midway" {
             assert!(!r.complete, "{what}: the client saw a complete body");
             let line = rig.line(&id);
-            assert!(line["flags"].as_str().unwrap_or("").contains("UPE"), "{line}");
+            assert!(
+                line["flags"].as_str().unwrap_or("").contains("UPE"),
+                "{line}"
+            );
         } else {
             rig.assert_intact(&r, what);
         }
@@ -644,7 +822,11 @@ fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
     );
     // A trued-up reservation whose answer never reports keeps the reservation (no default).
     let id = new_id("unreported");
-    let headers = [("x-rule", "trued"), ("x-api-key", "t"), ("x-test-reset-after", "300")];
+    let headers = [
+        ("x-rule", "trued"),
+        ("x-api-key", "t"),
+        ("x-test-reset-after", "300"),
+    ];
     let r = rig.post(&sse, &id, &headers, sse_body.as_bytes());
     assert_eq!(remaining(&r), DAY_LIMIT - 300);
     assert!(!r.complete);
@@ -654,8 +836,14 @@ fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
     assert_eq!(remaining(&r), DAY_LIMIT - 600);
     rig.line(&next);
     assert_eq!(rig.counter("trued", "usage_unreported", 1), Some(1));
-    assert_eq!(rig.counter("trued", "usage_charged", 300 + used), Some(300 + used));
-    assert_eq!(rig.counter("trued", "usage_refunded", 300 - used), Some(300 - used));
+    assert_eq!(
+        rig.counter("trued", "usage_charged", 300 + used),
+        Some(300 + used)
+    );
+    assert_eq!(
+        rig.counter("trued", "usage_refunded", 300 - used),
+        Some(300 - used)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,7 +860,12 @@ fn a_100_mb_stream_is_charged_exactly_in_bounded_memory() {
     // Warm up (both workers' first streams), then the baseline.
     for _ in 0..4 {
         let id = new_id("warm");
-        let r = rig.post(&path, &id, &[("x-rule", "big"), ("x-api-key", "w")], body.as_bytes());
+        let r = rig.post(
+            &path,
+            &id,
+            &[("x-rule", "big"), ("x-api-key", "w")],
+            body.as_bytes(),
+        );
         assert_eq!(r.status, 200);
         rig.line(&id);
     }
@@ -756,43 +949,59 @@ fn a_held_request_keeps_its_body_until_its_turn() {
     );
     let path = Api::Chat.path(Mode::Json);
     let body = chat_body(Some(100), 3000);
-    for (key, rule) in [("plain", "none"), ("with-sized", "sized")] {
+    // (key, x-rule, where the body is cut): delay alone (held at the headers); delay and a
+    // reservation sized from the body (held once the body is read), the body in two pieces or
+    // in one.
+    let variants = [
+        ("plain", "none", Some(1000)),
+        ("with-sized", "sized", Some(1000)),
+        ("with-sized-whole", "sized", None),
+    ];
+    for (key, rule, cut) in variants {
         let headers = [("x-api-key", key), ("x-rule", rule)];
         // The key's first request goes at once.
         let first = new_id("held");
         let r = rig.post(&path, &first, &headers, &body);
         assert_eq!(r.status, 200);
         let before = rig.up.received();
-        // The second waits its turn (about a second); its body comes in two pieces.
-        let second = {
+        // The second waits its turn (about a second).
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
             let (addr, path, body) = (rig.envoy.addr, path.clone(), body.clone());
             let id = new_id("held");
             std::thread::spawn(move || {
                 let t = Instant::now();
                 let h = [("x-test-id", id.as_str()), headers[0], headers[1]];
-                let r = LlmClient::connect(addr)
-                    .unwrap()
-                    .send_pieces(
-                        "POST",
-                        &path,
-                        &h,
-                        &[&body[..1000], &body[1000..]],
-                        Duration::from_millis(100),
-                        None,
-                    )
-                    .unwrap();
-                (r, t.elapsed())
-            })
-        };
+                let pieces: Vec<&[u8]> = match cut {
+                    Some(c) => vec![&body[..c], &body[c..]],
+                    None => vec![&body],
+                };
+                let r = LlmClient::connect(addr).unwrap().send_pieces(
+                    "POST",
+                    &path,
+                    &h,
+                    &pieces,
+                    Duration::from_millis(100),
+                    None,
+                );
+                let _ = tx.send((r, t.elapsed()));
+            });
+        }
         std::thread::sleep(Duration::from_millis(500));
         assert_eq!(
             rig.up.received(),
             before,
             "{key}: the upstream got the held request's body before its turn"
         );
-        let (r, took) = second.join().unwrap();
+        let (r, took) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+            panic!("{key}: the held request was never released (no answer 5.5 s after it was sent, its turn ~1 s)")
+        });
+        let r = r.unwrap();
         assert_eq!(r.status, 200, "{key}");
-        assert!(took >= Duration::from_millis(800), "{key}: answered after {took:?}");
+        assert!(
+            took >= Duration::from_millis(800),
+            "{key}: answered after {took:?}"
+        );
         let e = rig.up.exchange(r.seq().unwrap()).unwrap();
         assert_eq!(
             (e.body_len, e.body_hash),
@@ -803,7 +1012,7 @@ fn a_held_request_keeps_its_body_until_its_turn() {
     }
     assert_eq!(
         rig.envoy
-            .wait_stat(&common::metric(Some("held"), "delayed"), 2),
-        Some(2)
+            .wait_stat(&common::metric(Some("held"), "delayed"), 3),
+        Some(3)
     );
 }
