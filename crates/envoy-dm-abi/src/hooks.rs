@@ -69,6 +69,11 @@ pub trait HttpFilter: 'static {
         let _ = (c, s, end_of_stream);
         BodyStatus::Continue
     }
+    /// The request's trailers (its body, if any, has ended). By default: `Continue`.
+    fn request_trailers(&self, c: &Self::Config, s: &Stream) -> TrailersStatus {
+        let _ = (c, s);
+        TrailersStatus::Continue
+    }
     /// The response's headers; `end_of_stream`: the response has no body.
     fn response_headers(&self, c: &Self::Config, s: &Stream, end_of_stream: bool) -> HeadersStatus;
     /// A piece of the response body ([`crate::BodyType::ReceivedResponseBody`]), passed on;
@@ -479,6 +484,25 @@ pub unsafe fn response_body<C: HttpFilterConfig>(
     BodyStatus::Continue
 }
 
+/// `envoy_dynamic_module_on_http_filter_request_trailers`.
+///
+/// # Safety
+/// Envoy's live stream for this hook.
+pub unsafe fn request_trailers<C: HttpFilterConfig>(
+    envoy: FilterEnvoyPtr,
+    filter: FilterModulePtr,
+) -> TrailersStatus {
+    // SAFETY: the caller's.
+    let Some((b, c, s)) = (unsafe { stream::<C>(envoy, filter) }) else {
+        return TrailersStatus::Continue;
+    };
+    guard::<C, _>(
+        Some(&b.poisoned),
+        || TrailersStatus::Continue,
+        || b.filter.request_trailers(c, &s),
+    )
+}
+
 /// `envoy_dynamic_module_on_http_filter_response_trailers`.
 ///
 /// # Safety
@@ -748,10 +772,10 @@ macro_rules! export_http_filter {
                 unsafe { h::call_done::<C>(envoy, filter, id, Some(reason.0)) }
             }
             #[no_mangle]
-            pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
-                _: FilterEnvoyPtr, _: FilterModulePtr,
+            pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+                envoy: FilterEnvoyPtr, filter: FilterModulePtr,
             ) -> TrailersStatus {
-                TrailersStatus::Continue
+                unsafe { h::request_trailers::<C>(envoy, filter) }
             }
             #[no_mangle]
             pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(

@@ -141,6 +141,8 @@ pub enum BodyStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrailersStatus {
     Continue = 0,
+    /// Wait: the module continues the stream later (or has replied).
+    StopIteration = 1,
 }
 
 /// `envoy_dynamic_module_type_on_http_filter_local_reply_status`.

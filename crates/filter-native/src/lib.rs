@@ -15,7 +15,7 @@ mod timer;
 use envoy_dm_abi::hooks::{self, Chunks, HttpFilter, HttpFilterConfig};
 use envoy_dm_abi::{
     self as abi, BodyStatus, BodyType, ConfigHandle, ConfigScheduler, HeadersStatus, LogLevel,
-    Stream,
+    Stream, TrailersStatus,
 };
 use ratelimit_core::config::{Config, FailureMode};
 use ratelimit_core::error::ServiceError;
@@ -721,6 +721,23 @@ impl HttpFilter for Filter {
 
     fn request_body(&self, c: &FilterConfig, s: &Stream, end_of_stream: bool) -> BodyStatus {
         Filter::request_body(self, c, s, end_of_stream)
+    }
+
+    fn request_trailers(&self, c: &FilterConfig, s: &Stream) -> TrailersStatus {
+        // The body ended: a request still reading it is decided now; a waiting one stays.
+        let next = self.with(|st| {
+            st.reads_request_body()
+                .then(|| st.request_body(&c.rt, &mut NativeHost::new(s), &[], true))
+        });
+        let status = match next {
+            Some(next) => self.carry_out(c, s, next, true),
+            None if self.with(|st| st.stops_request()) => HeadersStatus::StopIteration,
+            None => HeadersStatus::Continue,
+        };
+        match status {
+            HeadersStatus::Continue => TrailersStatus::Continue,
+            HeadersStatus::StopIteration => TrailersStatus::StopIteration,
+        }
     }
 
     fn request_headers_failed(c: &FilterConfig, s: &Stream) -> HeadersStatus {

@@ -50,7 +50,7 @@ pub enum Field {
     Response(String),
     /// The usage the filter charged a rule (by name) for the request, as it reports it to the
     /// access log: `%DYNAMIC_METADATA(wasm_ratelimit:RULE)%` (native build) or
-    /// `%FILTER_STATE(wasm_ratelimit.RULE:PLAIN)%` (wasm build).
+    /// `%FILTER_STATE(wasm.wasm_ratelimit.RULE:PLAIN)%` (wasm build).
     Usage(String),
 }
 
@@ -139,7 +139,8 @@ impl Field {
                 arg.split(':').collect::<Vec<_>>() == ["WASM_RATELIMIT", &r.to_ascii_uppercase()]
             }
             (Field::Usage(r), "FILTER_STATE") => {
-                arg.split(':').next() == Some(&format!("WASM_RATELIMIT.{}", r.to_ascii_uppercase()))
+                arg.split(':').next()
+                    == Some(&format!("WASM.WASM_RATELIMIT.{}", r.to_ascii_uppercase()))
             }
             _ => false,
         }
@@ -823,6 +824,54 @@ mod tests {
         assert_eq!(
             e.request.headers,
             [("x-forwarded-for".into(), b"9.9.9.9".to_vec())]
+        );
+    }
+
+    #[test]
+    fn the_usage_the_filter_logged_is_read_from_either_build() {
+        let fields = vec![
+            Field::StartTime,
+            Field::Usage("tokens".into()),
+            Field::Usage("other".into()),
+        ];
+        let usage = |e: &Entry| {
+            e.response
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect::<Vec<_>>()
+        };
+        // JSON: by the rule's name (or usage_RULE); a number as the native build logs it.
+        let m = Mapping::new(fields.clone(), ENVOY_DEFAULT_FORMAT, &[]).unwrap();
+        let mut found = vec![false; 3];
+        let e = m
+            .parse(
+                r#"{"start_time": "1795406041", "tokens": 561, "usage_other": "7"}"#,
+                &mut found,
+            )
+            .unwrap();
+        assert_eq!(
+            usage(&e),
+            [
+                ("usage:tokens".into(), "561".into()),
+                ("usage:other".into(), "7".into())
+            ]
+        );
+        // Text: the native build's metadata, the wasm build's filter state.
+        let m = Mapping::new(
+            fields,
+            "%START_TIME(%s)% %DYNAMIC_METADATA(wasm_ratelimit:tokens)% %FILTER_STATE(wasm.wasm_ratelimit.other:PLAIN)%\n",
+            &[],
+        )
+        .unwrap();
+        let mut found = vec![false; 3];
+        let e = m.parse("1795406041 561 7", &mut found).unwrap();
+        assert_eq!(found, [true, true, true]);
+        assert_eq!(
+            usage(&e),
+            [
+                ("usage:tokens".into(), "561".into()),
+                ("usage:other".into(), "7".into())
+            ]
         );
     }
 

@@ -422,6 +422,8 @@ pub fn json(run: &Run, raw_keys: bool) -> Value {
                         "top_limited": o.top.top(run.top).iter().map(|c| Value::Object(counted_json(c, raw_keys))).collect::<Vec<_>>(),
                         "usage_charged": o.usage_charged,
                         "usage_unreported": o.usage_unreported,
+                        "usage_refunded": o.usage_refunded,
+                        "usage_exceeded": o.usage_exceeded,
                         "evictions": o.evictions,
                         "failed_open": o.failed_open,
                         "failed_closed": o.failed_closed,

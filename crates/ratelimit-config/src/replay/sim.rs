@@ -675,6 +675,38 @@ mod tests {
     }
 
     #[test]
+    fn a_body_usage_comes_from_what_the_filter_logged_and_is_trued_up() {
+        let mut r = replay(
+            r#"{"rules": [{"name": "tokens", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 1000, "unit": "hour"},
+                "cost": {"response": "openai", "true_up": true,
+                         "reserve": {"from": "openai", "default": 400}}}]}"#,
+            None,
+        );
+        let t0 = 1_800_000_000_000;
+        // Three answers of 300 tokens, logged; one that logged nothing keeps its reservation.
+        for (i, usage) in [Some("300"), Some("300.0"), None, Some("300")]
+            .iter()
+            .enumerate()
+        {
+            let mut e = entry(t0 + i as u64 * 1000, "10.0.0.1");
+            e.duration_ms = Some(10);
+            if let Some(u) = usage {
+                e.response
+                    .push(("usage:tokens".into(), u.as_bytes().to_vec()));
+            }
+            r.request(e);
+        }
+        r.finish();
+        let o = &r.variants[0].outcomes[0];
+        // Each reserves the default, 400 (a log has no request body): 300 + 300 + 400 = 1,000
+        // once trued up, so the fourth does not fit.
+        assert_eq!((o.allowed, o.limited), (3, 1));
+        assert_eq!(o.usage_charged, 1000);
+        assert_eq!((o.usage_unreported, o.usage_refunded), (1, 200));
+    }
+
+    #[test]
     fn body_bytes_come_from_bytes_sent() {
         let mut r = replay(
             r#"{"rules": [{"name": "dl", "key": ["remote_address"],
