@@ -1834,6 +1834,21 @@ impl LlmClient {
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
+        sink: Option<Sink>,
+    ) -> io::Result<Reply> {
+        self.send_pieces(method, path, headers, &[body], Duration::ZERO, sink)
+    }
+
+    /// Sends one request whose body (with a content-length, unless `headers` frame it) is
+    /// written in `pieces`, the headers with the first, `gap` apart (so that the proxy sees
+    /// each as its own body event); reads the response as [`LlmClient::send`] does.
+    pub fn send_pieces(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        pieces: &[&[u8]],
+        gap: Duration,
         mut sink: Option<Sink>,
     ) -> io::Result<Reply> {
         let mut req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
@@ -1844,12 +1859,19 @@ impl LlmClient {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
         if !has_length {
-            req.push_str(&format!("content-length: {}\r\n", body.len()));
+            let len: usize = pieces.iter().map(|p| p.len()).sum();
+            req.push_str(&format!("content-length: {len}\r\n"));
         }
         req.push_str("\r\n");
         let w = self.reader.get_mut();
         w.write_all(req.as_bytes())?;
-        w.write_all(body)?;
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 {
+                std::thread::sleep(gap);
+            }
+            w.write_all(piece)?;
+            w.flush()?;
+        }
         w.flush()?;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
