@@ -225,6 +225,11 @@ thread_local! {
 }
 
 /// Takes a stream's state back from the waiting or released lists.
+/// Whether the stream of `context` waits for its turn (on this worker's waiting list).
+fn waiting(context: u32) -> bool {
+    WAITING.with(|w| w.borrow().iter().any(|x| x.context == context))
+}
+
 fn take_back(context: u32) -> Option<StreamState> {
     let waiting = WAITING.with(|w| {
         let mut w = w.borrow_mut();
@@ -697,6 +702,9 @@ impl HttpContext for Request {
         let Some(served) = self.served.clone() else {
             return Action::Continue;
         };
+        if self.away && waiting(self.id) {
+            return Action::Pause; // held for its turn: its body waits with it
+        }
         let state = self.state();
         if !state.reads_request_body() {
             // A request waiting (for the services, or its turn) keeps its body too: going on
