@@ -560,14 +560,20 @@ impl Filter {
             }
             Some(next)
         });
-        let status = match next {
+        match self.go_on(c, s, next) {
+            HeadersStatus::Continue => BodyStatus::Continue,
+            HeadersStatus::StopIteration => BodyStatus::StopIterationAndBuffer,
+        }
+    }
+
+    /// After a piece of the request's body (or its trailers): carries out what reading it
+    /// decided (`Some`), or holds it while the request waits (for the services, its turn or
+    /// its body: going on from a body hook would let it go).
+    fn go_on(&self, c: &FilterConfig, s: &Stream, next: Option<Next>) -> HeadersStatus {
+        match next {
             Some(next) => self.carry_out(c, s, next, true),
             None if self.with(|st| st.stops_request()) => HeadersStatus::StopIteration,
             None => HeadersStatus::Continue,
-        };
-        match status {
-            HeadersStatus::Continue => BodyStatus::Continue,
-            HeadersStatus::StopIteration => BodyStatus::StopIterationAndBuffer,
         }
     }
 
@@ -729,12 +735,7 @@ impl HttpFilter for Filter {
             st.reads_request_body()
                 .then(|| st.request_body(&c.rt, &mut NativeHost::new(s), &[], true))
         });
-        let status = match next {
-            Some(next) => self.carry_out(c, s, next, true),
-            None if self.with(|st| st.stops_request()) => HeadersStatus::StopIteration,
-            None => HeadersStatus::Continue,
-        };
-        match status {
+        match self.go_on(c, s, next) {
             HeadersStatus::Continue => TrailersStatus::Continue,
             HeadersStatus::StopIteration => TrailersStatus::StopIteration,
         }

@@ -554,6 +554,39 @@ impl Request {
         &mut self.state
     }
 
+    /// The request's body has `body_size` bytes so far (`end`: all of it): read while
+    /// reservations are sized from it, held while the request waits (for the services, its
+    /// turn or its body: going on from a body hook would let it go), passed on otherwise.
+    fn request_data(&mut self, body_size: usize, end: bool) -> Action {
+        let Some(served) = self.served.clone() else {
+            return Action::Continue;
+        };
+        if self.away && waiting(self.id) {
+            return Action::Pause; // held for its turn: its body waits with it
+        }
+        let state = self.state();
+        if !state.reads_request_body() {
+            return match state.stops_request() {
+                true => Action::Pause,
+                false => Action::Continue,
+            };
+        }
+        // While the filter pauses, Envoy keeps the body: `body_size` is all of it so far.
+        let start = self.request_read.min(body_size);
+        let piece = match body_size > start {
+            true => abi::body(abi::Body::Request, start, body_size - start)
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+            false => Vec::new(),
+        };
+        self.request_read = body_size;
+        let next = self
+            .state
+            .request_body(&served.rt, &mut WasmHost::default(), &piece, end);
+        self.carry_out(&served, next, true)
+    }
+
     /// Does what the stream's state says next. `in_headers`: from the request-headers hook,
     /// where going on is returning `Continue`; from a later event it is resuming.
     fn carry_out(&mut self, served: &Rc<Served>, mut next: Next, in_headers: bool) -> Action {
@@ -699,45 +732,12 @@ impl HttpContext for Request {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(served) = self.served.clone() else {
-            return Action::Continue;
-        };
-        if self.away && waiting(self.id) {
-            return Action::Pause; // held for its turn: its body waits with it
-        }
-        let state = self.state();
-        if !state.reads_request_body() {
-            // A request waiting (for the services, or its turn) keeps its body too: going on
-            // here would let it go.
-            return match state.stops_request() {
-                true => Action::Pause,
-                false => Action::Continue,
-            };
-        }
-        // While the filter pauses, Envoy keeps the body: `body_size` is all of it so far.
-        let start = self.request_read.min(body_size);
-        let piece = abi::body(abi::Body::Request, start, body_size - start)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        self.request_read = body_size;
-        let next =
-            self.state
-                .request_body(&served.rt, &mut WasmHost::default(), &piece, end_of_stream);
-        self.carry_out(&served, next, true)
+        self.request_data(body_size, end_of_stream)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(served) = self.served.clone() else {
-            return Action::Continue;
-        };
-        if !self.state().reads_request_body() {
-            return Action::Continue;
-        }
-        let next = self
-            .state
-            .request_body(&served.rt, &mut WasmHost::default(), &[], true);
-        self.carry_out(&served, next, true)
+        // The body ended: nothing more to read.
+        self.request_data(self.request_read, true)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -176,25 +176,18 @@ impl<S: Store> Runtime<S> {
         if let Some(s) = a.scan.as_mut().and_then(|s| s.scanner.as_mut()) {
             s.finish(&self.config.usage_paths);
         }
-        let mut i = 0;
-        while let Some(debt) = a.owed.get(i).copied() {
-            let known = match (debt.kind, self.charge_of(debt.rule)) {
-                (DebtKind::Slot(_), _) | (_, Some(Usage::Header(_)) | None) => None,
-                (_, Some(Usage::BodyBytes)) => Some(Some(a.body_bytes)),
-                (_, Some(Usage::Body(body))) => Some(
+        self.pay_known(a, now_ms, report, |rt, debt, a| {
+            match rt.charge_of(debt.rule) {
+                Some(Usage::Header(_)) | None => None,
+                Some(Usage::BodyBytes) => Some(Some(a.body_bytes)),
+                Some(Usage::Body(body)) => Some(
                     a.scan
                         .as_ref()
                         .and_then(|s| s.scanner.as_ref())
                         .and_then(|s| body.total(|slot| s.value(slot))),
                 ),
-            };
-            let Some(usage) = known else {
-                i += 1;
-                continue;
-            };
-            a.owed.swap_remove(i);
-            self.pay_usage(a, &debt, usage, now_ms, report);
-        }
+            }
+        });
     }
 
     /// Charges the usage debts whose header `fields` carries, updating their verdicts.
@@ -205,20 +198,14 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         report: &mut impl FnMut(&str, u64),
     ) {
-        let mut i = 0;
-        while let Some(debt) = a.owed.get(i).copied() {
-            let reported = match (debt.kind, self.charge_of(debt.rule)) {
-                (DebtKind::Slot(_), _) => None,
-                (_, Some(Usage::Header(name))) => fields.field(name).and_then(config::parse_usage),
+        self.pay_known(a, now_ms, report, |rt, debt, _| {
+            match rt.charge_of(debt.rule) {
+                Some(Usage::Header(name)) => {
+                    fields.field(name).and_then(config::parse_usage).map(Some)
+                }
                 _ => None,
-            };
-            let Some(usage) = reported else {
-                i += 1;
-                continue;
-            };
-            a.owed.swap_remove(i);
-            self.pay_usage(a, &debt, Some(usage), now_ms, report);
-        }
+            }
+        });
     }
 
     /// Charges the usages known from elsewhere, by rule name (replay reads them from an access
@@ -230,23 +217,10 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         report: &mut impl FnMut(&str, u64),
     ) {
-        let mut i = 0;
-        while let Some(debt) = a.owed.get(i).copied() {
-            let known = match debt.kind {
-                DebtKind::Slot(_) => None,
-                _ => self
-                    .config
-                    .rules
-                    .get(debt.rule)
-                    .and_then(|r| usage(&r.name)),
-            };
-            let Some(used) = known else {
-                i += 1;
-                continue;
-            };
-            a.owed.swap_remove(i);
-            self.pay_usage(a, &debt, Some(used), now_ms, report);
-        }
+        self.pay_known(a, now_ms, report, |rt, debt, _| {
+            let rule = rt.config.rules.get(debt.rule)?;
+            usage(&rule.name).map(Some)
+        });
     }
 
     /// The response's trailers are in: charges the rules whose usage they report; the body is
@@ -281,6 +255,30 @@ impl<S: Store> Runtime<S> {
                 }
                 _ => self.pay_usage(&mut a, &debt, None, now_ms, report),
             }
+        }
+    }
+
+    /// Settles every usage debt whose usage `known` tells: `Some(usage)`, where `None` is a
+    /// usage that will never be reported; `None` leaves the debt owed.
+    fn pay_known(
+        &self,
+        a: &mut Admitted,
+        now_ms: u64,
+        report: &mut impl FnMut(&str, u64),
+        mut known: impl FnMut(&Self, &Debt, &Admitted) -> Option<Option<u64>>,
+    ) {
+        let mut i = 0;
+        while let Some(debt) = a.owed.get(i).copied() {
+            let usage = match debt.kind {
+                DebtKind::Slot(_) => None,
+                _ => known(self, &debt, a),
+            };
+            let Some(usage) = usage else {
+                i += 1;
+                continue;
+            };
+            a.owed.swap_remove(i);
+            self.pay_usage(a, &debt, usage, now_ms, report);
         }
     }
 
