@@ -359,6 +359,10 @@ thread_local! {
     static FIELD_VALUE: RefCell<String> = const { RefCell::new(String::new()) };
     /// Requests held by delay mode on this worker.
     static HELD: Cell<usize> = const { Cell::new(0) };
+    /// A response body piece being scanned, gathered from Envoy's slices (reused by every
+    /// response of this worker): the scanner's fast path needs an event's line in one piece,
+    /// and Envoy hands a piece over in slices of about 4 KB.
+    static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The request as the pipeline sees it, for one hook. Each attribute is read from Envoy at most
@@ -444,6 +448,9 @@ impl runtime::Host for NativeHost<'_, '_> {
         self.body_follows
     }
 }
+
+/// The largest gathered body piece a worker keeps its buffer for.
+const MAX_BODY_KEPT: usize = 256 * 1024;
 
 /// The dynamic metadata namespace the usage of each rule is reported in, for access logs:
 /// `%DYNAMIC_METADATA(wasm_ratelimit:RULE)%`.
@@ -755,13 +762,20 @@ impl HttpFilter for Filter {
                 return;
             }
             if st.scans_body() {
-                s.body(BodyType::ReceivedResponseBody, |chunk| {
-                    let len = chunk.len() as u64;
-                    st.response_body(&c.rt, len, Some(chunk), false, now_ms, |_, _| {});
+                BODY.with(|body| {
+                    let Ok(mut body) = body.try_borrow_mut() else {
+                        return;
+                    };
+                    body.clear();
+                    s.body(BodyType::ReceivedResponseBody, |slice| {
+                        body.extend_from_slice(slice)
+                    });
+                    let len = body.len() as u64;
+                    st.response_body(&c.rt, len, Some(&body), end_of_stream, now_ms, reporter(s));
+                    if body.capacity() > MAX_BODY_KEPT {
+                        *body = Vec::new(); // an unusually large piece: not kept
+                    }
                 });
-                if end_of_stream {
-                    st.response_body(&c.rt, 0, None, true, now_ms, reporter(s));
-                }
             } else {
                 let len = s.received_response_body() as u64;
                 st.response_body(&c.rt, len, None, end_of_stream, now_ms, reporter(s));
