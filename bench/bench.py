@@ -133,7 +133,14 @@ RLS_CLUSTER = """  clusters:
 """
 
 
-def bootstrap(port, admin, filters, extra=""):
+# The route every variant uses unless it names another: an answer from Envoy itself.
+DIRECT_ROUTE = """                direct_response: {status: 200, body: {inline_string: "ok\\n"}}
+                # What an upstream charging by usage would report (read by the quota variants).
+                response_headers_to_add: [{header: {key: x-usage-tokens, value: "1"}}]
+"""
+
+
+def bootstrap(port, admin, filters, extra="", route=None):
     return f"""admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
 static_resources:
@@ -152,10 +159,7 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "ok\\n"}}}}
-                # What an upstream charging by usage would report (read by the quota variants).
-                response_headers_to_add: [{{header: {{key: x-usage-tokens, value: "1"}}}}]
-          http_filters:
+{route or DIRECT_ROUTE}          http_filters:
 {filters}{ROUTER}""" + extra
 
 
@@ -163,11 +167,11 @@ class Envoy:
     """One Envoy process for one variant, pinned to ENVOY_CPU (or run under `wrapper`, such as
     valgrind, unpinned)."""
 
-    def __init__(self, envoy_bin, name, filters, workdir, extra="", wrapper=None):
+    def __init__(self, envoy_bin, name, filters, workdir, extra="", wrapper=None, route=None):
         self.name = name
         self.port, self.admin = free_port(), free_port()
         cfg = workdir / f"{name}.yaml"
-        cfg.write_text(bootstrap(self.port, self.admin, filters, extra))
+        cfg.write_text(bootstrap(self.port, self.admin, filters, extra, route))
         self.logf = open(workdir / f"{name}.log", "w")
         # One folder holds both dynamic modules: this filter's and the floor probe's.
         env = {**os.environ, "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(workdir / "modules")}
@@ -309,14 +313,16 @@ def paired(runs, a, b):
     }
 
 
-def instructions(envoy_bin, specs, workdir, requests=2000):
+def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None):
     """Envoy's instructions per request for each (name, filters) spec, counted by callgrind:
     each Envoy runs under valgrind, is warmed up with as many requests, then counts the
     instructions of all its threads while one client sends `requests` requests one after the
     other on a keep-alive connection. Unlike time, the count does not depend on what else the
     machine is doing (three runs agree within 0.2 %), so ratios of it compare variants exactly;
     it weighs every instruction alike, where time also pays for cache misses. Two Envoys run
-    at once (valgrind runs one thread at a time)."""
+    at once (valgrind runs one thread at a time). `count_calls`: names of functions whose calls
+    per request are counted too (then returns the counts and, per variant, those calls and
+    the filter's usage metrics per request sent)."""
     import concurrent.futures
     import http.client
 
@@ -328,13 +334,14 @@ def instructions(envoy_bin, specs, workdir, requests=2000):
         c.close()
 
     def one(spec):
-        name, filters = spec
+        # (name, filters), or (name, filters, route, extra): a variant with its own upstream.
+        name, filters, route, extra = (*spec, None, "")[:4]
         out = workdir / f"callgrind-{name}"
         wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
                    "--smc-check=all-non-file", f"--callgrind-out-file={out}.%p",
                    # e.g. --dump-instr=yes, to annotate the module's machine code
                    *os.environ.get("CALLGRIND_ARGS", "").split()]
-        e = Envoy(envoy_bin, f"cg-{name}", filters, workdir, wrapper=wrapper)
+        e = Envoy(envoy_bin, f"cg-{name}", filters, workdir, extra, wrapper=wrapper, route=route)
         try:
             send(e.port, requests)
             control = lambda *a: subprocess.run(["callgrind_control", *a, str(e.proc.pid)],
@@ -349,15 +356,65 @@ def instructions(envoy_bin, specs, workdir, requests=2000):
                 if time.time() > deadline:
                     raise SystemExit(f"no callgrind dump for {name}")
                 time.sleep(0.2)
-            total = next(int(line.split()[1]) for line in dump.read_text().splitlines()
+            text = dump.read_text(errors="replace")
+            total = next(int(line.split()[1]) for line in text.splitlines()
                          if line.startswith("totals:"))
+            if count_calls is not None:
+                for fn in count_calls:
+                    calls[name][fn] = callgrind_calls(text, fn) / requests
+                    calls[name][f"{fn} inclusive"] = callgrind_inclusive(dump, fn) / requests
+                # What the filter charged (its metrics), for every request sent: published
+                # about once a second, so read until two reads agree.
+                stats, deadline = None, time.time() + 15
+                while time.time() < deadline:
+                    time.sleep(1.5)
+                    last, stats = stats, e.admin_get("/stats?filter=usage_")
+                    if stats == last:
+                        break
+                for line in stats.splitlines():
+                    stat, _, value = line.rpartition(": ")
+                    kind = stat.split("usage_")[-1].split(".")[0].split(";")[0]
+                    calls[name][f"usage_{kind}"] = (calls[name].get(f"usage_{kind}", 0)
+                                                    + int(value) / (2 * requests))
         finally:
             e.stop()
         print(f"  instructions: {name} {total / requests:,.0f} per request", flush=True)
         return name, total / requests
 
+    calls = {name: {} for name, *_ in specs}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(one, specs))
+        counts = dict(pool.map(one, specs))
+    return (counts, calls) if count_calls else counts
+
+
+def callgrind_inclusive(dump, fn):
+    """The instructions of the function named `fn` and all it called, in a callgrind dump (0
+    if it never ran). Exported functions have their name without debug symbols too."""
+    # (Run from `/`: callgrind_annotate shortens the paths under its working folder, and
+    # then loses most of their counts.)
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
+                          "--auto=no", str(dump)],
+                         capture_output=True, text=True, check=True, cwd="/").stdout
+    found = [int(m.group(1).replace(",", "")) for m in
+             re.finditer(rf"^\s*([\d,]+) .*:{re.escape(fn)} \[", out, re.M)]
+    return max(found, default=0)
+
+
+def callgrind_calls(text, fn):
+    """How many times the functions named `fn` were called, in a callgrind dump (its names
+    compressed: `cfn=(id) name` the first time, `cfn=(id)` after)."""
+    names, total, target = {}, 0, False
+    for line in text.splitlines():
+        if line.startswith(("fn=", "cfn=")):
+            m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line)
+            if m:
+                if m.group(2):
+                    names[m.group(1)] = m.group(2)
+                target = line.startswith("cfn=") and names.get(m.group(1)) == fn
+        elif line.startswith("calls=") and target:
+            total += int(line[6:].split()[0])
+            target = False
+    return total
 
 
 def paired_delta(runs, a, b):
@@ -395,9 +452,18 @@ def main():
     ap.add_argument("--instructions-only", action="store_true",
                     help="count the main variants' instructions per request, print, write nothing")
     ap.add_argument("--requests", type=int, default=2000,
-                    help="requests counted per variant with --instructions-only")
+                    help="requests counted per variant with --instructions-only or --tokens")
+    ap.add_argument("--tokens", action="store_true",
+                    help="count the instructions per request of rules charged from response "
+                    "bodies (JSON, event stream) against the header and no rule, both builds; "
+                    "print, write bench/results-tokens.json (with --only: those variants)")
     args = ap.parse_args()
-    if args.report_only:
+    if args.tokens and args.report_only:
+        for out in ("results-tokens.json", "results-tokens-paced.json"):
+            if (BENCH / out).exists():
+                print(f"{out}:\n{tokens_report(json.loads((BENCH / out).read_text()))}\n")
+        return
+    if args.report_only and not args.tokens:
         results = json.loads((BENCH / "results.json").read_text())
         write_benchmarks(report(results))
         return
@@ -445,6 +511,9 @@ def main():
         results["curves_redone"] = True
         (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         write_benchmarks(report(results))
+        return
+    if args.tokens:
+        tokens(args, work)
         return
     if args.instructions_only:
         every = specs + header_styles() + rules_specs()
@@ -548,6 +617,196 @@ def instruction_targets(ins):
         if one and ten:
             lines.append(f"{b}: each further rule {(ten - one) / 9:,.0f} instructions{target}")
     return lines
+
+
+# Token usage read from response bodies (`cost.response: "openai"`): the answers an LLM API
+# sends, served by a real upstream, so that Envoy receives them from the network as it would.
+LLM_FIXTURES = ROOT / "crates/ratelimit-core/tests/fixtures/llm"
+# The usage the answers report (the recorded stream's total_tokens), also sent as a header.
+LLM_USAGE = 41
+
+LLM_CLUSTER = """  clusters:
+  - name: llm
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: llm
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {port}}}
+"""
+
+# The native module's body hook: Envoy calls it once per piece of body it delivers.
+BODY_HOOK = "envoy_dynamic_module_on_http_filter_response_body"
+
+
+def llm_answers():
+    """What the token variants are served, built as crates/ratelimit-core/tests/usage_scan.rs
+    builds the bodies it counts natively: name -> (content type, pieces). `json`: a 4 KB
+    OpenAI chat completion (pretty-printed, a long answer with escapes), one piece; `sse`: a
+    200-event OpenAI chat stream (usage in the last event, then [DONE]), one event a piece;
+    `ok`: 3 bytes."""
+    sample = (LLM_FIXTURES / "openai_chat.json").read_bytes()
+    line = rb"Token buckets refill at a fixed rate; a request spends tokens.\n"
+    long = line * ((4096 - len(sample)) // len(line) + 1)
+    json_body = sample.replace(b'"content": "', b'"content": "' + long, 1)
+    parts = (LLM_FIXTURES / "openai_chat_stream.sse").read_bytes().split(b"\n\n")
+    events = [part + b"\n\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    first, content, tail = events[0], events[1:-3], events[-3:]
+    stream = [first] + [content[i % len(content)] for i in range(200 - 1 - len(tail))] + tail
+    return {"ok": ("text/plain", [b"ok\n"]), "json": ("application/json", [json_body]),
+            "sse": ("text/event-stream", stream)}
+
+
+class LlmUpstream:
+    """An HTTP/1.1 upstream (keep-alive, in this process, outside valgrind) serving
+    `llm_answers()` at /ok, /json and /sse, every answer with `x-usage-tokens`: `ok` and `json`
+    with a content-length, in one write; `sse` chunked, each event its own chunk and its own
+    write (TCP_NODELAY), as an LLM API flushes them. SSE_GAP_US in the environment: a pause
+    after each event (what Envoy receives in one read, it delivers as one piece)."""
+
+    def __init__(self):
+        import socketserver
+        answers = llm_answers()
+        gap = float(os.environ.get("SSE_GAP_US") or 0) / 1e6
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                sock = self.request
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                buf = b""
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = sock.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    path = head.split(b" ", 2)[1].decode().strip("/")
+                    ctype, pieces = answers.get(path, answers["ok"])
+                    fields = (f"HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n"
+                              f"x-usage-tokens: {LLM_USAGE}\r\n")
+                    if path != "sse":
+                        body = b"".join(pieces)
+                        sock.sendall(f"{fields}content-length: {len(body)}\r\n\r\n".encode()
+                                     + body)
+                        continue
+                    sock.sendall(f"{fields}transfer-encoding: chunked\r\n\r\n".encode())
+                    for event in pieces:
+                        sock.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+                        if gap:
+                            time.sleep(gap)
+                    sock.sendall(b"0\r\n\r\n")
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.bytes = {name: sum(map(len, pieces)) for name, (_, pieces) in answers.items()}
+        self.pieces = {name: len(pieces) for name, (_, pieces) in answers.items()}
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def token_specs(port):
+    """The token variants, both builds, for each answer: no filter; this filter with one rule
+    per client that reads nothing of the answer (`pass`: its bytes just go by), charged from
+    the response header (`header`), and charged from the body by the `openai` preset (`body`).
+    (name, filters, route, extra)."""
+    per_client = rule("per-client", ["remote_address"])
+    charged = {"pass": per_client,
+               "header": per_client | {"cost": {"response": "header:x-usage-tokens"}},
+               "body": per_client | {"cost": {"response": "openai"}}}
+    extra = LLM_CLUSTER.format(port=port)
+    specs = []
+    for answer in ("ok", "json", "sse"):
+        route = f'                route: {{cluster: llm, prefix_rewrite: "/{answer}"}}\n'
+        specs.append((f"no-filter-{answer}", "", route, extra))
+        specs += [(f"{b}-{answer}-{kind}", ours([r], build=b), route, extra)
+                  for b in ("native", "wasm") for kind, r in charged.items()
+                  if answer != "ok" or kind != "body"]
+    return specs
+
+
+def tokens(args, work):
+    """Counts the token variants' instructions per request (callgrind, as
+    --instructions-only), prints them with the instructions per body byte the body rule adds,
+    and writes them to bench/results-tokens.json (bench/results-tokens-paced.json with
+    SSE_GAP_US)."""
+    upstream = LlmUpstream()
+    try:
+        specs = token_specs(upstream.port)
+        if args.only:
+            keep = args.only.split(",")
+            specs = [s for s in specs if s[0] in keep]
+        counts, seen = instructions(args.envoy, specs, work, requests=args.requests,
+                                    count_calls=[BODY_HOOK])
+    finally:
+        upstream.stop()
+    r = {"instructions": counts, "seen": seen, "bytes": upstream.bytes,
+         "pieces": upstream.pieces, "requests": args.requests,
+         "sse_gap_us": float(os.environ.get("SSE_GAP_US") or 0)}
+    out = "results-tokens-paced.json" if r["sse_gap_us"] else "results-tokens.json"
+    (BENCH / out).write_text(json.dumps(r, indent=2) + "\n")
+    print(tokens_report(r))
+
+
+def tokens_report(r):
+    """The table of the token variants and the figures per byte, as markdown."""
+    ins, seen, size = r["instructions"], r["seen"], r["bytes"]
+    cell = lambda name: f"{ins[name]:,.0f}" if name in ins else "–"
+    hook = lambda name: seen.get(name, {}).get(f"{BODY_HOOK} inclusive")
+    lines = [
+        "| answer (body bytes) | build | no filter | rule reads nothing (`pass`) | charged from the header | charged from the body (`openai`) | body pieces per request (native hook calls) | native body hook, body rule (inclusive) | charged per request (header / body) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for answer, label in (("ok", "`ok`"), ("json", "4 KB JSON"), ("sse", "200-event stream")):
+        for b in ("native", "wasm"):
+            name = lambda kind: f"{b}-{answer}-{kind}"
+            if not any(name(k) in ins for k in ("pass", "header", "body")):
+                continue
+            pieces = seen.get(name("body"), seen.get(name("header"), {})).get(BODY_HOOK)
+            charged = " / ".join(
+                f"{seen[name(k)].get('usage_charged', 0):g}"
+                + (f" ({seen[name(k)]['usage_unreported']:g} unreported)"
+                   if seen[name(k)].get("usage_unreported") else "")
+                for k in ("header", "body") if name(k) in seen)
+            h = hook(name("body"))
+            lines.append(
+                f"| {label} ({size[answer]:,}) | {b} | {cell(f'no-filter-{answer}')} | "
+                f"{cell(name('pass'))} | {cell(name('header'))} | {cell(name('body'))} | "
+                f"{f'{pieces:.1f}' if b == 'native' and pieces else '–'} | "
+                f"{f'{h:,.0f}' if b == 'native' and h else '–'} | {charged} |")
+    lines += ["", "| answer | build | body − header | per body byte | body − pass, per byte | native body hook, per body byte |",
+              "|---|---|---:|---:|---:|---:|"]
+    per_byte = {}
+    for answer in ("json", "sse"):
+        for b in ("native", "wasm"):
+            n = lambda kind: ins.get(f"{b}-{answer}-{kind}")
+            if n("body") is None or n("header") is None:
+                continue
+            added = n("body") - n("header")
+            per_byte[f"{b}-{answer}"] = added / size[answer]
+            over_pass = (f"{(n('body') - n('pass')) / size[answer]:.2f}"
+                         if n("pass") is not None else "–")
+            h = hook(f"{b}-{answer}-body")
+            lines.append(f"| {answer} | {b} | {added:+,.0f} | {added / size[answer]:.2f} | "
+                         f"{over_pass} | {f'{h / size[answer]:.2f}' if h else '–'} |")
+    passing = [f"{answer} {(ins[f'no-filter-{answer}'] - ins['no-filter-ok']) / (size[answer] - size['ok']):.2f}"
+               for answer in ("json", "sse")
+               if f"no-filter-{answer}" in ins and "no-filter-ok" in ins]
+    if passing:
+        lines += ["", "Envoy passing the body without a filter, per byte ((no filter − no filter "
+                  "`ok`) / bytes): " + ", ".join(passing) + "."]
+    r["per_byte"] = per_byte
+    return "\n".join(lines)
 
 
 def header_styles():
