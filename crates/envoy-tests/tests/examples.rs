@@ -1,7 +1,8 @@
 //! Every example in examples/ runs in a real Envoy, and its README's curl session is replayed:
 //! each command's output must be what the README says. The few curl forms the READMEs use are
 //! interpreted here (no curl needed): `-s`, `-o /dev/null`, `-w` with `%{http_code}` and
-//! `%header{NAME}`, `-H`, `-X`, `--interface`; `for i in $(seq N); do …; done`; and
+//! `%header{NAME}`, `-H`, `-X`, `-d` (a POST body, inline), `--interface`;
+//! `for i in $(seq N); do …; done`; and
 //! `seq N | xargs -P N -I{} … | sort | uniq -c`; and `cargo run -q --bin ratelimit-config -- …`
 //! (the CLI, run from the repository root).
 #![allow(
@@ -13,7 +14,8 @@
 
 mod common;
 
-use common::{Client, Envoy};
+use common::llm::LlmClient;
+use common::{Client, Envoy, Response};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -50,7 +52,8 @@ fn words(line: &str) -> Vec<String> {
 fn curl(args: &[String], addr: SocketAddr) -> String {
     assert_eq!(args[0], "curl", "{args:?}");
     let (mut method, mut format, mut source, mut url, mut discard) =
-        ("GET", None, None, None, false);
+        (None, None, None, None, false);
+    let mut data: Option<String> = None;
     let mut headers: Vec<(String, String)> = Vec::new();
     let mut i = 1;
     while i < args.len() {
@@ -67,10 +70,15 @@ fn curl(args: &[String], addr: SocketAddr) -> String {
             }
             "-X" => {
                 method = if args[i + 1] == "POST" {
-                    "POST"
+                    Some("POST")
                 } else {
                     panic!("{args:?}")
                 };
+                i += 1;
+            }
+            "-d" => {
+                assert!(!args[i + 1].starts_with('@'), "-d @FILE: {args:?}");
+                data = Some(args[i + 1].clone());
                 i += 1;
             }
             "-H" => {
@@ -92,15 +100,40 @@ fn curl(args: &[String], addr: SocketAddr) -> String {
         .trim_start_matches("http://")
         .strip_prefix("localhost:10000")
         .unwrap_or_else(|| panic!("URL {url} is not localhost:10000"));
-    let mut client = match &source {
-        Some(s) => Client::connect_from(addr, s).unwrap(),
-        None => Client::connect(addr).unwrap(),
-    };
+    // As curl: -d makes a POST, its body form-encoded unless the command names a type.
+    let method = method.unwrap_or(if data.is_some() { "POST" } else { "GET" });
+    if data.is_some() && !headers.iter().any(|(k, _)| k == "content-type") {
+        headers.push((
+            "content-type".into(),
+            "application/x-www-form-urlencoded".into(),
+        ));
+    }
     let h: Vec<(&str, &str)> = headers
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let r = client.send(method, path, &h).unwrap();
+    let r = match (&data, &source) {
+        (Some(body), None) => {
+            let r = LlmClient::connect(addr)
+                .unwrap()
+                .send(method, path, &h, body.as_bytes(), None)
+                .unwrap();
+            Response {
+                status: r.status,
+                headers: r.headers,
+                body: r.body,
+            }
+        }
+        (Some(_), Some(_)) => panic!("-d with --interface: {args:?}"),
+        (None, Some(s)) => Client::connect_from(addr, s)
+            .unwrap()
+            .send(method, path, &h)
+            .unwrap(),
+        (None, None) => Client::connect(addr)
+            .unwrap()
+            .send(method, path, &h)
+            .unwrap(),
+    };
     let mut out = if discard { String::new() } else { r.body_str() };
     if let Some(f) = format {
         let mut f = f
