@@ -443,9 +443,10 @@ impl Stream<'_> {
         unsafe { envoy_dynamic_module_callback_http_get_body_size(self.ptr, which) }
     }
 
-    /// Calls `f` with each chunk of a body, in order, without copying: Envoy lends its own
-    /// buffer slices, for this call only. Nothing when Envoy has no body of that type.
-    pub fn body(&self, which: BodyType, mut f: impl FnMut(&[u8])) {
+    /// Calls `f` with each chunk of a body, in order, and how many chunks there are, without
+    /// copying: Envoy lends its own buffer slices, for this call only. Nothing when Envoy has no
+    /// body of that type.
+    pub fn body(&self, which: BodyType, mut f: impl FnMut(&[u8], usize)) {
         /// Chunks read without allocating: a received piece is usually one slice, a buffered
         /// body one per ~16 KiB read.
         const INLINE: usize = 16;
@@ -475,7 +476,7 @@ impl Stream<'_> {
         for chunk in slots.iter() {
             // SAFETY: Envoy's slices of the body, valid until the hook returns unless the body
             // is changed: `f` only gets `&[u8]` for its call and this crate has no body setter.
-            f(unsafe { chunk.bytes() });
+            f(unsafe { chunk.bytes() }, n);
         }
     }
 

@@ -557,7 +557,7 @@ impl Filter {
             }
             let mut host = NativeHost::new(s);
             let mut next = Next::Wait;
-            s.body(BodyType::ReceivedRequestBody, |chunk| {
+            s.body(BodyType::ReceivedRequestBody, |chunk, _| {
                 if matches!(next, Next::Wait) {
                     next = st.request_body(&c.rt, &mut host, chunk, false);
                 }
@@ -767,11 +767,34 @@ impl HttpFilter for Filter {
                         return;
                     };
                     body.clear();
-                    s.body(BodyType::ReceivedResponseBody, |slice| {
-                        body.extend_from_slice(slice)
+                    let mut fed = false;
+                    s.body(BodyType::ReceivedResponseBody, |slice, slices| {
+                        if slices == 1 {
+                            let len = slice.len() as u64;
+                            st.response_body(
+                                &c.rt,
+                                len,
+                                Some(slice),
+                                end_of_stream,
+                                now_ms,
+                                reporter(s),
+                            );
+                            fed = true;
+                        } else {
+                            body.extend_from_slice(slice);
+                        }
                     });
-                    let len = body.len() as u64;
-                    st.response_body(&c.rt, len, Some(&body), end_of_stream, now_ms, reporter(s));
+                    if !fed {
+                        let len = body.len() as u64;
+                        st.response_body(
+                            &c.rt,
+                            len,
+                            Some(&body),
+                            end_of_stream,
+                            now_ms,
+                            reporter(s),
+                        );
+                    }
                     if body.capacity() > MAX_BODY_KEPT {
                         *body = Vec::new(); // an unusually large piece: not kept
                     }
