@@ -252,8 +252,9 @@ pub struct Sized {
     pub slot: usize,
     /// The estimate of the input added to it.
     pub input: Input,
-    /// The most body bytes held while looking for the fields; a body that names none within
-    /// them reserves [`Charge::reserve`].
+    /// How many body bytes to read (and hold) while looking for the fields: the search stops
+    /// with the piece that crosses it; a body that names none by then reserves
+    /// [`Charge::reserve`].
     pub max_body: u32,
 }
 
