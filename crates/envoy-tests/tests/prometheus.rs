@@ -244,7 +244,7 @@ const PLUGIN: &str = r#"{"capacity": 256, "failure_mode": "allow", "rules": [
    "rate_limit": {"requests_per_unit": 2, "unit": "hour"}},
   {"name": "tokens", "match": {"path_prefix": "/tokens"}, "key": ["header:x-user"],
    "rate_limit": {"requests_per_unit": 1000000, "unit": "hour"},
-   "cost": {"response": "header:x-usage-tokens", "default": 50}},
+   "cost": {"response": "header:x-usage-tokens", "default": 50, "reserve": 100, "true_up": true}},
   {"name": "slots", "match": {"path_prefix": "/slow"}, "in_flight": {"max": 2}},
   {"name": "paced", "match": {"path_prefix": "/paced"}, "algorithm": "leaky_bucket", "burst": 5,
    "on_limit": "delay", "max_delay_ms": 1000, "rate_limit": {"requests_per_unit": 10, "unit": "second"}},
@@ -326,10 +326,10 @@ fn drive(envoy: &Envoy) -> Sent {
     }
     assert_eq!(statuses, BTreeMap::from([(200, 8), (429, 395)]));
 
-    // Tokens charged from the response: 5 × 100, and one response that never says (the
-    // default, 50).
-    for _ in 0..5 {
-        let r = send(&mut c, "/tokens", &[("x-user", "t"), ("x-usage", "100")]);
+    // Tokens charged from the response against a reservation of 100: 60 + 140 + 3 × 100, and
+    // one response that never says (the default, 50): 40 + 50 refunded, 40 beyond.
+    for usage in ["60", "140", "100", "100", "100"] {
+        let r = send(&mut c, "/tokens", &[("x-user", "t"), ("x-usage", usage)]);
         assert_eq!(r.status, 200);
     }
     assert_eq!(send(&mut c, "/tokens", &[("x-user", "t")]).status, 200);
@@ -574,6 +574,8 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
     prom.wait_value(&at("allowed", "trial"), sent.trial_allowed as f64);
     prom.wait_value(&at("usage_charged", "tokens"), sent.tokens_charged as f64);
     prom.wait_value(&at("usage_unreported", "tokens"), 1.0);
+    prom.wait_value(&at("usage_refunded", "tokens"), 90.0);
+    prom.wait_value(&at("usage_exceeded", "tokens"), 40.0);
     prom.wait_value(&at("delayed", "paced"), 4.0);
     prom.wait_value(&at("failed_open", "remote"), 1.0);
     prom.wait_value(&at("global_errors", "remote"), 1.0);
@@ -820,9 +822,19 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 assert!(rules.values().all(|&v| v == 0.0), "{what}: {rules:?}");
                 true
             }
-            ("Usage charged /s", "A") => {
+            ("Usage charged, refunded and beyond reservations /s", "A") => {
                 assert_eq!(rules.keys().collect::<Vec<_>>(), ["tokens"], "{what}");
                 assert_rate(&what, rules["tokens"], sent.tokens_charged);
+                true
+            }
+            ("Usage charged, refunded and beyond reservations /s", "B") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), ["tokens"], "{what}");
+                assert_rate(&what, rules["tokens"], 90);
+                true
+            }
+            ("Usage charged, refunded and beyond reservations /s", "C") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), ["tokens"], "{what}");
+                assert_rate(&what, rules["tokens"], 40);
                 true
             }
             ("Responses that never reported usage /s", "A") => {
@@ -884,7 +896,7 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         }
     }
     // Every panel query the checks above name is still on the dashboard.
-    assert_eq!(checked.len(), 29, "panel queries checked: {checked:?}");
+    assert_eq!(checked.len(), 31, "panel queries checked: {checked:?}");
 
     // --- The alerts ---
     let rules = rule_list();
