@@ -590,7 +590,10 @@ fn a_reservation_that_does_not_fit_is_refused_with_the_exact_wait() {
     let waited = sent.elapsed().as_secs();
     let k = remaining(&r).checked_sub(200).expect("at least 200 left");
     assert!(k <= waited, "{k} tokens back after {waited} s");
-    assert_eq!(r.header("retry-after"), Some((300 - k).to_string().as_str()));
+    assert_eq!(
+        r.header("retry-after"),
+        Some((300 - k).to_string().as_str())
+    );
     // Another key is not touched.
     let other = new_id("other");
     let r = rig.post(&path, &other, &[("x-api-key", "k2")], body.as_bytes());
