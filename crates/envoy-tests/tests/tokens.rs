@@ -1025,3 +1025,61 @@ fn a_held_request_keeps_its_body_until_its_turn() {
         Some(3)
     );
 }
+
+// 8. A backend that answers before it has read the request's body
+
+/// Envoy's `direct_response` answers on a request's headers alone. The native build decides
+/// before the headers go on, as always. The wasm build lets them go on before reading the
+/// body, so the answer comes first: the request is decided then, with what was read (here, no
+/// maximum yet: the default reservation), counted and charged, and never refused (a refusal it
+/// would have made counts in `shadow_limited`).
+#[test]
+fn a_backend_that_answers_before_reading_the_body() {
+    let config = r#"{"rules": [{"name": "late", "key": ["header:x-api-key"],
+        "rate_limit": {"requests_per_unit": 1000, "unit": "day"},
+        "cost": {"response": "openai", "true_up": true, "default": 100,
+                 "reserve": {"from": "openai", "default": 950}}}]}"#;
+    let envoy = Envoy::start(config);
+    let send = |max: u64| {
+        let body = format!(r#"{{"max_tokens": {max}, "messages": []}}"#);
+        let (head, tail) = body.as_bytes().split_at(5);
+        LlmClient::connect(envoy.addr)
+            .unwrap()
+            .send_pieces(
+                "POST",
+                "/v1/chat/completions",
+                &[("x-api-key", "k"), ("content-type", "application/json")],
+                &[head, tail],
+                Duration::from_millis(300),
+                None,
+            )
+            .unwrap()
+    };
+    let stat = |name: &str, want: u64| envoy.wait_stat(&common::metric(Some("late"), name), want);
+    let first = send(50);
+    assert_eq!(first.status, 200);
+    let second = send(950);
+    match build() {
+        Build::Native => {
+            // Read whole first: reserved 50, charged the default 100 (no usage in "ok").
+            assert_eq!(remaining(&first), 950);
+            assert_eq!(second.status, 429, "950 does not fit in the 900 left");
+            assert_eq!(stat("usage_charged", 100), Some(100));
+            assert_eq!(stat("limited", 1), Some(1));
+        }
+        Build::Wasm => {
+            // Decided at the answer: the default reservation, 950, then trued up to 100.
+            assert_eq!(remaining(&first), 50);
+            assert_eq!(
+                second.status, 200,
+                "its answer had begun: it cannot be refused"
+            );
+            assert_eq!(stat("shadow_limited", 1), Some(1));
+            assert_eq!(stat("usage_charged", 200), Some(200));
+            assert_eq!(
+                envoy.stat(&common::metric(Some("late"), "limited")),
+                Some(0)
+            );
+        }
+    }
+}

@@ -647,6 +647,58 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_before_the_body_was_read_decides_the_request_without_refusing_it() {
+        let rt = runtime(TRUE_UP);
+        let json = [("content-type", "application/json")];
+        // The answer's headers come while the body is being read (a backend that answers on
+        // the headers alone, in the wasm build): decided with the default reservation, 300.
+        let late = |key: &str, used: u64| {
+            let mut h = host(key);
+            h.body_follows = true;
+            let mut st = StreamState::default();
+            assert!(matches!(st.request_headers(&rt, &mut h), Next::Wait));
+            assert!(matches!(
+                st.request_body(&rt, &mut h, br#"{"messages":"#, false),
+                Next::Wait
+            ));
+            let mut fields = Vec::new();
+            let mut response = FakeResponse::with("content-type", "application/json");
+            st.response_headers(
+                &rt,
+                &mut response,
+                || 600_000,
+                &mut String::new(),
+                |k, v, _| fields.push((k.to_string(), v.to_string())),
+                |_, _| {},
+            );
+            assert!(!st.reads_request_body() && !st.stops_request());
+            let reported = answer(&rt, &mut st, &json, openai(used).as_bytes(), 1000, true);
+            (fields, reported)
+        };
+        let (fields, reported) = late("a", 800);
+        assert!(
+            fields.contains(&("x-ratelimit-remaining".into(), "700".into())),
+            "{fields:?}"
+        );
+        assert_eq!(reported, [("tokens".to_string(), 800)]);
+        // 200 left: a request whose default reservation does not fit any more still goes on
+        // (its answer has begun) and is charged, counted as what the rule would have refused.
+        let (_, reported) = late("a", 400);
+        assert_eq!(reported, [("tokens".to_string(), 400)]);
+        let mut all = Vec::new();
+        rt.metrics().drain(|_, c, n| all.push((c, n)), |_, _| {});
+        let sum = |which| {
+            all.iter()
+                .filter(|(c, _)| *c == which)
+                .map(|(_, n)| n)
+                .sum::<u64>()
+        };
+        assert_eq!(sum(Counter::ShadowLimited), 1);
+        assert_eq!(sum(Counter::Limited), 0);
+        assert_eq!(sum(Counter::UsageCharged), 1200);
+    }
+
+    #[test]
     fn a_reservation_that_does_not_fit_is_refused_and_capped_by_the_limit() {
         let rt = runtime(TRUE_UP);
         let mut st = StreamState::default();

@@ -203,6 +203,9 @@ pub struct Pending {
     pub(super) sized: SmallVec<[usize; 1]>,
     /// The request's `content-length`, when a rule sizes by it.
     pub(super) content_length: Option<u64>,
+    /// Decided after its answer began: it cannot be refused, and a rule charged by the
+    /// response is owed its usage even if it would have refused it.
+    pub(super) late: bool,
 }
 
 impl Pending {
@@ -369,7 +372,7 @@ impl<S: Store> Runtime<S> {
                         held.rules.push((q.rule, false));
                     } else {
                         refused |= !rule.shadow;
-                        self.refusal(host, q.rule, q.hash, &v, q.cost);
+                        self.refusal(host, q.rule, q.hash, &v, q.cost, rule.shadow);
                     }
                     reported.push((q.rule, v));
                 }
@@ -403,7 +406,15 @@ impl<S: Store> Runtime<S> {
                     continue;
                 };
                 if !v.allowed {
-                    self.refusal(host, a.rule, a.hash, &v, check.cost);
+                    self.refusal(host, a.rule, a.hash, &v, check.cost, check.shadow);
+                    if p.late && rule.charge().is_some() {
+                        owed.push(Debt {
+                            rule: a.rule,
+                            slot: check.slot,
+                            fingerprint: check.fingerprint,
+                            kind: DebtKind::Usage, // nothing was counted
+                        });
+                    }
                 } else if allowed {
                     if delay > 0 {
                         held.rules.push((a.rule, v.delay_ms > 0));
@@ -612,13 +623,22 @@ impl<S: Store> Runtime<S> {
         }
     }
 
-    /// Counts a request a rule refused (or, in shadow mode, would have) and logs its line. The
-    /// key appears only as its keyed hash: the raw value may be an API key.
-    fn refusal(&self, host: &mut impl Host, rule: usize, hash: u64, v: &Verdict, cost: u64) {
+    /// Counts a request a rule refused (or, `shadow`, would have: a shadow rule, or a request
+    /// that can no longer be refused) and logs its line. The key appears only as its keyed
+    /// hash: the raw value may be an API key.
+    fn refusal(
+        &self,
+        host: &mut impl Host,
+        rule: usize,
+        hash: u64,
+        v: &Verdict,
+        cost: u64,
+        shadow: bool,
+    ) {
         let Some(r) = self.config.rules.get(rule) else {
             return;
         };
-        if r.shadow {
+        if shadow {
             self.metrics.add(rule, Counter::ShadowLimited, 1);
         } else {
             self.metrics.add(rule, Counter::Limited, 1);
@@ -636,7 +656,7 @@ impl<S: Store> Runtime<S> {
             level,
             format_args!(
                 "limited rule={} shadow={} key={hash:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
-                r.name, r.shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
+                r.name, shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
             ),
         );
     }

@@ -25,6 +25,42 @@ use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
 use crate::store::Store;
 
+/// The host of a request decided after its answer began: its attributes were read when its
+/// headers came, and the time is the answer's.
+struct Late {
+    now: u64,
+}
+
+impl crate::key::Attributes for Late {
+    fn source_address(&mut self) -> Option<&str> {
+        None
+    }
+    fn path(&mut self) -> Option<&str> {
+        None
+    }
+    fn method(&mut self) -> Option<&str> {
+        None
+    }
+    fn authority(&mut self) -> Option<&str> {
+        None
+    }
+    fn header(&mut self, _name: &str) -> Option<&[u8]> {
+        None
+    }
+}
+
+impl Host for Late {
+    fn now_ms(&mut self) -> u64 {
+        self.now
+    }
+    fn held(&self) -> usize {
+        0
+    }
+    fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
+        log::log!(level, "{line}");
+    }
+}
+
 /// What the host does next for a stream.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // boxing the reply would allocate per refusal
@@ -376,17 +412,53 @@ impl StreamState {
         emit: impl FnMut(&str, &str, bool),
         mut report: impl FnMut(&str, u64),
     ) {
+        let mut read = None;
+        let mut clock = Some(clock);
+        if matches!(self.phase, Phase::Reading(_)) {
+            let now = clock.take().map_or(0, |c| c());
+            self.decide_late(rt, now);
+            read = Some(now);
+        }
         if matches!(self.phase, Phase::Replied) {
             return;
         }
         let Some(a) = self.admitted.as_mut() else {
             return;
         };
-        let now = if a.needs_clock() { clock() } else { 0 };
+        let now = match (read, clock) {
+            (Some(now), _) => now,
+            (None, Some(clock)) if a.needs_clock() => clock(),
+            _ => 0,
+        };
         rt.response_headers(a, response, now, buf, emit, &mut report);
         if !a.owes() {
             self.admitted = None;
         }
+    }
+
+    /// The backend answered while the request's body was still being read (the wasm build lets
+    /// a request's headers go on before its body is read): the request is decided now, with
+    /// what was read, and can no longer be refused. Its rules count it as admitted, or, if they
+    /// would have refused it, in `shadow_limited`; its usage is charged either way.
+    fn decide_late<S: Store>(&mut self, rt: &Runtime<S>, now: u64) {
+        let Phase::Reading(mut r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
+            return;
+        };
+        rt.read_request(&mut r, &[], true);
+        for check in r.pending.checks.iter_mut() {
+            check.shadow = true;
+        }
+        r.pending.late = true;
+        let mut host = Late { now };
+        let (admitted, held) = match rt.finish(&mut host, &r.pending) {
+            Decision::Continue(admitted) => (admitted, None),
+            Decision::Hold { admitted, held, .. } => (admitted, Some(held)),
+            Decision::Reply(_) => (None, None),
+        };
+        if let Some(held) = held {
+            rt.release(&held);
+        }
+        self.admitted = admitted;
     }
 
     /// Whether the response body matters ([`StreamState::response_body`] does nothing
