@@ -554,6 +554,21 @@ impl Request {
         &mut self.state
     }
 
+    /// The stream ended, however it ended: a request still held was abandoned by its client,
+    /// and what its rules are still owed is settled (once: a second call finds nothing).
+    fn end(&mut self) {
+        #[cfg(feature = "panic-trigger")]
+        if self.panic_at_end {
+            #[allow(clippy::panic)]
+            {
+                panic!("x-test-panic: end");
+            }
+        }
+        if let Some(served) = self.served.clone() {
+            self.state().complete(&served.rt, now_ms, report_usage);
+        }
+    }
+
     /// The request's body has `body_size` bytes so far (`end`: all of it): read while
     /// reservations are sized from it, held while the request waits (for the services, its
     /// turn or its body: going on from a body hook would let it go), passed on otherwise.
@@ -656,18 +671,8 @@ impl Request {
 
 impl Context for Request {
     fn on_done(&mut self) -> bool {
-        #[cfg(feature = "panic-trigger")]
-        if self.panic_at_end {
-            #[allow(clippy::panic)]
-            {
-                panic!("x-test-panic: end");
-            }
-        }
-        // However the stream ended: a request still held was abandoned by its client, and
-        // what its rules are still owed is settled.
-        if let Some(served) = self.served.clone() {
-            self.state().complete(&served.rt, now_ms, report_usage);
-        }
+        // Settled at `on_log` already, unless Envoy logged nothing: then here.
+        self.end();
         true
     }
 
@@ -688,17 +693,8 @@ impl Context for Request {
 
 impl HttpContext for Request {
     fn on_log(&mut self) {
-        #[cfg(feature = "panic-trigger")]
-        if self.panic_at_end {
-            #[allow(clippy::panic)]
-            {
-                panic!("x-test-panic: end");
-            }
-        }
         // Before the access log (on_done comes after it): what is settled here is logged.
-        if let Some(served) = self.served.clone() {
-            self.state().complete(&served.rt, now_ms, report_usage);
-        }
+        self.end();
     }
 
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
