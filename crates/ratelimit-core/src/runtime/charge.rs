@@ -8,7 +8,7 @@
 //! rule's default. Each usage settled is handed to the host's `report(rule, usage)` (the
 //! access log's dynamic metadata or filter state).
 
-use super::request::{Admitted, Debt, DebtKind, Pending, Response};
+use super::request::{Admitted, BodyScan, Debt, DebtKind, Pending, Response};
 use super::Runtime;
 use crate::config::{self, Cost, Usage};
 use crate::engine::{self, Owed};
@@ -16,20 +16,6 @@ use crate::limiter::Verdict;
 use crate::metrics::{Counter, Gauge};
 use crate::store::Store;
 use crate::usage::{Format, Scanner};
-
-/// The scan of one response body for the usage it reports.
-#[derive(Debug)]
-pub struct BodyScan {
-    /// `None`: the body cannot be read (compressed): its usage is not reported.
-    scanner: Option<Scanner>,
-}
-
-impl BodyScan {
-    /// Whether the body's bytes are read.
-    pub(super) fn reads(&self) -> bool {
-        self.scanner.is_some()
-    }
-}
 
 /// Reads a request body for the fields that size its reservations.
 #[derive(Debug)]

@@ -111,7 +111,7 @@ pub struct Admitted {
     /// Response body bytes so far.
     pub(super) body_bytes: u64,
     /// The scan of the response body for the usage it reports, once the headers said how to.
-    pub(super) scan: Option<Box<super::charge::BodyScan>>,
+    pub(super) scan: Option<Box<BodyScan>>,
     /// The elastic rules whose backend health this response tells about.
     watched: SmallVec<[usize; 1]>,
     /// Whether one of them judges latency (the response's time is needed then).
@@ -144,6 +144,20 @@ impl Admitted {
     /// response's latency); otherwise any value will do.
     pub fn needs_clock(&self) -> bool {
         !self.owed.is_empty() || self.timed
+    }
+}
+
+/// The scan of one response body for the usage it reports.
+#[derive(Debug)]
+pub(super) struct BodyScan {
+    /// `None`: the body cannot be read (compressed): its usage is not reported.
+    pub(super) scanner: Option<crate::usage::Scanner>,
+}
+
+impl BodyScan {
+    /// Whether the body's bytes are read.
+    pub(super) fn reads(&self) -> bool {
+        self.scanner.is_some()
     }
 }
 
