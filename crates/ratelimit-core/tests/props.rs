@@ -15,11 +15,11 @@
 //! `PROPTEST_CASES=200000 cargo test --release -p ratelimit-core --test props -- --nocapture`.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+mod common;
+
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
-use proptest::test_runner::{
-    FailurePersistence, FileFailurePersistence, RngAlgorithm, TestRng, TestRunner,
-};
+use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
 use ratelimit_core::config::{Config, KeyPart, Match, Prefixes};
 use ratelimit_core::key::{client_key, descriptor_entries, matches, PlainRequest, Seed};
 use ratelimit_core::limiter::{gcra, Policy, State};
@@ -51,19 +51,7 @@ fn check<S: Strategy>(
     inputs: S,
     property: impl Fn(S::Value) -> Result<Duration, TestCaseError>,
 ) {
-    let defaults = ProptestConfig::default();
-    // None when PROPTEST_DISABLE_FAILURE_PERSISTENCE is set.
-    let persistence = defaults.failure_persistence.as_ref().map(|_| {
-        Box::new(FileFailurePersistence::Direct(REGRESSIONS)) as Box<dyn FailurePersistence>
-    });
-    let config = ProptestConfig {
-        cases: match std::env::var_os("PROPTEST_CASES") {
-            Some(_) => defaults.cases,
-            None => cases,
-        },
-        failure_persistence: persistence,
-        ..defaults
-    };
+    let config = common::config(cases, REGRESSIONS);
     let cases = config.cases;
     let mut runner = TestRunner::new(config);
     let (runs, slowest) = (Cell::new(0u64), Cell::new(Duration::ZERO));

@@ -11,9 +11,11 @@
 //! N cases of each property); failing seeds go to `proptest-regressions/usage_props.txt`.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+mod common;
+
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{FailurePersistence, FileFailurePersistence, TestRunner};
+use proptest::test_runner::TestRunner;
 use ratelimit_core::usage::{Format, Paths, Scanner};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -436,18 +438,7 @@ fn check<S: Strategy>(
     inputs: S,
     property: impl Fn(S::Value) -> Result<(), TestCaseError>,
 ) {
-    let defaults = ProptestConfig::default();
-    let persistence = defaults.failure_persistence.as_ref().map(|_| {
-        Box::new(FileFailurePersistence::Direct(REGRESSIONS)) as Box<dyn FailurePersistence>
-    });
-    let config = ProptestConfig {
-        cases: match std::env::var_os("PROPTEST_CASES") {
-            Some(_) => defaults.cases,
-            None => CASES,
-        },
-        failure_persistence: persistence,
-        ..defaults
-    };
+    let config = common::config(CASES, REGRESSIONS);
     let mut runner = TestRunner::new(config);
     let start = Instant::now();
     let result = runner.run(&inputs, property);
