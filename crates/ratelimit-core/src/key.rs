@@ -3,7 +3,7 @@
 //! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
-use crate::config::{HeaderCondition, KeyPart, Match, Prefixes};
+use crate::config::{Carried, HeaderCondition, KeyPart, Match, Prefixes, Source};
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -71,6 +71,15 @@ pub trait Attributes {
     fn authority(&mut self) -> Option<&str>;
     /// A request header's value by lower-case name; values may hold any bytes.
     fn header(&mut self, name: &str) -> Option<&[u8]>;
+    /// A key of Envoy's dynamic metadata under `namespace` (`None`: absent, or a host that
+    /// cannot read metadata).
+    fn metadata(&mut self, _namespace: &str, _key: &str) -> Option<Carried<'_>> {
+        None
+    }
+    /// A filter state object's value as text (`None`: absent, or a host that cannot read it).
+    fn filter_state(&mut self, _key: &str) -> Option<&[u8]> {
+        None
+    }
     /// The client's address without its port: [`strip_port`] of
     /// [`Attributes::source_address`]. A host may keep it for the request's other rules.
     fn client_address(&mut self) -> Option<&str> {
@@ -321,6 +330,22 @@ pub fn client_key(
     h.write_u64(rule_fingerprint);
     visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
     Some(h.finish())
+}
+
+/// The first key part missing from the request, if any (the reason a rule does not apply).
+pub fn missing_part<'p>(parts: &'p [KeyPart], req: &mut impl Attributes) -> Option<&'p KeyPart> {
+    parts
+        .iter()
+        .find(|&part| visit_parts(std::slice::from_ref(part), req, |_, _| {}).is_none())
+}
+
+/// The value a request carries at `source`, as the host reads it.
+pub fn carried<'a>(source: &Source, req: &'a mut impl Attributes) -> Option<Carried<'a>> {
+    match source {
+        Source::Header(name) => present(req.header(name)).map(Carried::Text),
+        Source::Metadata { namespace, key } => req.metadata(namespace, key),
+        Source::FilterState(key) => present(req.filter_state(key)).map(Carried::Text),
+    }
 }
 
 /// A rate limit service descriptor: (entry key, raw value) pairs.

@@ -57,11 +57,19 @@ pub enum Counter {
     /// The `Retry-After` seconds the rule told the clients it refused, summed: divided by
     /// `limited`, how long a refused client is told to wait on average.
     RetryAfterSeconds,
+    /// Requests that carried no number for a limit read from the request: the default applied.
+    LimitDefaulted,
+    /// Requests whose number for a limit read from the request was not a whole number from 1:
+    /// the default applied.
+    LimitInvalid,
+    /// Requests whose number for a limit read from the request was above its cap: the cap
+    /// applied.
+    LimitCapped,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -78,6 +86,9 @@ impl Counter {
         Counter::UsageExceeded,
         Counter::ElasticAllowed,
         Counter::RetryAfterSeconds,
+        Counter::LimitDefaulted,
+        Counter::LimitInvalid,
+        Counter::LimitCapped,
     ];
 
     /// The name in the metric names.
@@ -99,6 +110,9 @@ impl Counter {
             Counter::UsageExceeded => "usage_exceeded",
             Counter::ElasticAllowed => "elastic_allowed",
             Counter::RetryAfterSeconds => "retry_after_seconds",
+            Counter::LimitDefaulted => "limit_defaulted",
+            Counter::LimitInvalid => "limit_invalid",
+            Counter::LimitCapped => "limit_capped",
         }
     }
 }

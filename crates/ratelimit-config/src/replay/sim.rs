@@ -146,8 +146,12 @@ impl Outcome {
             Counter::UsageExceeded => &mut self.usage_exceeded,
             // No store races offline, no service, no held request left behind; elastic rules
             // replay at their base limit (the log cannot say how the backend was doing as each
-            // request was decided), and waits are not reported.
+            // request was decided), and waits are not reported. A limit read from the request
+            // replays with what the log recorded (its headers) and the default otherwise.
             Counter::StoreRetries
+            | Counter::LimitDefaulted
+            | Counter::LimitInvalid
+            | Counter::LimitCapped
             | Counter::GlobalErrors
             | Counter::Abandoned
             | Counter::ElasticAllowed
