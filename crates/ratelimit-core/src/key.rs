@@ -3,8 +3,9 @@
 //! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
-use crate::config::{Carried, HeaderCondition, KeyPart, Match, Prefixes, Source};
+use crate::config::{Carried, HeaderCondition, HeaderMatch, KeyPart, Match, Prefixes, Source};
 use siphasher::sip::SipHasher13;
+use std::fmt;
 use std::hash::Hasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -221,42 +222,96 @@ pub fn present(value: Option<&[u8]>) -> Option<&[u8]> {
     value.filter(|v| !v.trim_ascii().is_empty())
 }
 
-/// Whether every condition of `m` holds for the request.
+/// One condition of a rule's `match`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition<'m> {
+    /// `path`: the path, without the query string, equals this.
+    Path(&'m str),
+    /// `path_prefix`: the path, without the query string, starts with this.
+    PathPrefix(&'m str),
+    /// `methods`: the method is one of these.
+    Methods(&'m [String]),
+    /// `authority`: the authority equals this, case-insensitively.
+    Authority(&'m str),
+    /// One of `headers`.
+    Header(&'m HeaderMatch),
+}
+
+impl Condition<'_> {
+    /// Whether the condition holds for the request.
+    pub fn holds(&self, req: &mut impl Attributes) -> bool {
+        match *self {
+            Condition::Path(want) => req.path().is_some_and(|p| split_path(p).0 == want),
+            Condition::PathPrefix(want) => req
+                .path()
+                .is_some_and(|p| split_path(p).0.starts_with(want)),
+            Condition::Methods(want) => req.method().is_some_and(|m| want.iter().any(|x| x == m)),
+            Condition::Authority(want) => req
+                .authority()
+                .is_some_and(|a| a.eq_ignore_ascii_case(want)),
+            Condition::Header(h) => {
+                let value = present(req.header(&h.name));
+                match &h.condition {
+                    HeaderCondition::Present(present) => value.is_some() == *present,
+                    HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Condition<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Condition::Path(p) => write!(f, "match.path {p:?}"),
+            Condition::PathPrefix(p) => write!(f, "match.path_prefix {p:?}"),
+            Condition::Methods(m) => write!(f, "match.methods [{}]", m.join(", ")),
+            Condition::Authority(a) => write!(f, "match.authority {a:?}"),
+            Condition::Header(h) => match &h.condition {
+                HeaderCondition::Equals(v) => write!(f, "match.headers {} = {v:?}", h.name),
+                HeaderCondition::Present(true) => write!(f, "match.headers {} present", h.name),
+                HeaderCondition::Present(false) => write!(f, "match.headers {} absent", h.name),
+            },
+        }
+    }
+}
+
+/// The conditions of `m`, in the order they are checked.
+pub fn conditions(m: &Match) -> impl Iterator<Item = Condition<'_>> {
+    let methods = (!m.methods.is_empty()).then_some(Condition::Methods(&m.methods));
+    m.path
+        .as_deref()
+        .map(Condition::Path)
+        .into_iter()
+        .chain(m.path_prefix.as_deref().map(Condition::PathPrefix))
+        .chain(methods)
+        .chain(m.authority.as_deref().map(Condition::Authority))
+        .chain(m.headers.iter().map(Condition::Header))
+}
+
+/// The first condition of `m` that does not hold for the request (`None`: `m` matches).
+pub fn failing<'m>(m: &'m Match, req: &mut impl Attributes) -> Option<Condition<'m>> {
+    conditions(m).find(|c| !c.holds(req))
+}
+
+/// Whether every condition of `m` holds for the request: [`failing`] finds none.
 pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
-    if m.path.is_some() || m.path_prefix.is_some() {
-        let Some(full) = req.path() else { return false };
-        let (path, _) = split_path(full);
-        if m.path.as_deref().is_some_and(|p| p != path) {
-            return false;
-        }
-        if m.path_prefix
-            .as_deref()
-            .is_some_and(|p| !path.starts_with(p))
-        {
-            return false;
-        }
+    failing(m, req).is_none()
+}
+
+/// A client-key hash as the filter's `limited rule=… key=…` line prints it: the one
+/// formatting of a key that an operator sees, so every tool that shows a key goes through it.
+pub fn logged(hash: u64) -> impl fmt::Display {
+    Logged(hash)
+}
+
+/// See [`logged`].
+struct Logged(u64);
+
+impl fmt::Display for Logged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
     }
-    if !m.methods.is_empty() {
-        let Some(method) = req.method() else {
-            return false;
-        };
-        if !m.methods.iter().any(|x| x == method) {
-            return false;
-        }
-    }
-    if let Some(want) = &m.authority {
-        match req.authority() {
-            Some(a) if a.eq_ignore_ascii_case(want) => {}
-            _ => return false,
-        }
-    }
-    m.headers.iter().all(|h| {
-        let value = present(req.header(&h.name));
-        match &h.condition {
-            HeaderCondition::Present(present) => value.is_some() == *present,
-            HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
-        }
-    })
 }
 
 /// The most bytes of one key part that are hashed (with the part's full length): longer values

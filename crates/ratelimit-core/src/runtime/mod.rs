@@ -9,9 +9,11 @@
 //! attributes, carry out what they are told and keep the state.
 
 mod charge;
+pub mod explain;
 pub mod request;
 pub mod stream;
 
+pub use explain::Explained;
 pub use request::{
     failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
 };

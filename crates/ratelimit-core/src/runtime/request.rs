@@ -774,8 +774,8 @@ impl<S: Store> Runtime<S> {
         host.log(
             level,
             format_args!(
-                "limited rule={} shadow={} key={hash:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
-                r.name, shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
+                "limited rule={} shadow={} key={} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
+                r.name, shadow, key::logged(hash), v.limit, v.window_s, v.remaining, v.retry_after_ms
             ),
         );
     }

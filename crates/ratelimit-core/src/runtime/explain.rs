@@ -1,0 +1,885 @@
+//! Why each rule does or does not apply to one request, for `ratelimit-config explain`: the
+//! same first step [`Runtime::start`] takes for every rule ([`Runtime::applying`]: the match,
+//! the client key, the cost, the limit), with what it saw along the way. The filter never calls
+//! it; nothing here is a second way to match, key, cost or limit a request.
+
+use super::request::{Applying, Carrying, Host};
+use super::Runtime;
+use crate::config::{
+    self, Carried, Cost, FromRequest, GlobalMode, KeyPart, Limit, Resolved, Rule, Source,
+};
+use crate::key::{self, Attributes, Condition};
+use crate::limiter::Policy;
+use crate::store::Store;
+use std::fmt;
+use std::net::IpAddr;
+
+/// What one rule makes of the request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Explained<'r> {
+    /// The rule.
+    pub rule: &'r Rule,
+    /// How it applies, or why it does not.
+    pub outcome: Result<Applies<'r>, NotApplying<'r>>,
+}
+
+/// How a rule applies to the request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applies<'r> {
+    /// The keyed hash of the client key, under the runtime's seed (print it with
+    /// [`key::logged`], as the filter logs it).
+    pub hash: u64,
+    /// The parts of the client key, in order.
+    pub parts: Vec<Part<'r>>,
+    /// What the request costs, and where that comes from.
+    pub cost: CostFrom<'r>,
+    /// The rule's algorithm with the limit in force for this request (before an elastic rule's
+    /// scaling).
+    pub policy: Policy,
+    /// The numbers of the limit the request carried (`rules[].…{"from": …}`), if any.
+    pub carried: Vec<Carry<'r>>,
+}
+
+/// One part of a client key as the request gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part<'r> {
+    /// The part.
+    pub part: &'r KeyPart,
+    /// Its value as a rate limit service is sent it: raw bytes, a client address as the
+    /// network the key uses (`10.1.2.0/24`, `2001:db8:1:2::/64`, or the address itself).
+    pub value: Vec<u8>,
+    /// Something worth knowing about the value, if anything.
+    pub note: Option<PartNote>,
+}
+
+/// Something worth knowing about a key part's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartNote {
+    /// An IPv4 client seen through an IPv6 socket (`::ffff:a.b.c.d`): keyed as an IPv4 client.
+    MappedIpv4,
+    /// The client address is not an IP address: its text is the key.
+    NotAnIp,
+    /// Longer than [`key::MAX_KEY_PART`]: only its length and first bytes are hashed.
+    Long,
+}
+
+impl fmt::Display for PartNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartNote::MappedIpv4 => f.write_str("an IPv4 client seen over IPv6"),
+            PartNote::NotAnIp => f.write_str("not an IP address: its text is the key"),
+            PartNote::Long => write!(
+                f,
+                "longer than {} bytes: its length and first {} bytes are hashed",
+                key::MAX_KEY_PART,
+                key::MAX_KEY_PART
+            ),
+        }
+    }
+}
+
+/// What a request costs under a rule that applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CostFrom<'r> {
+    /// A fixed cost.
+    Fixed(u64),
+    /// The value of a request header; a missing or invalid value costs 1.
+    Header {
+        /// The header's name.
+        name: &'r str,
+        /// Its value, if the request has it.
+        value: Option<Vec<u8>>,
+        /// The cost.
+        cost: u64,
+    },
+    /// A rule charged by its response: the reservation admission asks for.
+    Reservation {
+        /// The reservation (without a request body to size it, for a sized one).
+        cost: u64,
+        /// Whether the filter sizes it from the request's body (this is what a body that
+        /// names no maximum reserves).
+        sized: bool,
+    },
+}
+
+impl CostFrom<'_> {
+    /// The cost.
+    pub fn value(&self) -> u64 {
+        match self {
+            CostFrom::Fixed(n)
+            | CostFrom::Header { cost: n, .. }
+            | CostFrom::Reservation { cost: n, .. } => *n,
+        }
+    }
+}
+
+/// Which number of a limit a request carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Number {
+    /// `rate_limit.requests_per_unit`.
+    RequestsPerUnit,
+    /// `in_flight.max`.
+    InFlightMax,
+    /// `burst`.
+    Burst,
+}
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Number::RequestsPerUnit => "requests_per_unit",
+            Number::InFlightMax => "in_flight.max",
+            Number::Burst => "burst",
+        })
+    }
+}
+
+/// A number of a rule's limit read from the request, and what became of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carry<'r> {
+    /// Which number.
+    pub number: Number,
+    /// Where it is read.
+    pub source: &'r Source,
+    /// What the request carried there (`None`: nothing, or an empty value).
+    pub value: Option<Value>,
+    /// The number in force, and why.
+    pub resolved: Resolved,
+}
+
+/// A value a request carried, owned.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// Text (a header, a filter state object, a metadata string).
+    Text(Vec<u8>),
+    /// A metadata number.
+    Number(f64),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(t) => write!(f, "\"{}\"", escaped(t)),
+            Value::Number(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Why a rule does not apply to the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotApplying<'r> {
+    /// A condition of its `match` does not hold.
+    NoMatch {
+        /// The first condition that does not hold.
+        condition: Condition<'r>,
+        /// What the request has where the condition looks (`None`: nothing).
+        found: Option<Vec<u8>>,
+    },
+    /// A part of its key is missing.
+    MissingPart {
+        /// The first missing part.
+        part: &'r KeyPart,
+        /// Why it counts as missing.
+        why: Absence,
+    },
+    /// The filter's first step skipped the rule, but a second look at the request found no
+    /// condition or part to blame: a host whose attributes changed between reads.
+    Unexplained,
+}
+
+/// Why a key part counts as missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Absence {
+    /// The request does not have it.
+    Absent,
+    /// It is there but empty or whitespace-only (a query parameter: without a value), which
+    /// counts as absent.
+    Empty,
+}
+
+impl fmt::Display for Absence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Absence::Absent => "absent",
+            Absence::Empty => "empty; empty values count as absent",
+        })
+    }
+}
+
+impl fmt::Display for NotApplying<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotApplying::NoMatch { condition, found } => {
+                write!(f, "{condition} does not hold for ")?;
+                let what = match condition {
+                    Condition::Path(_) | Condition::PathPrefix(_) => "path".to_string(),
+                    Condition::Methods(_) => "method".to_string(),
+                    Condition::Authority(_) => "authority".to_string(),
+                    Condition::Header(h) => format!("header {}", h.name),
+                };
+                match found {
+                    Some(v) => write!(f, "{what} \"{}\"", escaped(v)),
+                    None => write!(f, "a request without {what}"),
+                }
+            }
+            NotApplying::MissingPart { part, why } => {
+                write!(f, "key part {part} is missing ({why})")
+            }
+            NotApplying::Unexplained => {
+                f.write_str("skipped, but the request read differently a second time")
+            }
+        }
+    }
+}
+
+/// `bytes` as text a terminal shows safely: UTF-8 with its control characters escaped, else
+/// every byte outside printable ASCII as `\xNN`.
+pub fn escaped(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' => format!("\\{c}"),
+                c if c.is_control() => c.escape_default().to_string(),
+                c => c.to_string(),
+            })
+            .collect(),
+        Err(_) => bytes.escape_ascii().to_string(),
+    }
+}
+
+impl<S: Store> Runtime<S> {
+    /// What each rule makes of the request, in configuration order: the filter's own first
+    /// step for each rule ([`Runtime::start`] takes it), with what it saw. Counts nothing and
+    /// touches no counter: the request is not decided.
+    pub fn explain(&self, host: &mut impl Host) -> Vec<Explained<'_>> {
+        self.config
+            .rules
+            .iter()
+            .zip(&self.compiled)
+            .map(|(rule, compiled)| Explained {
+                rule,
+                outcome: match self.applying(rule, compiled, host) {
+                    Ok(a) => Ok(applies(rule, a, host)),
+                    Err(_) => Err(not_applying(rule, host)),
+                },
+            })
+            .collect()
+    }
+}
+
+/// What the filter's first step saw of a rule that applies.
+fn applies<'r>(rule: &'r Rule, a: Applying, host: &mut impl Host) -> Applies<'r> {
+    let entries = key::descriptor_entries(&rule.name, &rule.key, host).unwrap_or_default();
+    // The first entry is the rule's name; the others are the key's parts, in order.
+    let parts = rule
+        .key
+        .iter()
+        .zip(entries.into_iter().skip(1))
+        .map(|(part, (_, value))| {
+            let note = match part {
+                KeyPart::RemoteAddress(_) => host.client_address().and_then(address_note),
+                _ => (value.len() > key::MAX_KEY_PART).then_some(PartNote::Long),
+            };
+            Part { part, value, note }
+        })
+        .collect();
+    let cost = match &rule.cost {
+        Cost::Fixed(_) => CostFrom::Fixed(a.cost),
+        Cost::Header(name) => CostFrom::Header {
+            name,
+            value: host.header(name).map(<[u8]>::to_vec),
+            cost: a.cost,
+        },
+        Cost::Response(c) => CostFrom::Reservation {
+            cost: a.cost,
+            sized: c.sized.is_some(),
+        },
+    };
+    Applies {
+        hash: a.hash,
+        parts,
+        cost,
+        policy: a.policy,
+        carried: carried(rule, a.carried, host),
+    }
+}
+
+/// What is worth knowing about a client address.
+fn address_note(address: &str) -> Option<PartNote> {
+    match address.parse::<IpAddr>() {
+        Err(_) => Some(PartNote::NotAnIp),
+        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => Some(PartNote::MappedIpv4),
+        Ok(_) => None,
+    }
+}
+
+/// The numbers of the limit the request carried, with the value read at each source.
+fn carried<'r>(rule: &'r Rule, carrying: Carrying, host: &mut impl Host) -> Vec<Carry<'r>> {
+    let limit = match rule.limit {
+        Limit::Rate { .. } => Number::RequestsPerUnit,
+        Limit::InFlight { .. } => Number::InFlightMax,
+    };
+    let pairs: [(Number, Option<&'r FromRequest>, Option<Resolved>); 2] = [
+        (limit, rule.per_request.limit.as_ref(), carrying.limit),
+        (
+            Number::Burst,
+            rule.per_request.burst.as_ref(),
+            carrying.burst,
+        ),
+    ];
+    pairs
+        .into_iter()
+        .filter_map(|(number, from, resolved)| {
+            let (from, resolved) = (from?, resolved?);
+            let value = key::carried(&from.source, host).map(|v| match v {
+                Carried::Text(t) => Value::Text(t.to_vec()),
+                Carried::Number(n) => Value::Number(n),
+            });
+            Some(Carry {
+                number,
+                source: &from.source,
+                value,
+                resolved,
+            })
+        })
+        .collect()
+}
+
+/// Why the filter's first step skipped `rule`: its first failing condition, else its first
+/// missing key part.
+fn not_applying<'r>(rule: &'r Rule, host: &mut impl Host) -> NotApplying<'r> {
+    if let Some(condition) = key::failing(&rule.matcher, host) {
+        let found = found(condition, host);
+        return NotApplying::NoMatch { condition, found };
+    }
+    match key::missing_part(&rule.key, host) {
+        Some(part) => NotApplying::MissingPart {
+            part,
+            why: absence(part, host),
+        },
+        None => NotApplying::Unexplained,
+    }
+}
+
+/// What the request has where `condition` looks.
+fn found(condition: Condition<'_>, host: &mut impl Attributes) -> Option<Vec<u8>> {
+    let bytes = |s: &str| s.as_bytes().to_vec();
+    match condition {
+        Condition::Path(_) | Condition::PathPrefix(_) => {
+            host.path().map(|p| bytes(key::split_path(p).0))
+        }
+        Condition::Methods(_) => host.method().map(bytes),
+        Condition::Authority(_) => host.authority().map(bytes),
+        Condition::Header(h) => host.header(&h.name).map(<[u8]>::to_vec),
+    }
+}
+
+/// Whether a missing key part is absent from the request or there but empty.
+fn absence(part: &KeyPart, host: &mut impl Attributes) -> Absence {
+    let there = match part {
+        KeyPart::Header(name) => host.header(name).is_some(),
+        KeyPart::Query(name) => host
+            .path()
+            .and_then(|p| key::split_path(p).1)
+            .is_some_and(|q| key::query_param(q, name).is_some()),
+        KeyPart::RemoteAddress(_) | KeyPart::Path | KeyPart::Method | KeyPart::Authority => false,
+    };
+    if there {
+        Absence::Empty
+    } else {
+        Absence::Absent
+    }
+}
+
+/// The limit in force as a sentence: `100 per minute`, `10 per second, burst 20`, `5 in
+/// flight`.
+pub fn limit_text(policy: &Policy) -> String {
+    match policy {
+        Policy::InFlight { max, .. } => format!("{max} in flight"),
+        p => {
+            let (limit, window_ms) = p.limit_and_window();
+            let window = window_name(window_ms);
+            match p.burst() {
+                Some(b) => format!("{limit} per {window}, burst {b}"),
+                None => format!("{limit} per {window}"),
+            }
+        }
+    }
+}
+
+/// A window by its unit's name (`minute`), or in seconds.
+fn window_name(ms: u64) -> String {
+    [
+        config::Unit::Second,
+        config::Unit::Minute,
+        config::Unit::Hour,
+        config::Unit::Day,
+    ]
+    .into_iter()
+    .find(|u| u.seconds() * 1000 == ms)
+    .map_or_else(|| format!("{} s", ms / 1000), |u| u.name().to_string())
+}
+
+/// What became of a carried number, as words.
+pub fn resolved_text(r: Resolved) -> String {
+    match r {
+        Resolved::Taken(n) => format!("{n}, taken"),
+        Resolved::Missing(n) => format!("missing: the default {n}"),
+        Resolved::Invalid(n) => format!("invalid: the default {n}"),
+        Resolved::Capped(n) => format!("above the cap: the cap {n}"),
+    }
+}
+
+/// A global rule's mode as words.
+pub fn global_text(mode: GlobalMode) -> &'static str {
+    match mode {
+        GlobalMode::Sync => "global (sync: the service decides, asked before each request)",
+        GlobalMode::Async => "global (async: decided here, hits reported to the service)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use crate::config::Config;
+    use crate::key::Seed;
+    use crate::runtime::{Decision, Start};
+    use crate::store::MemoryStore;
+    use crate::testkit::{FakeHost, Meta};
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        Runtime::new(
+            Config::parse(json.as_bytes()).unwrap(),
+            Seed([1, 2]),
+            MemoryStore::new(),
+        )
+    }
+
+    /// The one rule of `json` explained for `host`.
+    fn one(json: &str, host: &mut FakeHost) -> String {
+        let rt = runtime(json);
+        let e = rt.explain(host);
+        assert_eq!(e.len(), 1);
+        match &e[0].outcome {
+            Ok(a) => {
+                let parts: Vec<String> = a
+                    .parts
+                    .iter()
+                    .map(|p| {
+                        let note = p.note.map(|n| format!(" ({n})")).unwrap_or_default();
+                        format!("{}={}{note}", p.part.descriptor_key(), escaped(&p.value))
+                    })
+                    .collect();
+                format!("applies [{}]", parts.join(", "))
+            }
+            Err(why) => why.to_string(),
+        }
+    }
+
+    fn keyed(part: &str) -> String {
+        format!(
+            r#"{{"rules": [{{"name": "r", "key": [{part}],
+                "rate_limit": {{"requests_per_unit": 5, "unit": "minute"}}}}]}}"#
+        )
+    }
+
+    #[test]
+    fn missing_key_parts_say_why() {
+        let header = keyed(r#""header:x-api-key""#);
+        assert_eq!(
+            one(&header, &mut FakeHost::new("10.0.0.1", "/")),
+            "key part header:x-api-key is missing (absent)"
+        );
+        for empty in ["", "  ", "\t"] {
+            assert_eq!(
+                one(
+                    &header,
+                    &mut FakeHost::new("10.0.0.1", "/").header("x-api-key", empty)
+                ),
+                "key part header:x-api-key is missing (empty; empty values count as absent)",
+                "{empty:?}"
+            );
+        }
+        assert_eq!(
+            one(
+                &header,
+                &mut FakeHost::new("10.0.0.1", "/").header("x-api-key", "k\u{1}é")
+            ),
+            "applies [header:x-api-key=k\\u{1}é]"
+        );
+        let query = keyed(r#""query:user""#);
+        for path in ["/?user", "/?user=", "/?a=1&user=&b=2"] {
+            assert_eq!(
+                one(&query, &mut FakeHost::new("10.0.0.1", path)),
+                "key part query:user is missing (empty; empty values count as absent)",
+                "{path}"
+            );
+        }
+        for path in ["/", "/?users=1", "/?a=1"] {
+            assert_eq!(
+                one(&query, &mut FakeHost::new("10.0.0.1", path)),
+                "key part query:user is missing (absent)",
+                "{path}"
+            );
+        }
+        assert_eq!(
+            one(&query, &mut FakeHost::new("10.0.0.1", "/?user=al%20ice")),
+            "applies [query:user=al%20ice]"
+        );
+        let mut no_address = FakeHost::new("10.0.0.1", "/");
+        no_address.req.source_address = None;
+        assert_eq!(
+            one(&keyed(r#""remote_address""#), &mut no_address),
+            "key part remote_address is missing (absent)"
+        );
+        let mut no_authority = FakeHost::new("10.0.0.1", "/");
+        no_authority.req.authority = None;
+        assert_eq!(
+            one(&keyed(r#""authority""#), &mut no_authority),
+            "key part authority is missing (absent)"
+        );
+        // Binary values are shown escaped.
+        let mut binary = FakeHost::new("10.0.0.1", "/");
+        binary
+            .req
+            .headers
+            .push(("x-api-key".into(), vec![b'a', 0xff, 0x00]));
+        assert_eq!(
+            one(&header, &mut binary),
+            "applies [header:x-api-key=a\\xff\\x00]"
+        );
+    }
+
+    #[test]
+    fn clients_are_shown_as_the_network_their_key_uses() {
+        let per_address = keyed(r#""remote_address""#);
+        let host = |addr: &str| {
+            let mut h = FakeHost::new("0.0.0.0", "/");
+            h.req.source_address = Some(addr.into());
+            h
+        };
+        assert_eq!(
+            one(&per_address, &mut host("10.0.0.7:5555")),
+            "applies [remote_address=10.0.0.7]"
+        );
+        assert_eq!(
+            one(&per_address, &mut host("[2001:db8:1:2:3::1]:5555")),
+            "applies [remote_address=2001:db8:1:2::/64]"
+        );
+        assert_eq!(
+            one(&per_address, &mut host("2001:db8::9")),
+            "applies [remote_address=2001:db8::/64]"
+        );
+        assert_eq!(
+            one(&per_address, &mut host("[::ffff:10.0.0.7]:5555")),
+            "applies [remote_address=10.0.0.7 (an IPv4 client seen over IPv6)]"
+        );
+        assert_eq!(
+            one(&per_address, &mut host("not-an-ip:80")),
+            "applies [remote_address=not-an-ip (not an IP address: its text is the key)]"
+        );
+        assert_eq!(
+            one(&per_address, &mut host("10.0.0.300:1")),
+            "applies [remote_address=10.0.0.300 (not an IP address: its text is the key)]"
+        );
+        let wide = keyed(r#"{"remote_address": {"ipv4_prefix": 24, "ipv6_prefix": 48}}"#);
+        assert_eq!(
+            one(&wide, &mut host("10.1.2.3:1")),
+            "applies [remote_address=10.1.2.0/24]"
+        );
+        assert_eq!(
+            one(&wide, &mut host("[2001:db8:1:2::1]:1")),
+            "applies [remote_address=2001:db8:1::/48]"
+        );
+        assert_eq!(
+            one(&wide, &mut host("[::ffff:10.1.2.3]:1")),
+            "applies [remote_address=10.1.2.0/24 (an IPv4 client seen over IPv6)]"
+        );
+        let exact = keyed(r#"{"remote_address": {"ipv6_prefix": 128}}"#);
+        assert_eq!(
+            one(&exact, &mut host("[2001:db8::1]:1")),
+            "applies [remote_address=2001:db8::1]"
+        );
+    }
+
+    #[test]
+    fn every_failing_match_condition_is_named() {
+        let matching = |m: &str| {
+            format!(
+                r#"{{"rules": [{{"name": "r", "match": {m},
+                    "rate_limit": {{"requests_per_unit": 5, "unit": "minute"}}}}]}}"#
+            )
+        };
+        let get = |path: &str| FakeHost::new("10.0.0.1", path);
+        let cases: [(&str, FakeHost, &str); 9] = [
+            (
+                r#"{"path": "/login"}"#,
+                get("/login/x?a=1"),
+                r#"match.path "/login" does not hold for path "/login/x""#,
+            ),
+            (
+                r#"{"path_prefix": "/api/"}"#,
+                get("/health?/api/"),
+                r#"match.path_prefix "/api/" does not hold for path "/health""#,
+            ),
+            (
+                r#"{"methods": ["POST", "PUT"]}"#,
+                get("/"),
+                r#"match.methods [POST, PUT] does not hold for method "GET""#,
+            ),
+            (
+                r#"{"authority": "api.example.com"}"#,
+                get("/"),
+                r#"match.authority "api.example.com" does not hold for authority "example.com""#,
+            ),
+            (
+                r#"{"headers": [{"name": "x-tier", "value": "free"}]}"#,
+                get("/").header("x-tier", "pro"),
+                r#"match.headers x-tier = "free" does not hold for header x-tier "pro""#,
+            ),
+            (
+                r#"{"headers": [{"name": "x-tier", "value": "free"}]}"#,
+                get("/"),
+                r#"match.headers x-tier = "free" does not hold for a request without header x-tier"#,
+            ),
+            (
+                r#"{"headers": [{"name": "x-api-key", "present": true}]}"#,
+                get("/").header("x-api-key", " "),
+                r#"match.headers x-api-key present does not hold for header x-api-key " ""#,
+            ),
+            (
+                r#"{"headers": [{"name": "x-a", "present": true}, {"name": "x-debug", "present": false}]}"#,
+                get("/").header("x-a", "1").header("x-debug", "1"),
+                r#"match.headers x-debug absent does not hold for header x-debug "1""#,
+            ),
+            (
+                r#"{"path_prefix": "/", "methods": ["GET"], "authority": "EXAMPLE.com"}"#,
+                get("/"),
+                "applies []",
+            ),
+        ];
+        for (m, mut host, want) in cases {
+            assert_eq!(one(&matching(m), &mut host), want, "{m}");
+        }
+        let mut no_path = get("/");
+        no_path.req.path = None;
+        assert_eq!(
+            one(&matching(r#"{"path_prefix": "/"}"#), &mut no_path),
+            r#"match.path_prefix "/" does not hold for a request without path"#
+        );
+    }
+
+    #[test]
+    fn failing_and_matches_agree() {
+        let config = Config::parse(
+            br#"{"rules": [{"name": "r", "match": {"path_prefix": "/a", "methods": ["GET"],
+                "authority": "x.io", "headers": [{"name": "h", "value": "v"},
+                {"name": "g", "present": false}]},
+                "rate_limit": {"requests_per_unit": 5, "unit": "minute"}}]}"#,
+        )
+        .unwrap();
+        let m = &config.rules[0].matcher;
+        for path in ["/a", "/b"] {
+            for method in ["GET", "PUT"] {
+                for authority in ["x.io", "X.IO", "y.io"] {
+                    for h in [None, Some(""), Some("v"), Some("w")] {
+                        for g in [None, Some(""), Some("1")] {
+                            let mut host = FakeHost::new("1.1.1.1", path);
+                            host.req.method = Some(method.into());
+                            host.req.authority = Some(authority.into());
+                            if let Some(h) = h {
+                                host = host.header("h", h);
+                            }
+                            if let Some(g) = g {
+                                host = host.header("g", g);
+                            }
+                            let all = key::conditions(m).all(|c| c.holds(&mut host));
+                            assert_eq!(key::matches(m, &mut host), all);
+                            assert_eq!(key::failing(m, &mut host).is_none(), all);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rule's one applying explanation.
+    fn applying<'r>(rt: &'r Runtime<MemoryStore>, host: &mut FakeHost) -> Applies<'r> {
+        match rt.explain(host).remove(0).outcome {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn limits_read_from_the_request_say_where_and_what_became_of_them() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "plan", "key": ["header:x-key"], "algorithm": "token_bucket",
+                "rate_limit": {"requests_per_unit":
+                    {"from": "metadata:envoy.filters.http.ext_authz:rpm", "default": 10, "max": 1000},
+                    "unit": "minute"},
+                "burst": {"from": "filter_state:plan.burst", "default": 20, "max": 50}}]}"#,
+        );
+        let host = || FakeHost::new("10.0.0.1", "/").header("x-key", "k");
+        let ns = "envoy.filters.http.ext_authz";
+        let shown = |a: &Applies<'_>| {
+            a.carried
+                .iter()
+                .map(|c| {
+                    let value = c.value.as_ref().map_or("none".into(), Value::to_string);
+                    format!(
+                        "{} from {} = {value}: {}",
+                        c.number,
+                        c.source,
+                        resolved_text(c.resolved)
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = applying(&rt, &mut host());
+        assert_eq!(limit_text(&a.policy), "10 per minute, burst 20");
+        assert_eq!(
+            shown(&a),
+            [
+                "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = none: missing: the default 10",
+                "burst from filter_state:plan.burst = none: missing: the default 20",
+            ]
+        );
+        let mut h = host()
+            .metadata(ns, "rpm", Meta::Number(600.0))
+            .filter_state("plan.burst", "30");
+        let a = applying(&rt, &mut h);
+        assert_eq!(limit_text(&a.policy), "600 per minute, burst 30");
+        assert_eq!(
+            shown(&a),
+            [
+                "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = 600: 600, taken",
+                "burst from filter_state:plan.burst = \"30\": 30, taken",
+            ]
+        );
+        let mut h = host()
+            .metadata(ns, "rpm", Meta::Text("lots".into()))
+            .filter_state("plan.burst", "99");
+        let a = applying(&rt, &mut h);
+        assert_eq!(limit_text(&a.policy), "10 per minute, burst 50");
+        assert_eq!(
+            shown(&a),
+            [
+                "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = \"lots\": invalid: the default 10",
+                "burst from filter_state:plan.burst = \"99\": above the cap: the cap 50",
+            ]
+        );
+        let mut h = host().metadata(ns, "rpm", Meta::Number(2.5e9));
+        assert_eq!(
+            shown(&applying(&rt, &mut h))[0],
+            "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = 2500000000: above the cap: the cap 1000"
+        );
+
+        let rt = runtime(
+            r#"{"rules": [{"name": "tenant", "key": ["header:x-tenant"],
+                "in_flight": {"max": {"from": "header:x-plan-max", "default": 2, "max": 8}}}]}"#,
+        );
+        let mut h = FakeHost::new("10.0.0.1", "/")
+            .header("x-tenant", "t")
+            .header("x-plan-max", "0");
+        let a = applying(&rt, &mut h);
+        assert_eq!(limit_text(&a.policy), "2 in flight");
+        assert_eq!(
+            shown(&a),
+            ["in_flight.max from header:x-plan-max = \"0\": invalid: the default 2"]
+        );
+        let mut h = FakeHost::new("10.0.0.1", "/")
+            .header("x-tenant", "t")
+            .header("x-plan-max", " ");
+        assert_eq!(
+            shown(&applying(&rt, &mut h)),
+            ["in_flight.max from header:x-plan-max = none: missing: the default 2"]
+        );
+    }
+
+    #[test]
+    fn costs_say_where_they_come_from() {
+        let rt = runtime(
+            r#"{"rules": [
+                {"name": "fixed", "cost": 3, "rate_limit": {"requests_per_unit": 5, "unit": "second"}},
+                {"name": "weighted", "cost": {"header": "x-cost"},
+                 "rate_limit": {"requests_per_unit": 50, "unit": "second"}},
+                {"name": "tokens", "cost": {"response": "header:x-tokens", "reserve": 40},
+                 "rate_limit": {"requests_per_unit": 1000, "unit": "hour"}},
+                {"name": "sized", "cost": {"response": "openai",
+                   "reserve": {"from": "openai", "default": 64}},
+                 "rate_limit": {"requests_per_unit": 1000, "unit": "hour"}}]}"#,
+        );
+        let costs = |host: &mut FakeHost| {
+            rt.explain(host)
+                .into_iter()
+                .map(|e| e.outcome.unwrap().cost)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            costs(&mut FakeHost::new("10.0.0.1", "/").header("x-cost", "7")),
+            [
+                CostFrom::Fixed(3),
+                CostFrom::Header {
+                    name: "x-cost",
+                    value: Some(b"7".to_vec()),
+                    cost: 7
+                },
+                CostFrom::Reservation {
+                    cost: 40,
+                    sized: false
+                },
+                CostFrom::Reservation {
+                    cost: 64,
+                    sized: true
+                },
+            ]
+        );
+        let c = costs(&mut FakeHost::new("10.0.0.1", "/"));
+        assert_eq!(
+            c[1],
+            CostFrom::Header {
+                name: "x-cost",
+                value: None,
+                cost: 1
+            }
+        );
+        let c = costs(&mut FakeHost::new("10.0.0.1", "/").header("x-cost", "lots"));
+        assert_eq!(c[1].value(), 1);
+    }
+
+    /// The hash explain reports is the key the filter logs when it limits the request.
+    #[test]
+    fn the_key_is_the_one_the_filter_logs() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "per-client", "key": ["remote_address", "header:x-api-key"],
+                "rate_limit": {"requests_per_unit": 1, "unit": "minute"}}], "log_limited": "info"}"#,
+        );
+        let mut host = FakeHost::new("2001:db8::7", "/").header("x-api-key", "abc");
+        host.req.source_address = Some("[2001:db8::7]:5555".into());
+        let explained = applying(&rt, &mut host);
+        for _ in 0..2 {
+            let Start::Decided(_) = rt.start(&mut host) else {
+                panic!("asked")
+            };
+        }
+        let line = &host.logs[0].1;
+        assert!(
+            line.contains(&format!(" key={} ", key::logged(explained.hash))),
+            "{line}"
+        );
+        // Explaining counts nothing.
+        let rt = runtime(
+            r#"{"rules": [{"name": "r", "rate_limit": {"requests_per_unit": 1, "unit": "minute"}}]}"#,
+        );
+        for _ in 0..3 {
+            rt.explain(&mut host);
+        }
+        assert!(matches!(
+            rt.start(&mut host),
+            Start::Decided(Decision::Continue(_))
+        ));
+    }
+}
