@@ -84,9 +84,9 @@ impl log::Log for EnvoyLogger {
 }
 
 /// One table per `filter_name`, for the life of the process: a reload of the same filter keeps
-/// its counters. A new capacity gets a new table (the old one goes with the last configuration
-/// using it).
-fn table(name: &str, buckets: u32) -> (Seed, Arc<ProcessStore>) {
+/// its counters. A new capacity, or a configured `key_seed` other than the table's, gets a new
+/// table (the old one goes with the last configuration using it).
+fn table(name: &str, buckets: u32, configured: Option<Seed>) -> (Seed, Arc<ProcessStore>) {
     type Table = (Seed, Arc<ProcessStore>);
     static TABLES: OnceLock<Mutex<HashMap<String, Table>>> = OnceLock::new();
     let mut tables = TABLES
@@ -94,9 +94,14 @@ fn table(name: &str, buckets: u32) -> (Seed, Arc<ProcessStore>) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     match tables.get(name) {
-        Some((seed, store)) if store.buckets() == buckets => (*seed, store.clone()),
+        Some((seed, store))
+            if store.buckets() == buckets && configured.is_none_or(|c| c == *seed) =>
+        {
+            (*seed, store.clone())
+        }
         _ => {
-            let entry = (Seed::random(), Arc::new(ProcessStore::new(buckets)));
+            let seed = configured.unwrap_or_else(Seed::random);
+            let entry = (seed, Arc::new(ProcessStore::new(buckets)));
             tables.insert(name.to_string(), entry.clone());
             entry
         }
@@ -205,7 +210,8 @@ impl FilterConfig {
                 return None;
             }
         };
-        let (seed, store) = table(&plugin, ratelimit_core::table::buckets_for(config.capacity));
+        let buckets = ratelimit_core::table::buckets_for(config.capacity);
+        let (seed, store) = table(&plugin, buckets, config.key_seed);
         let rt = Runtime::new(config, seed, store);
         log::info!(
             "configured {} rule(s), capacity {} keys",

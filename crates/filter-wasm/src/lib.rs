@@ -275,7 +275,10 @@ impl Root {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into());
         let prefix = format!("wasm-ratelimit/{root_id}/");
-        let seed = shared_seed(&format!("{prefix}seed"))?;
+        let seed = match config.key_seed {
+            Some(seed) => seed,
+            None => shared_seed(&format!("{prefix}seed"))?,
+        };
         Ok((Runtime::new(config, seed, SharedData::new(prefix)), plugin))
     }
 

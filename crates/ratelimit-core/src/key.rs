@@ -36,6 +36,20 @@ impl Seed {
         Some(Seed([u64::from_le_bytes(*a), u64::from_le_bytes(*b)]))
     }
 
+    /// Reads 32 hexadecimal digits (as [`Seed::to_hex`] writes them); anything else is `None`.
+    pub fn parse_hex(s: &str) -> Option<Seed> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let half = |h: &str| u64::from_str_radix(h, 16).ok();
+        Some(Seed([half(s.get(..16)?)?, half(s.get(16..)?)?]))
+    }
+
+    /// The seed as 32 hexadecimal digits.
+    pub fn to_hex(self) -> String {
+        format!("{:016x}{:016x}", self.0[0], self.0[1])
+    }
+
     /// A fresh random seed from the platform's randomness (WASI `random_get` inside Envoy's V8,
     /// the OS elsewhere), drawn through std's `RandomState` so no extra crate is needed.
     pub fn random() -> Seed {
@@ -480,6 +494,26 @@ mod tests {
             method: Some("GET".into()),
             authority: Some("Example.COM".into()),
             headers: vec![("x-api-key".into(), b"k1".to_vec())],
+        }
+    }
+
+    #[test]
+    fn a_seed_reads_back_from_its_hex() {
+        let seed = Seed([0x0011_2233_4455_6677, 0x8899_aabb_ccdd_eeff]);
+        assert_eq!(seed.to_hex(), "00112233445566778899aabbccddeeff");
+        assert_eq!(Seed::parse_hex(&seed.to_hex()), Some(seed));
+        assert_eq!(
+            Seed::parse_hex("00112233445566778899AABBCCDDEEFF"),
+            Some(seed)
+        );
+        for bad in [
+            "",
+            "0011",
+            "00112233445566778899aabbccddeefg",
+            "+0112233445566778899aabbccddeeff",
+            "00112233445566778899aabbccddeeff0",
+        ] {
+            assert_eq!(Seed::parse_hex(bad), None, "{bad:?}");
         }
     }
 

@@ -29,6 +29,10 @@ pub struct Config {
     pub capacity: u32,
     /// The level of the line logged for each limited request.
     pub log_limited: LogLevel,
+    /// The seed of every client-key hash, if configured (else each Envoy draws its own): the
+    /// same seed on every replica logs the same key for a client, and lets
+    /// `ratelimit-config explain` print it.
+    pub key_seed: Option<crate::key::Seed>,
     /// Every field a rule reads from response bodies ([`Usage::Body`]), one slot per term.
     pub usage_paths: crate::usage::Paths,
     /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::elastic;
+use crate::key::Seed;
 use crate::limiter::sliding_log;
 use crate::usage::Paths;
 use serde_json::{Map, Value};
@@ -193,6 +194,7 @@ impl Validator {
                 "capacity",
                 "shadow",
                 "log_limited",
+                "key_seed",
             ],
         )?;
         let shadow = match map.get("shadow") {
@@ -239,6 +241,21 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_CAPACITY),
         };
+        let key_seed = match map.get("key_seed") {
+            Some(k) => self
+                .string(k, "key_seed")
+                .and_then(|s| match Seed::parse_hex(s) {
+                    Some(seed) => Some(Some(seed)),
+                    None => {
+                        self.error(
+                            "key_seed",
+                            "expected 32 hexadecimal digits (16 random bytes)",
+                        );
+                        None
+                    }
+                }),
+            None => Some(None),
+        };
         shadow?;
         let mut config = Config {
             rules: rules?,
@@ -246,6 +263,7 @@ impl Validator {
             failure_mode: failure_mode?,
             capacity: capacity?,
             log_limited: log_limited?,
+            key_seed: key_seed?,
             usage_paths: Paths::default(),
             request_paths: Paths::default(),
         };
