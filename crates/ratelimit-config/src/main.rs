@@ -1,10 +1,20 @@
 //! `ratelimit-config`: the plugin configuration's tools, built on the filter's own code.
 //!
 //! `check FILE...` validates plugin configurations. A FILE is the plugin configuration as JSON,
-//! or YAML holding either the configuration or Istio `WasmPlugin` manifests (each document's
-//! `spec.pluginConfig` is checked). `-` reads standard input. Prints a summary of the rules of
+//! or YAML holding the configuration, Istio `WasmPlugin` manifests (each document's
+//! `spec.pluginConfig` is checked) or an Envoy configuration (each wasm or dynamic-module
+//! filter's configuration is checked). `-` reads standard input. Prints a summary of the rules of
 //! each valid configuration, or every error with its field path; exits 0 if all are valid, 1 if
 //! any is not, 2 on a usage or read error.
+//!
+//! `explain [OPTIONS] CONFIG` tells what each rule of a configuration makes of one request
+//! described by the options (method, path, authority, headers, client address, dynamic
+//! metadata, filter state), with the filter's own code: whether the rule applies, its client
+//! key as the filter logs it (hashed under the configuration's `key_seed` or `--seed`, else
+//! shown raw), its cost and the limit in force; or the `match` condition or key part that keeps
+//! it from applying (`ratelimit-config explain` alone lists the options). A configuration file
+//! is read as `check` reads it, each configuration in it explained; a bad one fails as `check`
+//! reports it (exit 1); usage and read errors exit 2.
 //!
 //! `replay [OPTIONS] CONFIG LOG...` runs the requests of Envoy access logs through a
 //! configuration, offline, and reports what each rule would have allowed and limited
@@ -21,18 +31,21 @@ fn main() {
 
 #[cfg(not(target_arch = "wasm32"))]
 mod cli {
+    use ratelimit_config::explain;
     use ratelimit_config::manifest::plugin_configs;
     use ratelimit_config::replay::{self, args::Options, sim::Variant, CONFIGURED};
     use ratelimit_config::summary::summary;
     use ratelimit_core::config::{Config, ConfigErrors};
     use std::io::Read;
 
-    const USAGE: &str = "usage: ratelimit-config check FILE... (JSON, YAML, or Istio WasmPlugin manifests; - for stdin)
+    const USAGE: &str = "usage: ratelimit-config check FILE... (JSON, YAML, Istio WasmPlugin manifests or an Envoy configuration; - for stdin)
+       ratelimit-config explain [OPTIONS] CONFIG (what each rule of CONFIG makes of one request)
        ratelimit-config replay [OPTIONS] CONFIG LOG... (what CONFIG does to Envoy access logs)";
 
     pub fn run(args: Vec<String>) -> i32 {
         match args.split_first() {
             Some((cmd, files)) if cmd == "check" && !files.is_empty() => check(files),
+            Some((cmd, rest)) if cmd == "explain" => explain(rest),
             Some((cmd, rest)) if cmd == "replay" => replay(rest),
             _ => {
                 eprintln!("{USAGE}");
@@ -106,6 +119,47 @@ mod cli {
                         invalid(&found.name, &errors);
                         status = 1;
                     }
+                }
+            }
+        }
+        status
+    }
+
+    fn explain(args: &[String]) -> i32 {
+        let options = match explain::Options::parse(args) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("ratelimit-config explain: {e}\n{}", explain::USAGE);
+                return 2;
+            }
+        };
+        let file = &options.config;
+        let text = match read(file) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{file}: cannot read: {e}");
+                return 2;
+            }
+        };
+        let configs = match configurations(file, &text) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("{file}: INVALID\n  config: {e}");
+                return 1;
+            }
+        };
+        let mut status = 0;
+        for found in configs {
+            match Config::parse(found.json.as_bytes()) {
+                Ok(config) if options.json => {
+                    for o in explain::json(&found.name, &config, &options) {
+                        println!("{o}");
+                    }
+                }
+                Ok(config) => print!("{}", explain::text(&found.name, &config, &options)),
+                Err(errors) => {
+                    invalid(&found.name, &errors);
+                    status = 1;
                 }
             }
         }

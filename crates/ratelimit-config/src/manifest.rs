@@ -1,5 +1,6 @@
-//! Reading configurations the way users hold them: plain JSON, YAML, or Istio `WasmPlugin`
-//! manifests (whose `spec.pluginConfig` Istio serializes to JSON for the filter). Native only:
+//! Reading configurations the way users hold them: plain JSON, YAML, Istio `WasmPlugin`
+//! manifests (whose `spec.pluginConfig` Istio serializes to JSON for the filter), or an Envoy
+//! configuration (each wasm or dynamic-module filter's StringValue configuration). Native only:
 //! used by the `ratelimit-config` CLI and the tests, never compiled into the `.wasm`.
 
 use serde_json::Value;
@@ -37,11 +38,55 @@ pub fn plugin_configs(text: &str) -> Result<Vec<(Option<String>, String)>, Strin
                 config.to_string()
             };
             out.push((Some(format!("WasmPlugin {name}")), json));
+        } else if value.get("static_resources").is_some() {
+            let before = out.len();
+            envoy_filters(&value, &mut out);
+            if out.len() == before {
+                return Err(
+                    "an Envoy configuration without a wasm or dynamic-module HTTP filter".into(),
+                );
+            }
         } else if !value.is_null() {
             out.push((None, value.to_string()));
         }
     }
     Ok(out)
+}
+
+/// The plugin configurations of the filters in an Envoy configuration, in order: a wasm
+/// filter's `config.configuration`, a dynamic module's `filter_config` (the StringValue's
+/// `value`), labelled with the filter's name.
+fn envoy_filters(v: &Value, out: &mut Vec<(Option<String>, String)>) {
+    match v {
+        Value::Object(map) => {
+            let kind = map.get("@type").and_then(Value::as_str).unwrap_or("");
+            let found = if kind.ends_with(".filters.http.wasm.v3.Wasm") {
+                Some((
+                    "Wasm filter",
+                    v.pointer("/config/name"),
+                    v.pointer("/config/configuration/value"),
+                ))
+            } else if kind.ends_with(".dynamic_modules.v3.DynamicModuleFilter") {
+                Some((
+                    "dynamic module filter",
+                    v.get("filter_name"),
+                    v.pointer("/filter_config/value"),
+                ))
+            } else {
+                None
+            };
+            match found {
+                Some((what, name, config)) => {
+                    let name = name.and_then(Value::as_str).unwrap_or("unnamed");
+                    let json = config.and_then(Value::as_str).unwrap_or("").to_string();
+                    out.push((Some(format!("{what} {name}")), json));
+                }
+                None => map.values().for_each(|v| envoy_filters(v, out)),
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| envoy_filters(v, out)),
+        _ => {}
+    }
 }
 
 /// YAML to the JSON value Istio's `protomarshal.ToJSON` would produce.

@@ -1,0 +1,486 @@
+//! `ratelimit-config explain`: what each rule of a configuration makes of one request, told by
+//! the filter's own code ([`Runtime::explain`]): whether it applies, the client key as the
+//! filter logs it, the cost and the limit in force; or the condition or key part that keeps it
+//! from applying.
+
+use ratelimit_core::config::{Carried, Config, GlobalMode, Resolved};
+use ratelimit_core::key::{self, Attributes, PlainRequest, Seed};
+use ratelimit_core::limiter::Policy;
+use ratelimit_core::runtime::explain::{
+    escaped, limit_text, resolved_text, Absence, Applies, CostFrom, Explained, NotApplying, Value,
+};
+use ratelimit_core::runtime::{Host, Runtime};
+use ratelimit_core::store::MemoryStore;
+use serde_json::{json, Map, Value as Json};
+use std::fmt::{self, Write as _};
+
+/// How to use the subcommand (printed on a usage error).
+pub const USAGE: &str = "\
+usage: ratelimit-config explain [OPTIONS] CONFIG
+  Shows what each rule of CONFIG makes of one request, with the filter's own code: whether it
+  applies, its client key as the filter logs it, its cost and the limit in force; or why not.
+  CONFIG  the plugin configuration: JSON, YAML, Istio WasmPlugin manifests or an Envoy
+          configuration's filters (as check reads it); - for stdin
+the request:
+  --method M                the method (default GET)
+  --path P                  the path, query string included (default /)
+  --authority H             the authority (default localhost)
+  --header 'NAME: VALUE'    a request header; repeatable
+  --source ADDR             the client address, with or without a port: 10.0.0.7, 10.0.0.7:5000,
+                            2001:db8::7, [2001:db8::7]:5000 (default 127.0.0.1)
+  --metadata NS:KEY=VALUE   a key of dynamic metadata: a number if VALUE reads as one, else a
+                            string; repeatable
+  --filter-state KEY=VALUE  a filter state object; repeatable
+the report:
+  --seed HEX                the key seed (32 hex digits) if the configuration sets no key_seed:
+                            without either, keys are shown raw and not hashed
+  --raw-keys                also show each key's raw parts (they may hold an API key)
+  --json                    one JSON object per rule, one per line";
+
+/// What the command line asks for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The configuration file.
+    pub config: String,
+    /// The request.
+    pub request: Request,
+    /// `--seed`.
+    pub seed: Option<Seed>,
+    /// `--raw-keys`.
+    pub raw_keys: bool,
+    /// `--json`.
+    pub json: bool,
+}
+
+impl Options {
+    /// Reads the arguments after `explain`; `Err` says what is wrong.
+    pub fn parse(args: &[String]) -> Result<Options, String> {
+        let mut request = Request {
+            plain: PlainRequest {
+                source_address: Some("127.0.0.1".into()),
+                path: Some("/".into()),
+                method: Some("GET".into()),
+                authority: Some("localhost".into()),
+                headers: Vec::new(),
+            },
+            metadata: Vec::new(),
+            filter_state: Vec::new(),
+        };
+        let mut config = None;
+        let (mut seed, mut raw_keys, mut json) = (None, false, false);
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next().cloned())
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            match flag {
+                "--method" => request.plain.method = Some(value()?),
+                "--path" => request.plain.path = Some(value()?),
+                "--authority" => request.plain.authority = Some(value()?),
+                "--source" => request.plain.source_address = Some(value()?),
+                "--header" => {
+                    let v = value()?;
+                    let (name, val) = v
+                        .split_once(':')
+                        .filter(|(n, _)| !n.trim().is_empty())
+                        .ok_or_else(|| format!("--header {v}: expected 'NAME: VALUE'"))?;
+                    request.plain.headers.push((
+                        name.trim().to_ascii_lowercase(),
+                        val.trim().as_bytes().to_vec(),
+                    ));
+                }
+                "--metadata" => {
+                    let v = value()?;
+                    let parsed = v.split_once('=').and_then(|(at, val)| {
+                        let (ns, key) = at.split_once(':')?;
+                        (!ns.is_empty() && !key.is_empty()).then(|| (ns, key, val))
+                    });
+                    let Some((ns, key, val)) = parsed else {
+                        return Err(format!("--metadata {v}: expected NAMESPACE:KEY=VALUE"));
+                    };
+                    let val = match val.trim().parse::<f64>() {
+                        Ok(n) if n.is_finite() => Meta::Number(n),
+                        _ => Meta::Text(val.to_string()),
+                    };
+                    request.metadata.push((ns.into(), key.into(), val));
+                }
+                "--filter-state" => {
+                    let v = value()?;
+                    let (k, val) = v
+                        .split_once('=')
+                        .filter(|(k, _)| !k.is_empty())
+                        .ok_or_else(|| format!("--filter-state {v}: expected KEY=VALUE"))?;
+                    request
+                        .filter_state
+                        .push((k.into(), val.as_bytes().to_vec()));
+                }
+                "--seed" => {
+                    let v = value()?;
+                    seed =
+                        Some(Seed::parse_hex(&v).ok_or_else(|| {
+                            format!("--seed {v}: expected 32 hexadecimal digits")
+                        })?);
+                }
+                "--raw-keys" | "--json" if inline.is_some() => {
+                    return Err(format!("{flag} takes no value"))
+                }
+                "--raw-keys" => raw_keys = true,
+                "--json" => json = true,
+                f if f.starts_with("--") => return Err(format!("unknown option {f}")),
+                _ if config.is_none() => config = Some(arg.clone()),
+                _ => return Err(format!("one CONFIG only (also given {arg})")),
+            }
+        }
+        Ok(Options {
+            config: config.ok_or("CONFIG is missing")?,
+            request,
+            seed,
+            raw_keys,
+            json,
+        })
+    }
+}
+
+/// A dynamic metadata value given on the command line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Meta {
+    /// A number.
+    Number(f64),
+    /// A string.
+    Text(String),
+}
+
+/// The request to explain: what the filter reads of one.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Its attributes and headers.
+    pub plain: PlainRequest,
+    /// Dynamic metadata: (namespace, key, value).
+    pub metadata: Vec<(String, String, Meta)>,
+    /// Filter state objects: (key, value).
+    pub filter_state: Vec<(String, Vec<u8>)>,
+}
+
+impl Attributes for Request {
+    fn source_address(&mut self) -> Option<&str> {
+        self.plain.source_address()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.plain.path()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.plain.method()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.plain.authority()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        self.plain.header(name)
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
+        self.metadata
+            .iter()
+            .find(|(n, k, _)| n == namespace && k == key)
+            .map(|(_, _, v)| match v {
+                Meta::Number(x) => Carried::Number(*x),
+                Meta::Text(t) => Carried::Text(t.as_bytes()),
+            })
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.filter_state
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Explaining decides nothing: no clock, no held requests, no log.
+impl Host for Request {
+    fn now_ms(&mut self) -> u64 {
+        0
+    }
+    fn held(&self) -> usize {
+        0
+    }
+    fn log(&mut self, _: log::Level, _: fmt::Arguments<'_>) {}
+}
+
+/// The seed keys are hashed under: the configuration's `key_seed`, else `--seed`.
+fn seed_of(config: &Config, options: &Options) -> Option<Seed> {
+    config.key_seed.or(options.seed)
+}
+
+/// The report for one configuration, called `name`, as text.
+pub fn text(name: &str, config: &Config, options: &Options) -> String {
+    let seed = seed_of(config, options);
+    let rt = Runtime::new(
+        config.clone(),
+        seed.unwrap_or(Seed([0, 0])),
+        MemoryStore::new(),
+    );
+    let mut req = options.request.clone();
+    let p = &req.plain;
+    let mut out = format!(
+        "{name}: {} {} (authority {}, from {})\n",
+        p.method.as_deref().unwrap_or(""),
+        p.path.as_deref().unwrap_or(""),
+        p.authority.as_deref().unwrap_or(""),
+        p.source_address.as_deref().unwrap_or(""),
+    );
+    match (config.key_seed, options.seed) {
+        (Some(c), Some(o)) if c != o => {
+            out.push_str("  --seed ignored: the configuration sets key_seed\n");
+        }
+        (None, None) => out.push_str(
+            "  keys shown raw: the hashed key the filter logs needs key_seed in the \
+             configuration, or --seed with the seed of the Envoy you compare with\n",
+        ),
+        _ => {}
+    }
+    let explained = rt.explain(&mut req);
+    let width = explained
+        .iter()
+        .map(|e| e.rule.name.len() + 1)
+        .max()
+        .unwrap_or(0);
+    for e in &explained {
+        let label = format!("{}:", e.rule.name);
+        match &e.outcome {
+            Err(why) => {
+                let _ = writeln!(out, "  {label:width$} does not apply: {why}");
+            }
+            Ok(a) => {
+                let _ = writeln!(out, "  {label:width$} applies");
+                let pad = " ".repeat(width + 3);
+                let _ = writeln!(out, "{pad}key {}", key_text(a, seed.is_some(), options));
+                let _ = writeln!(out, "{pad}cost {}", cost_text(&a.cost));
+                let _ = writeln!(out, "{pad}limit {}", limit_line(e, a));
+                for c in &a.carried {
+                    let value = c.value.as_ref().map_or("nothing".into(), Value::to_string);
+                    let _ = writeln!(
+                        out,
+                        "{pad}{} from {}: {value}: {}",
+                        c.number,
+                        c.source,
+                        resolved_text(c.resolved)
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The key as the filter logs it, with its raw parts where asked for or where there is no
+/// seed to hash it.
+fn key_text(a: &Applies<'_>, seeded: bool, options: &Options) -> String {
+    let raw = raw_parts(a);
+    match (seeded, options.raw_keys || !seeded) {
+        (true, false) => format!("{}", key::logged(a.hash)),
+        (true, true) if raw.is_empty() => {
+            format!("{} (no parts: one counter)", key::logged(a.hash))
+        }
+        (true, true) => format!("{} ({raw})", key::logged(a.hash)),
+        (false, _) if raw.is_empty() => "[] (no parts: one counter)".into(),
+        (false, _) => raw,
+    }
+}
+
+/// `remote_address=10.0.0.7, header:x-api-key=abc`, with notes.
+fn raw_parts(a: &Applies<'_>) -> String {
+    a.parts
+        .iter()
+        .map(|p| {
+            let note = p.note.map(|n| format!(" ({n})")).unwrap_or_default();
+            format!("{}={}{note}", p.part.descriptor_key(), escaped(&p.value))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn cost_text(c: &CostFrom<'_>) -> String {
+    match c {
+        CostFrom::Fixed(n) => format!("{n}"),
+        CostFrom::Header {
+            name,
+            value: Some(v),
+            cost,
+        } => format!("{cost} (from header {name}: \"{}\")", escaped(v)),
+        CostFrom::Header {
+            name, value: None, ..
+        } => format!("1 (from header {name}, missing: 1)"),
+        CostFrom::Reservation { cost, sized: false } => {
+            format!("{cost} reserved (charged what the response reports)")
+        }
+        CostFrom::Reservation { cost, sized: true } => format!(
+            "{cost} reserved if the request body names no maximum (the filter sizes it from the \
+             body; charged what the response reports)"
+        ),
+    }
+}
+
+/// `100 per minute (sliding_window), shadow, global sync`.
+fn limit_line(e: &Explained<'_>, a: &Applies<'_>) -> String {
+    let r = e.rule;
+    let mut out = limit_text(&a.policy);
+    let _ = write!(out, " ({})", r.limit.algorithm_name());
+    if let Policy::Gcra(g) = a.policy {
+        if let Some(d) = g.max_delay_ms {
+            let _ = write!(out, ", delay up to {d} ms");
+        }
+    }
+    if r.shadow {
+        out.push_str(", shadow: counted, never refused");
+    }
+    if let Some(g) = &r.global {
+        let _ = write!(
+            out,
+            ", global {} (cluster {}, domain {})",
+            mode(g.mode),
+            g.cluster,
+            g.domain
+        );
+    }
+    if r.elastic.is_some() {
+        out.push_str(", elastic: the base limit, scaled by the backend's health");
+    }
+    out
+}
+
+fn mode(m: GlobalMode) -> &'static str {
+    match m {
+        GlobalMode::Sync => "sync",
+        GlobalMode::Async => "async",
+    }
+}
+
+/// The report for one configuration as JSON objects, one per rule.
+pub fn json(name: &str, config: &Config, options: &Options) -> Vec<Json> {
+    let seed = seed_of(config, options);
+    let rt = Runtime::new(
+        config.clone(),
+        seed.unwrap_or(Seed([0, 0])),
+        MemoryStore::new(),
+    );
+    let mut req = options.request.clone();
+    rt.explain(&mut req)
+        .iter()
+        .map(|e| {
+            let mut o = Map::new();
+            o.insert("config".into(), name.into());
+            o.insert("rule".into(), e.rule.name.clone().into());
+            o.insert("applies".into(), e.outcome.is_ok().into());
+            match &e.outcome {
+                Ok(a) => applies_json(&mut o, e, a, seed.is_some(), options),
+                Err(why) => not_applying_json(&mut o, why),
+            }
+            Json::Object(o)
+        })
+        .collect()
+}
+
+fn applies_json(
+    o: &mut Map<String, Json>,
+    e: &Explained<'_>,
+    a: &Applies<'_>,
+    seeded: bool,
+    options: &Options,
+) {
+    let key = seeded.then(|| key::logged(a.hash).to_string());
+    o.insert("key".into(), key.into());
+    if options.raw_keys || !seeded {
+        let parts: Vec<Json> = a
+            .parts
+            .iter()
+            .map(|p| {
+                json!({
+                    "part": p.part.descriptor_key(),
+                    "value": escaped(&p.value),
+                    "note": p.note.map(|n| n.to_string()),
+                })
+            })
+            .collect();
+        o.insert("parts".into(), parts.into());
+    }
+    let cost = match &a.cost {
+        CostFrom::Fixed(n) => json!({"from": "fixed", "value": n}),
+        CostFrom::Header { name, value, cost } => json!({
+            "from": "header", "header": name, "value": cost,
+            "header_value": value.as_ref().map(|v| escaped(v)),
+        }),
+        CostFrom::Reservation { cost, sized } => {
+            json!({"from": "reservation", "value": cost, "sized_from_body": sized})
+        }
+    };
+    o.insert("cost".into(), cost);
+    let mut limit = Map::new();
+    limit.insert("algorithm".into(), e.rule.limit.algorithm_name().into());
+    match a.policy {
+        Policy::InFlight { max, .. } => {
+            limit.insert("in_flight".into(), max.into());
+        }
+        p => {
+            let (n, window_ms) = p.limit_and_window();
+            limit.insert("requests_per_unit".into(), n.into());
+            limit.insert("window_s".into(), (window_ms / 1000).into());
+            if let Some(b) = p.burst() {
+                limit.insert("burst".into(), b.into());
+            }
+        }
+    }
+    o.insert("limit".into(), limit.into());
+    let carried: Vec<Json> = a
+        .carried
+        .iter()
+        .map(|c| {
+            let (what, n) = match c.resolved {
+                Resolved::Taken(n) => ("taken", n),
+                Resolved::Missing(n) => ("missing", n),
+                Resolved::Invalid(n) => ("invalid", n),
+                Resolved::Capped(n) => ("capped", n),
+            };
+            let value = match &c.value {
+                None => Json::Null,
+                Some(Value::Number(x)) => json!(x),
+                Some(Value::Text(t)) => escaped(t).into(),
+            };
+            json!({
+                "number": c.number.to_string(), "from": c.source.to_string(),
+                "value": value, "resolved": what, "in_force": n,
+            })
+        })
+        .collect();
+    o.insert("carried".into(), carried.into());
+    o.insert("shadow".into(), e.rule.shadow.into());
+    o.insert(
+        "global".into(),
+        e.rule.global.as_ref().map(|g| mode(g.mode)).into(),
+    );
+    o.insert("elastic".into(), e.rule.elastic.is_some().into());
+}
+
+fn not_applying_json(o: &mut Map<String, Json>, why: &NotApplying<'_>) {
+    o.insert("reason".into(), why.to_string().into());
+    match why {
+        NotApplying::NoMatch { condition, found } => {
+            o.insert("condition".into(), condition.to_string().into());
+            o.insert("found".into(), found.as_ref().map(|f| escaped(f)).into());
+        }
+        NotApplying::MissingPart { part, why } => {
+            o.insert("part".into(), part.to_string().into());
+            let why = match why {
+                Absence::Absent => "absent",
+                Absence::Empty => "empty",
+            };
+            o.insert("missing".into(), why.into());
+        }
+        NotApplying::Unexplained => {}
+    }
+}
