@@ -100,7 +100,7 @@ impl Options {
                     let v = value()?;
                     let parsed = v.split_once('=').and_then(|(at, val)| {
                         let (ns, key) = at.split_once(':')?;
-                        (!ns.is_empty() && !key.is_empty()).then(|| (ns, key, val))
+                        (!ns.is_empty() && !key.is_empty()).then_some((ns, key, val))
                     });
                     let Some((ns, key, val)) = parsed else {
                         return Err(format!("--metadata {v}: expected NAMESPACE:KEY=VALUE"));

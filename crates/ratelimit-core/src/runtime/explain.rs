@@ -5,9 +5,7 @@
 
 use super::request::{Applying, Carrying, Host};
 use super::Runtime;
-use crate::config::{
-    self, Carried, Cost, FromRequest, GlobalMode, KeyPart, Limit, Resolved, Rule, Source,
-};
+use crate::config::{self, Carried, Cost, FromRequest, KeyPart, Limit, Resolved, Rule, Source};
 use crate::key::{self, Attributes, Condition};
 use crate::limiter::Policy;
 use crate::store::Store;
@@ -428,14 +426,6 @@ pub fn resolved_text(r: Resolved) -> String {
         Resolved::Missing(n) => format!("missing: the default {n}"),
         Resolved::Invalid(n) => format!("invalid: the default {n}"),
         Resolved::Capped(n) => format!("above the cap: the cap {n}"),
-    }
-}
-
-/// A global rule's mode as words.
-pub fn global_text(mode: GlobalMode) -> &'static str {
-    match mode {
-        GlobalMode::Sync => "global (sync: the service decides, asked before each request)",
-        GlobalMode::Async => "global (async: decided here, hits reported to the service)",
     }
 }
 

@@ -1,0 +1,331 @@
+//! `ratelimit-config explain`: the examples' configurations, each explained for a request.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use ratelimit_core::testkit as common;
+use std::path::Path;
+use std::process::Command;
+
+const SEED: &str = "000102030405060708090a0b0c0d0e0f";
+
+/// Runs `explain ARGS` from the repository root: (exit code, stdout, stderr).
+fn explain(args: &[&str]) -> (i32, String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
+        .current_dir(root)
+        .arg("explain")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(args: &[&str]) -> String {
+    let (code, out, err) = explain(args);
+    assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
+#[test]
+fn api_key_tiers_names_the_tier_that_applies_and_why_the_others_do_not() {
+    let out = ok(&[
+        "examples/api-key-tiers/envoy.yaml",
+        "--path",
+        "/api/orders",
+        "--header",
+        "x-tier: free",
+        "--header",
+        "X-Api-Key: abc",
+        "--seed",
+        SEED,
+        "--raw-keys",
+    ]);
+    assert_eq!(
+        out,
+        "\
+examples/api-key-tiers/envoy.yaml (Wasm filter api-key-tiers): GET /api/orders (authority localhost, from 127.0.0.1)
+  free:      applies
+             key 16d0fa1b815e1e12 (header:x-api-key=abc)
+             cost 1
+             limit 3 per minute (sliding_window)
+  pro:       does not apply: match.headers x-tier = \"pro\" does not hold for header x-tier \"free\"
+  anonymous: does not apply: match.headers x-api-key absent does not hold for header x-api-key \"abc\"
+"
+    );
+    // Without --raw-keys the key is only its hash; without a seed only its raw parts.
+    let out = ok(&[
+        "examples/api-key-tiers/envoy.yaml",
+        "--path=/api/orders",
+        "--header=x-tier: free",
+        "--header=x-api-key: abc",
+        "--seed",
+        SEED,
+    ]);
+    assert!(out.contains("             key 16d0fa1b815e1e12\n"), "{out}");
+    let out = ok(&[
+        "examples/api-key-tiers/envoy.yaml",
+        "--path",
+        "/api/orders",
+        "--header",
+        "x-api-key: abc",
+    ]);
+    assert!(
+        out.contains(
+            "  keys shown raw: the hashed key the filter logs needs key_seed in the configuration, \
+             or --seed with the seed of the Envoy you compare with\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  free:      does not apply: match.headers x-tier = \"free\" does not hold for a request without header x-tier\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("  anonymous: does not apply: match.headers x-api-key absent does not hold for header x-api-key \"abc\"\n"), "{out}");
+}
+
+#[test]
+fn per_ip_keys_ipv6_clients_per_64() {
+    let out = ok(&[
+        "examples/per-ip/envoy.yaml",
+        "--path",
+        "/api/items?page=2",
+        "--source",
+        "[2001:db8:1:2::7]:5000",
+        "--seed",
+        SEED,
+        "--raw-keys",
+    ]);
+    assert_eq!(
+        out,
+        "\
+examples/per-ip/envoy.yaml (Wasm filter per-ip): GET /api/items?page=2 (authority localhost, from [2001:db8:1:2::7]:5000)
+  per-ip: applies
+          key e6dfb495196d3af5 (remote_address=2001:db8:1:2::/64)
+          cost 1
+          limit 5 per minute (sliding_window)
+"
+    );
+    // Another address of the same /64, bare: the same key.
+    let out = ok(&[
+        "examples/per-ip/envoy.yaml",
+        "--path",
+        "/api/",
+        "--source",
+        "2001:db8:1:2:ffff::1",
+        "--seed",
+        SEED,
+    ]);
+    assert!(out.contains("key e6dfb495196d3af5\n"), "{out}");
+    let out = ok(&["examples/per-ip/envoy.yaml", "--path", "/health"]);
+    assert!(
+        out.contains(
+            "  per-ip: does not apply: match.path_prefix \"/api/\" does not hold for path \"/health\"\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn login_needs_its_user_parameter() {
+    let args = [
+        "examples/login/envoy.yaml",
+        "--method",
+        "POST",
+        "--source",
+        "10.0.0.7",
+    ];
+    let with = |path: &str| ok(&[&args[..], &["--path", path]].concat());
+    assert!(with("/login")
+        .contains("  login: does not apply: key part query:user is missing (absent)\n"));
+    assert!(with("/login?user=").contains(
+        "  login: does not apply: key part query:user is missing (empty; empty values count as absent)\n"
+    ));
+    let out = with("/login?user=alice");
+    assert!(out.contains("  login: applies\n"), "{out}");
+    assert!(out.contains("remote_address=10.0.0.7"), "{out}");
+    assert!(out.contains("query:user=alice"), "{out}");
+}
+
+#[test]
+fn token_rules_show_their_reservation() {
+    let out = ok(&[
+        "examples/anthropic-tokens/config.json",
+        "--method",
+        "POST",
+        "--path",
+        "/v1/messages",
+        "--header",
+        "x-api-key: k",
+    ]);
+    assert!(out.contains("                 cost 1024 reserved if the request body names no maximum (the filter sizes it from the body; charged what the response reports)\n"), "{out}");
+    assert!(
+        out.contains("                 limit 5000 per hour (sliding_window)\n"),
+        "{out}"
+    );
+    let out = ok(&[
+        "examples/llm-tokens/envoy.yaml",
+        "--path",
+        "/v1/x",
+        "--header",
+        "x-api-key: k1",
+    ]);
+    assert!(
+        out.contains("cost 200 reserved (charged what the response reports)\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn json_has_one_object_per_rule() {
+    let out = ok(&[
+        "examples/replay/config.json",
+        "--json",
+        "--source",
+        "[::ffff:10.0.0.7]:1",
+        "--seed",
+        SEED,
+        "--raw-keys",
+    ]);
+    let rules: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rules.len(), 3, "{out}");
+    let per_ip = &rules[0];
+    assert_eq!(per_ip["rule"], "per-ip");
+    assert_eq!(per_ip["applies"], true);
+    assert_eq!(per_ip["shadow"], true);
+    assert_eq!(per_ip["key"].as_str().unwrap().len(), 16);
+    assert_eq!(per_ip["parts"][0]["value"], "10.0.0.7");
+    assert_eq!(per_ip["parts"][0]["note"], "an IPv4 client seen over IPv6");
+    assert_eq!(per_ip["limit"]["requests_per_unit"], 120);
+    assert_eq!(per_ip["limit"]["window_s"], 60);
+    assert_eq!(per_ip["cost"]["value"], 1);
+    assert_eq!(rules[1]["applies"], false);
+    assert_eq!(rules[1]["condition"], "match.path_prefix \"/api/\"");
+    assert_eq!(rules[1]["found"], "/");
+    // The same client over IPv4: the same key.
+    let out = ok(&[
+        "examples/replay/config.json",
+        "--json",
+        "--source",
+        "10.0.0.7",
+        "--seed",
+        SEED,
+    ]);
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(first["key"], per_ip["key"]);
+    assert!(
+        first.get("parts").is_none(),
+        "raw parts only with --raw-keys: {first}"
+    );
+}
+
+#[test]
+fn limits_read_from_the_request_say_what_became_of_them() {
+    let dir = common::scratch("explain-plan");
+    let config = dir.join("plan.json");
+    std::fs::write(
+        &config,
+        r#"{"rules": [{"name": "plan", "key": ["header:x-key"],
+            "rate_limit": {"requests_per_unit":
+                {"from": "metadata:envoy.filters.http.ext_authz:rpm", "default": 10, "max": 1000},
+                "unit": "minute"}},
+            {"name": "tenant", "key": ["header:x-key"],
+             "in_flight": {"max": {"from": "filter_state:plan.max", "default": 2, "max": 8}}}],
+          "key_seed": "000102030405060708090a0b0c0d0e0f"}"#,
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let out = ok(&[
+        config,
+        "--header",
+        "x-key: k",
+        "--metadata",
+        "envoy.filters.http.ext_authz:rpm=5000",
+        "--filter-state",
+        "plan.max=four",
+    ]);
+    assert!(!out.contains("keys shown raw"), "key_seed is set: {out}");
+    assert!(
+        out.contains("         limit 1000 per minute (sliding_window)\n"),
+        "{out}"
+    );
+    assert!(out.contains("         requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm: 5000: above the cap: the cap 1000\n"), "{out}");
+    assert!(
+        out.contains("         limit 2 in flight (in_flight)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "         in_flight.max from filter_state:plan.max: \"four\": invalid: the default 2\n"
+        ),
+        "{out}"
+    );
+    let out = ok(&[
+        config,
+        "--header",
+        "x-key: k",
+        "--metadata",
+        "envoy.filters.http.ext_authz:rpm=60",
+    ]);
+    assert!(out.contains("rpm: 60: 60, taken\n"), "{out}");
+    assert!(
+        out.contains("plan.max: nothing: missing: the default 2\n"),
+        "{out}"
+    );
+    // --seed does not override key_seed.
+    let out = ok(&[config, "--seed", "ffffffffffffffffffffffffffffffff"]);
+    assert!(
+        out.contains("  --seed ignored: the configuration sets key_seed\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_configuration_of_a_file_is_explained_and_a_bad_one_fails() {
+    let file = common::fixtures()
+        .join("manifests")
+        .join("two-plugins.yaml");
+    let (code, out, _) = explain(&[file.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("(WasmPlugin good): GET / (authority localhost, from 127.0.0.1)\n"),
+        "{out}"
+    );
+    assert!(out.contains("  per-ip: applies\n"), "{out}");
+    assert!(
+        out.contains(
+            "(WasmPlugin typo): INVALID\n  rules[0].rate_limit.unit: unknown unit \"minutes\""
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &[][..],
+        &["examples/per-ip/envoy.yaml", "--header", "no-colon"],
+        &["examples/per-ip/envoy.yaml", "--seed", "abc"],
+        &["examples/per-ip/envoy.yaml", "--metadata", "nokey=1"],
+        &["examples/per-ip/envoy.yaml", "--filter-state", "=1"],
+        &["examples/per-ip/envoy.yaml", "--bogus"],
+        &["examples/per-ip/envoy.yaml", "--path"],
+        &["examples/per-ip/envoy.yaml", "examples/login/envoy.yaml"],
+    ] {
+        let (code, _, err) = explain(args);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(
+            err.contains("usage: ratelimit-config explain [OPTIONS] CONFIG"),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, _, err) = explain(&["/nonexistent/config.json"]);
+    assert_eq!(code, 2, "{err}");
+}
