@@ -79,3 +79,44 @@ fn usage_errors_exit_2() {
     let (code, _) = check(&[Path::new("/nonexistent/config.json")]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn envoy_configurations_are_checked_filter_by_filter() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (code, out) = check(&[&root.join("examples/per-ip/envoy.yaml")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("examples/per-ip/envoy.yaml (Wasm filter per-ip): OK\n"),
+        "{out}"
+    );
+    let dir = common::scratch("envoy-native");
+    let yaml = dir.join("envoy.yaml");
+    std::fs::write(
+        &yaml,
+        r#"static_resources:
+  listeners:
+  - filter_chains:
+    - filters:
+      - typed_config:
+          http_filters:
+          - name: envoy.filters.http.dynamic_modules
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              filter_name: edge
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: '{"rules": [{"name": "r", "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}'
+"#,
+    )
+    .unwrap();
+    let (code, out) = check(&[&yaml]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(dynamic module filter edge): OK\n"), "{out}");
+    std::fs::write(&yaml, "static_resources: {listeners: []}\n").unwrap();
+    let (code, out) = check(&[&yaml]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("an Envoy configuration without a wasm or dynamic-module HTTP filter"),
+        "{out}"
+    );
+}
