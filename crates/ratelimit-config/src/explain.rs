@@ -266,7 +266,7 @@ pub fn text(name: &str, config: &Config, options: &Options) -> String {
                     let value = c.value.as_ref().map_or("nothing".into(), Value::to_string);
                     let _ = writeln!(
                         out,
-                        "{pad}{} from {}: {value}: {}",
+                        "{pad}{} from {} = {value}: {}",
                         c.number,
                         c.source,
                         resolved_text(c.resolved)

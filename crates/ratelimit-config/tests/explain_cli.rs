@@ -256,14 +256,14 @@ fn limits_read_from_the_request_say_what_became_of_them() {
         out.contains("         limit 1000 per minute (sliding_window)\n"),
         "{out}"
     );
-    assert!(out.contains("         requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm: 5000: above the cap: the cap 1000\n"), "{out}");
+    assert!(out.contains("         requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = 5000: above the cap: the cap 1000\n"), "{out}");
     assert!(
         out.contains("         limit 2 in flight (in_flight)\n"),
         "{out}"
     );
     assert!(
         out.contains(
-            "         in_flight.max from filter_state:plan.max: \"four\": invalid: the default 2\n"
+            "         in_flight.max from filter_state:plan.max = \"four\": invalid: the default 2\n"
         ),
         "{out}"
     );
@@ -274,9 +274,9 @@ fn limits_read_from_the_request_say_what_became_of_them() {
         "--metadata",
         "envoy.filters.http.ext_authz:rpm=60",
     ]);
-    assert!(out.contains("rpm: 60: 60, taken\n"), "{out}");
+    assert!(out.contains("rpm = 60: taken\n"), "{out}");
     assert!(
-        out.contains("plan.max: nothing: missing: the default 2\n"),
+        out.contains("plan.max = nothing: missing: the default 2\n"),
         "{out}"
     );
     // --seed does not override key_seed.
@@ -328,4 +328,54 @@ fn usage_errors_exit_2() {
     }
     let (code, _, err) = explain(&["/nonexistent/config.json"]);
     assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn customer_plans_show_the_plan_each_request_carries() {
+    let plan = |rpm: &str| {
+        ok(&[
+            "examples/customer-plans/envoy.yaml",
+            "--header",
+            "x-api-key: k-pro",
+            "--metadata",
+            &format!("plans:rpm={rpm}"),
+            "--seed",
+            SEED,
+        ])
+    };
+    let out = plan("600");
+    assert!(
+        out.contains("                limit 600 per minute (sliding_window)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("                requests_per_unit from metadata:plans:rpm = 600: taken\n"),
+        "{out}"
+    );
+    let out = plan("5000");
+    assert!(
+        out.contains("                limit 1000 per minute (sliding_window)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("metadata:plans:rpm = 5000: above the cap: the cap 1000\n"),
+        "{out}"
+    );
+    let out = plan("gold");
+    assert!(
+        out.contains("metadata:plans:rpm = \"gold\": invalid: the default 1\n"),
+        "{out}"
+    );
+    let out = ok(&[
+        "examples/customer-plans/envoy.yaml",
+        "--header",
+        "x-api-key: k",
+        "--json",
+    ]);
+    let rule: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(rule["key"], serde_json::Value::Null);
+    assert_eq!(rule["parts"][0]["value"], "k");
+    assert_eq!(rule["carried"][0]["resolved"], "missing");
+    assert_eq!(rule["carried"][0]["in_force"], 1);
+    assert_eq!(rule["limit"]["requests_per_unit"], 1);
 }

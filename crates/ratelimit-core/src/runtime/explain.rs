@@ -422,7 +422,7 @@ fn window_name(ms: u64) -> String {
 /// What became of a carried number, as words.
 pub fn resolved_text(r: Resolved) -> String {
     match r {
-        Resolved::Taken(n) => format!("{n}, taken"),
+        Resolved::Taken(_) => "taken".to_string(),
         Resolved::Missing(n) => format!("missing: the default {n}"),
         Resolved::Invalid(n) => format!("invalid: the default {n}"),
         Resolved::Capped(n) => format!("above the cap: the cap {n}"),
@@ -745,8 +745,8 @@ mod tests {
         assert_eq!(
             shown(&a),
             [
-                "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = 600: 600, taken",
-                "burst from filter_state:plan.burst = \"30\": 30, taken",
+                "requests_per_unit from metadata:envoy.filters.http.ext_authz:rpm = 600: taken",
+                "burst from filter_state:plan.burst = \"30\": taken",
             ]
         );
         let mut h = host()
