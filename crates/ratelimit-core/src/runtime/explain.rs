@@ -1,5 +1,5 @@
 //! Why each rule does or does not apply to one request, for `ratelimit-config explain`: the
-//! same first step [`Runtime::start`] takes for every rule ([`Runtime::applying`]: the match,
+//! same first step [`Runtime::start`] takes for every rule (`Runtime::applying`: the match,
 //! the client key, the cost, the limit), with what it saw along the way. The filter never calls
 //! it; nothing here is a second way to match, key, cost or limit a request.
 
