@@ -57,11 +57,13 @@ pub enum Counter {
     /// The `Retry-After` seconds the rule told the clients it refused, summed: divided by
     /// `limited`, how long a refused client is told to wait on average.
     RetryAfterSeconds,
+    /// Keys an operator reset ([`crate::runtime::Runtime::reset`]).
+    OperatorResets,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 17] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -78,6 +80,7 @@ impl Counter {
         Counter::UsageExceeded,
         Counter::ElasticAllowed,
         Counter::RetryAfterSeconds,
+        Counter::OperatorResets,
     ];
 
     /// The name in the metric names.
@@ -99,6 +102,7 @@ impl Counter {
             Counter::UsageExceeded => "usage_exceeded",
             Counter::ElasticAllowed => "elastic_allowed",
             Counter::RetryAfterSeconds => "retry_after_seconds",
+            Counter::OperatorResets => "operator_resets",
         }
     }
 }
