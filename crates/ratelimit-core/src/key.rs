@@ -332,8 +332,28 @@ pub fn visit_parts(
     Some(())
 }
 
+/// The bits of a client-key hash that carry its rule's tag ([`rule_tag`]): the top 16.
+pub const TAG_MASK: u64 = 0xffff << TAG_SHIFT;
+/// Where the rule's tag starts in a client-key hash.
+const TAG_SHIFT: u32 = 48;
+
+/// The tag every client-key hash of a rule carries in its top 16 bits: the top 16 bits of the
+/// rule's fingerprint ([`rule_fingerprint`]). The table's entries of all rules share its buckets;
+/// the tag is what tells an operator's scan which entries are one rule's keys. Two rules of a
+/// configuration share a tag with odds of 1 in 65,536 per pair; a scan of either then also
+/// lists the other's keys that have the same algorithm's state (nothing else goes wrong: a key
+/// is still looked up by its whole hash).
+pub fn rule_tag(rule_fingerprint: u64) -> u64 {
+    rule_fingerprint & TAG_MASK
+}
+
 /// The 64-bit hash of the client key of a rule for this request, or `None` when a key part is
 /// missing from the request (the rule then does not apply). The raw key is never kept.
+///
+/// The top 16 bits are the rule's tag ([`rule_tag`]), the other 48 the keyed SipHash of the
+/// rule and the key's parts (47 of them in the table's fingerprint,
+/// [`crate::table::fingerprint_of`]): two keys of one rule collide with odds of 1 in 2^47 per
+/// pair.
 pub fn client_key(
     seed: Seed,
     rule_fingerprint: u64,
@@ -343,7 +363,7 @@ pub fn client_key(
     let mut h = seed.hasher();
     h.write_u64(rule_fingerprint);
     visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
-    Some(h.finish())
+    Some(rule_tag(rule_fingerprint) | h.finish() >> (64 - TAG_SHIFT))
 }
 
 /// The first key part missing from the request, if any (the reason a rule does not apply).

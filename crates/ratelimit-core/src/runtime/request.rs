@@ -744,7 +744,8 @@ impl<S: Store> Runtime<S> {
 
     /// Counts a request a rule refused (or, `shadow`, would have: a shadow rule, or a request
     /// that can no longer be refused) and logs its line. The key appears only as its keyed
-    /// hash: the raw value may be an API key.
+    /// hash, the fingerprint the table stores it by (what an operator passes to
+    /// [`Runtime::inspect`] and [`Runtime::reset`]): the raw value may be an API key.
     fn refusal(
         &self,
         host: &mut impl Host,
@@ -774,8 +775,8 @@ impl<S: Store> Runtime<S> {
         host.log(
             level,
             format_args!(
-                "limited rule={} shadow={} key={hash:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
-                r.name, shadow, v.limit, v.window_s, v.remaining, v.retry_after_ms
+                "limited rule={} shadow={} key={:016x} cost={cost} limit={} window={}s remaining={} retry_after_ms={}",
+                r.name, shadow, table::fingerprint_of(hash), v.limit, v.window_s, v.remaining, v.retry_after_ms
             ),
         );
     }
