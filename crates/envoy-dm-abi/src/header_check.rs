@@ -60,6 +60,29 @@ const TYPES: &[(&str, &str)] = &[
         "envoy_dynamic_module_type_http_filter_config_scheduler_module_ptr",
         "ConfigSchedulerPtr",
     ),
+    (
+        "envoy_dynamic_module_type_bootstrap_extension_config_envoy_ptr",
+        "BootstrapConfigEnvoyPtr",
+    ),
+    (
+        "envoy_dynamic_module_type_bootstrap_extension_config_module_ptr",
+        "BootstrapConfigModulePtr",
+    ),
+    (
+        "envoy_dynamic_module_type_bootstrap_extension_envoy_ptr",
+        "BootstrapEnvoyPtr",
+    ),
+    (
+        "envoy_dynamic_module_type_bootstrap_extension_module_ptr",
+        "BootstrapModulePtr",
+    ),
+    (
+        "envoy_dynamic_module_type_bootstrap_extension_timer_module_ptr",
+        "BootstrapTimerPtr",
+    ),
+    // Not an alias of sys.rs (the check reads no function types): `hooks::EventCallback`, whose
+    // shape `a_function_pointer_typedef_is_what_hooks_take` checks.
+    ("envoy_dynamic_module_type_event_cb", "EventCallback"),
     ("envoy_dynamic_module_type_envoy_buffer", "EnvoyBuffer"),
     ("envoy_dynamic_module_type_module_buffer", "ModuleBuffer"),
     (
@@ -177,6 +200,8 @@ enum CType {
         constant: bool,
         to: Box<CType>,
     },
+    /// A function pointer (only through a typedef).
+    Fn(Box<CFn>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -330,6 +355,18 @@ fn parse_c(text: &str) -> CHeader {
             continue;
         }
         if let Some(rest) = d.strip_prefix("typedef ") {
+            if let Some((ret, pointer)) = rest.split_once("(*") {
+                // A function pointer: `typedef RET (*NAME)(PARAMS)`.
+                let (name, params) = pointer.split_once(')').unwrap();
+                let params = params.trim().trim_start_matches('(').trim_end_matches(')');
+                let f = CFn {
+                    ret: c_type(&words(ret)),
+                    params: params.split(',').map(c_declarator).collect(),
+                };
+                h.typedefs
+                    .insert(name.trim().to_string(), CType::Fn(Box::new(f)));
+                continue;
+            }
             let (name, ty) = c_declarator(rest);
             h.typedefs.insert(name, ty);
             continue;
@@ -673,7 +710,8 @@ fn parse_rust(files: &[(String, String)]) -> RustDecls {
                         i = close + 1;
                         continue;
                     }
-                    if is(toks.get(i + 2), "fn") {
+                    // A named function (a function pointer type has no name).
+                    if is(toks.get(i + 2), "fn") && matches!(toks.get(i + 3), Some(Tok::Ident(_))) {
                         let (name, f, end) = rust_fn(&toks, i + 2);
                         if name.starts_with("envoy_dynamic_module_on_") {
                             assert!(r.hooks.insert(name.clone(), f).is_none(), "{name} twice");
@@ -788,6 +826,11 @@ fn rust_of(t: &CType, h: &CHeader) -> Result<String, String> {
                 if *constant { "const" } else { "mut" },
                 rust_of(to, h)?
             )
+        }
+        CType::Fn(f) => {
+            return Err(format!(
+                "a function pointer {f:?}: map its typedef in TYPES"
+            ))
         }
         CType::Named(n) => {
             if let Some((_, r)) = TYPES.iter().find(|(c, _)| c == n) {
@@ -969,7 +1012,7 @@ fn check_enums(h: &CHeader, r: &RustDecls) -> Vec<String> {
 /// Size and alignment of a C type on this target.
 fn c_size_align(t: &CType, h: &CHeader) -> (usize, usize) {
     match t {
-        CType::Ptr { .. } => (size_of::<*const u8>(), align_of::<*const u8>()),
+        CType::Ptr { .. } | CType::Fn(_) => (size_of::<*const u8>(), align_of::<*const u8>()),
         CType::Void => panic!("sizeof(void)"),
         CType::Named(n) => match n.as_str() {
             "bool" | "char" => (1, 1),
@@ -1345,5 +1388,32 @@ fn the_check_catches_drift() {
     assert!(
         e.contains("send_response: parameter 1 (status_code) is `u16`"),
         "{e}"
+    );
+}
+
+#[test]
+fn a_function_pointer_typedef_is_what_hooks_take() {
+    // `envoy_dynamic_module_type_event_cb` is `void (*)(void*)` in every release...
+    for (release, h, _) in vendored() {
+        let Some(CType::Fn(f)) = h.typedefs.get("envoy_dynamic_module_type_event_cb") else {
+            panic!("{release}: no function pointer typedef envoy_dynamic_module_type_event_cb");
+        };
+        assert_eq!(f.ret, CType::Void, "{release}");
+        let params: Vec<&CType> = f.params.iter().map(|(_, t)| t).collect();
+        assert_eq!(
+            params,
+            [&CType::Ptr {
+                constant: false,
+                to: Box::new(CType::Void)
+            }],
+            "{release}"
+        );
+    }
+    // ...and the hooks' `EventCallback` is a nullable `extern "C" fn(*mut c_void)`.
+    let f: crate::hooks::EventCallback = None::<unsafe extern "C" fn(*mut std::ffi::c_void)>;
+    assert!(f.is_none());
+    assert_eq!(
+        size_of::<crate::hooks::EventCallback>(),
+        size_of::<*mut std::ffi::c_void>()
     );
 }

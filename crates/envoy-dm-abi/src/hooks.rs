@@ -112,14 +112,25 @@ fn guard<C: HttpFilterConfig, R>(
     fallback: impl FnOnce() -> R,
     body: impl FnOnce() -> R,
 ) -> R {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(r) => r,
-        Err(_) => {
+    caught(
+        C::panicked,
+        || {
             if let Some(p) = poison {
                 p.set(true);
             }
+            fallback()
+        },
+        body,
+    )
+}
+
+/// Runs `body`; a panic is counted with `panicked` and gives `fallback()`.
+fn caught<R>(panicked: fn(), fallback: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
             // The count itself must not unwind out of the hook.
-            let _ = catch_unwind(C::panicked);
+            let _ = catch_unwind(panicked);
             fallback()
         }
     }
@@ -800,6 +811,322 @@ macro_rules! export_http_filter {
                 _headers: *mut EnvoyHeader, _headers_size: usize, _body: *mut EnvoyBuffer,
                 _body_size: usize,
             ) {
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap extension
+// ---------------------------------------------------------------------------------------------
+
+/// `envoy_dynamic_module_type_event_cb`: what Envoy gives a hook to call when asynchronous work
+/// it waits for is done (`void (*)(void* context)`; null-checked, so an `Option`).
+pub type EventCallback = Option<unsafe extern "C" fn(*mut std::ffi::c_void)>;
+
+/// A module's bootstrap extension (`envoy.bootstrap.dynamic_modules` in the bootstrap's
+/// `bootstrap_extensions`): one per extension configuration, on Envoy's **main thread** only,
+/// exported by [`export_bootstrap!`] beside the HTTP filter's hooks. Envoy holds traffic until
+/// the extension says it is ready: the hooks say so as soon as [`Bootstrap::new`] returns.
+pub trait Bootstrap: Sized + 'static {
+    /// A new extension configuration: `name` is its `extension_name`, `config` the bytes of
+    /// its `extension_config`. `None` refuses it (and with it Envoy's configuration).
+    fn new(name: &[u8], config: &[u8]) -> Option<Self>;
+    /// The server is up: the time to register admin endpoints ([`BootstrapHandle`]).
+    fn server_initialized(&self, envoy: &BootstrapHandle);
+    /// A request to an admin endpoint this extension registered: its method, its path with the
+    /// query, its body. Returns the status and the response body.
+    fn admin(&self, method: &[u8], path: &[u8], body: &[u8]) -> (u32, String);
+    /// A hook caught a panic (the module counts them).
+    fn panicked();
+}
+
+/// What Envoy holds for a bootstrap extension configuration (and its extension: the same).
+struct BootstrapBox<B> {
+    envoy: BootstrapHandle,
+    ext: B,
+}
+
+/// Envoy's bootstrap extension configuration: valid from the extension's `config_new` to its
+/// `config_destroy`, used on the main thread only (not `Send`: it stays in the hooks).
+pub struct BootstrapHandle(crate::sys::BootstrapConfigEnvoyPtr);
+
+impl BootstrapHandle {
+    /// Registers the admin endpoint `path` (after the server is up), with a line of help;
+    /// `mutates`: Envoy only lets `POST` requests through to it. Whether Envoy took it.
+    pub fn register_admin(&self, path: &str, help: &str, mutates: bool) -> bool {
+        // SAFETY: the configuration is live (hooks only), both buffers are borrowed for the
+        // call (Envoy copies them).
+        unsafe {
+            crate::sys::envoy_dynamic_module_callback_bootstrap_extension_register_admin_handler(
+                self.0,
+                crate::ModuleBuffer::of(path.as_bytes()),
+                crate::ModuleBuffer::of(help.as_bytes()),
+                false,
+                mutates,
+            )
+        }
+    }
+}
+
+/// The extension box behind a module pointer Envoy hands back.
+///
+/// # Safety
+/// `ptr` must come from [`bootstrap_config_new`] and not yet be destroyed.
+unsafe fn bootstrap<'a, B: Bootstrap>(ptr: *const std::ffi::c_void) -> Option<&'a BootstrapBox<B>> {
+    // SAFETY: the caller vouches for the pointer; null is refused.
+    unsafe { ptr.cast::<BootstrapBox<B>>().as_ref() }
+}
+
+/// `envoy_dynamic_module_on_bootstrap_extension_config_new`: the extension, and Envoy told it
+/// is ready.
+///
+/// # Safety
+/// Envoy's configuration pointer and buffers, valid for the call.
+pub unsafe fn bootstrap_config_new<B: Bootstrap>(
+    envoy: crate::sys::BootstrapConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> crate::sys::BootstrapConfigModulePtr {
+    caught(B::panicked, null, || {
+        // SAFETY: both buffers are Envoy's, valid during this call; they are copied.
+        let (name, config) = unsafe { (name.bytes(), config.bytes()) };
+        let Some(ext) = B::new(name, config) else {
+            return null();
+        };
+        // SAFETY: Envoy's live configuration, in its config_new hook (main thread).
+        unsafe {
+            crate::sys::envoy_dynamic_module_callback_bootstrap_extension_config_signal_init_complete(envoy)
+        };
+        let b = BootstrapBox {
+            envoy: BootstrapHandle(envoy),
+            ext,
+        };
+        Box::into_raw(Box::new(b)).cast_const().cast()
+    })
+}
+
+/// `envoy_dynamic_module_on_bootstrap_extension_config_destroy`.
+///
+/// # Safety
+/// Called by Envoy once per configuration.
+pub unsafe fn bootstrap_config_destroy<B: Bootstrap>(ptr: crate::sys::BootstrapConfigModulePtr) {
+    caught(
+        B::panicked,
+        || (),
+        || {
+            if !ptr.is_null() {
+                // SAFETY: made by Box::into_raw in bootstrap_config_new; destroyed once.
+                drop(unsafe { Box::from_raw(ptr.cast_mut().cast::<BootstrapBox<B>>()) });
+            }
+        },
+    )
+}
+
+/// `envoy_dynamic_module_on_bootstrap_extension_server_initialized`. The extension pointer is
+/// the configuration's ([`bootstrap_config_new`]'s box): `bootstrap_extension_new` hands it
+/// back as is.
+///
+/// # Safety
+/// A live configuration.
+pub unsafe fn bootstrap_server_initialized<B: Bootstrap>(ptr: crate::sys::BootstrapModulePtr) {
+    // SAFETY: the caller's.
+    if let Some(b) = unsafe { bootstrap::<B>(ptr) } {
+        caught(B::panicked, || (), || b.ext.server_initialized(&b.envoy));
+    }
+}
+
+/// `envoy_dynamic_module_on_bootstrap_extension_admin_request`: the extension's answer, its
+/// body set through Envoy; a panic answers 500.
+///
+/// # Safety
+/// Envoy's live configuration pointers and buffers, valid for the call.
+pub unsafe fn bootstrap_admin_request<B: Bootstrap>(
+    envoy: crate::sys::BootstrapConfigEnvoyPtr,
+    ptr: crate::sys::BootstrapConfigModulePtr,
+    method: EnvoyBuffer,
+    path: EnvoyBuffer,
+    body: EnvoyBuffer,
+) -> u32 {
+    // SAFETY: the caller's.
+    let Some(b) = (unsafe { bootstrap::<B>(ptr) }) else {
+        return 500;
+    };
+    let (status, answer) = caught(
+        B::panicked,
+        || (500, "the rate limiter's admin handler failed\n".to_string()),
+        || {
+            // SAFETY: Envoy's buffers, valid during this call.
+            let (m, p, body) = unsafe { (method.bytes(), path.bytes(), body.bytes()) };
+            b.ext.admin(m, p, body)
+        },
+    );
+    // SAFETY: inside the admin_request hook, as Envoy requires; Envoy copies the body.
+    unsafe {
+        crate::sys::envoy_dynamic_module_callback_bootstrap_extension_admin_set_response(
+            envoy,
+            crate::ModuleBuffer::of(answer.as_bytes()),
+        )
+    };
+    status
+}
+
+/// `envoy_dynamic_module_on_bootstrap_extension_shutdown`: nothing to clean up; Envoy waits
+/// for the completion callback, which is called at once.
+///
+/// # Safety
+/// Envoy's callback and its context.
+pub unsafe fn bootstrap_shutdown(done: EventCallback, context: *mut std::ffi::c_void) {
+    if let Some(done) = done {
+        // SAFETY: Envoy's completion callback, called exactly once with its own context.
+        unsafe { done(context) }
+    }
+}
+
+/// Exports every hook Envoy resolves for a bootstrap extension (it requires them all), for
+/// the type `$ext` (a [`Bootstrap`]). The hooks it has no use for (events it never asked for:
+/// timers, file changes, callouts, cluster and listener changes; workers starting, draining)
+/// do nothing. Use it beside [`export_http_filter!`], which exports `on_program_init`.
+#[macro_export]
+macro_rules! export_bootstrap {
+    ($ext:ty) => {
+        mod envoy_dynamic_module_bootstrap_hooks {
+            #![allow(clippy::undocumented_unsafe_blocks, missing_docs)]
+            use super::*;
+            use ::std::ffi::c_void;
+            use $crate::hooks as h;
+            use $crate::hooks::EventCallback;
+            use $crate::sys::{
+                BootstrapConfigEnvoyPtr, BootstrapConfigModulePtr, BootstrapEnvoyPtr,
+                BootstrapModulePtr, BootstrapTimerPtr, CalloutResult, EnvoyBuffer, EnvoyHeader,
+            };
+            type B = $ext;
+
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_bootstrap_extension_config_new(
+                envoy: BootstrapConfigEnvoyPtr,
+                name: EnvoyBuffer,
+                config: EnvoyBuffer,
+            ) -> BootstrapConfigModulePtr {
+                unsafe { h::bootstrap_config_new::<B>(envoy, name, config) }
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_bootstrap_extension_config_destroy(
+                ptr: BootstrapConfigModulePtr,
+            ) {
+                unsafe { h::bootstrap_config_destroy::<B>(ptr) }
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_new(
+                config: BootstrapConfigModulePtr,
+                _envoy: BootstrapEnvoyPtr,
+            ) -> BootstrapModulePtr {
+                config
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_bootstrap_extension_server_initialized(
+                _envoy: BootstrapEnvoyPtr,
+                ext: BootstrapModulePtr,
+            ) {
+                unsafe { h::bootstrap_server_initialized::<B>(ext) }
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_worker_thread_initialized(
+                _envoy: BootstrapEnvoyPtr,
+                _ext: BootstrapModulePtr,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_drain_started(
+                _envoy: BootstrapEnvoyPtr,
+                _ext: BootstrapModulePtr,
+            ) {
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_bootstrap_extension_shutdown(
+                _envoy: BootstrapEnvoyPtr,
+                _ext: BootstrapModulePtr,
+                done: EventCallback,
+                context: *mut c_void,
+            ) {
+                unsafe { h::bootstrap_shutdown(done, context) }
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_destroy(
+                _ext: BootstrapModulePtr,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_config_scheduled(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _event: u64,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_timer_fired(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _timer: BootstrapTimerPtr,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_file_changed(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _path: EnvoyBuffer,
+                _events: u32,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_cluster_add_or_update(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _name: EnvoyBuffer,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_cluster_removal(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _name: EnvoyBuffer,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_listener_add_or_update(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _name: EnvoyBuffer,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_listener_removal(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _name: EnvoyBuffer,
+            ) {
+            }
+            #[no_mangle]
+            pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_http_callout_done(
+                _envoy: BootstrapConfigEnvoyPtr,
+                _config: BootstrapConfigModulePtr,
+                _id: u64,
+                _result: CalloutResult,
+                _headers: *mut EnvoyHeader,
+                _headers_size: usize,
+                _body: *mut EnvoyBuffer,
+                _body_size: usize,
+            ) {
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_on_bootstrap_extension_admin_request(
+                envoy: BootstrapConfigEnvoyPtr,
+                config: BootstrapConfigModulePtr,
+                method: EnvoyBuffer,
+                path: EnvoyBuffer,
+                body: EnvoyBuffer,
+            ) -> u32 {
+                unsafe { h::bootstrap_admin_request::<B>(envoy, config, method, path, body) }
             }
         }
     };

@@ -36,6 +36,19 @@ pub type SchedulerPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_config_scheduler_module_ptr`.
 pub type ConfigSchedulerPtr = *mut c_void;
 
+/// `envoy_dynamic_module_type_bootstrap_extension_config_envoy_ptr`: Envoy's side of a bootstrap
+/// extension's configuration.
+pub type BootstrapConfigEnvoyPtr = *mut c_void;
+/// `envoy_dynamic_module_type_bootstrap_extension_config_module_ptr`: the module's side.
+pub type BootstrapConfigModulePtr = *const c_void;
+/// `envoy_dynamic_module_type_bootstrap_extension_envoy_ptr`: Envoy's bootstrap extension.
+pub type BootstrapEnvoyPtr = *mut c_void;
+/// `envoy_dynamic_module_type_bootstrap_extension_module_ptr`: the module's side.
+pub type BootstrapModulePtr = *const c_void;
+/// `envoy_dynamic_module_type_bootstrap_extension_timer_module_ptr` (hooks only: the module
+/// makes no timer).
+pub type BootstrapTimerPtr = *mut c_void;
+
 /// `envoy_dynamic_module_type_envoy_buffer`: bytes Envoy lends.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -375,5 +388,20 @@ extern "C" {
     ) -> Code;
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(
         filter_envoy_ptr: FilterEnvoyPtr,
+    );
+
+    pub fn envoy_dynamic_module_callback_bootstrap_extension_config_signal_init_complete(
+        extension_config_envoy_ptr: BootstrapConfigEnvoyPtr,
+    );
+    pub fn envoy_dynamic_module_callback_bootstrap_extension_register_admin_handler(
+        extension_config_envoy_ptr: BootstrapConfigEnvoyPtr,
+        path_prefix: ModuleBuffer,
+        help_text: ModuleBuffer,
+        removable: bool,
+        mutates_server_state: bool,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_bootstrap_extension_admin_set_response(
+        extension_config_envoy_ptr: BootstrapConfigEnvoyPtr,
+        response_body: ModuleBuffer,
     );
 }

@@ -5,11 +5,14 @@
 //! Envoy loads `libwasm_ratelimit.so` and hands each filter configuration the same JSON plugin
 //! configuration; `filter_name` plays the part of the wasm plugin's name (metric labels, table
 //! namespace). One [`FilterConfig`] serves every worker at once; keys live in one process-global
-//! [`ProcessStore`] per `filter_name`, exact across workers and kept across reloads. Held
+//! [`ProcessStore`] per `filter_name`, exact across workers and kept across reloads; the
+//! module's bootstrap extension ([`operator`]) lets an operator look at and reset one key
+//! through Envoy's admin port. Held
 //! requests and periodic work (metrics, async flushes) are driven by one module thread
 //! ([`timer`]) through Envoy's schedulers. The hooks, and all the `unsafe`, are in
 //! [`envoy_dm_abi`].
 
+mod operator;
 mod timer;
 
 use envoy_dm_abi::hooks::{self, Chunks, HttpFilter, HttpFilterConfig};
@@ -54,6 +57,7 @@ compile_error!(
 );
 
 envoy_dm_abi::export_http_filter!(crate::FilterConfig);
+envoy_dm_abi::export_bootstrap!(crate::operator::Operator);
 
 /// A `log` backend writing through Envoy's `dynamic_modules` logger.
 struct EnvoyLogger;
@@ -184,7 +188,8 @@ struct Flushing {
 pub struct FilterConfig {
     handle: ConfigHandle,
     plugin: String,
-    rt: Runtime<Arc<ProcessStore>>,
+    /// Also reachable by the admin endpoints ([`operator`]), as long as this configuration lives.
+    rt: Arc<operator::Rt>,
     ids: MetricIds,
     /// Drives [`FilterConfig::scheduled`]; stops when dropped.
     _ticker: Option<timer::Ticker>,
@@ -212,7 +217,8 @@ impl FilterConfig {
         };
         let buckets = ratelimit_core::table::buckets_for(config.capacity);
         let (seed, store) = table(&plugin, buckets, config.key_seed);
-        let rt = Runtime::new(config, seed, store);
+        let rt = Arc::new(Runtime::new(config, seed, store));
+        operator::register(&plugin, &rt);
         log::info!(
             "configured {} rule(s), capacity {} keys",
             rt.rules().len(),

@@ -48,7 +48,7 @@ fn api_key_tiers_names_the_tier_that_applies_and_why_the_others_do_not() {
         "\
 examples/api-key-tiers/envoy.yaml (Wasm filter api-key-tiers): GET /api/orders (authority localhost, from 127.0.0.1)
   free:      applies
-             key 16d0fa1b815e1e12 (header:x-api-key=abc)
+             key 195016d0fa1b815f (header:x-api-key=abc)
              cost 1
              limit 3 per minute (sliding_window)
   pro:       does not apply: match.headers x-tier = \"pro\" does not hold for header x-tier \"free\"
@@ -64,7 +64,7 @@ examples/api-key-tiers/envoy.yaml (Wasm filter api-key-tiers): GET /api/orders (
         "--seed",
         SEED,
     ]);
-    assert!(out.contains("             key 16d0fa1b815e1e12\n"), "{out}");
+    assert!(out.contains("             key 195016d0fa1b815f\n"), "{out}");
     let out = ok(&[
         "examples/api-key-tiers/envoy.yaml",
         "--path",
@@ -105,7 +105,7 @@ fn per_ip_keys_ipv6_clients_per_64() {
         "\
 examples/per-ip/envoy.yaml (Wasm filter per-ip): GET /api/items?page=2 (authority localhost, from [2001:db8:1:2::7]:5000)
   per-ip: applies
-          key e6dfb495196d3af5 (remote_address=2001:db8:1:2::/64)
+          key 5a16e6dfb495196d (remote_address=2001:db8:1:2::/64)
           cost 1
           limit 5 per minute (sliding_window)
 "
@@ -120,7 +120,7 @@ examples/per-ip/envoy.yaml (Wasm filter per-ip): GET /api/items?page=2 (authorit
         "--seed",
         SEED,
     ]);
-    assert!(out.contains("key e6dfb495196d3af5\n"), "{out}");
+    assert!(out.contains("key 5a16e6dfb495196d\n"), "{out}");
     let out = ok(&["examples/per-ip/envoy.yaml", "--path", "/health"]);
     assert!(
         out.contains(

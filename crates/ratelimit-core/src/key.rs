@@ -4,69 +4,11 @@
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
 use crate::config::{Carried, HeaderCondition, HeaderMatch, KeyPart, Match, Prefixes, Source};
+pub use crate::seed::Seed;
 use siphasher::sip::SipHasher13;
 use std::fmt;
 use std::hash::Hasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-/// The 128-bit SipHash key of every client-key hash.
-///
-/// Client keys are attacker-controlled (header values, addresses), and they pick the slot of the
-/// bounded table. An unkeyed hash would let a client aim many keys at one slot and evict a heavy
-/// hitter on purpose, so keys are hashed with SipHash-1-3 (the algorithm of Rust's `HashMap`)
-/// under a random seed that every worker of one Envoy shares. Only the 64-bit hash is stored,
-/// never the raw key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Seed(pub [u64; 2]);
-
-impl Seed {
-    /// Encodes the seed as 16 little-endian bytes (its shared-data form).
-    pub fn to_bytes(self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        let (a, b) = out.split_at_mut(8);
-        a.copy_from_slice(&self.0[0].to_le_bytes());
-        b.copy_from_slice(&self.0[1].to_le_bytes());
-        out
-    }
-
-    /// Decodes 16 little-endian bytes; anything else is `None`.
-    pub fn from_bytes(bytes: &[u8]) -> Option<Seed> {
-        let (a, b) = bytes.split_first_chunk::<8>()?;
-        let b: &[u8; 8] = b.try_into().ok()?;
-        Some(Seed([u64::from_le_bytes(*a), u64::from_le_bytes(*b)]))
-    }
-
-    /// Reads 32 hexadecimal digits (as [`Seed::to_hex`] writes them); anything else is `None`.
-    pub fn parse_hex(s: &str) -> Option<Seed> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        let half = |h: &str| u64::from_str_radix(h, 16).ok();
-        Some(Seed([half(s.get(..16)?)?, half(s.get(16..)?)?]))
-    }
-
-    /// The seed as 32 hexadecimal digits.
-    pub fn to_hex(self) -> String {
-        format!("{:016x}{:016x}", self.0[0], self.0[1])
-    }
-
-    /// A fresh random seed from the platform's randomness (WASI `random_get` inside Envoy's V8,
-    /// the OS elsewhere), drawn through std's `RandomState` so no extra crate is needed.
-    pub fn random() -> Seed {
-        use std::hash::BuildHasher;
-        let state = std::collections::hash_map::RandomState::new();
-        let draw = |n: u64| {
-            let mut h = state.build_hasher();
-            h.write_u64(n);
-            h.finish()
-        };
-        Seed([draw(1), draw(2)])
-    }
-
-    fn hasher(self) -> SipHasher13 {
-        SipHasher13::new_with_keys(self.0[0], self.0[1])
-    }
-}
 
 /// Feeds a length-prefixed byte string, so that ("ab","c") and ("a","bc") differ.
 fn write_field(h: &mut SipHasher13, bytes: &[u8]) {
@@ -313,10 +255,11 @@ pub fn matches(m: &Match, req: &mut impl Attributes) -> bool {
     failing(m, req).is_none()
 }
 
-/// A client-key hash as the filter's `limited rule=… key=…` line prints it: the one
-/// formatting of a key that an operator sees, so every tool that shows a key goes through it.
+/// A client-key hash as the filter's `limited rule=… key=…` line prints it: the table's
+/// fingerprint of it ([`crate::table::fingerprint_of`]), the value an operator passes to the
+/// endpoints; the one formatting of a key that an operator sees.
 pub fn logged(hash: u64) -> impl fmt::Display {
-    Logged(hash)
+    Logged(crate::table::fingerprint_of(hash))
 }
 
 /// See [`logged`].
@@ -387,8 +330,28 @@ pub fn visit_parts(
     Some(())
 }
 
+/// The bits of a client-key hash that carry its rule's tag ([`rule_tag`]): the top 16.
+pub const TAG_MASK: u64 = 0xffff << TAG_SHIFT;
+/// Where the rule's tag starts in a client-key hash.
+const TAG_SHIFT: u32 = 48;
+
+/// The tag every client-key hash of a rule carries in its top 16 bits: the top 16 bits of the
+/// rule's fingerprint ([`rule_fingerprint`]). The table's entries of all rules share its buckets;
+/// the tag is what tells an operator's scan which entries are one rule's keys. Two rules of a
+/// configuration share a tag with odds of 1 in 65,536 per pair; a scan of either then also
+/// lists the other's keys that have the same algorithm's state (nothing else goes wrong: a key
+/// is still looked up by its whole hash).
+pub fn rule_tag(rule_fingerprint: u64) -> u64 {
+    rule_fingerprint & TAG_MASK
+}
+
 /// The 64-bit hash of the client key of a rule for this request, or `None` when a key part is
 /// missing from the request (the rule then does not apply). The raw key is never kept.
+///
+/// The top 16 bits are the rule's tag ([`rule_tag`]), the other 48 the keyed SipHash of the
+/// rule and the key's parts (47 of them in the table's fingerprint,
+/// [`crate::table::fingerprint_of`]): two keys of one rule collide with odds of 1 in 2^47 per
+/// pair.
 pub fn client_key(
     seed: Seed,
     rule_fingerprint: u64,
@@ -398,7 +361,7 @@ pub fn client_key(
     let mut h = seed.hasher();
     h.write_u64(rule_fingerprint);
     visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
-    Some(h.finish())
+    Some(rule_tag(rule_fingerprint) | h.finish() >> (64 - TAG_SHIFT))
 }
 
 /// The first key part missing from the request, if any (the reason a rule does not apply).

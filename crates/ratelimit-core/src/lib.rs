@@ -22,6 +22,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod rls;
 pub mod runtime;
+pub mod seed;
 pub mod store;
 pub mod table;
 #[cfg(any(test, feature = "testkit"))]

@@ -57,6 +57,8 @@ pub enum Counter {
     /// The `Retry-After` seconds the rule told the clients it refused, summed: divided by
     /// `limited`, how long a refused client is told to wait on average.
     RetryAfterSeconds,
+    /// Keys an operator reset ([`crate::runtime::Runtime::reset`]).
+    OperatorResets,
     /// Requests that carried no number for a limit read from the request: the default applied.
     LimitDefaulted,
     /// Requests whose number for a limit read from the request was not a whole number from 1:
@@ -69,7 +71,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 20] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -86,6 +88,7 @@ impl Counter {
         Counter::UsageExceeded,
         Counter::ElasticAllowed,
         Counter::RetryAfterSeconds,
+        Counter::OperatorResets,
         Counter::LimitDefaulted,
         Counter::LimitInvalid,
         Counter::LimitCapped,
@@ -110,6 +113,7 @@ impl Counter {
             Counter::UsageExceeded => "usage_exceeded",
             Counter::ElasticAllowed => "elastic_allowed",
             Counter::RetryAfterSeconds => "retry_after_seconds",
+            Counter::OperatorResets => "operator_resets",
             Counter::LimitDefaulted => "limit_defaulted",
             Counter::LimitInvalid => "limit_invalid",
             Counter::LimitCapped => "limit_capped",

@@ -15,6 +15,7 @@ use ratelimit_core::metrics::Counter;
 use ratelimit_core::runtime::Runtime;
 use ratelimit_core::runtime::{Admitted, Decision, Host, Response, Start};
 use ratelimit_core::store::MemoryStore;
+use ratelimit_core::table;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt::{self, Write as _};
@@ -146,8 +147,9 @@ impl Outcome {
             Counter::UsageExceeded => &mut self.usage_exceeded,
             // No store races offline, no service, no held request left behind; elastic rules
             // replay at their base limit (the log cannot say how the backend was doing as each
-            // request was decided), and waits are not reported. A limit read from the request
-            // replays with what the log recorded (its headers) and the default otherwise.
+            // request was decided), waits are not reported, and no operator resets keys. A
+            // limit read from the request replays with what the log recorded (its headers) and
+            // the default otherwise.
             Counter::StoreRetries
             | Counter::LimitDefaulted
             | Counter::LimitInvalid
@@ -155,7 +157,8 @@ impl Outcome {
             | Counter::GlobalErrors
             | Counter::Abandoned
             | Counter::ElasticAllowed
-            | Counter::RetryAfterSeconds => return,
+            | Counter::RetryAfterSeconds
+            | Counter::OperatorResets => return,
         };
         *field += n;
     }
@@ -513,7 +516,9 @@ impl Replay {
             traffic.matched += 1;
             traffic.keys.insert(hash);
             let raw_keys = self.raw_keys;
-            traffic.peak.add(t, hash, || {
+            // The key as the filter logs it, so the report's keys are the ones an operator
+            // looks up.
+            traffic.peak.add(t, table::fingerprint_of(hash), || {
                 raw_keys.then(|| raw_key(rule, &mut e.request)).flatten()
             });
         }
@@ -617,7 +622,7 @@ mod tests {
         let fp = key::rule_fingerprint(SEED, "per-ip", &r.config.rules[0].key, "fixed_window");
         assert_eq!(
             Some(top[0].key),
-            key::client_key(SEED, fp, &r.config.rules[0].key, &mut req)
+            key::client_key(SEED, fp, &r.config.rules[0].key, &mut req).map(table::fingerprint_of)
         );
         let what_if = &r.variants[1].outcomes[0];
         assert_eq!((what_if.allowed, what_if.limited), (8, 3));

@@ -204,7 +204,8 @@ impl Default for Distinct {
 }
 
 impl Distinct {
-    /// Counts `key` (a uniform 64-bit hash).
+    /// Counts `key`: a client-key hash, uniform below its top 16 bits (which carry its rule's
+    /// tag, the same for every key of a rule: `ratelimit_core::key::rule_tag`).
     pub fn insert(&mut self, key: u64) {
         match self {
             Distinct::Exact(set) => {
@@ -236,6 +237,8 @@ impl Distinct {
 }
 
 fn hll_insert(registers: &mut [u8], key: u64) {
+    // The rule's tag tells keys of one rule nothing apart.
+    let key = key << 16;
     let index = (key >> (64 - HLL_BITS)) as usize;
     // The rest of the bits, with a sentinel so the rank is at most 64 - HLL_BITS + 1.
     let rest = (key << HLL_BITS) | (1 << (HLL_BITS - 1));
@@ -440,7 +443,8 @@ mod tests {
         for n in [20_000u64, 100_000, 1_000_000] {
             let mut d = Distinct::default();
             for i in 0..n {
-                d.insert(mix(i));
+                // One rule's keys: its tag on top.
+                d.insert(0xabcd << 48 | mix(i) >> 16);
             }
             assert!(!d.is_exact());
             let err = (d.count() as f64 - n as f64).abs() / n as f64;

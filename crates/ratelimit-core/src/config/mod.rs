@@ -32,7 +32,7 @@ pub struct Config {
     /// The seed of every client-key hash, if configured (else each Envoy draws its own): the
     /// same seed on every replica logs the same key for a client, and lets
     /// `ratelimit-config explain` print it.
-    pub key_seed: Option<crate::key::Seed>,
+    pub key_seed: Option<crate::seed::Seed>,
     /// Every field a rule reads from response bodies ([`Usage::Body`]), one slot per term.
     pub usage_paths: crate::usage::Paths,
     /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::elastic;
-use crate::key::Seed;
 use crate::limiter::sliding_log;
+use crate::seed::Seed;
 use crate::usage::Paths;
 use serde_json::{Map, Value};
 

@@ -6,14 +6,17 @@
 //! checked, the verdict written), and what each stream goes through, from its headers to its
 //! last byte (asking the services, being held, settling what its response owes), is one state
 //! machine, [`StreamState`], that tells the host what to do next. The hosts only read
-//! attributes, carry out what they are told and keep the state.
+//! attributes, carry out what they are told and keep the state. An operator looks at one key,
+//! lists a rule's busiest keys and resets one through [`operator`].
 
 mod charge;
 pub mod explain;
+pub mod operator;
 pub mod request;
 pub mod stream;
 
 pub use explain::Explained;
+pub use operator::{KeyState, LoggedKey, OperatorError};
 pub use request::{
     failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
 };

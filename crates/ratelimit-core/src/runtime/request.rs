@@ -744,7 +744,8 @@ impl<S: Store> Runtime<S> {
 
     /// Counts a request a rule refused (or, `shadow`, would have: a shadow rule, or a request
     /// that can no longer be refused) and logs its line. The key appears only as its keyed
-    /// hash: the raw value may be an API key.
+    /// hash, the fingerprint the table stores it by (what an operator passes to
+    /// [`Runtime::inspect`] and [`Runtime::reset`]): the raw value may be an API key.
     fn refusal(
         &self,
         host: &mut impl Host,
