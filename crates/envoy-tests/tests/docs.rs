@@ -1,6 +1,6 @@
 //! The README's snippets work as written: every JSON configuration is valid, every YAML block
 //! parses, the Envoy filter snippet runs in a real Envoy, and the quick-start session of the
-//! demo (`envoy.yaml`) shows what the README shows.
+//! demo (`envoy.yaml`) shows what the README shows, and so do its `explain` sessions.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -150,4 +150,19 @@ fn the_quick_start_session_is_what_the_demo_shows() {
             }
         }
     }
+}
+
+/// The README's sessions of the CLI's `explain` print what the CLI prints.
+#[test]
+fn the_explain_sessions_print_what_explain_prints() {
+    let mut n = 0;
+    for (cmd, expected) in common::sessions(&readme()) {
+        if !cmd.starts_with("cargo run -q --bin ratelimit-config -- explain ") {
+            continue;
+        }
+        let got = common::cli_line(&cmd).unwrap();
+        assert_eq!(got, expected, "$ {cmd}");
+        n += 1;
+    }
+    assert!(n >= 3, "{n} explain sessions");
 }

@@ -15,38 +15,9 @@
 mod common;
 
 use common::llm::LlmClient;
-use common::{Client, Envoy, Response};
+use common::{sessions, words, Client, Envoy, Response};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-
-/// Splits a shell command line into words (single and double quotes, no expansion).
-fn words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quote = None;
-    let mut any = false;
-    for c in line.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => cur.push(c),
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                any = true;
-            }
-            (None, ' ') => {
-                if any || !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-                any = false;
-            }
-            (None, c) => cur.push(c),
-        }
-    }
-    if any || !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
 
 /// Runs one `curl` invocation against `addr` (the README says localhost:10000).
 fn curl(args: &[String], addr: SocketAddr) -> String {
@@ -152,13 +123,8 @@ fn curl(args: &[String], addr: SocketAddr) -> String {
 
 /// Runs one README command line; returns what it prints.
 fn run(line: &str, addr: SocketAddr) -> String {
-    if let Some(args) = line.strip_prefix("cargo run -q --bin ratelimit-config -- ") {
-        let out = std::process::Command::new(common::cli())
-            .current_dir(common::root())
-            .args(words(args))
-            .output()
-            .unwrap();
-        return String::from_utf8_lossy(&out.stdout).into_owned();
+    if let Some(out) = common::cli_line(line) {
+        return out;
     }
     if let Some(rest) = line.strip_prefix("for i in $(seq ") {
         let (n, rest) = rest.split_once("); do ").unwrap();
@@ -199,25 +165,6 @@ fn run(line: &str, addr: SocketAddr) -> String {
         return out;
     }
     curl(&words(line), addr)
-}
-
-/// The README's console sessions: (command, expected output).
-fn sessions(readme: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for block in readme.split("```console\n").skip(1) {
-        let block = block.split("```").next().unwrap();
-        for line in block.lines() {
-            match line.strip_prefix("$ ") {
-                Some(cmd) => out.push((cmd.to_string(), String::new())),
-                None => {
-                    let last = out.last_mut().expect("output before any command");
-                    last.1.push_str(line);
-                    last.1.push('\n');
-                }
-            }
-        }
-    }
-    out
 }
 
 fn examples() -> Vec<PathBuf> {

@@ -38,6 +38,66 @@ pub fn cli() -> PathBuf {
     }
 }
 
+/// Splits a shell command line into words (single and double quotes, no expansion).
+pub fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote = None;
+    let mut any = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, ' ') => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// A README's console sessions: (command, expected output).
+pub fn sessions(readme: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for block in readme.split("```console\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        for line in block.lines() {
+            match line.strip_prefix("$ ") {
+                Some(cmd) => out.push((cmd.to_string(), String::new())),
+                None => {
+                    let last = out.last_mut().expect("output before any command");
+                    last.1.push_str(line);
+                    last.1.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs a README's `cargo run -q --bin ratelimit-config -- ARGS` line with the built CLI, from
+/// the repository root: what it prints (`None` for any other line).
+pub fn cli_line(line: &str) -> Option<String> {
+    let args = line.strip_prefix("cargo run -q --bin ratelimit-config -- ")?;
+    let out = Command::new(cli())
+        .current_dir(root())
+        .args(words(args))
+        .output()
+        .unwrap();
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
 pub fn envoy_bin() -> String {
     std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
