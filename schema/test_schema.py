@@ -26,6 +26,10 @@ NOT_EXPRESSIBLE = {
     "remote_address_twice": "two items of different forms (a string and an object) naming one key part",
     "usage_too_many_fields": "counts distinct fields across every rule's expressions (at most 16)",
     "elastic_sliding_log_ceiling": "compares one field with another (ceiling × requests_per_unit against sliding_log's 1,000)",
+    "plan_default_above_max": "compares one field with another (default against max)",
+    "plan_cost_above_cap": "compares one field with another (cost against burst.max)",
+    "plan_sliding_log_cap": "compares one field with another (requests_per_unit.max against sliding_log's 1,000)",
+    "plan_global": "a limit read from the request and \"global\" in one rule (two fields' forms)",
     "empty": "not a JSON document",
     "invalid_json": "not a JSON document",
 }

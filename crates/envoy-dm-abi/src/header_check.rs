@@ -70,6 +70,10 @@ const TYPES: &[(&str, &str)] = &[
     ("envoy_dynamic_module_type_http_header_type", "HeaderType"),
     ("envoy_dynamic_module_type_http_body_type", "BodyType"),
     ("envoy_dynamic_module_type_log_level", "LogLevel"),
+    (
+        "envoy_dynamic_module_type_metadata_source",
+        "MetadataSource",
+    ),
     ("envoy_dynamic_module_type_attribute_id", "AttributeId"),
     ("envoy_dynamic_module_type_metrics_result", "Code"),
     ("envoy_dynamic_module_type_http_callout_init_result", "Code"),
@@ -155,7 +159,8 @@ fn rust_enum_sizes() -> Vec<(&'static str, usize, usize)> {
         AttributeId,
         Code,
         ResetReason,
-        CalloutResult
+        CalloutResult,
+        MetadataSource
     )
 }
 

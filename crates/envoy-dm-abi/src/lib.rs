@@ -508,6 +508,58 @@ impl Stream<'_> {
         }
     }
 
+    /// A key of the stream's dynamic metadata under `namespace` that is a number.
+    pub fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64> {
+        let mut out = 0f64;
+        // SAFETY: `ptr` is live; namespace and key are read during the call; `out` is a local
+        // Envoy writes only when it answers true.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_metadata_number(
+                self.ptr,
+                MetadataSource::Dynamic,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                &mut out,
+            )
+        }
+        .then_some(out)
+    }
+
+    /// A key of the stream's dynamic metadata under `namespace` that is a string, lent by Envoy
+    /// for the hook.
+    pub fn metadata_string(&self, namespace: &str, key: &str) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `ptr` is live; namespace and key are read during the call; Envoy's buffer
+        // stays valid until the hook returns (this crate sets no metadata string in between
+        // while the borrow of `self` lives).
+        unsafe {
+            envoy_dynamic_module_callback_http_get_metadata_string(
+                self.ptr,
+                MetadataSource::Dynamic,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                &mut out,
+            )
+            .then(|| out.bytes())
+        }
+    }
+
+    /// A filter state object of the stream that holds a string (what Envoy's
+    /// `set_filter_state` filter and other modules store), lent by Envoy for the hook.
+    pub fn filter_state(&self, key: &str) -> Option<&[u8]> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `ptr` is live; the key is read during the call; Envoy's buffer stays valid
+        // until the hook returns (this crate sets no filter state).
+        unsafe {
+            envoy_dynamic_module_callback_http_get_filter_state_bytes(
+                self.ptr,
+                ModuleBuffer::of(key.as_bytes()),
+                &mut out,
+            )
+            .then(|| out.bytes())
+        }
+    }
+
     /// Adds (`append`) or sets a response header.
     pub fn response_header(&self, name: &str, value: &str, append: bool) {
         let (k, v) = (

@@ -97,6 +97,23 @@ pub enum BodyType {
     BufferedResponseBody = 3,
 }
 
+/// `envoy_dynamic_module_type_metadata_source`: where a metadata getter looks. The module hands
+/// it to Envoy, so a Rust enum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetadataSource {
+    /// The stream's dynamic metadata (what filters before this one set).
+    Dynamic = 0,
+    /// The route's metadata.
+    Route = 1,
+    /// The cluster's metadata.
+    Cluster = 2,
+    /// The upstream host's metadata.
+    Host = 3,
+    /// The upstream host's locality metadata.
+    HostLocality = 4,
+}
+
 /// `envoy_dynamic_module_type_log_level` (spdlog's levels).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +306,25 @@ extern "C" {
         key: ModuleBuffer,
         value: ModuleBuffer,
     );
+    pub fn envoy_dynamic_module_callback_http_get_metadata_number(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        metadata_source: MetadataSource,
+        ns: ModuleBuffer,
+        key: ModuleBuffer,
+        result: *mut f64,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_metadata_string(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        metadata_source: MetadataSource,
+        ns: ModuleBuffer,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_filter_state_bytes(
+        filter_envoy_ptr: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(
         filter_envoy_ptr: FilterEnvoyPtr,

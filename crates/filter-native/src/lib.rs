@@ -17,7 +17,7 @@ use envoy_dm_abi::{
     self as abi, BodyStatus, BodyType, ConfigHandle, ConfigScheduler, HeadersStatus, LogLevel,
     Stream, TrailersStatus,
 };
-use ratelimit_core::config::{Config, FailureMode};
+use ratelimit_core::config::{Carried, Config, FailureMode};
 use ratelimit_core::error::ServiceError;
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
@@ -84,9 +84,9 @@ impl log::Log for EnvoyLogger {
 }
 
 /// One table per `filter_name`, for the life of the process: a reload of the same filter keeps
-/// its counters. A new capacity gets a new table (the old one goes with the last configuration
-/// using it).
-fn table(name: &str, buckets: u32) -> (Seed, Arc<ProcessStore>) {
+/// its counters. A new capacity, or a configured `key_seed` other than the table's, gets a new
+/// table (the old one goes with the last configuration using it).
+fn table(name: &str, buckets: u32, configured: Option<Seed>) -> (Seed, Arc<ProcessStore>) {
     type Table = (Seed, Arc<ProcessStore>);
     static TABLES: OnceLock<Mutex<HashMap<String, Table>>> = OnceLock::new();
     let mut tables = TABLES
@@ -94,9 +94,14 @@ fn table(name: &str, buckets: u32) -> (Seed, Arc<ProcessStore>) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     match tables.get(name) {
-        Some((seed, store)) if store.buckets() == buckets => (*seed, store.clone()),
+        Some((seed, store))
+            if store.buckets() == buckets && configured.is_none_or(|c| c == *seed) =>
+        {
+            (*seed, store.clone())
+        }
         _ => {
-            let entry = (Seed::random(), Arc::new(ProcessStore::new(buckets)));
+            let seed = configured.unwrap_or_else(Seed::random);
+            let entry = (seed, Arc::new(ProcessStore::new(buckets)));
             tables.insert(name.to_string(), entry.clone());
             entry
         }
@@ -205,7 +210,8 @@ impl FilterConfig {
                 return None;
             }
         };
-        let (seed, store) = table(&plugin, ratelimit_core::table::buckets_for(config.capacity));
+        let buckets = ratelimit_core::table::buckets_for(config.capacity);
+        let (seed, store) = table(&plugin, buckets, config.key_seed);
         let rt = Runtime::new(config, seed, store);
         log::info!(
             "configured {} rule(s), capacity {} keys",
@@ -365,6 +371,12 @@ thread_local! {
     static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// The metadata keys limits are read from whose value was last a string, not a number, on
+    /// this worker: (namespace, key, is a string).
+    static METADATA_TEXT: RefCell<Vec<(String, String, bool)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// The request as the pipeline sees it, for one hook. Each attribute is read from Envoy at most
 /// once per hook (every rule keyed by client address asks for `source.address`).
 struct NativeHost<'a, 'hook> {
@@ -422,6 +434,42 @@ impl Attributes for NativeHost<'_, '_> {
     }
     fn header(&mut self, name: &str) -> Option<&[u8]> {
         self.stream.request_header(name)
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
+        // Envoy reads a number and a string by separate calls, and logs an error when the
+        // value is of the other type: ask first for the type this key last had on this worker.
+        let string_first = METADATA_TEXT.with(|m| {
+            m.borrow()
+                .iter()
+                .find(|(n, k, _)| n == namespace && k == key)
+                .is_some_and(|(_, _, text)| *text)
+        });
+        let s = self.stream;
+        let number = || s.metadata_number(namespace, key).map(Carried::Number);
+        let text = || s.metadata_string(namespace, key).map(Carried::Text);
+        let found = if string_first {
+            text().or_else(number)
+        } else {
+            number().or_else(text)
+        };
+        if let Some(v) = &found {
+            let is_text = matches!(v, Carried::Text(_));
+            if is_text != string_first {
+                METADATA_TEXT.with(|m| {
+                    let mut m = m.borrow_mut();
+                    let full = m.len() >= 64; // a handful of configured sources: a short list
+                    match m.iter_mut().find(|(n, k, _)| n == namespace && k == key) {
+                        Some(entry) => entry.2 = is_text,
+                        None if !full => m.push((namespace.to_string(), key.to_string(), is_text)),
+                        None => {}
+                    }
+                });
+            }
+        }
+        found
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.stream.filter_state(key)
     }
     fn client_address(&mut self) -> Option<&str> {
         if self.client.is_none() {

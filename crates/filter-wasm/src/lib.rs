@@ -8,7 +8,7 @@ mod abi;
 use abi::{Level, Map};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
-use ratelimit_core::config::Config;
+use ratelimit_core::config::{Carried, Config};
 use ratelimit_core::error::{ServiceError, StoreFault};
 use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
@@ -275,7 +275,10 @@ impl Root {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into());
         let prefix = format!("wasm-ratelimit/{root_id}/");
-        let seed = shared_seed(&format!("{prefix}seed"))?;
+        let seed = match config.key_seed {
+            Some(seed) => seed,
+            None => shared_seed(&format!("{prefix}seed"))?,
+        };
         Ok((Runtime::new(config, seed, SharedData::new(prefix)), plugin))
     }
 
@@ -453,8 +456,38 @@ struct WasmHost {
     method: Option<Option<String>>,
     authority: Option<Option<String>>,
     headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Properties read (metadata, filter state), by encoded path.
+    properties: Vec<(String, Option<Vec<u8>>)>,
     /// A request body follows the headers.
     body_follows: bool,
+}
+
+impl WasmHost {
+    /// A property by its encoded path (each part followed by a NUL), read at most once.
+    fn property(&mut self, encoded: String) -> Option<&[u8]> {
+        let i = match self.properties.iter().position(|(p, _)| *p == encoded) {
+            Some(i) => i,
+            None => {
+                let value = abi::property(encoded.as_bytes()).ok().flatten();
+                self.properties.push((encoded, value));
+                self.properties.len() - 1
+            }
+        };
+        self.properties.get(i).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+/// A metadata value as proxy-wasm gives it: a string as its bytes, a number as 8 bytes of a
+/// little-endian f64. A string of digits (what a limit is) is never read as a number: the 8
+/// bytes of a whole number from 1 are not all ASCII digits.
+fn metadata_value(bytes: &[u8]) -> Carried<'_> {
+    let digits = bytes
+        .iter()
+        .all(|b| b.is_ascii_digit() || b.is_ascii_whitespace());
+    match <[u8; 8]>::try_from(bytes) {
+        Ok(number) if !digits => Carried::Number(f64::from_le_bytes(number)),
+        _ => Carried::Text(bytes),
+    }
 }
 
 fn request_header_string(name: &str) -> Option<String> {
@@ -495,6 +528,13 @@ impl Attributes for WasmHost {
             }
         };
         self.headers.get(i).and_then(|(_, v)| v.as_deref())
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
+        let path = format!("metadata\0filter_metadata\0{namespace}\0{key}\0");
+        self.property(path).map(metadata_value)
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.property(format!("filter_state\0{key}\0"))
     }
 }
 

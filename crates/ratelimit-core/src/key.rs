@@ -3,7 +3,7 @@
 //! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
-use crate::config::{HeaderCondition, KeyPart, Match, Prefixes};
+use crate::config::{Carried, HeaderCondition, KeyPart, Match, Prefixes, Source};
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -33,6 +33,20 @@ impl Seed {
         let (a, b) = bytes.split_first_chunk::<8>()?;
         let b: &[u8; 8] = b.try_into().ok()?;
         Some(Seed([u64::from_le_bytes(*a), u64::from_le_bytes(*b)]))
+    }
+
+    /// Reads 32 hexadecimal digits (as [`Seed::to_hex`] writes them); anything else is `None`.
+    pub fn parse_hex(s: &str) -> Option<Seed> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let half = |h: &str| u64::from_str_radix(h, 16).ok();
+        Some(Seed([half(s.get(..16)?)?, half(s.get(16..)?)?]))
+    }
+
+    /// The seed as 32 hexadecimal digits.
+    pub fn to_hex(self) -> String {
+        format!("{:016x}{:016x}", self.0[0], self.0[1])
     }
 
     /// A fresh random seed from the platform's randomness (WASI `random_get` inside Envoy's V8,
@@ -71,6 +85,15 @@ pub trait Attributes {
     fn authority(&mut self) -> Option<&str>;
     /// A request header's value by lower-case name; values may hold any bytes.
     fn header(&mut self, name: &str) -> Option<&[u8]>;
+    /// A key of Envoy's dynamic metadata under `namespace` (`None`: absent, or a host that
+    /// cannot read metadata).
+    fn metadata(&mut self, _namespace: &str, _key: &str) -> Option<Carried<'_>> {
+        None
+    }
+    /// A filter state object's value as text (`None`: absent, or a host that cannot read it).
+    fn filter_state(&mut self, _key: &str) -> Option<&[u8]> {
+        None
+    }
     /// The client's address without its port: [`strip_port`] of
     /// [`Attributes::source_address`]. A host may keep it for the request's other rules.
     fn client_address(&mut self) -> Option<&str> {
@@ -343,6 +366,22 @@ pub fn client_key(
     Some(rule_tag(rule_fingerprint) | h.finish() >> (64 - TAG_SHIFT))
 }
 
+/// The first key part missing from the request, if any (the reason a rule does not apply).
+pub fn missing_part<'p>(parts: &'p [KeyPart], req: &mut impl Attributes) -> Option<&'p KeyPart> {
+    parts
+        .iter()
+        .find(|&part| visit_parts(std::slice::from_ref(part), req, |_, _| {}).is_none())
+}
+
+/// The value a request carries at `source`, as the host reads it.
+pub fn carried<'a>(source: &Source, req: &'a mut impl Attributes) -> Option<Carried<'a>> {
+    match source {
+        Source::Header(name) => present(req.header(name)).map(Carried::Text),
+        Source::Metadata { namespace, key } => req.metadata(namespace, key),
+        Source::FilterState(key) => present(req.filter_state(key)).map(Carried::Text),
+    }
+}
+
 /// A rate limit service descriptor: (entry key, raw value) pairs.
 pub type Descriptor = Vec<(String, Vec<u8>)>;
 
@@ -420,6 +459,26 @@ mod tests {
             method: Some("GET".into()),
             authority: Some("Example.COM".into()),
             headers: vec![("x-api-key".into(), b"k1".to_vec())],
+        }
+    }
+
+    #[test]
+    fn a_seed_reads_back_from_its_hex() {
+        let seed = Seed([0x0011_2233_4455_6677, 0x8899_aabb_ccdd_eeff]);
+        assert_eq!(seed.to_hex(), "00112233445566778899aabbccddeeff");
+        assert_eq!(Seed::parse_hex(&seed.to_hex()), Some(seed));
+        assert_eq!(
+            Seed::parse_hex("00112233445566778899AABBCCDDEEFF"),
+            Some(seed)
+        );
+        for bad in [
+            "",
+            "0011",
+            "00112233445566778899aabbccddeefg",
+            "+0112233445566778899aabbccddeeff",
+            "00112233445566778899aabbccddeeff0",
+        ] {
+            assert_eq!(Seed::parse_hex(bad), None, "{bad:?}");
         }
     }
 

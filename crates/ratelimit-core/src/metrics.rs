@@ -59,11 +59,19 @@ pub enum Counter {
     RetryAfterSeconds,
     /// Keys an operator reset ([`crate::runtime::Runtime::reset`]).
     OperatorResets,
+    /// Requests that carried no number for a limit read from the request: the default applied.
+    LimitDefaulted,
+    /// Requests whose number for a limit read from the request was not a whole number from 1:
+    /// the default applied.
+    LimitInvalid,
+    /// Requests whose number for a limit read from the request was above its cap: the cap
+    /// applied.
+    LimitCapped,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 20] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -81,6 +89,9 @@ impl Counter {
         Counter::ElasticAllowed,
         Counter::RetryAfterSeconds,
         Counter::OperatorResets,
+        Counter::LimitDefaulted,
+        Counter::LimitInvalid,
+        Counter::LimitCapped,
     ];
 
     /// The name in the metric names.
@@ -103,6 +114,9 @@ impl Counter {
             Counter::ElasticAllowed => "elastic_allowed",
             Counter::RetryAfterSeconds => "retry_after_seconds",
             Counter::OperatorResets => "operator_resets",
+            Counter::LimitDefaulted => "limit_defaulted",
+            Counter::LimitInvalid => "limit_invalid",
+            Counter::LimitCapped => "limit_capped",
         }
     }
 }

@@ -2,6 +2,7 @@
 //! response, a small deterministic RNG, the configuration fixtures, scratch folders. Nothing in a filter uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::config::Carried;
 use crate::key::{Attributes, PlainRequest};
 use crate::runtime::{Host, Response};
 use std::fmt;
@@ -20,6 +21,19 @@ pub struct FakeHost {
     pub logs: Vec<(log::Level, String)>,
     /// A request body follows the headers.
     pub body_follows: bool,
+    /// Dynamic metadata: (namespace, key, value).
+    pub metadata: Vec<(String, String, Meta)>,
+    /// Filter state objects as text: (key, value).
+    pub filter_state: Vec<(String, Vec<u8>)>,
+}
+
+/// A dynamic metadata value of a [`FakeHost`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Meta {
+    /// A number.
+    Number(f64),
+    /// A string.
+    Text(String),
 }
 
 impl FakeHost {
@@ -37,7 +51,22 @@ impl FakeHost {
             held: 0,
             logs: Vec::new(),
             body_follows: false,
+            metadata: Vec::new(),
+            filter_state: Vec::new(),
         }
+    }
+
+    /// With a key of dynamic metadata.
+    pub fn metadata(mut self, namespace: &str, key: &str, value: Meta) -> FakeHost {
+        self.metadata.push((namespace.into(), key.into(), value));
+        self
+    }
+
+    /// With a filter state object.
+    pub fn filter_state(mut self, key: &str, value: &str) -> FakeHost {
+        self.filter_state
+            .push((key.into(), value.as_bytes().to_vec()));
+        self
     }
 
     /// With a request header.
@@ -64,6 +93,21 @@ impl Attributes for FakeHost {
     }
     fn header(&mut self, name: &str) -> Option<&[u8]> {
         self.req.header(name)
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
+        self.metadata
+            .iter()
+            .find(|(n, k, _)| n == namespace && k == key)
+            .map(|(_, _, v)| match v {
+                Meta::Number(x) => Carried::Number(*x),
+                Meta::Text(t) => Carried::Text(t.as_bytes()),
+            })
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.filter_state
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_slice())
     }
 }
 

@@ -104,6 +104,11 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
             &d["elastic"]["properties"],
         ),
         (
+            r#"{"rules": [{"name": "a", "rate_limit": {"requests_per_unit": {"from": "header:x", "default": 1, "max": 2, "zzz": 1}, "unit": "second"}}]}"#.to_string(),
+            "rules[0].rate_limit.requests_per_unit.zzz",
+            &d["limit_number"]["oneOf"][1]["properties"],
+        ),
+        (
             format!(r#"{{"rules": [{{{RULE}, "key": [{{"zzz": 1}}]}}]}}"#),
             "rules[0].key[0].zzz",
             &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"],

@@ -147,8 +147,13 @@ impl Outcome {
             Counter::UsageExceeded => &mut self.usage_exceeded,
             // No store races offline, no service, no held request left behind; elastic rules
             // replay at their base limit (the log cannot say how the backend was doing as each
-            // request was decided), waits are not reported, and no operator resets keys.
+            // request was decided), waits are not reported, and no operator resets keys. A
+            // limit read from the request replays with what the log recorded (its headers) and
+            // the default otherwise.
             Counter::StoreRetries
+            | Counter::LimitDefaulted
+            | Counter::LimitInvalid
+            | Counter::LimitCapped
             | Counter::GlobalErrors
             | Counter::Abandoned
             | Counter::ElasticAllowed

@@ -29,6 +29,10 @@ pub struct Config {
     pub capacity: u32,
     /// The level of the line logged for each limited request.
     pub log_limited: LogLevel,
+    /// The seed of every client-key hash, if configured (else each Envoy draws its own): the
+    /// same seed on every replica logs the same key for a client, and lets
+    /// `ratelimit-config explain` print it.
+    pub key_seed: Option<crate::key::Seed>,
     /// Every field a rule reads from response bodies ([`Usage::Body`]), one slot per term.
     pub usage_paths: crate::usage::Paths,
     /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.
@@ -69,6 +73,124 @@ pub struct Rule {
     pub global: Option<Global>,
     /// Let the limit follow the backend's health, if set.
     pub elastic: Option<elastic::Params>,
+    /// The limit's numbers read from each request (a customer's plan), where configured.
+    pub per_request: PerRequest,
+}
+
+/// The numbers of a rule's limit that each request carries (`{"from": …}` in place of a
+/// number): a customer's plan, set by the authentication step in front of the filter. The
+/// configured numbers in [`Limit`] are then the defaults, for a request that carries none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PerRequest {
+    /// `rate_limit.requests_per_unit`, or `in_flight.max`.
+    pub limit: Option<FromRequest>,
+    /// A bucket's `burst`.
+    pub burst: Option<FromRequest>,
+    /// A bucket whose `burst` is not configured: its burst is the limit in force.
+    pub burst_is_limit: bool,
+}
+
+impl PerRequest {
+    /// Whether any number is read from the request.
+    pub fn any(&self) -> bool {
+        self.limit.is_some() || self.burst.is_some()
+    }
+}
+
+/// One number of a limit read from the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FromRequest {
+    /// Where the number is.
+    pub source: Source,
+    /// What a request that carries none, or a value that is not a whole number from 1, gets.
+    pub default: u32,
+    /// The most a request may get: a larger value is cut to it.
+    pub max: u32,
+}
+
+/// Where a number of a request's limit is read: attributes a trusted filter before this one set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A request header (lower-case name).
+    Header(String),
+    /// A key of Envoy's dynamic metadata under a filter's namespace (a number, or a string of
+    /// digits).
+    Metadata {
+        /// The namespace, e.g. `envoy.filters.http.ext_authz`.
+        namespace: String,
+        /// The key within it (not a path: the value is the key's own).
+        key: String,
+    },
+    /// A filter state object, as a string of digits.
+    FilterState(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Header(name) => write!(f, "header:{name}"),
+            Source::Metadata { namespace, key } => write!(f, "metadata:{namespace}:{key}"),
+            Source::FilterState(key) => write!(f, "filter_state:{key}"),
+        }
+    }
+}
+
+/// What became of a number read from a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The request's own value.
+    Taken(u32),
+    /// The request carried none: the default.
+    Missing(u32),
+    /// Not a whole number from 1 to 4294967295: the default.
+    Invalid(u32),
+    /// Above the cap: the cap.
+    Capped(u32),
+}
+
+impl Resolved {
+    /// The number in force.
+    pub fn value(self) -> u32 {
+        match self {
+            Resolved::Taken(n)
+            | Resolved::Missing(n)
+            | Resolved::Invalid(n)
+            | Resolved::Capped(n) => n,
+        }
+    }
+}
+
+/// A value a number of a request's limit was read as.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Carried<'a> {
+    /// Text (a header, a filter state object, a metadata string).
+    Text(&'a [u8]),
+    /// A number (a metadata number).
+    Number(f64),
+}
+
+impl FromRequest {
+    /// The number in force for a request that carried `value`.
+    pub fn resolve(&self, value: Option<Carried<'_>>) -> Resolved {
+        let n: Option<u64> = match value {
+            None => return Resolved::Missing(self.default),
+            Some(Carried::Text(t)) => {
+                let t = std::str::from_utf8(t).map_or("", str::trim);
+                // Only digits: then a parse can only fail by being too large for any cap.
+                (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| t.parse::<u64>().unwrap_or(u64::MAX))
+            }
+            // `as` saturates: a huge number stays above any cap.
+            Some(Carried::Number(x)) => {
+                (x.is_finite() && x.fract() == 0.0 && x >= 0.0).then_some(x as u64)
+            }
+        };
+        match n.map(u32::try_from) {
+            Some(Ok(0)) | None => Resolved::Invalid(self.default),
+            Some(Ok(n)) if n <= self.max => Resolved::Taken(n),
+            Some(_) => Resolved::Capped(self.max),
+        }
+    }
 }
 
 /// Default `elastic.max_bad_share`, permille.
@@ -103,6 +225,23 @@ impl Limit {
         match self {
             Limit::Rate { algorithm, .. } => algorithm.name(),
             Limit::InFlight { .. } => "in_flight",
+        }
+    }
+
+    /// [`Limit::capacity`] with the numbers read from requests at their caps.
+    pub fn capacity_with(&self, per_request: &PerRequest) -> u32 {
+        let cap = |f: &Option<FromRequest>| f.as_ref().map(|f| f.max);
+        match self {
+            Limit::Rate {
+                algorithm: Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. },
+                ..
+            } => match (&per_request.burst, per_request.burst_is_limit) {
+                (Some(b), _) => Some(b.max),
+                (None, true) => cap(&per_request.limit),
+                (None, false) => None,
+            }
+            .unwrap_or(self.capacity()),
+            _ => cap(&per_request.limit).unwrap_or(self.capacity()),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::elastic;
+use crate::key::Seed;
 use crate::limiter::sliding_log;
 use crate::usage::Paths;
 use serde_json::{Map, Value};
@@ -193,6 +194,7 @@ impl Validator {
                 "capacity",
                 "shadow",
                 "log_limited",
+                "key_seed",
             ],
         )?;
         let shadow = match map.get("shadow") {
@@ -239,6 +241,21 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_CAPACITY),
         };
+        let key_seed = match map.get("key_seed") {
+            Some(k) => self
+                .string(k, "key_seed")
+                .and_then(|s| match Seed::parse_hex(s) {
+                    Some(seed) => Some(Some(seed)),
+                    None => {
+                        self.error(
+                            "key_seed",
+                            "expected 32 hexadecimal digits (16 random bytes)",
+                        );
+                        None
+                    }
+                }),
+            None => Some(None),
+        };
         shadow?;
         let mut config = Config {
             rules: rules?,
@@ -246,6 +263,7 @@ impl Validator {
             failure_mode: failure_mode?,
             capacity: capacity?,
             log_limited: log_limited?,
+            key_seed: key_seed?,
             usage_paths: Paths::default(),
             request_paths: Paths::default(),
         };
@@ -320,11 +338,14 @@ impl Validator {
             Some(k) => self.key(k, &join(path, "key")),
             None => Some(Vec::new()),
         };
-        let limit = self.limit(map, path);
-        let cost = match (map.get("cost"), limit) {
-            (None, _) => Some(Cost::Fixed(1)),
-            (Some(c), Some(l)) => self.cost(c, &join(path, "cost"), l),
-            (Some(_), None) => None,
+        let (limit, per_request) = match self.limit(map, path) {
+            Some((l, p)) => (Some(l), Some(p)),
+            None => (None, None),
+        };
+        let cost = match (map.get("cost"), limit, &per_request) {
+            (None, _, _) => Some(Cost::Fixed(1)),
+            (Some(c), Some(l), Some(p)) => self.cost(c, &join(path, "cost"), l, l.capacity_with(p)),
+            (Some(_), _, _) => None,
         };
         let quota_unit = match map.get("quota_unit") {
             Some(u) => self
@@ -358,6 +379,12 @@ impl Validator {
             self.error(
                 &join(path, "elastic"),
                 "a global rule's limit is the service's: it cannot be elastic",
+            );
+        }
+        if let (Some(Some(_)), Some(true)) = (&global, per_request.as_ref().map(PerRequest::any)) {
+            self.error(
+                &join(path, "global"),
+                "a global rule's limit is the rate limit service's: it cannot come from the request",
             );
         }
         if let Some(Some(g)) = &global {
@@ -406,6 +433,7 @@ impl Validator {
             shadow: shadow?,
             global: global?,
             elastic: elastic?,
+            per_request: per_request?,
         })
     }
 
@@ -511,15 +539,19 @@ impl Validator {
     }
 
     /// `rate_limit` with its algorithm, or `in_flight`: exactly one.
-    fn limit(&mut self, map: &Map<String, Value>, path: &str) -> Option<Limit> {
+    /// With the numbers read from each request, where configured.
+    fn limit(&mut self, map: &Map<String, Value>, path: &str) -> Option<(Limit, PerRequest)> {
         match (map.get("rate_limit"), map.get("in_flight")) {
             (Some(q), None) => {
-                let quota = self.quota(q, &join(path, "rate_limit"));
-                let algorithm = quota.and_then(|q| self.algorithm(map, path, q));
-                Some(Limit::Rate {
-                    quota: quota?,
-                    algorithm: algorithm?,
-                })
+                let (quota, limit) = self.quota(q, &join(path, "rate_limit"))?;
+                let (algorithm, burst, burst_is_limit) =
+                    self.algorithm(map, path, quota, limit.as_ref())?;
+                let per_request = PerRequest {
+                    burst_is_limit: burst_is_limit && limit.is_some(),
+                    limit,
+                    burst,
+                };
+                Some((Limit::Rate { quota, algorithm }, per_request))
             }
             (None, Some(f)) => {
                 let mut ok = true;
@@ -552,10 +584,10 @@ impl Validator {
         }
     }
 
-    fn in_flight(&mut self, v: &Value, path: &str) -> Option<Limit> {
+    fn in_flight(&mut self, v: &Value, path: &str) -> Option<(Limit, PerRequest)> {
         let map = self.object(v, path, &["max", "lease_s"])?;
         let max = match map.get("max") {
-            Some(n) => self.integer(n, &join(path, "max"), 1, u64::from(u32::MAX)),
+            Some(n) => self.amount(n, &join(path, "max")),
             None => {
                 self.error(&join(path, "max"), "required field is missing");
                 None
@@ -565,10 +597,105 @@ impl Validator {
             Some(n) => self.integer(n, &join(path, "lease_s"), 1, 86_400),
             None => Some(DEFAULT_LEASE_S),
         };
-        Some(Limit::InFlight {
-            max: u32::try_from(max?).ok()?,
+        let (max, max_from) = max?;
+        let limit = Limit::InFlight {
+            max,
             lease_ms: u32::try_from(lease_s? * 1000).ok()?,
-        })
+        };
+        let per_request = PerRequest {
+            limit: max_from,
+            ..PerRequest::default()
+        };
+        Some((limit, per_request))
+    }
+
+    /// A number of a limit: an integer, or `{"from", "default", "max"}`, read from each
+    /// request.
+    fn amount(&mut self, v: &Value, path: &str) -> Option<(u32, Option<FromRequest>)> {
+        if !v.is_object() {
+            let n = self.integer(v, path, 1, u64::from(u32::MAX))?;
+            return u32::try_from(n).ok().map(|n| (n, None));
+        }
+        let map = self.object(v, path, &["from", "default", "max"])?;
+        let source = match map.get("from") {
+            Some(f) => {
+                let p = join(path, "from");
+                self.string(f, &p).and_then(|s| self.source(s, &p))
+            }
+            None => {
+                self.error(&join(path, "from"), "required field is missing");
+                None
+            }
+        };
+        let mut number = |field: &str, what: &str| match map.get(field) {
+            Some(n) => self
+                .integer(n, &join(path, field), 1, u64::from(u32::MAX))
+                .and_then(|n| u32::try_from(n).ok()),
+            None => {
+                self.error(
+                    &join(path, field),
+                    format!("required field is missing ({what})"),
+                );
+                None
+            }
+        };
+        let default = number("default", "what a request that carries no value gets");
+        let max = number("max", "the most a request may get");
+        let (default, max) = (default?, max?);
+        if default > max {
+            self.error(
+                &join(path, "default"),
+                format!("{default} is above \"max\" ({max})"),
+            );
+            return None;
+        }
+        Some((
+            default,
+            Some(FromRequest {
+                source: source?,
+                default,
+                max,
+            }),
+        ))
+    }
+
+    /// Where a number of a request's limit is read.
+    fn source(&mut self, s: &str, path: &str) -> Option<Source> {
+        if let Some(name) = s.strip_prefix("header:") {
+            return self.header_name(name, path).map(Source::Header);
+        }
+        if let Some(rest) = s.strip_prefix("metadata:") {
+            return match rest.split_once(':') {
+                Some((namespace, key)) if !namespace.is_empty() && !key.is_empty() => {
+                    Some(Source::Metadata {
+                        namespace: namespace.to_string(),
+                        key: key.to_string(),
+                    })
+                }
+                _ => {
+                    self.error(
+                        path,
+                        format!("invalid metadata source {s:?} (expected metadata:NAMESPACE:KEY)"),
+                    );
+                    None
+                }
+            };
+        }
+        if let Some(key) = s.strip_prefix("filter_state:") {
+            if key.is_empty() {
+                self.error(
+                    path,
+                    "invalid filter state source \"filter_state:\" (expected filter_state:KEY)",
+                );
+                return None;
+            }
+            return Some(Source::FilterState(key.to_string()));
+        }
+        self.error(
+            path,
+            format!("unknown source {s:?} (expected header:NAME, metadata:NAMESPACE:KEY or filter_state:KEY)"),
+        );
+        None
     }
 
     fn quota_unit(&mut self, v: &Value, path: &str, limit: Option<Limit>) -> Option<String> {
@@ -652,7 +779,15 @@ impl Validator {
     }
 
     /// The algorithm and the fields that belong to it.
-    fn algorithm(&mut self, map: &Map<String, Value>, path: &str, q: Quota) -> Option<Algorithm> {
+    /// The algorithm, with its burst read from each request (if so configured) and whether
+    /// the burst is the limit's (not configured).
+    fn algorithm(
+        &mut self,
+        map: &Map<String, Value>,
+        path: &str,
+        q: Quota,
+        limit: Option<&FromRequest>,
+    ) -> Option<(Algorithm, Option<FromRequest>, bool)> {
         let name = match map.get("algorithm") {
             Some(a) => self.choice(
                 a,
@@ -685,11 +820,11 @@ impl Validator {
             }
         }
         let burst = match map.get("burst") {
-            Some(b) => self
-                .integer(b, &join(path, "burst"), 1, u64::from(u32::MAX))
-                .and_then(|n| u32::try_from(n).ok()),
-            None => Some(q.requests_per_unit),
+            Some(b) => self.amount(b, &join(path, "burst")),
+            None => Some((q.requests_per_unit, None)),
         };
+        let burst_from = burst.as_ref().and_then(|(_, f)| f.clone());
+        let burst = burst.map(|(n, _)| n);
         let delay = match map.get("on_limit") {
             None => Some(false),
             Some(_) if name != "leaky_bucket" => Some(false), // reported above
@@ -721,12 +856,16 @@ impl Validator {
             }
             (_, _) => Some(None),
         };
-        if name == "sliding_log" && q.requests_per_unit > sliding_log::MAX_LIMIT {
+        let most = limit.map_or(q.requests_per_unit, |f| f.max);
+        if name == "sliding_log" && most > sliding_log::MAX_LIMIT {
+            let field = match limit {
+                Some(_) => "rate_limit.requests_per_unit.max",
+                None => "rate_limit.requests_per_unit",
+            };
             self.error(
-                &join(path, "rate_limit.requests_per_unit"),
+                &join(path, field),
                 format!(
-                    "{} is too many for sliding_log, which stores every request's time (at most {}: use sliding_window for more)",
-                    q.requests_per_unit,
+                    "{most} is too many for sliding_log, which stores every request's time (at most {}: use sliding_window for more)",
                     sliding_log::MAX_LIMIT
                 ),
             );
@@ -742,11 +881,11 @@ impl Validator {
             "sliding_log" => Algorithm::SlidingLog,
             _ => Algorithm::SlidingWindow,
         };
-        ok.then_some(algorithm)
+        ok.then_some((algorithm, burst_from, bucket && !map.contains_key("burst")))
     }
 
-    fn cost(&mut self, v: &Value, path: &str, limit: Limit) -> Option<Cost> {
-        let capacity = limit.capacity();
+    /// `capacity`: the most one request can ever be admitted for.
+    fn cost(&mut self, v: &Value, path: &str, limit: Limit, capacity: u32) -> Option<Cost> {
         match v {
             Value::Object(map) if map.contains_key("response") => {
                 let map = self.object(v, path, &["response", "reserve", "default", "true_up"])?;
@@ -1174,12 +1313,11 @@ impl Validator {
         Some(KeyPart::RemoteAddress(Prefixes { v4: v4?, v6: v6? }))
     }
 
-    fn quota(&mut self, v: &Value, path: &str) -> Option<Quota> {
+    /// With `requests_per_unit` read from each request, if so configured.
+    fn quota(&mut self, v: &Value, path: &str) -> Option<(Quota, Option<FromRequest>)> {
         let map = self.object(v, path, &["requests_per_unit", "unit"])?;
         let rpu = match map.get("requests_per_unit") {
-            Some(n) => self
-                .integer(n, &join(path, "requests_per_unit"), 1, u64::from(u32::MAX))
-                .and_then(|n| u32::try_from(n).ok()),
+            Some(n) => self.amount(n, &join(path, "requests_per_unit")),
             None => {
                 self.error(
                     &join(path, "requests_per_unit"),
@@ -1205,10 +1343,14 @@ impl Validator {
                 None
             }
         };
-        Some(Quota {
-            requests_per_unit: rpu?,
-            unit: unit?,
-        })
+        let (requests_per_unit, from) = rpu?;
+        Some((
+            Quota {
+                requests_per_unit,
+                unit: unit?,
+            },
+            from,
+        ))
     }
 
     fn response(&mut self, v: &Value, path: &str) -> Option<ResponseConfig> {

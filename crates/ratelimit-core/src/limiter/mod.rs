@@ -159,6 +159,29 @@ impl Policy {
         }
     }
 
+    /// The policy with the limit (requests per window, or in flight) `limit` and, for a
+    /// bucket, the burst `burst`: the numbers a request carried.
+    pub fn with_limit(&self, limit: u64, burst: u64) -> Policy {
+        match *self {
+            Policy::SlidingWindow { window_ms, .. } => Policy::SlidingWindow { limit, window_ms },
+            Policy::FixedWindow { window_ms, .. } => Policy::FixedWindow { limit, window_ms },
+            Policy::SlidingLog { window_ms, .. } => Policy::SlidingLog { limit, window_ms },
+            Policy::Gcra(p) => Policy::Gcra(gcra::Params { limit, burst, ..p }),
+            Policy::InFlight { lease_ms, .. } => Policy::InFlight {
+                max: limit,
+                lease_ms,
+            },
+        }
+    }
+
+    /// A bucket's burst (`None` for the other algorithms).
+    pub fn burst(&self) -> Option<u64> {
+        match self {
+            Policy::Gcra(p) => Some(p.burst),
+            _ => None,
+        }
+    }
+
     /// Whether keys of this policy live in the sliding-log slots rather than in buckets.
     pub fn uses_log(&self) -> bool {
         matches!(self, Policy::SlidingLog { .. })

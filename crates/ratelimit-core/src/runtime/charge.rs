@@ -326,12 +326,11 @@ impl<S: Store> Runtime<S> {
 
     /// Settles one debt in the store; the key's quota after it.
     fn pay(&self, debt: &Debt, owed: Owed, now_ms: u64) -> Option<Verdict> {
-        let policy = &self.compiled.get(debt.rule)?.policy;
         let out = engine::settle(
             &self.store,
             debt.slot,
             debt.fingerprint,
-            policy,
+            &debt.policy,
             owed,
             now_ms,
         );

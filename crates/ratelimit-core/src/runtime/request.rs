@@ -12,14 +12,16 @@
 //! [`Runtime::settle`] as the response passes. The host only reads attributes ([`Host`],
 //! [`Response`]), carries out the decision and provides the store.
 
-use crate::config::{self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel};
+use crate::config::{
+    self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel, PerRequest, Resolved, Rule,
+};
 use crate::engine::{self, Check, PerRule, RuleOutcome};
 use crate::global::{self, Answer, Question, Target};
 use crate::headers::{self, Fields, Report};
 use crate::key::{self, Attributes, Descriptor};
 use crate::limiter::{Policy, Verdict};
 use crate::metrics::{Counter, Gauge};
-use crate::runtime::Runtime;
+use crate::runtime::{Compiled, Runtime};
 use crate::store::Store;
 use crate::table;
 use smallvec::SmallVec;
@@ -167,6 +169,9 @@ pub(super) struct Debt {
     pub(super) rule: usize,
     pub(super) slot: u64,
     pub(super) fingerprint: u64,
+    /// The rule's algorithm with the limit the request was admitted under (a limit read from
+    /// the request is the request's own; an elastic limit its base).
+    pub(super) policy: Policy,
     pub(super) kind: DebtKind,
 }
 
@@ -257,6 +262,74 @@ impl Pending {
     }
 }
 
+/// Why a rule does not apply to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// Its `match` does not hold.
+    NoMatch,
+    /// A part of its key is missing from the request.
+    MissingPart,
+}
+
+/// What a rule makes of a request it applies to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Applying {
+    /// The keyed hash of the client key.
+    pub(crate) hash: u64,
+    /// What the request costs (a reservation for a rule charged by its response).
+    pub(crate) cost: u64,
+    /// The rule's algorithm with the limit in force for this request (before elastic scaling).
+    pub(crate) policy: Policy,
+    /// The numbers of the limit the request carried.
+    pub(crate) carried: Carrying,
+}
+
+/// The numbers of a rule's limit one request carried, and what became of each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carrying {
+    /// The limit (`requests_per_unit` or `in_flight.max`), if read from the request.
+    pub limit: Option<Resolved>,
+    /// The burst, if read from the request.
+    pub burst: Option<Resolved>,
+}
+
+impl Carrying {
+    /// Counts a default or a cap applied to rule `rule`.
+    fn count(&self, metrics: &crate::metrics::Metrics, rule: usize) {
+        for r in [self.limit, self.burst].into_iter().flatten() {
+            let counter = match r {
+                Resolved::Taken(_) => continue,
+                Resolved::Missing(_) => Counter::LimitDefaulted,
+                Resolved::Invalid(_) => Counter::LimitInvalid,
+                Resolved::Capped(_) => Counter::LimitCapped,
+            };
+            metrics.add(rule, counter, 1);
+        }
+    }
+}
+
+/// `policy` with the numbers of its limit that the request carries (`per_request`).
+fn carried_policy(
+    per_request: &PerRequest,
+    policy: Policy,
+    host: &mut impl Attributes,
+) -> (Policy, Carrying) {
+    let mut resolve = |f: &config::FromRequest| f.resolve(key::carried(&f.source, host));
+    let carrying = Carrying {
+        limit: per_request.limit.as_ref().map(&mut resolve),
+        burst: per_request.burst.as_ref().map(&mut resolve),
+    };
+    let limit = carrying
+        .limit
+        .map_or(policy.limit_and_window().0, |r| u64::from(r.value()));
+    let burst = match (carrying.burst, per_request.burst_is_limit) {
+        (Some(b), _) => u64::from(b.value()),
+        (None, true) => limit,
+        (None, false) => policy.burst().unwrap_or(limit),
+    };
+    (policy.with_limit(limit, burst), carrying)
+}
+
 /// A rule that applies to the request, besides its [`Check`].
 #[derive(Debug)]
 pub(super) struct Applied {
@@ -281,18 +354,16 @@ impl<S: Store> Runtime<S> {
         let full = host.held() >= MAX_HELD;
         let body_follows = host.body_follows();
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
-            if !key::matches(&rule.matcher, host) {
-                continue;
-            }
-            let Some(hash) = key::client_key(self.seed, compiled.fingerprint, &rule.key, host)
+            let Ok(Applying {
+                hash,
+                cost,
+                policy,
+                carried,
+            }) = self.applying(rule, compiled, host)
             else {
-                continue; // a key part is missing: the rule does not apply
+                continue;
             };
-            let cost = match &rule.cost {
-                Cost::Fixed(n) => u64::from(*n),
-                Cost::Header(name) => config::parse_cost(host.header(name)),
-                Cost::Response(charge) => charge.admission(),
-            };
+            carried.count(&self.metrics, i);
             let descriptor = match &rule.global {
                 Some(_) => key::descriptor_entries(&rule.name, &rule.key, host),
                 None => None,
@@ -314,7 +385,7 @@ impl<S: Store> Runtime<S> {
             } else {
                 u64::from(table::bucket_of(hash, self.buckets))
             };
-            let mut policy = compiled.policy;
+            let mut policy = policy;
             let mut base = None;
             if let Some(w) = &compiled.watch {
                 let factor = w.factor.load(std::sync::atomic::Ordering::Relaxed);
@@ -357,6 +428,38 @@ impl<S: Store> Runtime<S> {
             return Start::Decided(self.finish(host, &p));
         }
         Start::Ask(p)
+    }
+
+    /// How `rule` sees the request: whether it applies, and if so the client key, the cost and
+    /// the limit (with the numbers the request carries). The first step of [`Runtime::start`]
+    /// for each rule.
+    pub(crate) fn applying(
+        &self,
+        rule: &Rule,
+        compiled: &Compiled,
+        host: &mut impl Host,
+    ) -> Result<Applying, Skip> {
+        if !key::matches(&rule.matcher, host) {
+            return Err(Skip::NoMatch);
+        }
+        let hash = key::client_key(self.seed, compiled.fingerprint, &rule.key, host)
+            .ok_or(Skip::MissingPart)?;
+        let cost = match &rule.cost {
+            Cost::Fixed(n) => u64::from(*n),
+            Cost::Header(name) => config::parse_cost(host.header(name)),
+            Cost::Response(charge) => charge.admission(),
+        };
+        let (policy, carried) = if rule.per_request.any() {
+            carried_policy(&rule.per_request, compiled.policy, host)
+        } else {
+            (compiled.policy, Carrying::default())
+        };
+        Ok(Applying {
+            hash,
+            cost,
+            policy,
+            carried,
+        })
     }
 
     /// Decides once every service has answered (a missing answer is an error): the services'
@@ -426,6 +529,7 @@ impl<S: Store> Runtime<S> {
                             rule: a.rule,
                             slot: check.slot,
                             fingerprint: check.fingerprint,
+                            policy: check.base.unwrap_or(check.policy),
                             kind: DebtKind::Usage, // nothing was counted
                         });
                     }
@@ -458,6 +562,7 @@ impl<S: Store> Runtime<S> {
                             rule: a.rule,
                             slot: check.slot,
                             fingerprint: check.fingerprint,
+                            policy: check.base.unwrap_or(check.policy),
                             kind,
                         });
                     }
