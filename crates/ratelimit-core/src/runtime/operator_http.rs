@@ -16,7 +16,6 @@ use crate::config::OperatorRoute;
 use crate::key::strip_port;
 use crate::runtime::{KeyState, LoggedKey, OperatorError};
 use crate::store::Store;
-use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
@@ -62,14 +61,14 @@ impl OperatorCall {
 pub struct OperatorAnswer {
     /// 200, 400 (a bad or missing parameter), 404 (no such rule or key), 500 (the store
     /// failed).
-    pub status: u32,
+    pub status: u16,
     /// The JSON object.
     pub body: String,
 }
 
 impl OperatorAnswer {
     /// An error's answer: `{"error": why}`.
-    pub fn error(status: u32, why: &str) -> OperatorAnswer {
+    pub fn error(status: u16, why: &str) -> OperatorAnswer {
         OperatorAnswer {
             status,
             body: format!("{{\"error\":{}}}", json(why)),
@@ -203,9 +202,9 @@ impl<S: Store> Runtime<S> {
                     log::Level::Info,
                     format_args!(
                         "operator route: refused {} {}{} from {source}: {why} (at most one such line a second)",
-                        method.escape_debug(),
+                        Visible(&method),
                         route.path_prefix,
-                        name.escape_debug()
+                        Visible(name)
                     ),
                 );
             }
@@ -220,6 +219,22 @@ impl<S: Store> Runtime<S> {
             host.log(level, format_args!("{line}"));
         }
         Some(answer)
+    }
+}
+
+/// Text from a request, for a log line: anything but visible ASCII shows as `?`.
+struct Visible<'a>(&'a str);
+
+impl fmt::Display for Visible<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0.bytes() {
+            f.write_char(if b.is_ascii_graphic() {
+                char::from(b)
+            } else {
+                '?'
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -259,7 +274,7 @@ pub fn json(s: &str) -> String {
 }
 
 /// A query's parameters, percent-decoded (the last of a repeated name wins).
-pub struct Params(HashMap<String, String>);
+pub struct Params(Vec<(String, String)>);
 
 impl Params {
     /// Reads a raw query string (without `?`).
@@ -277,7 +292,11 @@ impl Params {
 
     /// A parameter's decoded value.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str)
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
