@@ -227,3 +227,44 @@ fn without_the_block_the_route_is_an_ordinary_path() {
     }
     assert_eq!(alice(envoy.addr).status, 429, "the key was not reset");
 }
+
+/// `allow_from` checks `source.address`, the client address as the connection manager derives
+/// it: with Envoy's default (`use_remote_address: false`) that is the last address of
+/// `X-Forwarded-For`, which a client writes itself; with `use_remote_address: true` it is the
+/// peer. The secret is what keeps such a client out; the README says so.
+#[test]
+fn the_source_check_sees_the_connection_managers_client_address() {
+    if build() == Build::Native {
+        eprintln!("native build: no operator route (the admin port serves the calls)");
+        return;
+    }
+    let call = |envoy: &Envoy| {
+        from(
+            envoy.addr,
+            "127.0.0.2",
+            "GET",
+            "/.ratelimit/top?rule=per-client",
+            &[
+                ("x-ratelimit-operator-token", TOKEN),
+                ("x-forwarded-for", "127.0.0.1"),
+            ],
+        )
+    };
+    let trusting = Envoy::start(&config(true));
+    assert_eq!(
+        call(&trusting).status,
+        200,
+        "X-Forwarded-For trusted by default"
+    );
+    let yaml = common::bootstrap(&config(true), &common::wasm_path()).replace(
+        "stat_prefix: test",
+        "stat_prefix: test\n          use_remote_address: true",
+    );
+    let peer = Envoy::start_yaml(&yaml);
+    let got = call(&peer);
+    assert_eq!(
+        got.body_str(),
+        "ok\n",
+        "the peer, 127.0.0.2, is not allowed"
+    );
+}
