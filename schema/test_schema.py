@@ -30,6 +30,7 @@ NOT_EXPRESSIBLE = {
     "plan_cost_above_cap": "compares one field with another (cost against burst.max)",
     "plan_sliding_log_cap": "compares one field with another (requests_per_unit.max against sliding_log's 1,000)",
     "plan_global": "a limit read from the request and \"global\" in one rule (two fields' forms)",
+    "operator_host_bits": "an address whose bits beyond the prefix are set (arithmetic on the address)",
     "empty": "not a JSON document",
     "invalid_json": "not a JSON document",
 }

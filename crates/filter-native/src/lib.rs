@@ -224,6 +224,11 @@ impl FilterConfig {
             rt.rules().len(),
             rt.capacity()
         );
+        if rt.config().operator.is_some() {
+            log::info!(
+                "the \"operator\" block is for the wasm build and is ignored here: the native build serves the operator's calls on Envoy's admin port (/ratelimit/key, /ratelimit/top, /ratelimit/reset)"
+            );
+        }
         let tick_ms = [rt.flush_period(), rt.tick_period()]
             .into_iter()
             .flatten()

@@ -99,10 +99,11 @@ impl Store for SharedData {
 /// their turn.
 const RELEASE_PERIOD_MS: u32 = 1;
 
-/// A runtime and the ids of its metrics in Envoy.
+/// A runtime, the ids of its metrics in Envoy and the plugin's name.
 struct Served {
     rt: Runtime<SharedData>,
     ids: MetricIds,
+    plugin: String,
 }
 
 /// The Envoy ids of a runtime's metrics.
@@ -370,7 +371,11 @@ impl RootContext for Root {
                 {
                     let _ = abi::gauge_set(id, runtime.capacity() as u64);
                 }
-                self.served = Some(Rc::new(Served { rt: runtime, ids }));
+                self.served = Some(Rc::new(Served {
+                    rt: runtime,
+                    ids,
+                    plugin,
+                }));
                 if let Err(s) = abi::set_tick_period(tick) {
                     log::warn!(
                         "no tick timer (status {}): metrics will not be published",
@@ -757,6 +762,10 @@ impl HttpContext for Request {
             body_follows: !end_of_stream,
             ..WasmHost::default()
         };
+        // An allowed operator call is answered here: neither limited nor counted.
+        if let Some(answer) = served.rt.operator_route(&mut host, &served.plugin) {
+            return operator_reply(&answer);
+        }
         let next = self.state.request_headers(&served.rt, &mut host);
         if self.state.reads_request_body() {
             // proxy-wasm cannot stop the headers and still see the body (a paused request's
@@ -839,6 +848,27 @@ impl HttpContext for Request {
                 .response_trailers(&served.rt, &mut fields, now_ms, report_usage);
         }
         Action::Continue
+    }
+}
+
+/// Sends an operator call's answer.
+fn operator_reply(answer: &runtime::OperatorAnswer) -> Action {
+    let headers = [
+        ("content-type", "application/json"),
+        ("cache-control", "no-store"),
+    ];
+    let mut body = String::with_capacity(answer.body.len() + 1);
+    body.push_str(&answer.body);
+    body.push('\n');
+    match abi::send_local_response(answer.status, &headers, body.as_bytes()) {
+        Ok(()) => Action::Pause,
+        Err(s) => {
+            log::warn!(
+                "could not send the operator route's answer (status {})",
+                s.0
+            );
+            Action::Continue
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! rule descriptions of `ratelimit-config replay`. Native only, never in the `.wasm`.
 
 use ratelimit_core::config::{
-    Algorithm, Config, Cost, FailureMode, GlobalMode, HeaderCondition, Limit, Match, Rule, Usage,
+    Algorithm, Config, Cost, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit, Match,
+    Rule, Usage,
 };
 
 /// The summary of a valid configuration: its settings, then each rule on a line.
@@ -22,6 +23,18 @@ pub fn summary(c: &Config) -> String {
         },
         c.response.status,
     );
+    if c.key_seed.is_some() {
+        out.push_str(
+            "  key_seed set: every Envoy with this configuration logs the same key for a client\n",
+        );
+    }
+    if let Some(o) = &c.operator {
+        out.push_str(&format!(
+            "  operator route (wasm build) at {}, from {} network(s), with a token\n",
+            o.path_prefix,
+            o.allow_from.len()
+        ));
+    }
     for r in &c.rules {
         out.push_str(&format!(
             "  rule {}{}: {}, key {}, match {}{}\n",
@@ -104,26 +117,45 @@ pub fn key(r: &Rule) -> String {
     )
 }
 
+/// A number of a limit: `100`, or `from header:x-plan-rpm (default 60, max 1000)` when each
+/// request carries it.
+fn number(n: u32, from: Option<&FromRequest>) -> String {
+    match from {
+        Some(f) => format!("from {} (default {}, max {})", f.source, f.default, f.max),
+        None => n.to_string(),
+    }
+}
+
 /// A rule's limit: `100 per minute (sliding_window)`, `20 in flight (lease 300 s)`.
 pub fn limit(r: &Rule) -> String {
+    let from = &r.per_request;
     let (quota, algorithm) = match r.limit {
         Limit::Rate { quota, algorithm } => (quota, algorithm),
         Limit::InFlight { max, lease_ms } => {
-            return format!("{max} in flight (lease {} s)", lease_ms / 1000)
+            return format!(
+                "{} in flight (lease {} s)",
+                number(max, from.limit.as_ref()),
+                lease_ms / 1000
+            )
         }
     };
+    let burst = |b: u32| match (&from.burst, from.burst_is_limit) {
+        (Some(f), _) => number(b, Some(f)),
+        (None, true) => "the limit".to_string(),
+        (None, false) => b.to_string(),
+    };
     let algorithm = match algorithm {
-        Algorithm::TokenBucket { burst } => format!("token_bucket, burst {burst}"),
+        Algorithm::TokenBucket { burst: b } => format!("token_bucket, burst {}", burst(b)),
         Algorithm::LeakyBucket {
-            burst,
+            burst: b,
             max_delay_ms: Some(d),
-        } => format!("leaky_bucket, burst {burst}, delay up to {d} ms"),
-        Algorithm::LeakyBucket { burst, .. } => format!("leaky_bucket, burst {burst}"),
+        } => format!("leaky_bucket, burst {}, delay up to {d} ms", burst(b)),
+        Algorithm::LeakyBucket { burst: b, .. } => format!("leaky_bucket, burst {}", burst(b)),
         other => other.name().to_string(),
     };
     format!(
         "{} {}per {} ({algorithm})",
-        quota.requests_per_unit,
+        number(quota.requests_per_unit, from.limit.as_ref()),
         r.quota_unit
             .as_deref()
             .map_or(String::new(), |u| format!("{u} ")),

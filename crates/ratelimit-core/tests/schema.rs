@@ -74,6 +74,11 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
         ),
         (format!(r#"{{"rules": [{{{RULE}}}], "response": {{"zzz": 1}}}}"#), "response.zzz", &d["response"]["properties"]),
         (
+            format!(r#"{{"rules": [{{{RULE}}}], "operator": {{"zzz": 1}}}}"#),
+            "operator.zzz",
+            &s["properties"]["operator"]["properties"],
+        ),
+        (
             format!(r#"{{"rules": [{{{RULE}, "global": {{"cluster": "c", "domain": "d", "zzz": 1}}}}]}}"#),
             "rules[0].global.zzz",
             &d["global"]["properties"],

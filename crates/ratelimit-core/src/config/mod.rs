@@ -37,6 +37,130 @@ pub struct Config {
     pub usage_paths: crate::usage::Paths,
     /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.
     pub request_paths: crate::usage::Paths,
+    /// The wasm build's operator route, if configured (`None`, the default: no route at all).
+    /// The native build ignores it: its admin port serves the same calls.
+    pub operator: Option<OperatorRoute>,
+}
+
+/// Where the wasm build answers an operator's calls in the data path, and who may make them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorRoute {
+    /// Paths under this prefix are the route's (starts and ends with `/`).
+    pub path_prefix: String,
+    /// The networks a call may come from (`source.address`), at least one.
+    pub allow_from: Vec<Cidr>,
+    /// The secret a call carries in `x-ratelimit-operator-token`.
+    pub token: Secret,
+}
+
+/// An IP network, `address/prefix` with no host bits set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    /// The network's address.
+    pub address: std::net::IpAddr,
+    /// How many leading bits name the network.
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Reads `a.b.c.d/n` or `ipv6/n`; the reason it is not one otherwise.
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let Some((address, prefix)) = text.split_once('/') else {
+            return Err(format!("{text:?} is not a network (expected address/prefix, such as 10.0.0.0/8 or ::1/128)"));
+        };
+        let address: std::net::IpAddr = address
+            .parse()
+            .map_err(|_| format!("{text:?} is not a network: {address:?} is not an IP address"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= max && !prefix.starts_with('+'))
+            .ok_or_else(|| format!("{text:?} is not a network: the prefix must be 0 to {max}"))?;
+        let cidr = Cidr { address, prefix };
+        if cidr.masked() != address {
+            return Err(format!(
+                "{text:?} has host bits set (did you mean {}/{prefix}?)",
+                cidr.masked()
+            ));
+        }
+        Ok(cidr)
+    }
+
+    /// The address with the host bits cleared.
+    fn masked(&self) -> std::net::IpAddr {
+        use std::net::IpAddr;
+        match self.address {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(a) & mask).into())
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(a) & mask).into())
+            }
+        }
+    }
+
+    /// Whether `ip` is in the network. An IPv4 client seen on an IPv6 socket
+    /// (`::ffff:a.b.c.d`) is an IPv4 client.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        ip.is_ipv4() == self.address.is_ipv4()
+            && Cidr {
+                address: ip,
+                prefix: self.prefix,
+            }
+            .masked()
+                == self.address
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+/// A secret that never shows in a log or a debug print.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The fewest characters a secret has.
+    pub const MIN_LEN: usize = 32;
+
+    /// A secret from its text: at least [`Secret::MIN_LEN`] visible ASCII characters (what an
+    /// HTTP header carries unchanged).
+    pub fn new(text: &str) -> Option<Secret> {
+        (text.len() >= Secret::MIN_LEN && text.bytes().all(|b| b.is_ascii_graphic()))
+            .then(|| Secret(text.to_string()))
+    }
+
+    /// Whether `given` is the secret, in a time that depends only on the secret's length (not
+    /// on where the first difference is).
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let secret = self.0.as_bytes();
+        let mut diff = u8::from(given.len() != secret.len());
+        for (i, s) in secret.iter().enumerate() {
+            diff |= given.get(i).copied().unwrap_or(0) ^ s;
+        }
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(…)")
+    }
 }
 
 /// A log level for the filter's own lines.

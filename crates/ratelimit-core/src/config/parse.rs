@@ -195,6 +195,7 @@ impl Validator {
                 "shadow",
                 "log_limited",
                 "key_seed",
+                "operator",
             ],
         )?;
         let shadow = match map.get("shadow") {
@@ -256,6 +257,10 @@ impl Validator {
                 }),
             None => Some(None),
         };
+        let operator = match map.get("operator") {
+            Some(o) => self.operator(o, "operator").map(Some),
+            None => Some(None),
+        };
         shadow?;
         let mut config = Config {
             rules: rules?,
@@ -266,12 +271,87 @@ impl Validator {
             key_seed: key_seed?,
             usage_paths: Paths::default(),
             request_paths: Paths::default(),
+            operator: operator?,
         };
         if let Err(why) = body::assign(&mut config) {
             self.error("rules", why);
             return None;
         }
         Some(config)
+    }
+
+    /// The wasm build's operator route.
+    fn operator(&mut self, v: &Value, path: &str) -> Option<OperatorRoute> {
+        let map = self.object(v, path, &["path_prefix", "allow_from", "token"])?;
+        let field = |name: &str| join(path, name);
+        let path_prefix = match map.get("path_prefix") {
+            Some(p) => self.string(p, &field("path_prefix")).and_then(|s| {
+                let ok = s.starts_with('/')
+                    && s.ends_with('/')
+                    && s.bytes().all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#');
+                if !ok {
+                    self.error(
+                        &field("path_prefix"),
+                        format!("must start and end with \"/\" and hold only visible ASCII other than ? and #, found {s:?}"),
+                    );
+                }
+                ok.then(|| s.to_string())
+            }),
+            None => {
+                self.error(&field("path_prefix"), "required field is missing");
+                None
+            }
+        };
+        let allow_from = match map.get("allow_from") {
+            Some(a) => self.array(a, &field("allow_from")).and_then(|items| {
+                if items.is_empty() {
+                    self.error(
+                        &field("allow_from"),
+                        "at least one network is required (such as \"127.0.0.1/32\")",
+                    );
+                    return None;
+                }
+                let mut nets = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let p = format!("{}[{i}]", field("allow_from"));
+                    match self.string(item, &p).map(Cidr::parse) {
+                        Some(Ok(net)) => nets.push(net),
+                        Some(Err(why)) => self.error(&p, why),
+                        None => {}
+                    }
+                }
+                (nets.len() == items.len()).then_some(nets)
+            }),
+            None => {
+                self.error(&field("allow_from"), "required field is missing");
+                None
+            }
+        };
+        let token = match map.get("token") {
+            Some(t) => self.string(t, &field("token")).and_then(|s| {
+                let secret = Secret::new(s);
+                if secret.is_none() {
+                    self.error(
+                        &field("token"),
+                        format!(
+                            "expected a secret of at least {} characters of visible ASCII (! to ~, no spaces), found {} characters",
+                            Secret::MIN_LEN,
+                            s.chars().count(),
+                        ),
+                    );
+                }
+                secret
+            }),
+            None => {
+                self.error(&field("token"), "required field is missing");
+                None
+            }
+        };
+        Some(OperatorRoute {
+            path_prefix: path_prefix?,
+            allow_from: allow_from?,
+            token: token?,
+        })
     }
 
     fn rules(&mut self, v: &Value, path: &str, shadow: bool) -> Option<Vec<Rule>> {
@@ -1431,6 +1511,32 @@ mod tests {
             Config::parse(json.as_bytes()).unwrap().rules[0].policy()
         };
         assert_eq!(rule("leaky_bucket"), rule("token_bucket"));
+    }
+
+    #[test]
+    fn networks_hold_their_addresses() {
+        let net = |s: &str| Cidr::parse(s).unwrap();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(net("0.0.0.0/0").contains(ip("203.0.113.9")));
+        assert!(!net("0.0.0.0/0").contains(ip("2001:db8::1")));
+        assert!(net("10.20.0.0/16").contains(ip("10.20.255.1")));
+        assert!(!net("10.20.0.0/16").contains(ip("10.21.0.1")));
+        assert!(net("10.20.0.0/16").contains(ip("::ffff:10.20.0.1")));
+        assert!(net("fd00::/8").contains(ip("fd12:3456::1")));
+        assert!(!net("fd00::/8").contains(ip("fe80::1")));
+        assert!(net("::1/128").contains(ip("::1")));
+        assert!(!net("::1/128").contains(ip("::2")));
+        assert_eq!(net("::/0").to_string(), "::/0");
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "10.0.0.0/+8",
+            "10.0.0.1/8",
+            "::1/0",
+            "x/8",
+        ] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

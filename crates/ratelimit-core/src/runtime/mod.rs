@@ -7,16 +7,19 @@
 //! last byte (asking the services, being held, settling what its response owes), is one state
 //! machine, [`StreamState`], that tells the host what to do next. The hosts only read
 //! attributes, carry out what they are told and keep the state. An operator looks at one key,
-//! lists a rule's busiest keys and resets one through [`operator`].
+//! lists a rule's busiest keys and resets one through [`operator`], over HTTP through
+//! [`operator_http`] (the native build's admin endpoints, the wasm build's operator route).
 
 mod charge;
 pub mod explain;
 pub mod operator;
+pub mod operator_http;
 pub mod request;
 pub mod stream;
 
 pub use explain::Explained;
 pub use operator::{KeyState, LoggedKey, OperatorError};
+pub use operator_http::{OperatorAnswer, OperatorCall};
 pub use request::{
     failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
 };
@@ -88,6 +91,9 @@ pub struct Runtime<S> {
     pub(crate) hits: Mutex<Hits>,
     /// When a failure was last logged (ms), to log at most one a second.
     pub(crate) last_failure_log: AtomicU64,
+    /// When a refused call of the operator route was last logged (ms), to log at most one a
+    /// second.
+    pub(crate) last_refusal_log: AtomicU64,
     /// When [`Runtime::tick`] last reported to the shared health (ms).
     last_tick: AtomicU64,
 }
@@ -131,6 +137,7 @@ impl<S: Store> Runtime<S> {
             store,
             hits: Mutex::default(),
             last_failure_log: AtomicU64::new(0),
+            last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),
         }
     }
@@ -269,11 +276,15 @@ impl<S: Store> Runtime<S> {
 
     /// Whether a failure may be logged now (at most one line a second).
     pub(crate) fn may_log_failure(&self, now_ms: u64) -> bool {
-        let last = self.last_failure_log.load(Ordering::Relaxed);
-        now_ms >= last.saturating_add(1000)
-            && self
-                .last_failure_log
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        once_a_second(&self.last_failure_log, now_ms)
     }
+}
+
+/// Whether a second has passed since `last` (ms), which then becomes `now_ms`.
+pub(crate) fn once_a_second(last: &AtomicU64, now_ms: u64) -> bool {
+    let then = last.load(Ordering::Relaxed);
+    now_ms >= then.saturating_add(1000)
+        && last
+            .compare_exchange(then, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
