@@ -14,7 +14,9 @@
 //! compare-and-swap, as [`crate::engine`] does, so the workers deciding requests meanwhile
 //! never wait for it longer than one bucket's lock.
 
+use super::request::{policy_carrying, Carrying};
 use super::{Compiled, Runtime};
+use crate::config::Carried;
 use crate::engine::MAX_ATTEMPTS;
 use crate::key;
 use crate::limiter::{Policy, State};
@@ -141,6 +143,19 @@ impl<S: Store> Runtime<S> {
         key: LoggedKey,
         now_ms: u64,
     ) -> Result<KeyState, OperatorError> {
+        self.inspect_plan(rule, key, now_ms, None)
+    }
+
+    /// [`Runtime::inspect`] for a customer whose requests carry `plan` for a limit read from
+    /// the request (the table does not know a customer's plan: without one, the figures are the
+    /// rule's default's). Resolved as a request's value is: capped, and a 0 is the default.
+    pub fn inspect_plan(
+        &self,
+        rule: &str,
+        key: LoggedKey,
+        now_ms: u64,
+        plan: Option<u32>,
+    ) -> Result<KeyState, OperatorError> {
         let found = self.rule_named(rule)?;
         let mut state = None;
         for slot in self.slots_of(rule, found.compiled, key)? {
@@ -154,7 +169,7 @@ impl<S: Store> Runtime<S> {
             }
         }
         let state = state.filter(|s| fits(&found.compiled.policy, s));
-        Ok(self.figures(found.compiled, key, state.as_ref(), now_ms))
+        Ok(self.figures(&found, key, state.as_ref(), now_ms, plan))
     }
 
     /// The `n` keys of rule `rule` whose entries remember the most usage at `now_ms`
@@ -166,6 +181,18 @@ impl<S: Store> Runtime<S> {
         rule: &str,
         n: usize,
         now_ms: u64,
+    ) -> Result<Vec<KeyState>, OperatorError> {
+        self.busiest_plan(rule, n, now_ms, None)
+    }
+
+    /// [`Runtime::busiest`] with each key's figures under `plan` (see
+    /// [`Runtime::inspect_plan`]); the order is by usage, whatever the plan.
+    pub fn busiest_plan(
+        &self,
+        rule: &str,
+        n: usize,
+        now_ms: u64,
+        plan: Option<u32>,
     ) -> Result<Vec<KeyState>, OperatorError> {
         let found = self.rule_named(rule)?;
         let policy = found.compiled.policy;
@@ -209,7 +236,7 @@ impl<S: Store> Runtime<S> {
         keep(&mut best);
         Ok(best
             .iter()
-            .map(|(_, key, state)| self.figures(found.compiled, *key, Some(state), now_ms))
+            .map(|(_, key, state)| self.figures(&found, *key, Some(state), now_ms, plan))
             .collect())
     }
 
@@ -315,18 +342,32 @@ impl<S: Store> Runtime<S> {
     /// force.
     fn figures(
         &self,
-        compiled: &Compiled,
+        found: &Found<'_>,
         key: LoggedKey,
         state: Option<&State>,
         now_ms: u64,
+        plan: Option<u32>,
     ) -> KeyState {
+        let compiled = found.compiled;
+        let mut policy = compiled.policy;
+        let per_request = self.config.rules.get(found.index).map(|r| &r.per_request);
+        if let (Some(plan), Some(pr)) = (plan, per_request) {
+            let carrying = Carrying {
+                limit: pr
+                    .limit
+                    .as_ref()
+                    .map(|f| f.resolve(Some(Carried::Number(f64::from(plan))))),
+                burst: None,
+            };
+            policy = policy_carrying(pr, policy, carrying);
+        }
         let factor = compiled
             .watch
             .as_ref()
             .map(|w| w.factor.load(std::sync::atomic::Ordering::Relaxed));
         let policy = match factor {
-            Some(f) if f != crate::elastic::BASE => compiled.policy.scaled(f),
-            _ => compiled.policy,
+            Some(f) if f != crate::elastic::BASE => policy.scaled(f),
+            _ => policy,
         };
         let (now, _) = policy.decide(state, now_ms, 0);
         let (next, _) = policy.decide(state, now_ms, 1);
@@ -357,7 +398,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::key::Seed;
-    use crate::runtime::{Decision, Start};
+    use crate::runtime::{Decision, OperatorCall, Start};
     use crate::store::MemoryStore;
     use crate::testkit::FakeHost;
 
@@ -419,6 +460,55 @@ mod tests {
 
     const CUSTOMER: &str = r#"{"rules": [{"name": "customer", "key": ["header:x-api-key"],
         "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}], "log_limited": "info"}"#;
+
+    #[test]
+    fn a_customers_figures_follow_the_plan_its_requests_carry() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "plan", "key": ["header:x-api-key"],
+                "rate_limit": {"requests_per_unit": {"from": "header:x-plan", "default": 2, "max": 10},
+                               "unit": "minute"}}]}"#,
+        );
+        let mut host = api("k1").header("x-plan", "5");
+        for _ in 0..3 {
+            assert_eq!(request(&rt, &mut host), None);
+        }
+        let key = logged(&rt, 0, &mut host);
+        let now = host.now;
+        // Without the plan, the default's figures: over it.
+        let default = rt.inspect("plan", key, now).unwrap();
+        assert_eq!((default.used, default.limit, default.remaining), (3, 2, 0));
+        // Under the customer's plan: 2 of 5 left; a plan above the cap is the cap's.
+        let plan = rt.inspect_plan("plan", key, now, Some(5)).unwrap();
+        assert_eq!((plan.used, plan.limit, plan.remaining), (3, 5, 2));
+        let capped = rt.inspect_plan("plan", key, now, Some(50)).unwrap();
+        assert_eq!((capped.limit, capped.remaining), (10, 7));
+        let top = rt.busiest_plan("plan", 1, now, Some(5)).unwrap();
+        assert_eq!(top.first().map(|k| (k.key, k.remaining)), Some((key, 2)));
+        // Over HTTP: limit= names the plan, and only where the rule reads one.
+        let query = format!("rule=plan&key={key}&limit=5");
+        let a = rt.answer(OperatorCall::Key, "p", &query, now, "t", |_, _| {});
+        assert_eq!(a.status, 200);
+        assert!(a.body.contains("\"limit\":5,"), "{}", a.body);
+        let bad = rt.answer(
+            OperatorCall::Key,
+            "p",
+            &format!("rule=plan&key={key}&limit=x"),
+            now,
+            "t",
+            |_, _| {},
+        );
+        assert_eq!(bad.status, 400);
+        let fixed = runtime(CUSTOMER);
+        let no = fixed.answer(
+            OperatorCall::Key,
+            "p",
+            &format!("rule=customer&key={key}&limit=5"),
+            now,
+            "t",
+            |_, _| {},
+        );
+        assert_eq!(no.status, 400, "{}", no.body);
+    }
 
     #[test]
     fn a_key_at_its_limit_is_reset_and_passes_at_once() {

@@ -101,6 +101,31 @@ impl<S: Store> Runtime<S> {
         let Some(rule) = params.get("rule") else {
             return OperatorAnswer::error(400, "rule= is required");
         };
+        // A customer's plan, for a rule whose limit each request carries.
+        let plan = match params.get("limit").map(str::parse::<u32>) {
+            None => None,
+            Some(Ok(n)) if n >= 1 => {
+                let reads = self
+                    .config
+                    .rules
+                    .iter()
+                    .find(|r| r.name == rule)
+                    .is_some_and(|r| r.per_request.limit.is_some());
+                if !reads {
+                    return OperatorAnswer::error(
+                        400,
+                        "limit= is for a rule whose limit is read from the request (a customer's plan)",
+                    );
+                }
+                Some(n)
+            }
+            Some(_) => {
+                return OperatorAnswer::error(
+                    400,
+                    "limit= must be a whole number from 1 (the customer's plan)",
+                )
+            }
+        };
         let head = format!("\"plugin\":{},\"rule\":{}", json(plugin), json(rule));
         if call == OperatorCall::Top {
             let n = match params.get("n").map(str::parse::<usize>) {
@@ -110,7 +135,7 @@ impl<S: Store> Runtime<S> {
                     return OperatorAnswer::error(400, &format!("n= must be 1 to {MAX_TOP}"))
                 }
             };
-            return match self.busiest(rule, n, now_ms) {
+            return match self.busiest_plan(rule, n, now_ms, plan) {
                 Ok(keys) => {
                     let keys: Vec<String> = keys.iter().map(figures).collect();
                     OperatorAnswer {
@@ -128,7 +153,7 @@ impl<S: Store> Runtime<S> {
             );
         };
         match call {
-            OperatorCall::Key => match self.inspect(rule, key, now_ms) {
+            OperatorCall::Key => match self.inspect_plan(rule, key, now_ms, plan) {
                 // Not tracked: a clear 404, with what a request would find.
                 Ok(s) => OperatorAnswer {
                     status: if s.tracked { 200 } else { 404 },

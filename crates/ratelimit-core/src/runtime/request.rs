@@ -319,6 +319,15 @@ fn carried_policy(
         limit: per_request.limit.as_ref().map(&mut resolve),
         burst: per_request.burst.as_ref().map(&mut resolve),
     };
+    (policy_carrying(per_request, policy, carrying), carrying)
+}
+
+/// `policy` with the numbers `carrying` says are in force.
+pub(crate) fn policy_carrying(
+    per_request: &PerRequest,
+    policy: Policy,
+    carrying: Carrying,
+) -> Policy {
     let limit = carrying
         .limit
         .map_or(policy.limit_and_window().0, |r| u64::from(r.value()));
@@ -327,7 +336,7 @@ fn carried_policy(
         (None, true) => limit,
         (None, false) => policy.burst().unwrap_or(limit),
     };
-    (policy.with_limit(limit, burst), carrying)
+    policy.with_limit(limit, burst)
 }
 
 /// A rule that applies to the request, besides its [`Check`].
