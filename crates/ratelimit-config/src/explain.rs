@@ -4,7 +4,7 @@
 //! from applying.
 
 use ratelimit_core::config::{Carried, Config, GlobalMode, Resolved};
-use ratelimit_core::key::{self, Attributes, PlainRequest, Seed};
+use ratelimit_core::key::{self, Attributes, Meta, PlainRequest, Seed};
 use ratelimit_core::limiter::Policy;
 use ratelimit_core::runtime::explain::{
     escaped, limit_text, resolved_text, Absence, Applies, CostFrom, Explained, NotApplying, Value,
@@ -61,32 +61,20 @@ impl Options {
                 path: Some("/".into()),
                 method: Some("GET".into()),
                 authority: Some("localhost".into()),
-                headers: Vec::new(),
+                ..PlainRequest::default()
             },
-            metadata: Vec::new(),
-            filter_state: Vec::new(),
         };
         let mut config = None;
         let (mut seed, mut raw_keys, mut json) = (None, false, false);
-        let mut args = args.iter();
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (arg.as_str(), None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next().cloned())
-                    .ok_or_else(|| format!("{flag} needs a value"))
-            };
+        let mut flags = crate::flags::Flags::new(args);
+        while let Some((flag, inline)) = flags.next_arg() {
             match flag {
-                "--method" => request.plain.method = Some(value()?),
-                "--path" => request.plain.path = Some(value()?),
-                "--authority" => request.plain.authority = Some(value()?),
-                "--source" => request.plain.source_address = Some(value()?),
+                "--method" => request.plain.method = Some(flags.value(flag, inline)?),
+                "--path" => request.plain.path = Some(flags.value(flag, inline)?),
+                "--authority" => request.plain.authority = Some(flags.value(flag, inline)?),
+                "--source" => request.plain.source_address = Some(flags.value(flag, inline)?),
                 "--header" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     let (name, val) = v
                         .split_once(':')
                         .filter(|(n, _)| !n.trim().is_empty())
@@ -97,7 +85,7 @@ impl Options {
                     ));
                 }
                 "--metadata" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     let parsed = v.split_once('=').and_then(|(at, val)| {
                         let (ns, key) = at.split_once(':')?;
                         (!ns.is_empty() && !key.is_empty()).then_some((ns, key, val))
@@ -109,20 +97,21 @@ impl Options {
                         Ok(n) if n.is_finite() => Meta::Number(n),
                         _ => Meta::Text(val.to_string()),
                     };
-                    request.metadata.push((ns.into(), key.into(), val));
+                    request.plain.metadata.push((ns.into(), key.into(), val));
                 }
                 "--filter-state" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     let (k, val) = v
                         .split_once('=')
                         .filter(|(k, _)| !k.is_empty())
                         .ok_or_else(|| format!("--filter-state {v}: expected KEY=VALUE"))?;
                     request
+                        .plain
                         .filter_state
                         .push((k.into(), val.as_bytes().to_vec()));
                 }
                 "--seed" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     seed =
                         Some(Seed::parse_hex(&v).ok_or_else(|| {
                             format!("--seed {v}: expected 32 hexadecimal digits")
@@ -134,8 +123,8 @@ impl Options {
                 "--raw-keys" => raw_keys = true,
                 "--json" => json = true,
                 f if f.starts_with("--") => return Err(format!("unknown option {f}")),
-                _ if config.is_none() => config = Some(arg.clone()),
-                _ => return Err(format!("one CONFIG only (also given {arg})")),
+                _ if config.is_none() => config = Some(flag.to_string()),
+                _ => return Err(format!("one CONFIG only (also given {flag})")),
             }
         }
         Ok(Options {
@@ -148,24 +137,11 @@ impl Options {
     }
 }
 
-/// A dynamic metadata value given on the command line.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Meta {
-    /// A number.
-    Number(f64),
-    /// A string.
-    Text(String),
-}
-
 /// The request to explain: what the filter reads of one.
 #[derive(Clone, Debug)]
 pub struct Request {
-    /// Its attributes and headers.
+    /// Its attributes, headers, dynamic metadata and filter state.
     pub plain: PlainRequest,
-    /// Dynamic metadata: (namespace, key, value).
-    pub metadata: Vec<(String, String, Meta)>,
-    /// Filter state objects: (key, value).
-    pub filter_state: Vec<(String, Vec<u8>)>,
 }
 
 impl Attributes for Request {
@@ -185,19 +161,10 @@ impl Attributes for Request {
         self.plain.header(name)
     }
     fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
-        self.metadata
-            .iter()
-            .find(|(n, k, _)| n == namespace && k == key)
-            .map(|(_, _, v)| match v {
-                Meta::Number(x) => Carried::Number(*x),
-                Meta::Text(t) => Carried::Text(t.as_bytes()),
-            })
+        self.plain.metadata(namespace, key)
     }
     fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
-        self.filter_state
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_slice())
+        self.plain.filter_state(key)
     }
 }
 
@@ -212,19 +179,21 @@ impl Host for Request {
     fn log(&mut self, _: log::Level, _: fmt::Arguments<'_>) {}
 }
 
-/// The seed keys are hashed under: the configuration's `key_seed`, else `--seed`.
-fn seed_of(config: &Config, options: &Options) -> Option<Seed> {
-    config.key_seed.or(options.seed)
-}
-
-/// The report for one configuration, called `name`, as text.
-pub fn text(name: &str, config: &Config, options: &Options) -> String {
-    let seed = seed_of(config, options);
+/// The configuration compiled to explain with, and the seed keys are hashed under: the
+/// configuration's `key_seed`, else `--seed` (`None`: keys are shown raw).
+fn runtime(config: &Config, options: &Options) -> (Runtime<MemoryStore>, Option<Seed>) {
+    let seed = config.key_seed.or(options.seed);
     let rt = Runtime::new(
         config.clone(),
         seed.unwrap_or(Seed([0, 0])),
         MemoryStore::new(),
     );
+    (rt, seed)
+}
+
+/// The report for one configuration, called `name`, as text.
+pub fn text(name: &str, config: &Config, options: &Options) -> String {
+    let (rt, seed) = runtime(config, options);
     let mut req = options.request.clone();
     let p = &req.plain;
     let mut out = format!(
@@ -363,12 +332,7 @@ fn mode(m: GlobalMode) -> &'static str {
 
 /// The report for one configuration as JSON objects, one per rule.
 pub fn json(name: &str, config: &Config, options: &Options) -> Vec<Json> {
-    let seed = seed_of(config, options);
-    let rt = Runtime::new(
-        config.clone(),
-        seed.unwrap_or(Seed([0, 0])),
-        MemoryStore::new(),
-    );
+    let (rt, seed) = runtime(config, options);
     let mut req = options.request.clone();
     rt.explain(&mut req)
         .iter()

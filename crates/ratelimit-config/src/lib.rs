@@ -4,6 +4,7 @@
 //! the filter's own pipeline ([`replay`]). None of it is in either filter.
 
 pub mod explain;
+pub mod flags;
 pub mod manifest;
 pub mod replay;
 pub mod summary;

@@ -94,29 +94,42 @@ mod cli {
         }
     }
 
+    /// A configuration of a file, by its name, parsed.
+    type Loaded = (String, Result<Config, ConfigErrors>);
+
+    /// Each configuration of `file` parsed, by name: `Err(2)` if the file cannot be read,
+    /// `Err(1)` if it holds no configuration (both said).
+    fn load(file: &str) -> Result<Vec<Loaded>, i32> {
+        let text = read(file).map_err(|e| {
+            eprintln!("{file}: cannot read: {e}");
+            2
+        })?;
+        let configs = configurations(file, &text).map_err(|e| {
+            println!("{file}: INVALID\n  config: {e}");
+            1
+        })?;
+        Ok(configs
+            .into_iter()
+            .map(|found| (found.name, Config::parse(found.json.as_bytes())))
+            .collect())
+    }
+
     fn check(files: &[String]) -> i32 {
         let mut status = 0;
         for file in files {
-            let text = match read(file) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("{file}: cannot read: {e}");
-                    return 2;
-                }
-            };
-            let configs = match configurations(file, &text) {
+            let configs = match load(file) {
                 Ok(c) => c,
+                Err(2) => return 2,
                 Err(e) => {
-                    println!("{file}: INVALID\n  config: {e}");
-                    status = 1;
+                    status = e;
                     continue;
                 }
             };
-            for found in configs {
-                match Config::parse(found.json.as_bytes()) {
-                    Ok(config) => print!("{}: OK\n{}", found.name, summary(&config)),
+            for (name, parsed) in configs {
+                match parsed {
+                    Ok(config) => print!("{name}: OK\n{}", summary(&config)),
                     Err(errors) => {
-                        invalid(&found.name, &errors);
+                        invalid(&name, &errors);
                         status = 1;
                     }
                 }
@@ -133,32 +146,21 @@ mod cli {
                 return 2;
             }
         };
-        let file = &options.config;
-        let text = match read(file) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("{file}: cannot read: {e}");
-                return 2;
-            }
-        };
-        let configs = match configurations(file, &text) {
+        let configs = match load(&options.config) {
             Ok(c) => c,
-            Err(e) => {
-                println!("{file}: INVALID\n  config: {e}");
-                return 1;
-            }
+            Err(status) => return status,
         };
         let mut status = 0;
-        for found in configs {
-            match Config::parse(found.json.as_bytes()) {
+        for (name, parsed) in configs {
+            match parsed {
                 Ok(config) if options.json => {
-                    for o in explain::json(&found.name, &config, &options) {
+                    for o in explain::json(&name, &config, &options) {
                         println!("{o}");
                     }
                 }
-                Ok(config) => print!("{}", explain::text(&found.name, &config, &options)),
+                Ok(config) => print!("{}", explain::text(&name, &config, &options)),
                 Err(errors) => {
-                    invalid(&found.name, &errors);
+                    invalid(&name, &errors);
                     status = 1;
                 }
             }

@@ -415,6 +415,19 @@ pub struct PlainRequest {
     pub authority: Option<String>,
     /// Lower-case header names and values.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// Dynamic metadata: (namespace, key, value).
+    pub metadata: Vec<(String, String, Meta)>,
+    /// Filter state objects: (key, value).
+    pub filter_state: Vec<(String, Vec<u8>)>,
+}
+
+/// A dynamic metadata value of a [`PlainRequest`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Meta {
+    /// A number.
+    Number(f64),
+    /// A string.
+    Text(String),
 }
 
 impl Attributes for PlainRequest {
@@ -434,6 +447,21 @@ impl Attributes for PlainRequest {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
+        self.metadata
+            .iter()
+            .find(|(n, k, _)| n == namespace && k == key)
+            .map(|(_, _, v)| match v {
+                Meta::Number(x) => Carried::Number(*x),
+                Meta::Text(t) => Carried::Text(t.as_bytes()),
+            })
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.filter_state
+            .iter()
+            .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_slice())
     }
 }
@@ -457,6 +485,7 @@ mod tests {
             method: Some("GET".into()),
             authority: Some("Example.COM".into()),
             headers: vec![("x-api-key".into(), b"k1".to_vec())],
+            ..PlainRequest::default()
         }
     }
 

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::config::Carried;
+pub use crate::key::Meta;
 use crate::key::{Attributes, PlainRequest};
 use crate::runtime::{Host, Response};
 use std::fmt;
@@ -21,19 +22,6 @@ pub struct FakeHost {
     pub logs: Vec<(log::Level, String)>,
     /// A request body follows the headers.
     pub body_follows: bool,
-    /// Dynamic metadata: (namespace, key, value).
-    pub metadata: Vec<(String, String, Meta)>,
-    /// Filter state objects as text: (key, value).
-    pub filter_state: Vec<(String, Vec<u8>)>,
-}
-
-/// A dynamic metadata value of a [`FakeHost`].
-#[derive(Clone, Debug, PartialEq)]
-pub enum Meta {
-    /// A number.
-    Number(f64),
-    /// A string.
-    Text(String),
 }
 
 impl FakeHost {
@@ -45,26 +33,27 @@ impl FakeHost {
                 path: Some(path.into()),
                 method: Some("GET".into()),
                 authority: Some("example.com".into()),
-                headers: Vec::new(),
+                ..PlainRequest::default()
             },
             now: 600_000,
             held: 0,
             logs: Vec::new(),
             body_follows: false,
-            metadata: Vec::new(),
-            filter_state: Vec::new(),
         }
     }
 
     /// With a key of dynamic metadata.
     pub fn metadata(mut self, namespace: &str, key: &str, value: Meta) -> FakeHost {
-        self.metadata.push((namespace.into(), key.into(), value));
+        self.req
+            .metadata
+            .push((namespace.into(), key.into(), value));
         self
     }
 
     /// With a filter state object.
     pub fn filter_state(mut self, key: &str, value: &str) -> FakeHost {
-        self.filter_state
+        self.req
+            .filter_state
             .push((key.into(), value.as_bytes().to_vec()));
         self
     }
@@ -95,19 +84,10 @@ impl Attributes for FakeHost {
         self.req.header(name)
     }
     fn metadata(&mut self, namespace: &str, key: &str) -> Option<Carried<'_>> {
-        self.metadata
-            .iter()
-            .find(|(n, k, _)| n == namespace && k == key)
-            .map(|(_, _, v)| match v {
-                Meta::Number(x) => Carried::Number(*x),
-                Meta::Text(t) => Carried::Text(t.as_bytes()),
-            })
+        self.req.metadata(namespace, key)
     }
     fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
-        self.filter_state
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_slice())
+        self.req.filter_state(key)
     }
 }
 

@@ -335,6 +335,7 @@ fn key_builder_takes_any_header_bytes() {
                 ("x-tier".into(), f.tier),
                 ("k".into(), f.k),
             ],
+            ..PlainRequest::default()
         };
         if f.no_headers {
             req.headers.clear();

@@ -122,24 +122,14 @@ impl Options {
             html: None,
         };
         let mut positional = Vec::new();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (arg.as_str(), None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| it.next().cloned())
-                    .ok_or_else(|| format!("{flag} needs a value"))
-            };
+        let mut flags = crate::flags::Flags::new(args);
+        while let Some((flag, inline)) = flags.next_arg() {
             match flag {
-                "--what-if" => o.what_ifs.push(WhatIf::parse(&value()?)?),
-                "--plugin" => o.plugin = Some(value()?),
-                "--format" => o.format = value()?,
+                "--what-if" => o.what_ifs.push(WhatIf::parse(&flags.value(flag, inline)?)?),
+                "--plugin" => o.plugin = Some(flags.value(flag, inline)?),
+                "--format" => o.format = flags.value(flag, inline)?,
                 "--field" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     let (f, k) = v
                         .split_once('=')
                         .filter(|(_, k)| !k.is_empty())
@@ -149,7 +139,7 @@ impl Options {
                     o.fields.push((field, k.to_string()));
                 }
                 "--reorder-window" => {
-                    let v = value()?;
+                    let v = flags.value(flag, inline)?;
                     let secs: f64 = v
                         .parse()
                         .ok()
@@ -157,14 +147,14 @@ impl Options {
                         .ok_or_else(|| format!("--reorder-window {v}: seconds, 0 to 86400"))?;
                     o.reorder_window_ms = (secs * 1000.0).round() as u64;
                 }
-                "--reorder-max" => o.reorder_max = number(flag, &value()?)?,
-                "--top" => o.top = number(flag, &value()?)?,
+                "--reorder-max" => o.reorder_max = number(flag, &flags.value(flag, inline)?)?,
+                "--top" => o.top = number(flag, &flags.value(flag, inline)?)?,
                 "--raw-keys" => o.raw_keys = true,
                 "--json" => o.json = true,
-                "--html" => o.html = Some(value()?),
-                "-" => positional.push(arg.clone()),
+                "--html" => o.html = Some(flags.value(flag, inline)?),
+                "-" => positional.push(flag.to_string()),
                 f if f.starts_with('-') => return Err(format!("unknown option {f}")),
-                _ => positional.push(arg.clone()),
+                _ => positional.push(flag.to_string()),
             }
         }
         let mut positional = positional.into_iter();

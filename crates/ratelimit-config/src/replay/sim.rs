@@ -567,7 +567,7 @@ mod tests {
                 path: Some("/api/x".into()),
                 method: Some("GET".into()),
                 authority: Some("example.com".into()),
-                headers: Vec::new(),
+                ..PlainRequest::default()
             },
             ..Entry::default()
         }
