@@ -375,7 +375,10 @@ pub fn missing_part<'p>(parts: &'p [KeyPart], req: &mut impl Attributes) -> Opti
 pub fn carried<'a>(source: &Source, req: &'a mut impl Attributes) -> Option<Carried<'a>> {
     match source {
         Source::Header(name) => present(req.header(name)).map(Carried::Text),
-        Source::Metadata { namespace, key } => req.metadata(namespace, key),
+        // An empty (or blank) string is absent, as an empty header is.
+        Source::Metadata { namespace, key } => req
+            .metadata(namespace, key)
+            .filter(|c| !matches!(c, Carried::Text(t) if t.trim_ascii().is_empty())),
         Source::FilterState(key) => present(req.filter_state(key)).map(Carried::Text),
     }
 }

@@ -185,6 +185,14 @@ fn metadata_and_filter_state_carry_plans_too() {
         counts.contains(&(Counter::LimitDefaulted, 20)),
         "{counts:?}"
     );
+    // An empty metadata string is absent, as an empty header is: the default, counted so.
+    let mut d = customer("d", None).metadata(ns, "rpm", Meta::Text(" ".into()));
+    assert_eq!(send(&rt, &mut d), (true, "1".into()));
+    // One each for its two rules (it carries no filter state either), none invalid.
+    assert_eq!(
+        counted(&rt),
+        vec![(Counter::LimitDefaulted, 1), (Counter::LimitDefaulted, 1)]
+    );
 }
 
 #[test]
