@@ -1,26 +1,17 @@
 //! `ratelimit-config explain`: the examples' configurations, each explained for a request.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod run;
+
 use ratelimit_core::testkit as common;
-use std::path::Path;
-use std::process::Command;
 
 const SEED: &str = "000102030405060708090a0b0c0d0e0f";
 
 /// Runs `explain ARGS` from the repository root: (exit code, stdout, stderr).
 fn explain(args: &[&str]) -> (i32, String, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
-        .current_dir(root)
-        .arg("explain")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["explain"];
+    all.extend_from_slice(args);
+    run::cli(&all)
 }
 
 fn ok(args: &[&str]) -> String {

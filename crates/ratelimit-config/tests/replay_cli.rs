@@ -8,36 +8,19 @@
     clippy::indexing_slicing
 )]
 
+mod run;
+
 use ratelimit_core::testkit as common;
+use run::{cli, root};
 
 use serde_json::Value;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-fn root(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
-
 const EXAMPLE_CONFIG: &str = "examples/replay/config.json";
 const EXAMPLE_LOG: &str = "examples/replay/access.log";
-
-/// Runs the CLI from the repository root: (exit code, stdout, stderr).
-fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
-        .current_dir(root(""))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn replay_json(args: &[&str]) -> Value {
     let mut all = vec!["replay", EXAMPLE_CONFIG, EXAMPLE_LOG, "--json"];
