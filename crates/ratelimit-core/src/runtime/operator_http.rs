@@ -236,14 +236,11 @@ impl<S: Store> Runtime<S> {
             return None;
         }
         let who = format!("operator route from {source}");
-        let mut lines = Vec::new();
-        let answer = self.answer(call?, plugin, query, now_ms, &who, |level, line| {
-            lines.push((level, line.to_string()));
-        });
-        for (level, line) in lines {
-            host.log(level, format_args!("{line}"));
-        }
-        Some(answer)
+        Some(
+            self.answer(call?, plugin, query, now_ms, &who, |level, line| {
+                host.log(level, line)
+            }),
+        )
     }
 }
 
