@@ -23,6 +23,7 @@ NOT_EXPRESSIBLE = {
     "duplicate_name": "names must be unique across the items of an array",
     "cost_above_limit": "compares one field with another (cost against requests_per_unit/burst)",
     "response_cost_reserve_above_limit": "compares one field with another (reserve against requests_per_unit/burst)",
+    "first_same_attribute": "two items of different forms (bearer and header:authorization) reading one header",
     "remote_address_twice": "two items of different forms (a string and an object) naming one key part",
     "usage_too_many_fields": "counts distinct fields across every rule's expressions (at most 16)",
     "elastic_sliding_log_ceiling": "compares one field with another (ceiling × requests_per_unit against sliding_log's 1,000)",

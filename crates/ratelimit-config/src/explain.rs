@@ -437,13 +437,15 @@ fn not_applying_json(o: &mut Map<String, Json>, why: &NotApplying<'_>) {
             o.insert("condition".into(), condition.to_string().into());
             o.insert("found".into(), found.as_ref().map(|f| escaped(f)).into());
         }
-        NotApplying::MissingPart { part, why } => {
+        NotApplying::MissingPart { part, why, refused } => {
             o.insert("part".into(), part.to_string().into());
             let why = match why {
                 Absence::Absent => "absent",
                 Absence::Empty => "empty",
+                Absence::NotBearer => "not_bearer",
             };
             o.insert("missing".into(), why.into());
+            o.insert("refused".into(), (*refused).into());
         }
         NotApplying::Unexplained => {}
     }

@@ -3,7 +3,7 @@
 
 use ratelimit_core::config::{
     Algorithm, Config, Cost, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit, Match,
-    Rule, Usage,
+    MissingKey, Rule, Usage,
 };
 
 /// The summary of a valid configuration: its settings, then each rule on a line.
@@ -107,14 +107,17 @@ pub fn global_mode(mode: GlobalMode) -> &'static str {
 
 /// A rule's key parts: `[remote_address, header:x-api-key]`.
 pub fn key(r: &Rule) -> String {
-    format!(
-        "[{}]",
-        r.key
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+    let parts = r
+        .key
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match r.on_missing_key {
+        MissingKey::Skip => format!("[{parts}]"),
+        MissingKey::Shared => format!("[{parts}] (one shared key without it)"),
+        MissingKey::Refuse => format!("[{parts}] (refused without it)"),
+    }
 }
 
 /// A number of a limit: `100`, or `from header:x-plan-rpm (default 60, max 1000)` when each

@@ -294,37 +294,78 @@ pub fn rule_fingerprint(seed: Seed, name: &str, key: &[KeyPart], algorithm: &str
     h.finish()
 }
 
-/// Calls `f` with each key part's value, in order; `None` as soon as a part is missing from
-/// the request (the rule then does not apply). The authority is lower-cased.
+/// The token of an `Authorization` value of the `Bearer` scheme (any case), without the
+/// scheme and the spaces around it; `None` for any other scheme or an empty token.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let scheme = value.get(..6)?;
+    let rest = value.get(6..)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first()?.is_ascii_whitespace() {
+        return None;
+    }
+    present(Some(rest.trim_ascii()))
+}
+
+/// Calls `f` with one key part's value and returns `true`, or returns `false` when the
+/// request lacks it. The authority is lower-cased. (`f` is a trait object: a `first` part
+/// calls this again for each of its parts.)
+fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8])) -> bool {
+    let value = match part {
+        KeyPart::RemoteAddress(prefixes) => {
+            let Some(address) = req.client_address() else {
+                return false;
+            };
+            match network(address, *prefixes) {
+                Some(net) => f(net.as_bytes()),
+                None => f(address.as_bytes()),
+            }
+            return true;
+        }
+        KeyPart::Header(name) => present(req.header(name)),
+        KeyPart::Bearer => req.header("authorization").and_then(bearer_token),
+        KeyPart::Query(name) => req
+            .path()
+            .and_then(|p| split_path(p).1)
+            .and_then(|q| present(query_param(q, name).map(str::as_bytes))),
+        KeyPart::Path => req.path().map(|p| split_path(p).0.as_bytes()),
+        KeyPart::Method => req.method().map(str::as_bytes),
+        KeyPart::Authority => {
+            let Some(a) = req.authority() else {
+                return false;
+            };
+            if a.bytes().any(|b| b.is_ascii_uppercase()) {
+                f(a.to_ascii_lowercase().as_bytes());
+            } else {
+                f(a.as_bytes());
+            }
+            return true;
+        }
+        KeyPart::First(parts) => return parts.iter().any(|p| part_value(p, req, f)),
+    };
+    match value {
+        Some(v) => {
+            f(v);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Calls `f` with each key part's value, in order, `None` for a part the request lacks when
+/// `shared` (a rule whose `on_missing_key` is `shared`); otherwise `None` as soon as a part is
+/// missing (the rule then does not apply). The authority is lower-cased.
 pub fn visit_parts(
     parts: &[KeyPart],
     req: &mut impl Attributes,
-    mut f: impl FnMut(&KeyPart, &[u8]),
+    shared: bool,
+    mut f: impl FnMut(&KeyPart, Option<&[u8]>),
 ) -> Option<()> {
     for part in parts {
-        match part {
-            KeyPart::RemoteAddress(prefixes) => {
-                let address = req.client_address()?;
-                match network(address, *prefixes) {
-                    Some(net) => f(part, net.as_bytes()),
-                    None => f(part, address.as_bytes()),
-                }
+        if !part_value(part, req, &mut |v| f(part, Some(v))) {
+            if !shared {
+                return None;
             }
-            KeyPart::Header(name) => f(part, present(req.header(name))?),
-            KeyPart::Query(name) => {
-                let (_, query) = split_path(req.path()?);
-                f(part, present(query_param(query?, name).map(str::as_bytes))?)
-            }
-            KeyPart::Path => f(part, split_path(req.path()?).0.as_bytes()),
-            KeyPart::Method => f(part, req.method()?.as_bytes()),
-            KeyPart::Authority => {
-                let a = req.authority()?;
-                if a.bytes().any(|b| b.is_ascii_uppercase()) {
-                    f(part, a.to_ascii_lowercase().as_bytes())
-                } else {
-                    f(part, a.as_bytes())
-                }
-            }
+            f(part, None);
         }
     }
     Some(())
@@ -352,23 +393,36 @@ pub fn rule_tag(rule_fingerprint: u64) -> u64 {
 /// rule and the key's parts (47 of them in the table's fingerprint,
 /// [`crate::table::fingerprint_of`]): two keys of one rule collide with odds of 1 in 2^47 per
 /// pair.
+///
+/// `shared` (a rule whose `on_missing_key` is `shared`): a missing part counts as one value of
+/// its own, which no value a request carries can equal.
 pub fn client_key(
     seed: Seed,
     rule_fingerprint: u64,
     parts: &[KeyPart],
+    shared: bool,
     req: &mut impl Attributes,
 ) -> Option<u64> {
     let mut h = seed.hasher();
     h.write_u64(rule_fingerprint);
-    visit_parts(parts, req, |_, value| write_part(&mut h, value))?;
+    visit_parts(parts, req, shared, |_, value| match value {
+        Some(value) => write_part(&mut h, value),
+        None => h.write_u64(MISSING_PART),
+    })?;
     Some(rule_tag(rule_fingerprint) | h.finish() >> (64 - TAG_SHIFT))
 }
+
+/// What a missing part of a `shared` key hashes as: a length no value has.
+const MISSING_PART: u64 = u64::MAX;
+
+/// What a rate limit service is sent for a missing part of a `shared` key.
+pub const MISSING_VALUE: &str = "(missing)";
 
 /// The first key part missing from the request, if any (the reason a rule does not apply).
 pub fn missing_part<'p>(parts: &'p [KeyPart], req: &mut impl Attributes) -> Option<&'p KeyPart> {
     parts
         .iter()
-        .find(|&part| visit_parts(std::slice::from_ref(part), req, |_, _| {}).is_none())
+        .find(|&part| !part_value(part, req, &mut |_| {}))
 }
 
 /// The value a request carries at `source`, as the host reads it.
@@ -383,23 +437,37 @@ pub fn carried<'a>(source: &Source, req: &'a mut impl Attributes) -> Option<Carr
     }
 }
 
+/// A key part's value (`None`: missing, under `on_missing_key: shared`) as a rate limit service
+/// is sent it: a network as `a.b.c.0/24`, a missing part as [`MISSING_VALUE`].
+pub fn descriptor_value_of(part: &KeyPart, value: Option<&[u8]>) -> Vec<u8> {
+    match (part, value) {
+        (_, None) => MISSING_VALUE.as_bytes().to_vec(),
+        (KeyPart::RemoteAddress(_), Some(value)) => descriptor_value(value),
+        (KeyPart::First(parts), Some(value))
+            if parts.iter().any(|p| matches!(p, KeyPart::RemoteAddress(_))) =>
+        {
+            descriptor_value(value)
+        }
+        (_, Some(value)) => value.to_vec(),
+    }
+}
+
 /// A rate limit service descriptor: (entry key, raw value) pairs.
 pub type Descriptor = Vec<(String, Vec<u8>)>;
 
 /// The entries of a rate limit service descriptor for a rule: `("rule", name)`, then each key
 /// part as `(part, raw value)` (e.g. `("remote_address", "10.0.0.1")`,
-/// `("header:x-api-key", …)`). `None` when a key part is missing.
+/// `("header:x-api-key", …)`). `None` when a key part is missing, unless `shared`: a missing
+/// part is then sent as [`MISSING_VALUE`].
 pub fn descriptor_entries(
     rule: &str,
     parts: &[KeyPart],
+    shared: bool,
     req: &mut impl Attributes,
 ) -> Option<Descriptor> {
     let mut entries = vec![("rule".to_string(), rule.as_bytes().to_vec())];
-    visit_parts(parts, req, |part, value| {
-        let value = match part {
-            KeyPart::RemoteAddress(_) => descriptor_value(value),
-            _ => value.to_vec(),
-        };
+    visit_parts(parts, req, shared, |part, value| {
+        let value = descriptor_value_of(part, value);
         entries.push((part.descriptor_key(), value))
     })?;
     Some(entries)
@@ -513,6 +581,88 @@ mod tests {
     }
 
     #[test]
+    fn a_bearer_token_is_the_value_without_its_scheme() {
+        for (value, token) in [
+            ("Bearer sk-1", Some("sk-1")),
+            ("bearer   sk-1 ", Some("sk-1")),
+            ("BEARER\tsk-1", Some("sk-1")),
+            ("Bearer", None),
+            ("Bearer   ", None),
+            ("Bearersk-1", None),
+            ("Basic c2stMQ==", None),
+            ("sk-1", None),
+            ("", None),
+        ] {
+            assert_eq!(
+                bearer_token(value.as_bytes()),
+                token.map(str::as_bytes),
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn first_keys_the_value_whichever_part_carries_it() {
+        let first = vec![KeyPart::First(vec![
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::Bearer,
+        ])];
+        let seed = Seed([3, 4]);
+        let key = |r: &mut PlainRequest| client_key(seed, 9, &first, false, r);
+        let mut by_header = req("10.0.0.1:1", "/");
+        let mut by_bearer = PlainRequest {
+            headers: vec![("authorization".into(), b"Bearer k1".to_vec())],
+            ..req("10.0.0.2:1", "/")
+        };
+        assert_eq!(key(&mut by_header), key(&mut by_bearer));
+        assert!(key(&mut by_header).is_some());
+        // The header is first: a bearer token beside it does not change the key.
+        by_bearer.headers.push(("x-api-key".into(), b"k2".to_vec()));
+        assert_ne!(key(&mut by_header), key(&mut by_bearer));
+        // Neither: missing, unless shared; the shared value is no value's.
+        let mut neither = PlainRequest {
+            headers: Vec::new(),
+            ..req("10.0.0.3:1", "/")
+        };
+        assert_eq!(key(&mut neither), None);
+        assert_eq!(missing_part(&first, &mut neither), first.first());
+        let shared = client_key(seed, 9, &first, true, &mut neither);
+        assert!(shared.is_some());
+        let with_key = |v: &str| PlainRequest {
+            headers: vec![("x-api-key".into(), v.as_bytes().to_vec())],
+            ..req("10.0.0.3:1", "/")
+        };
+        for v in ["(missing)", "k1", "-"] {
+            assert_ne!(
+                client_key(seed, 9, &first, true, &mut with_key(v)),
+                shared,
+                "{v:?}"
+            );
+        }
+        // An empty value is no value: it shares the missing key.
+        assert_eq!(
+            client_key(seed, 9, &first, true, &mut with_key(" ")),
+            shared
+        );
+        assert_eq!(
+            descriptor_entries("r", &first, true, &mut neither).unwrap()[1],
+            (
+                "first(header:x-api-key, bearer)".to_string(),
+                MISSING_VALUE.as_bytes().to_vec()
+            )
+        );
+        // A first part with the client address sends it as a network.
+        let net = vec![KeyPart::First(vec![
+            KeyPart::Header("x-user".into()),
+            KeyPart::RemoteAddress(Prefixes { v4: 24, v6: 64 }),
+        ])];
+        assert_eq!(
+            descriptor_entries("r", &net, false, &mut req("10.1.2.3:1", "/")).unwrap()[1].1,
+            b"10.1.2.0/24".to_vec()
+        );
+    }
+
+    #[test]
     fn strips_ports() {
         assert_eq!(strip_port("127.0.0.1:42122"), "127.0.0.1");
         assert_eq!(strip_port("[::1]:8080"), "::1");
@@ -612,7 +762,7 @@ mod tests {
             KeyPart::Header("x-api-key".into()),
         ];
         let fp = rule_fingerprint(seed, "r", &parts, "sliding_window");
-        let k = |r: &mut PlainRequest| client_key(seed, fp, &parts, r);
+        let k = |r: &mut PlainRequest| client_key(seed, fp, &parts, false, r);
         // Same address, other port: same client.
         assert_eq!(
             k(&mut req("10.0.0.1:1", "/")),
@@ -633,11 +783,11 @@ mod tests {
         assert_ne!(rule_fingerprint(seed, "r", &parts, "token_bucket"), fp);
         let fp2 = rule_fingerprint(seed, "r2", &parts, "sliding_window");
         assert_ne!(
-            client_key(seed, fp2, &parts, &mut req("10.0.0.1:1", "/")),
+            client_key(seed, fp2, &parts, false, &mut req("10.0.0.1:1", "/")),
             k(&mut req("10.0.0.1:1", "/"))
         );
         // The descriptor carries the raw values, in order.
-        let entries = descriptor_entries("r", &parts, &mut req("10.0.0.1:9", "/")).unwrap();
+        let entries = descriptor_entries("r", &parts, false, &mut req("10.0.0.1:9", "/")).unwrap();
         assert_eq!(
             entries,
             [
@@ -646,7 +796,10 @@ mod tests {
                 ("header:x-api-key".to_string(), b"k1".to_vec()),
             ]
         );
-        assert_eq!(descriptor_entries("r", &parts, &mut no_key.clone()), None);
+        assert_eq!(
+            descriptor_entries("r", &parts, false, &mut no_key.clone()),
+            None
+        );
         // Huge values: hashed up to 4 KiB plus their length.
         let mut huge = req("10.0.0.1:1", "/");
         huge.headers[0].1 = vec![b'a'; 1 << 20];
@@ -668,8 +821,8 @@ mod tests {
         let parts = [KeyPart::RemoteAddress(DEFAULT_PREFIXES)];
         let r = &mut req("10.0.0.1:1", "/");
         assert_ne!(
-            client_key(Seed([1, 2]), 0, &parts, r),
-            client_key(Seed([1, 3]), 0, &parts, r)
+            client_key(Seed([1, 2]), 0, &parts, false, r),
+            client_key(Seed([1, 3]), 0, &parts, false, r)
         );
         let s = Seed([0x0102_0304_0506_0708, u64::MAX]);
         assert_eq!(Seed::from_bytes(&s.to_bytes()), Some(s));
@@ -698,7 +851,7 @@ mod tests {
             assert!(!matches(&m(HeaderCondition::Present(true)), &mut r));
             assert!(matches(&m(HeaderCondition::Present(false)), &mut r));
             assert_eq!(
-                client_key(Seed([1, 1]), 0, &parts, &mut r),
+                client_key(Seed([1, 1]), 0, &parts, false, &mut r),
                 None,
                 "{value:?}"
             );
@@ -708,12 +861,12 @@ mod tests {
         let q = [KeyPart::Query("k".into())];
         for path in ["/?k", "/?k=", "/?a=1&k=&b=2"] {
             assert_eq!(
-                client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", path)),
+                client_key(Seed([1, 1]), 0, &q, false, &mut req("1.1.1.1:1", path)),
                 None,
                 "{path}"
             );
         }
-        assert!(client_key(Seed([1, 1]), 0, &q, &mut req("1.1.1.1:1", "/?k=v")).is_some());
+        assert!(client_key(Seed([1, 1]), 0, &q, false, &mut req("1.1.1.1:1", "/?k=v")).is_some());
     }
 
     #[test]
@@ -721,7 +874,7 @@ mod tests {
         let seed = Seed([5, 6]);
         let one = |part: KeyPart, r: &mut PlainRequest| {
             let parts = [part];
-            client_key(seed, 0, &parts, r)
+            client_key(seed, 0, &parts, false, r)
         };
         let a = &mut req("1.1.1.1:1", "/p?user=alice&x=1");
         let b = &mut req("1.1.1.1:1", "/p?user=bob&x=1");
@@ -747,7 +900,7 @@ mod tests {
         let seed = Seed([7, 8]);
         let key = |prefixes: Prefixes, addr: &str| {
             let parts = [KeyPart::RemoteAddress(prefixes)];
-            client_key(seed, 1, &parts, &mut req(addr, "/"))
+            client_key(seed, 1, &parts, false, &mut req(addr, "/"))
         };
         let d = DEFAULT_PREFIXES;
         // IPv4 per address by default, IPv6 per /64.
@@ -788,7 +941,7 @@ mod tests {
         // What a rate limit service is sent.
         let sent = |prefixes: Prefixes, addr: &str| {
             let parts = [KeyPart::RemoteAddress(prefixes)];
-            let e = descriptor_entries("r", &parts, &mut req(addr, "/")).unwrap();
+            let e = descriptor_entries("r", &parts, false, &mut req(addr, "/")).unwrap();
             (e[1].0.clone(), String::from_utf8(e[1].1.clone()).unwrap())
         };
         assert_eq!(

@@ -67,11 +67,14 @@ pub enum Counter {
     /// Requests whose number for a limit read from the request was above its cap: the cap
     /// applied.
     LimitCapped,
+    /// Requests the rule matched that lacked a part of its key (what `on_missing_key` then did:
+    /// skipped the rule, keyed them as one, or refused them).
+    KeyMissing,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 20] = [
+    pub const ALL: [Counter; 21] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -92,6 +95,7 @@ impl Counter {
         Counter::LimitDefaulted,
         Counter::LimitInvalid,
         Counter::LimitCapped,
+        Counter::KeyMissing,
     ];
 
     /// The name in the metric names.
@@ -117,6 +121,7 @@ impl Counter {
             Counter::LimitDefaulted => "limit_defaulted",
             Counter::LimitInvalid => "limit_invalid",
             Counter::LimitCapped => "limit_capped",
+            Counter::KeyMissing => "key_missing",
         }
     }
 }

@@ -342,10 +342,10 @@ fn key_builder_takes_any_header_bytes() {
         }
         Ok(timed(&req, |req| {
             let _ = matches(matcher, req);
-            let _ = client_key(seed, 7, &parts, req);
+            let _ = client_key(seed, 7, &parts, false, req);
             if !huge {
                 // A descriptor copies its values whole: for 1 MiB ones, only a copy's time.
-                let _ = descriptor_entries("r", &parts, req);
+                let _ = descriptor_entries("r", &parts, false, req);
             }
         }))
     });

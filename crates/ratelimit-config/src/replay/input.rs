@@ -171,13 +171,9 @@ pub fn needed(config: &Config) -> Vec<Field> {
             need(Field::Header(h.name.clone()));
         }
         for part in &rule.key {
-            need(match part {
-                KeyPart::RemoteAddress(_) => Field::RemoteAddress,
-                KeyPart::Header(h) => Field::Header(h.clone()),
-                KeyPart::Query(_) | KeyPart::Path => Field::Path,
-                KeyPart::Method => Field::Method,
-                KeyPart::Authority => Field::Authority,
-            });
+            for field in fields_of(part) {
+                need(field);
+            }
         }
         match &rule.cost {
             Cost::Header(h) => need(Field::Header(h.clone())),
@@ -190,6 +186,19 @@ pub fn needed(config: &Config) -> Vec<Field> {
         }
     }
     out
+}
+
+/// The fields a key part reads (a `first` part: each of its parts').
+fn fields_of(part: &KeyPart) -> Vec<Field> {
+    match part {
+        KeyPart::RemoteAddress(_) => vec![Field::RemoteAddress],
+        KeyPart::Header(h) => vec![Field::Header(h.clone())],
+        KeyPart::Bearer => vec![Field::Header("authorization".into())],
+        KeyPart::Query(_) | KeyPart::Path => vec![Field::Path],
+        KeyPart::Method => vec![Field::Method],
+        KeyPart::Authority => vec![Field::Authority],
+        KeyPart::First(parts) => parts.iter().flat_map(fields_of).collect(),
+    }
 }
 
 /// One request from the log.

@@ -237,6 +237,14 @@ pub fn notes(run: &Run) -> Vec<String> {
                 thousands(u64::from(r.config.capacity))
             ));
         }
+        if v.key_missing > 0 {
+            out.push(format!(
+                "rule {}: {} requests lacked a part of its key (on_missing_key: {})",
+                rule.name,
+                thousands(v.key_missing),
+                rule.on_missing_key.name()
+            ));
+        }
         if v.failed_open + v.failed_closed > 0 {
             out.push(format!(
                 "rule {}: the table could not decide {} requests (failure_mode applied)",
@@ -427,6 +435,7 @@ pub fn json(run: &Run, raw_keys: bool) -> Value {
                         "evictions": o.evictions,
                         "failed_open": o.failed_open,
                         "failed_closed": o.failed_closed,
+                        "key_missing": o.key_missing,
                     }))
                 })
                 .collect();

@@ -109,6 +109,8 @@ pub struct Outcome {
     pub usage_refunded: u64,
     /// Units used beyond reservations (`true_up`).
     pub usage_exceeded: u64,
+    /// Requests that lacked a part of the rule's key (`on_missing_key` then applied).
+    pub key_missing: u64,
     /// Distinct keys limited.
     pub keys_limited: Distinct,
     /// The most limited keys.
@@ -128,6 +130,7 @@ impl Outcome {
             usage_unreported: 0,
             usage_refunded: 0,
             usage_exceeded: 0,
+            key_missing: 0,
             keys_limited: Distinct::default(),
             top: SpaceSaving::new(TOP_CAPACITY),
         }
@@ -145,6 +148,7 @@ impl Outcome {
             Counter::UsageUnreported => &mut self.usage_unreported,
             Counter::UsageRefunded => &mut self.usage_refunded,
             Counter::UsageExceeded => &mut self.usage_exceeded,
+            Counter::KeyMissing => &mut self.key_missing,
             // No store races offline, no service, no held request left behind; elastic rules
             // replay at their base limit (the log cannot say how the backend was doing as each
             // request was decided), waits are not reported, and no operator resets keys. A
@@ -258,7 +262,8 @@ pub fn limited_line(line: &str, rules: &HashMap<String, usize>) -> Option<(usize
 
 /// A rule's key as it was in the request: `remote_address=10.0.0.1 header:x-api-key=k1`.
 pub fn raw_key(rule: &Rule, request: &mut PlainRequest) -> Option<String> {
-    let entries = key::descriptor_entries(&rule.name, &rule.key, request)?;
+    let entries =
+        key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), request)?;
     let mut out = String::new();
     for (part, value) in entries.iter().skip(1) {
         if !out.is_empty() {
@@ -510,7 +515,13 @@ impl Replay {
             if !key::matches(&rule.matcher, &mut e.request) {
                 continue;
             }
-            let Some(hash) = key::client_key(SEED, *fp, &rule.key, &mut e.request) else {
+            let Some(hash) = key::client_key(
+                SEED,
+                *fp,
+                &rule.key,
+                rule.shares_missing_key(),
+                &mut e.request,
+            ) else {
                 continue;
             };
             traffic.matched += 1;
@@ -622,7 +633,8 @@ mod tests {
         let fp = key::rule_fingerprint(SEED, "per-ip", &r.config.rules[0].key, "fixed_window");
         assert_eq!(
             Some(top[0].key),
-            key::client_key(SEED, fp, &r.config.rules[0].key, &mut req).map(table::fingerprint_of)
+            key::client_key(SEED, fp, &r.config.rules[0].key, false, &mut req)
+                .map(table::fingerprint_of)
         );
         let what_if = &r.variants[1].outcomes[0];
         assert_eq!((what_if.allowed, what_if.limited), (8, 3));

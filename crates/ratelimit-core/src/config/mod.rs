@@ -176,6 +176,18 @@ pub enum LogLevel {
     Warn,
 }
 
+impl LogLevel {
+    /// The level lines are written at (`None`: not written).
+    pub fn level(self) -> Option<log::Level> {
+        match self {
+            LogLevel::Off => None,
+            LogLevel::Debug => Some(log::Level::Debug),
+            LogLevel::Info => Some(log::Level::Info),
+            LogLevel::Warn => Some(log::Level::Warn),
+        }
+    }
+}
+
 /// One rate limit rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
@@ -199,6 +211,33 @@ pub struct Rule {
     pub elastic: Option<elastic::Params>,
     /// The limit's numbers read from each request (a customer's plan), where configured.
     pub per_request: PerRequest,
+    /// What a request the rule matches but whose key it lacks gets (`on_missing_key`).
+    pub on_missing_key: MissingKey,
+}
+
+/// What a rule does with a request it matches but that lacks a part of its key
+/// (`on_missing_key`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// The rule does not apply to it (`skip`, the default).
+    #[default]
+    Skip,
+    /// Every such request shares one key: the missing part counts as one value of its own
+    /// (`shared`).
+    Shared,
+    /// It is refused with a 401 (`refuse`): the key cannot be left out to go around the rule.
+    Refuse,
+}
+
+impl MissingKey {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            MissingKey::Skip => "skip",
+            MissingKey::Shared => "shared",
+            MissingKey::Refuse => "refuse",
+        }
+    }
 }
 
 /// The numbers of a rule's limit that each request carries (`{"from": …}` in place of a
@@ -597,6 +636,11 @@ pub const MAX_BODY_HELD: u32 = 512 * 1024;
 pub const MAX_DELAY_MS: u64 = 60_000;
 
 impl Rule {
+    /// Whether a missing key part counts as one shared value (`on_missing_key: shared`).
+    pub fn shares_missing_key(&self) -> bool {
+        self.on_missing_key == MissingKey::Shared
+    }
+
     /// The algorithm and its numbers, as the limiter needs them.
     pub fn policy(&self) -> Policy {
         let (quota, algorithm) = match self.limit {
@@ -718,6 +762,12 @@ pub enum KeyPart {
     Method,
     /// The authority, lower-cased.
     Authority,
+    /// The token of an `Authorization: Bearer TOKEN` header, without its scheme (what the
+    /// OpenAI and Anthropic SDKs send their API key in). Any other scheme counts as absent.
+    Bearer,
+    /// The first of these parts the request has (two or more, none of them `first`): the same
+    /// client whichever of them it sent its key in, since only the value is keyed.
+    First(Vec<KeyPart>),
 }
 
 impl KeyPart {
@@ -725,6 +775,12 @@ impl KeyPart {
     pub fn same_part(&self, other: &KeyPart) -> bool {
         match (self, other) {
             (KeyPart::RemoteAddress(_), KeyPart::RemoteAddress(_)) => true,
+            (KeyPart::First(parts), x) | (x, KeyPart::First(parts)) => {
+                parts.iter().any(|p| p.same_part(x))
+            }
+            (KeyPart::Bearer, KeyPart::Header(h)) | (KeyPart::Header(h), KeyPart::Bearer) => {
+                h == "authorization"
+            }
             (a, b) => a == b,
         }
     }
@@ -751,6 +807,17 @@ impl fmt::Display for KeyPart {
             KeyPart::Path => f.write_str("path"),
             KeyPart::Method => f.write_str("method"),
             KeyPart::Authority => f.write_str("authority"),
+            KeyPart::Bearer => f.write_str("bearer"),
+            KeyPart::First(parts) => {
+                f.write_str("first(")?;
+                for (i, p) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                f.write_str(")")
+            }
         }
     }
 }

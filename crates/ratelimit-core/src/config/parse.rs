@@ -390,6 +390,7 @@ impl Validator {
                 "name",
                 "match",
                 "key",
+                "on_missing_key",
                 "rate_limit",
                 "in_flight",
                 "algorithm",
@@ -447,6 +448,27 @@ impl Validator {
             Some(b) => self.boolean(b, &join(path, "shadow")),
             None => Some(default_shadow),
         };
+        let on_missing_key = match map.get("on_missing_key") {
+            Some(m) => self.choice(
+                m,
+                &join(path, "on_missing_key"),
+                "missing-key policy",
+                &[
+                    ("skip", MissingKey::Skip),
+                    ("shared", MissingKey::Shared),
+                    ("refuse", MissingKey::Refuse),
+                ],
+            ),
+            None => Some(MissingKey::Skip),
+        };
+        if let (Some(MissingKey::Shared | MissingKey::Refuse), Some(key)) = (on_missing_key, &key) {
+            if key.is_empty() {
+                self.error(
+                    &join(path, "on_missing_key"),
+                    "a rule without a \"key\" has no key to miss",
+                );
+            }
+        }
         let global = match map.get("global") {
             Some(g) => self.global(g, &join(path, "global")).map(Some),
             None => Some(None),
@@ -514,6 +536,7 @@ impl Validator {
             global: global?,
             elastic: elastic?,
             per_request: per_request?,
+            on_missing_key: on_missing_key?,
         })
     }
 
@@ -1324,6 +1347,7 @@ impl Validator {
         for (i, item) in items.iter().enumerate() {
             let p = format!("{path}[{i}]");
             let (part, s) = match item {
+                Value::Object(m) if m.contains_key("first") => (self.first(item, &p), "first"),
                 Value::Object(_) => (self.remote_address(item, &p), "remote_address"),
                 _ => {
                     let Some(s) = self.string(item, &p) else {
@@ -1352,6 +1376,7 @@ impl Validator {
             "path" => Some(KeyPart::Path),
             "method" => Some(KeyPart::Method),
             "authority" => Some(KeyPart::Authority),
+            "bearer" => Some(KeyPart::Bearer),
             _ => {
                 if let Some(name) = s.strip_prefix("header:") {
                     self.header_name(name, p).map(KeyPart::Header)
@@ -1365,12 +1390,36 @@ impl Validator {
                 } else {
                     self.error(
                             p,
-                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority, or {{\"remote_address\": {{\"ipv4_prefix\": N, \"ipv6_prefix\": M}}}})"),
+                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority, bearer, {{\"first\": [PARTS]}}, or {{\"remote_address\": {{\"ipv4_prefix\": N, \"ipv6_prefix\": M}}}})"),
                         );
                     None
                 }
             }
         }
+    }
+
+    /// `{"first": [PART, PART, …]}`: two or more parts, none of them `first`, no two reading
+    /// the same attribute.
+    fn first(&mut self, v: &Value, path: &str) -> Option<KeyPart> {
+        let map = self.object(v, path, &["first"])?;
+        let p = join(path, "first");
+        let inner = map.get("first")?;
+        let parts = self.key(inner, &p)?;
+        if parts.len() < 2 {
+            self.error(
+                &p,
+                "needs two or more key parts (one part alone needs no \"first\")",
+            );
+            return None;
+        }
+        if let Some(i) = parts.iter().position(|q| matches!(q, KeyPart::First(_))) {
+            self.error(
+                &format!("{p}[{i}]"),
+                "a \"first\" cannot hold another \"first\"",
+            );
+            return None;
+        }
+        Some(KeyPart::First(parts))
     }
 
     /// `{"remote_address": {"ipv4_prefix": N, "ipv6_prefix": M}}`.

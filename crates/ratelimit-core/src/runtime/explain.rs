@@ -59,6 +59,9 @@ pub enum PartNote {
     NotAnIp,
     /// Longer than [`key::MAX_KEY_PART`]: only its length and first bytes are hashed.
     Long,
+    /// Missing, and keyed as the value every request without it shares
+    /// (`on_missing_key: shared`).
+    Shared,
 }
 
 impl fmt::Display for PartNote {
@@ -71,6 +74,9 @@ impl fmt::Display for PartNote {
                 "longer than {} bytes: its length and first {} bytes are hashed",
                 key::MAX_KEY_PART,
                 key::MAX_KEY_PART
+            ),
+            PartNote::Shared => f.write_str(
+                "missing: keyed as the one value every request without it shares (on_missing_key: shared)",
             ),
         }
     }
@@ -179,6 +185,9 @@ pub enum NotApplying<'r> {
         part: &'r KeyPart,
         /// Why it counts as missing.
         why: Absence,
+        /// Whether the rule then refuses the request (`on_missing_key: refuse`; a shadow rule
+        /// only logs).
+        refused: bool,
     },
     /// The filter's first step skipped the rule, but a second look at the request found no
     /// condition or part to blame: a host whose attributes changed between reads.
@@ -193,6 +202,8 @@ pub enum Absence {
     /// It is there but empty or whitespace-only (a query parameter: without a value), which
     /// counts as absent.
     Empty,
+    /// An `Authorization` header is there, but not of the `Bearer` scheme.
+    NotBearer,
 }
 
 impl fmt::Display for Absence {
@@ -200,6 +211,7 @@ impl fmt::Display for Absence {
         f.write_str(match self {
             Absence::Absent => "absent",
             Absence::Empty => "empty; empty values count as absent",
+            Absence::NotBearer => "the authorization header is not a Bearer token",
         })
     }
 }
@@ -220,8 +232,16 @@ impl fmt::Display for NotApplying<'_> {
                     None => write!(f, "a request without {what}"),
                 }
             }
-            NotApplying::MissingPart { part, why } => {
-                write!(f, "key part {part} is missing ({why})")
+            NotApplying::MissingPart { part, why, refused } => {
+                write!(f, "key part {part} is missing ({why})")?;
+                if *refused {
+                    write!(
+                        f,
+                        "; on_missing_key: refuse, so the request is refused with a {}",
+                        super::request::MISSING_KEY_STATUS
+                    )?;
+                }
+                Ok(())
             }
             NotApplying::Unexplained => {
                 f.write_str("skipped, but the request read differently a second time")
@@ -268,17 +288,21 @@ impl<S: Store> Runtime<S> {
 
 /// What the filter's first step saw of a rule that applies.
 fn applies<'r>(rule: &'r Rule, a: Applying, host: &mut impl Host) -> Applies<'r> {
-    let entries = key::descriptor_entries(&rule.name, &rule.key, host).unwrap_or_default();
-    // The first entry is the rule's name; the others are the key's parts, in order.
+    let mut values = Vec::with_capacity(rule.key.len());
+    key::visit_parts(&rule.key, host, rule.shares_missing_key(), |_, value| {
+        values.push(value.map(<[u8]>::to_vec));
+    });
     let parts = rule
         .key
         .iter()
-        .zip(entries.into_iter().skip(1))
-        .map(|(part, (_, value))| {
-            let note = match part {
-                KeyPart::RemoteAddress(_) => host.client_address().and_then(address_note),
-                _ => (value.len() > key::MAX_KEY_PART).then_some(PartNote::Long),
+        .zip(values)
+        .map(|(part, value)| {
+            let note = match (part, &value) {
+                (_, None) => Some(PartNote::Shared),
+                (KeyPart::RemoteAddress(_), _) => host.client_address().and_then(address_note),
+                (_, Some(v)) => (v.len() > key::MAX_KEY_PART).then_some(PartNote::Long),
             };
+            let value = key::descriptor_value_of(part, value.as_deref());
             Part { part, value, note }
         })
         .collect();
@@ -355,6 +379,7 @@ fn not_applying<'r>(rule: &'r Rule, host: &mut impl Host) -> NotApplying<'r> {
         Some(part) => NotApplying::MissingPart {
             part,
             why: absence(part, host),
+            refused: rule.on_missing_key == config::MissingKey::Refuse && !rule.shadow,
         },
         None => NotApplying::Unexplained,
     }
@@ -381,6 +406,20 @@ fn absence(part: &KeyPart, host: &mut impl Attributes) -> Absence {
             .path()
             .and_then(|p| key::split_path(p).1)
             .is_some_and(|q| key::query_param(q, name).is_some()),
+        // Empty, or a Bearer scheme without a token; else another scheme.
+        KeyPart::Bearer => match host.header("authorization").map(<[u8]>::trim_ascii) {
+            None => false,
+            Some(v) if v.is_empty() || v.eq_ignore_ascii_case(b"bearer") => true,
+            Some(_) => return Absence::NotBearer,
+        },
+        // Whichever of its parts is there (empty, or not a bearer token) tells most.
+        KeyPart::First(parts) => {
+            return parts
+                .iter()
+                .map(|p| absence(p, host))
+                .find(|a| *a != Absence::Absent)
+                .unwrap_or(Absence::Absent)
+        }
         KeyPart::RemoteAddress(_) | KeyPart::Path | KeyPart::Method | KeyPart::Authority => false,
     };
     if there {

@@ -441,7 +441,8 @@ mod tests {
     /// The key of `host`'s request under rule `i`, as the filter would log it.
     fn logged(rt: &Runtime<MemoryStore>, i: usize, host: &mut FakeHost) -> LoggedKey {
         let rule = &rt.config.rules[i];
-        let hash = key::client_key(rt.seed, rt.compiled[i].fingerprint, &rule.key, host).unwrap();
+        let hash =
+            key::client_key(rt.seed, rt.compiled[i].fingerprint, &rule.key, false, host).unwrap();
         LoggedKey(table::fingerprint_of(hash))
     }
 
@@ -716,6 +717,7 @@ mod tests {
                 rt.seed,
                 rt.compiled[0].fingerprint,
                 &rt.config.rules[0].key,
+                false,
                 &mut api(k),
             )
             .unwrap()

@@ -13,7 +13,8 @@
 //! [`Response`]), carries out the decision and provides the store.
 
 use crate::config::{
-    self, Cost, FailureMode, GlobalMode, HeaderStyle, LogLevel, PerRequest, Resolved, Rule,
+    self, Cost, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest, Resolved,
+    Rule,
 };
 use crate::engine::{self, Check, PerRule, RuleOutcome};
 use crate::global::{self, Answer, Question, Target};
@@ -191,7 +192,10 @@ pub(super) enum DebtKind {
 pub struct Reply {
     /// The HTTP status.
     pub status: u16,
-    retry_after: String,
+    /// `None` for a refusal that waiting does not lift (a missing client key).
+    retry_after: Option<String>,
+    /// A `WWW-Authenticate` challenge, for a 401.
+    challenge: Option<String>,
     fields: Fields,
     service: Vec<(String, String)>,
     /// The `application/problem+json` body.
@@ -201,11 +205,13 @@ pub struct Reply {
 impl Reply {
     /// The reply's header fields, in order.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
-        let ours: [(&str, &str); 2] = [
-            ("content-type", "application/problem+json"),
-            ("retry-after", &self.retry_after),
+        let ours = [
+            Some(("content-type", "application/problem+json")),
+            self.retry_after.as_deref().map(|r| ("retry-after", r)),
+            self.challenge.as_deref().map(|c| ("www-authenticate", c)),
         ];
         ours.into_iter()
+            .flatten()
             .chain(self.fields.iter().map(|(k, v)| (k as &str, v)))
             .chain(self.service.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
@@ -282,6 +288,9 @@ pub(crate) struct Applying {
     pub(crate) policy: Policy,
     /// The numbers of the limit the request carried.
     pub(crate) carried: Carrying,
+    /// Whether a part of the key was missing, keyed as the rule's shared value
+    /// (`on_missing_key: shared`).
+    pub(crate) keyless: bool,
 }
 
 /// The numbers of a rule's limit one request carried, and what became of each.
@@ -363,18 +372,30 @@ impl<S: Store> Runtime<S> {
         let full = host.held() >= MAX_HELD;
         let body_follows = host.body_follows();
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
-            let Ok(Applying {
+            let Applying {
                 hash,
                 cost,
                 policy,
                 carried,
-            }) = self.applying(rule, compiled, host)
-            else {
-                continue;
+                keyless,
+            } = match self.applying(rule, compiled, host) {
+                Ok(a) => a,
+                Err(Skip::NoMatch) => continue,
+                Err(Skip::MissingPart) => {
+                    if let Some(reply) = self.missing_key(host, i, rule) {
+                        return Start::Decided(Decision::Reply(reply));
+                    }
+                    continue;
+                }
             };
+            if keyless {
+                self.metrics.add(i, Counter::KeyMissing, 1);
+            }
             carried.count(&self.metrics, i);
             let descriptor = match &rule.global {
-                Some(_) => key::descriptor_entries(&rule.name, &rule.key, host),
+                Some(_) => {
+                    key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
+                }
                 None => None,
             };
             if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
@@ -451,8 +472,11 @@ impl<S: Store> Runtime<S> {
         if !key::matches(&rule.matcher, host) {
             return Err(Skip::NoMatch);
         }
-        let hash = key::client_key(self.seed, compiled.fingerprint, &rule.key, host)
+        let shared = rule.shares_missing_key();
+        let hash = key::client_key(self.seed, compiled.fingerprint, &rule.key, shared, host)
             .ok_or(Skip::MissingPart)?;
+        // A second look only for a rule that keys a missing part: is it this request's?
+        let keyless = shared && key::missing_part(&rule.key, host).is_some();
         let cost = match &rule.cost {
             Cost::Fixed(n) => u64::from(*n),
             Cost::Header(name) => config::parse_cost(host.header(name)),
@@ -468,6 +492,7 @@ impl<S: Store> Runtime<S> {
             cost,
             policy,
             carried,
+            keyless,
         })
     }
 
@@ -775,11 +800,8 @@ impl<S: Store> Runtime<S> {
             let wait = headers::ceil_seconds(v.retry_after_ms).min(MAX_REPORTED_WAIT_S);
             self.metrics.add(rule, Counter::RetryAfterSeconds, wait);
         }
-        let level = match self.config.log_limited {
-            LogLevel::Off => return,
-            LogLevel::Debug => log::Level::Debug,
-            LogLevel::Info => log::Level::Info,
-            LogLevel::Warn => log::Level::Warn,
+        let Some(level) = self.config.log_limited.level() else {
+            return;
         };
         host.log(
             level,
@@ -788,6 +810,29 @@ impl<S: Store> Runtime<S> {
                 r.name, shadow, key::logged(hash), v.limit, v.window_s, v.remaining, v.retry_after_ms
             ),
         );
+    }
+
+    /// A request rule `i` matches lacks a part of its key: counts it, and under
+    /// `on_missing_key: refuse` logs it (as `log_limited` says) and returns the reply that
+    /// refuses it (a shadow rule only logs).
+    fn missing_key(&self, host: &mut impl Host, i: usize, rule: &Rule) -> Option<Reply> {
+        self.metrics.add(i, Counter::KeyMissing, 1);
+        if rule.on_missing_key != MissingKey::Refuse {
+            return None;
+        }
+        let part = key::missing_part(&rule.key, host);
+        if let Some(level) = self.config.log_limited.level() {
+            let none = String::new();
+            let part_name = part.map_or(none, ToString::to_string);
+            host.log(
+                level,
+                format_args!(
+                    "refused rule={} shadow={} missing_key={part_name}",
+                    rule.name, rule.shadow
+                ),
+            );
+        }
+        (!rule.shadow).then(|| missing_key_reply(rule, part))
     }
 
     /// Counts, and logs (at most once a second), a rule the store or the service could not
@@ -826,10 +871,44 @@ fn reply(
     let retry_after = headers::retry_after_seconds(reported);
     Reply {
         status,
-        retry_after: retry_after.to_string(),
+        retry_after: Some(retry_after.to_string()),
+        challenge: None,
         fields: headers::rate_limit_headers(style, reported, true),
         service,
         body: headers::problem_body(status, reported, retry_after),
+    }
+}
+
+/// The status of a request refused for lacking its client key (`on_missing_key: refuse`).
+pub const MISSING_KEY_STATUS: u16 = 401;
+
+/// The reply for a request refused because it lacks `part` of `rule`'s key: a 401 without
+/// `Retry-After` (waiting does not help), with a `Bearer` challenge when the key is a bearer
+/// token.
+fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>) -> Reply {
+    let bearer = |p: &KeyPart| match p {
+        KeyPart::Bearer => true,
+        KeyPart::First(parts) => parts.contains(&KeyPart::Bearer),
+        _ => false,
+    };
+    let challenge = part
+        .filter(|p| bearer(p))
+        .map(|_| format!("Bearer realm=\"{}\"", rule.name));
+    let what = part.map_or_else(String::new, |p| format!(" ({p})"));
+    let detail = format!(
+        "Rule \\\"{}\\\" keys each client by a value the request does not carry{what}; send it.",
+        rule.name
+    );
+    Reply {
+        status: MISSING_KEY_STATUS,
+        retry_after: None,
+        challenge,
+        fields: Fields::default(),
+        service: Vec::new(),
+        body: format!(
+            "{{\"title\":\"Missing client key\",\"status\":{MISSING_KEY_STATUS},\"detail\":\"{detail}\",\"violated-policies\":[\"{}\"]}}",
+            rule.name
+        ),
     }
 }
 
@@ -1204,6 +1283,140 @@ mod tests {
             counts(&rt),
             [(0, Counter::Allowed, 1), (0, Counter::ShadowLimited, 2)]
         );
+    }
+
+    const API_KEY: &str = r#"{"rules": [{"name": "per-key",
+        "key": [{"first": ["header:x-api-key", "bearer", "query:key"]}],
+        "on_missing_key": "MODE",
+        "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}], "log_limited": "info"}"#;
+
+    fn api_key(mode: &str) -> Runtime<MemoryStore> {
+        runtime(&API_KEY.replace("MODE", mode))
+    }
+
+    #[test]
+    fn a_key_counts_the_same_whichever_way_it_is_sent() {
+        let rt = api_key("skip");
+        let ways = [
+            FakeHost::new("10.0.0.1", "/").header("x-api-key", "sk-1"),
+            FakeHost::new("10.0.0.2", "/").header("authorization", "Bearer sk-1"),
+            FakeHost::new("10.0.0.3", "/v1?key=sk-1"),
+        ];
+        let mut limited = 0;
+        for mut host in ways {
+            match decided(&rt, &mut host) {
+                Decision::Reply(r) => {
+                    assert_eq!(r.status, 429);
+                    limited += 1;
+                }
+                Decision::Continue(_) => {}
+                Decision::Hold { .. } => panic!("held"),
+            }
+        }
+        // One key of 2 a minute, sent three ways: the third is refused.
+        assert_eq!(limited, 1);
+        // x-api-key wins over a bearer token sent beside it; another scheme is no key.
+        let mut both = FakeHost::new("10.0.0.4", "/")
+            .header("x-api-key", "sk-2")
+            .header("authorization", "Bearer sk-1");
+        assert!(matches!(decided(&rt, &mut both), Decision::Continue(_)));
+        let mut basic = FakeHost::new("10.0.0.4", "/").header("authorization", "Basic c2stMQ==");
+        assert!(matches!(decided(&rt, &mut basic), Decision::Continue(None)));
+        assert_eq!(
+            counts(&rt),
+            [
+                (0, Counter::Allowed, 3),
+                (0, Counter::Limited, 1),
+                (0, Counter::RetryAfterSeconds, 90),
+                (0, Counter::KeyMissing, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_without_its_key_is_skipped_shared_or_refused() {
+        // skip: the rule does not apply (counted in key_missing).
+        let rt = api_key("skip");
+        for _ in 0..5 {
+            let mut host = FakeHost::new("10.0.0.1", "/");
+            assert!(matches!(decided(&rt, &mut host), Decision::Continue(None)));
+        }
+        assert_eq!(counts(&rt), [(0, Counter::KeyMissing, 5)]);
+
+        // shared: every keyless request shares one key, apart from every real key.
+        let rt = api_key("shared");
+        let mut outcomes = Vec::new();
+        for addr in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+            let mut host = FakeHost::new(addr, "/");
+            outcomes.push(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        }
+        assert_eq!(outcomes, [true, true, false]);
+        let mut keyed = FakeHost::new("10.0.0.1", "/").header("authorization", "bearer sk-9");
+        assert!(matches!(
+            decided(&rt, &mut keyed),
+            Decision::Continue(Some(_))
+        ));
+        // A value that reads like the shared one's descriptor is a key of its own.
+        let mut lookalike = FakeHost::new("10.0.0.1", "/").header("x-api-key", key::MISSING_VALUE);
+        assert!(matches!(
+            decided(&rt, &mut lookalike),
+            Decision::Continue(Some(_))
+        ));
+        assert!(counts(&rt).contains(&(0, Counter::KeyMissing, 3)));
+
+        // refuse: a 401 that waiting does not lift, with a Bearer challenge.
+        let rt = api_key("refuse");
+        let mut host = FakeHost::new("10.0.0.1", "/").header("authorization", "Basic eA==");
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("a request without its key went on")
+        };
+        assert_eq!(r.status, 401);
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert_eq!(
+            headers,
+            [
+                ("content-type", "application/problem+json"),
+                ("www-authenticate", "Bearer realm=\"per-key\""),
+            ]
+        );
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["status"], 401);
+        assert_eq!(body["violated-policies"][0], "per-key");
+        assert!(body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("first(header:x-api-key, bearer, query:key)"));
+        assert_eq!(counts(&rt), [(0, Counter::KeyMissing, 1)]);
+        assert_eq!(
+            host.logs,
+            [(
+                log::Level::Info,
+                "refused rule=per-key shadow=false missing_key=first(header:x-api-key, bearer, query:key)".to_string()
+            )]
+        );
+        // A request with its key is limited as usual.
+        let mut keyed = FakeHost::new("10.0.0.1", "/").header("x-api-key", "sk-1");
+        assert!(matches!(
+            decided(&rt, &mut keyed),
+            Decision::Continue(Some(_))
+        ));
+
+        // A shadow rule only logs; a key that is not a bearer token gets no challenge.
+        let rt = runtime(
+            r#"{"shadow": true, "rules": [{"name": "s", "key": ["header:x-api-key"], "on_missing_key": "refuse",
+                "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut host = FakeHost::new("10.0.0.1", "/");
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(None)));
+        assert_eq!(counts(&rt), [(0, Counter::KeyMissing, 1)]);
+        let rt = runtime(
+            r#"{"rules": [{"name": "s", "key": ["header:x-api-key"], "on_missing_key": "refuse",
+                "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let Decision::Reply(r) = decided(&rt, &mut FakeHost::new("10.0.0.1", "/")) else {
+            panic!("a request without its key went on")
+        };
+        assert_eq!(r.headers().count(), 1);
     }
 
     #[test]
