@@ -536,3 +536,66 @@ fn a_lone_requests_counter_reaches_stats_within_a_second() {
         "a lone request's counter lagged {worst:?}: {ms:?}"
     );
 }
+
+/// `bearer`, `first` and the three `on_missing_key` choices, as the README's "If a key part is
+/// missing" says: one budget per API key however it is sent; keyless requests skipped, sharing
+/// one key, or refused with a 401 without Retry-After; each counted in `key_missing`.
+#[test]
+fn an_api_key_counts_however_it_is_sent_and_a_missing_one_as_configured() {
+    let config = r#"{"log_limited": "info", "rules": [
+        {"name": "refused", "match": {"path_prefix": "/refuse"}, "on_missing_key": "refuse",
+         "key": [{"first": ["header:x-api-key", "bearer"]}], "rate_limit": {"requests_per_unit": 2, "unit": "hour"}},
+        {"name": "shared", "match": {"path_prefix": "/share"}, "on_missing_key": "shared",
+         "key": [{"first": ["header:x-api-key", "bearer"]}], "rate_limit": {"requests_per_unit": 2, "unit": "hour"}},
+        {"name": "skipped", "match": {"path_prefix": "/skip"},
+         "key": ["bearer"], "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#;
+    let envoy = Envoy::start(config);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let mut send = |path: &str, headers: &[(&str, &str)]| c.send("GET", path, headers).unwrap();
+    // One key sent two ways: one budget of 2.
+    assert_eq!(send("/refuse", &[("x-api-key", "k1")]).status, 200);
+    assert_eq!(
+        send("/refuse", &[("authorization", "Bearer k1")]).status,
+        200
+    );
+    let over = send("/refuse", &[("authorization", "bearer   k1")]);
+    assert_eq!(over.status, 429);
+    assert!(over.header("retry-after").is_some());
+    // No key (or another scheme): a 401 with a Bearer challenge and no Retry-After.
+    for headers in [&[][..], &[("authorization", "Basic azE=")][..]] {
+        let r = send("/refuse", headers);
+        assert_eq!(r.status, 401, "{headers:?}");
+        assert_eq!(
+            r.header("www-authenticate"),
+            Some("Bearer realm=\"refused\"")
+        );
+        assert_eq!(r.header("retry-after"), None);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(
+            r.body_str().contains("first(header:x-api-key, bearer)"),
+            "{}",
+            r.body_str()
+        );
+    }
+    assert!(envoy.log_shows(
+        "refused rule=refused shadow=false missing_key=first(header:x-api-key, bearer)"
+    ));
+    // shared: keyless requests share one budget of 2, apart from a keyed client's.
+    let keyless: Vec<u16> = (0..3).map(|_| send("/share", &[]).status).collect();
+    assert_eq!(keyless, [200, 200, 429]);
+    assert_eq!(
+        send("/share", &[("authorization", "Bearer k1")]).status,
+        200
+    );
+    // skip: keyless requests pass untouched, however many.
+    for _ in 0..3 {
+        let r = send("/skip", &[]);
+        assert_eq!((r.status, r.header("ratelimit-policy")), (200, None));
+    }
+    assert_eq!(send("/skip", &[("authorization", "Bearer t")]).status, 200);
+    assert_eq!(send("/skip", &[("authorization", "Bearer t")]).status, 429);
+    for (rule, n) in [("refused", 2), ("shared", 3), ("skipped", 3)] {
+        let name = common::metric(Some(rule), "key_missing");
+        assert_eq!(envoy.wait_stat(&name, n), Some(n), "{name}");
+    }
+}

@@ -121,7 +121,7 @@ const CASES: &[Case] = &[
         example: "openai-tokens",
         method: "GET",
         path: "/v1/models",
-        headers: &[("x-api-key", "sk-a")],
+        headers: &[("authorization", "Bearer sk-a")],
         extra: &[],
         times: 1,
         shadow: false,

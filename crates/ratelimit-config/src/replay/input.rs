@@ -188,6 +188,23 @@ pub fn needed(config: &Config) -> Vec<Field> {
     out
 }
 
+/// Whether `field` (by [`Field::name`]) is read only as one of the parts of `first` key parts:
+/// a log without it still keys those rules by their other parts.
+pub fn only_an_alternative(config: &Config, field: &str) -> bool {
+    let mut alone = config.clone();
+    let mut in_first = false;
+    for rule in &mut alone.rules {
+        rule.key.retain(|part| match part {
+            KeyPart::First(parts) => {
+                in_first |= parts.iter().flat_map(fields_of).any(|f| f.name() == field);
+                false
+            }
+            _ => true,
+        });
+    }
+    in_first && !needed(&alone).iter().any(|f| f.name() == field)
+}
+
 /// The fields a key part reads (a `first` part: each of its parts').
 fn fields_of(part: &KeyPart) -> Vec<Field> {
     match part {

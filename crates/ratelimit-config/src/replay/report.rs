@@ -206,6 +206,9 @@ pub fn notes(run: &Run) -> Vec<String> {
                  its usage"
                     .into()
             }
+            f if super::input::only_an_alternative(&r.config, f) => {
+                "it is one of the parts of \"first\" keys, which took their other parts".into()
+            }
             f => format!("rules that match or key on {f} never applied"),
         };
         out.push(format!(
