@@ -11,6 +11,7 @@ use ratelimit_core::runtime::explain::{
 };
 use ratelimit_core::runtime::{Host, Runtime};
 use ratelimit_core::store::MemoryStore;
+use ratelimit_core::usage::{Format, Scanner};
 use serde_json::{json, Map, Value as Json};
 use std::fmt::{self, Write as _};
 
@@ -31,6 +32,8 @@ the request:
   --metadata NS:KEY=VALUE   a key of dynamic metadata: a number if VALUE reads as one, else a
                             string; repeatable
   --filter-state KEY=VALUE  a filter state object; repeatable
+  --body JSON               the request's body, for rules keyed on or matching its fields
+                            (body:PATH, match.body)
 the report:
   --seed HEX                the key seed (32 hex digits) if the configuration sets no key_seed:
                             without either, keys are shown raw and not hashed
@@ -63,6 +66,8 @@ impl Options {
                 authority: Some("localhost".into()),
                 ..PlainRequest::default()
             },
+            body: None,
+            fields: None,
         };
         let mut config = None;
         let (mut seed, mut raw_keys, mut json) = (None, false, false);
@@ -99,6 +104,7 @@ impl Options {
                     };
                     request.plain.metadata.push((ns.into(), key.into(), val));
                 }
+                "--body" => request.body = Some(flags.value(flag, inline)?.into_bytes()),
                 "--filter-state" => {
                     let v = flags.value(flag, inline)?;
                     let (k, val) = v
@@ -142,6 +148,33 @@ impl Options {
 pub struct Request {
     /// Its attributes, headers, dynamic metadata and filter state.
     pub plain: PlainRequest,
+    /// Its body (`--body`), if any.
+    pub body: Option<Vec<u8>>,
+    /// The body's fields, read as the filter reads them ([`Request::read_body`]).
+    fields: Option<Scanner>,
+}
+
+impl Request {
+    /// Reads the body's fields that `config`'s rules need, as the filter does: the first
+    /// `max_body` bytes (the most of the rules' bounds).
+    fn read_body(&mut self, config: &Config) {
+        let Some(body) = &self.body else {
+            return;
+        };
+        let bound = config
+            .rules
+            .iter()
+            .filter_map(|r| r.charge()?.sized.as_ref().map(|s| s.max_body));
+        let bound = bound.fold(config.max_body, u32::max);
+        let bound = usize::try_from(bound).unwrap_or(usize::MAX);
+        let mut scanner = Scanner::with_texts(Format::Json);
+        let paths = &config.request_paths;
+        scanner.feed(paths, body.get(..bound).unwrap_or(body));
+        if body.len() <= bound {
+            scanner.finish(paths);
+        }
+        self.fields = Some(scanner);
+    }
 }
 
 impl Attributes for Request {
@@ -165,6 +198,9 @@ impl Attributes for Request {
     }
     fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
         self.plain.filter_state(key)
+    }
+    fn body_field(&mut self, slot: usize) -> Option<&[u8]> {
+        self.fields.as_ref()?.text(slot)
     }
 }
 
@@ -195,6 +231,7 @@ fn runtime(config: &Config, options: &Options) -> (Runtime<MemoryStore>, Option<
 pub fn text(name: &str, config: &Config, options: &Options) -> String {
     let (rt, seed) = runtime(config, options);
     let mut req = options.request.clone();
+    req.read_body(config);
     let p = &req.plain;
     let mut out = format!(
         "{name}: {} {} (authority {}, from {})\n",
@@ -334,6 +371,7 @@ fn mode(m: GlobalMode) -> &'static str {
 pub fn json(name: &str, config: &Config, options: &Options) -> Vec<Json> {
     let (rt, seed) = runtime(config, options);
     let mut req = options.request.clone();
+    req.read_body(config);
     rt.explain(&mut req)
         .iter()
         .map(|e| {
@@ -443,6 +481,7 @@ fn not_applying_json(o: &mut Map<String, Json>, why: &NotApplying<'_>) {
                 Absence::Absent => "absent",
                 Absence::Empty => "empty",
                 Absence::NotBearer => "not_bearer",
+                Absence::NotInBody => "not_in_body",
             };
             o.insert("missing".into(), why.into());
             o.insert("refused".into(), (*refused).into());

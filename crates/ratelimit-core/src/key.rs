@@ -3,7 +3,10 @@
 //! The request is seen through [`Attributes`], which the proxy-wasm layer implements with host
 //! calls (each attribute read at most once per request) and tests implement with a plain struct.
 
-use crate::config::{Carried, HeaderCondition, HeaderMatch, KeyPart, Match, Prefixes, Source};
+use crate::config::{
+    BodyCondition, BodyMatch, Carried, HeaderCondition, HeaderMatch, KeyPart, Match, Prefixes,
+    Source,
+};
 pub use crate::seed::Seed;
 use siphasher::sip::SipHasher13;
 use std::fmt;
@@ -35,6 +38,11 @@ pub trait Attributes {
     }
     /// A filter state object's value as text (`None`: absent, or a host that cannot read it).
     fn filter_state(&mut self, _key: &str) -> Option<&[u8]> {
+        None
+    }
+    /// The value of the request body field in slot `slot` of the configuration's
+    /// `request_paths` (`None`: absent, or the body is not read yet or at all).
+    fn body_field(&mut self, _slot: usize) -> Option<&[u8]> {
         None
     }
     /// The client's address without its port: [`strip_port`] of
@@ -191,6 +199,8 @@ pub enum Condition<'m> {
     Authority(&'m str),
     /// One of `headers`.
     Header(&'m HeaderMatch),
+    /// One of `body`: a field of the request's JSON body.
+    Body(&'m BodyMatch),
 }
 
 impl Condition<'_> {
@@ -212,6 +222,9 @@ impl Condition<'_> {
                     HeaderCondition::Equals(want) => value == Some(want.as_bytes()),
                 }
             }
+            Condition::Body(b) => req
+                .body_field(b.field.slot)
+                .is_some_and(|v| b.condition.holds(v)),
         }
     }
 }
@@ -228,6 +241,16 @@ impl fmt::Display for Condition<'_> {
                 HeaderCondition::Present(true) => write!(f, "match.headers {} present", h.name),
                 HeaderCondition::Present(false) => write!(f, "match.headers {} absent", h.name),
             },
+            Condition::Body(b) => {
+                let field = b.field.path.join(".");
+                match &b.condition {
+                    BodyCondition::Equals(v) => write!(f, "match.body {field} = {v:?}"),
+                    BodyCondition::Prefix(p) => write!(f, "match.body {field} starts with {p:?}"),
+                    BodyCondition::OneOf(list) => {
+                        write!(f, "match.body {field} one of [{}]", list.join(", "))
+                    }
+                }
+            }
         }
     }
 }
@@ -243,6 +266,13 @@ pub fn conditions(m: &Match) -> impl Iterator<Item = Condition<'_>> {
         .chain(methods)
         .chain(m.authority.as_deref().map(Condition::Authority))
         .chain(m.headers.iter().map(Condition::Header))
+        .chain(m.body.iter().map(Condition::Body))
+}
+
+/// The first condition of `m` that does not hold for the request, leaving out those on its
+/// body (not read yet): if one fails, the rule cannot apply whatever the body says.
+pub fn failing_before_body<'m>(m: &'m Match, req: &mut impl Attributes) -> Option<Condition<'m>> {
+    conditions(m).find(|c| !matches!(c, Condition::Body(_)) && !c.holds(req))
 }
 
 /// The first condition of `m` that does not hold for the request (`None`: `m` matches).
@@ -323,6 +353,7 @@ fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8]
         }
         KeyPart::Header(name) => present(req.header(name)),
         KeyPart::Bearer => req.header("authorization").and_then(bearer_token),
+        KeyPart::Body(field) => present(req.body_field(field.slot)),
         KeyPart::Query(name) => req
             .path()
             .and_then(|p| split_path(p).1)

@@ -101,7 +101,7 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
         (
             format!(r#"{{"rules": [{{{RULE}, "key": [{{"remote_address": {{"zzz": 1}}}}]}}]}}"#),
             "rules[0].key[0].remote_address.zzz",
-            &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"]["remote_address"]["properties"],
+            &d["keyPart"]["oneOf"][1]["properties"]["remote_address"]["properties"],
         ),
         (
             format!(r#"{{"rules": [{{{RULE}, "elastic": {{"ceiling": 2, "zzz": 1}}}}]}}"#),
@@ -116,7 +116,17 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
         (
             format!(r#"{{"rules": [{{{RULE}, "key": [{{"zzz": 1}}]}}]}}"#),
             "rules[0].key[0].zzz",
+            &d["keyPart"]["oneOf"][1]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "key": [{{"first": ["bearer", "path"], "zzz": 1}}]}}]}}"#),
+            "rules[0].key[0].zzz",
             &d["rule"]["properties"]["key"]["items"]["oneOf"][1]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "match": {{"body": [{{"field": "model", "equals": "x", "zzz": 1}}]}}}}]}}"#),
+            "rules[0].match.body[0].zzz",
+            &d["match"]["properties"]["body"]["items"]["properties"],
         ),
     ];
     for (config, path, properties) in cases {

@@ -497,3 +497,80 @@ fn instructions_openai_json() {
     );
     println!("{} bytes", body.len());
 }
+
+/// The text values of `body` at `list`'s paths, fed whole, split in two at every position,
+/// and a byte at a time: every split gives the same values, which are returned.
+fn texts(list: &[(&str, usize)], body: &[u8]) -> Vec<Option<Vec<u8>>> {
+    let paths = paths(list);
+    let slots = list.iter().map(|(_, s)| s + 1).max().unwrap_or(0);
+    let read = |chunks: &mut dyn Iterator<Item = &[u8]>| {
+        let mut s = Scanner::with_texts(Format::Json);
+        for c in chunks {
+            s.feed(&paths, c);
+        }
+        s.finish(&paths);
+        (0..slots)
+            .map(|i| s.text(i).map(<[u8]>::to_vec))
+            .collect::<Vec<_>>()
+    };
+    let whole = read(&mut std::iter::once(body));
+    for at in 0..=body.len() {
+        let (a, b) = body.split_at(at);
+        assert_eq!(read(&mut [a, b].into_iter()), whole, "split at {at}");
+    }
+    assert_eq!(read(&mut body.chunks(1)), whole, "byte by byte");
+    whole
+}
+
+#[test]
+fn text_values_are_kept_unescaped_under_any_split() {
+    let fields = &[("model", 0), ("metadata.user_id", 1), ("user", 2)];
+    let t = |s: &str| Some(s.as_bytes().to_vec());
+    assert_eq!(
+        texts(
+            fields,
+            br#"{"messages": [{"role": "user", "content": "a \"model\": \"x\""}],
+                "model": "gpt-4o-mini", "metadata": {"user_id": "u-7"}, "user": 42}"#
+        ),
+        [t("gpt-4o-mini"), t("u-7"), t("42")]
+    );
+    // Escapes, \u escapes and a surrogate pair are unescaped: one model whichever way it is
+    // written.
+    assert_eq!(
+        texts(
+            fields,
+            br#"{"model": "gpt-4\u006f\/x\n\ud83d\ude00", "user": "\u00e9"}"#
+        ),
+        [t("gpt-4o/x\n\u{1f600}"), None, t("\u{e9}")]
+    );
+    // The last value counts; a value of another type, or one past MAX_TEXT bytes, is absent.
+    let long = "m".repeat(ratelimit_core::usage::MAX_TEXT + 1);
+    let body = format!(
+        r#"{{"model": "a", "model": "{long}", "user": -1, "metadata": {{"user_id": null}}}}"#
+    );
+    assert_eq!(texts(fields, body.as_bytes()), [None, None, None]);
+    let exact = "m".repeat(ratelimit_core::usage::MAX_TEXT);
+    let body = format!(r#"{{"model": "{exact}"}}"#);
+    assert_eq!(texts(fields, body.as_bytes())[0], t(&exact));
+    // Nested deeper than the path, in an array, or not JSON: absent.
+    for bad in [
+        &br#"{"x": {"model": "a"}}"#[..],
+        br#"[{"model": "a"}]"#,
+        b"model=gpt-4o",
+        br#"{"model": "a
+b"}"#,
+        br#"{"model": "\q"}"#,
+    ] {
+        assert_eq!(
+            texts(fields, bad)[0],
+            None,
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    // A scan that keeps no texts has none.
+    let p = paths(fields);
+    let mut s = Scanner::new(Format::Json);
+    s.feed(&p, br#"{"model": "a"}"#);
+    assert_eq!(s.text(0), None);
+}

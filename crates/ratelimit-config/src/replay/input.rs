@@ -215,6 +215,8 @@ fn fields_of(part: &KeyPart) -> Vec<Field> {
         KeyPart::Method => vec![Field::Method],
         KeyPart::Authority => vec![Field::Authority],
         KeyPart::First(parts) => parts.iter().flat_map(fields_of).collect(),
+        // An access log holds no request bodies.
+        KeyPart::Body(_) => Vec::new(),
     }
 }
 

@@ -95,6 +95,14 @@ pub(super) fn assign(config: &mut Config) -> Result<(), String> {
     let mut response: Vec<Vec<Vec<String>>> = Vec::new();
     let mut request: Vec<Vec<Vec<String>>> = Vec::new();
     for rule in &mut config.rules {
+        for m in &mut rule.matcher.body {
+            m.field.slot = slot_of(&mut request, std::slice::from_ref(&m.field.path));
+        }
+        for part in &mut rule.key {
+            for field in part.body_fields_mut() {
+                field.slot = slot_of(&mut request, std::slice::from_ref(&field.path));
+            }
+        }
         let Cost::Response(charge) = &mut rule.cost else {
             continue;
         };

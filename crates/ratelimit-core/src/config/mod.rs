@@ -35,8 +35,12 @@ pub struct Config {
     pub key_seed: Option<crate::seed::Seed>,
     /// Every field a rule reads from response bodies ([`Usage::Body`]), one slot per term.
     pub usage_paths: crate::usage::Paths,
-    /// Every field a rule reads from request bodies ([`Sized`]), one slot per rule's fields.
+    /// Every field a rule reads from request bodies ([`Sized`], [`BodyField`]), one slot per
+    /// rule's fields.
     pub request_paths: crate::usage::Paths,
+    /// How many request body bytes are read for the fields of `body:` key parts and
+    /// `match.body` (`max_body`).
+    pub max_body: u32,
     /// The wasm build's operator route, if configured (`None`, the default: no route at all).
     /// The native build ignores it: its admin port serves the same calls.
     pub operator: Option<OperatorRoute>,
@@ -636,6 +640,30 @@ pub const MAX_BODY_HELD: u32 = 512 * 1024;
 pub const MAX_DELAY_MS: u64 = 60_000;
 
 impl Rule {
+    /// Whether the rule reads fields of the request's body (a `body:` key part, or
+    /// `match.body`): it is decided once they are read.
+    pub fn reads_body_fields(&self) -> bool {
+        !self.matcher.body.is_empty() || self.key.iter().any(KeyPart::reads_body)
+    }
+
+    /// The slots of the body fields the rule reads, a bit each.
+    pub fn body_slots(&self) -> u16 {
+        let mut slots = 0u16;
+        let mut add = |f: &BodyField| {
+            slots |= u32::try_from(f.slot)
+                .ok()
+                .and_then(|s| 1u16.checked_shl(s))
+                .unwrap_or(0);
+        };
+        for m in &self.matcher.body {
+            add(&m.field);
+        }
+        for part in &self.key {
+            part.each_body_field(&mut add);
+        }
+        slots
+    }
+
     /// Whether a missing key part counts as one shared value (`on_missing_key: shared`).
     pub fn shares_missing_key(&self) -> bool {
         self.on_missing_key == MissingKey::Shared
@@ -713,6 +741,54 @@ pub struct Match {
     pub authority: Option<String>,
     /// Header conditions.
     pub headers: Vec<HeaderMatch>,
+    /// Conditions on fields of the request's JSON body.
+    pub body: Vec<BodyMatch>,
+}
+
+/// A field of the request's JSON body, read as the body passes (`body:PATH`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BodyField {
+    /// The keys from the document's root (`metadata.user_id`: two).
+    pub path: Vec<String>,
+    /// Its slot in [`Config::request_paths`] (assigned once the rules are read).
+    pub slot: usize,
+}
+
+impl fmt::Display for BodyField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "body:{}", self.path.join("."))
+    }
+}
+
+/// A condition on one field of the request's JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyMatch {
+    /// The field.
+    pub field: BodyField,
+    /// What its value (a string, or a whole number as digits) must satisfy.
+    pub condition: BodyCondition,
+}
+
+/// What a body field's value must satisfy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyCondition {
+    /// Equals this.
+    Equals(String),
+    /// Equals one of these.
+    OneOf(Vec<String>),
+    /// Starts with this.
+    Prefix(String),
+}
+
+impl BodyCondition {
+    /// Whether `value` satisfies it.
+    pub fn holds(&self, value: &[u8]) -> bool {
+        match self {
+            BodyCondition::Equals(want) => value == want.as_bytes(),
+            BodyCondition::OneOf(list) => list.iter().any(|w| value == w.as_bytes()),
+            BodyCondition::Prefix(p) => value.starts_with(p.as_bytes()),
+        }
+    }
 }
 
 /// A condition on one request header.
@@ -768,9 +844,39 @@ pub enum KeyPart {
     /// The first of these parts the request has (two or more, none of them `first`): the same
     /// client whichever of them it sent its key in, since only the value is keyed.
     First(Vec<KeyPart>),
+    /// A field of the request's JSON body (a string, or a whole number as digits).
+    Body(BodyField),
 }
 
 impl KeyPart {
+    /// Whether the part reads a field of the request's body.
+    pub fn reads_body(&self) -> bool {
+        let mut any = false;
+        self.each_body_field(&mut |_| any = true);
+        any
+    }
+
+    /// Calls `f` with each body field the part reads.
+    pub fn each_body_field(&self, f: &mut dyn FnMut(&BodyField)) {
+        match self {
+            KeyPart::Body(field) => f(field),
+            KeyPart::First(parts) => parts.iter().for_each(|p| p.each_body_field(f)),
+            _ => {}
+        }
+    }
+
+    /// The body fields the part reads, to give them their slots.
+    pub(crate) fn body_fields_mut(&mut self) -> Vec<&mut BodyField> {
+        match self {
+            KeyPart::Body(field) => vec![field],
+            KeyPart::First(parts) => parts
+                .iter_mut()
+                .flat_map(KeyPart::body_fields_mut)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether two parts read the same attribute (a key takes each at most once).
     pub fn same_part(&self, other: &KeyPart) -> bool {
         match (self, other) {
@@ -808,6 +914,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Method => f.write_str("method"),
             KeyPart::Authority => f.write_str("authority"),
             KeyPart::Bearer => f.write_str("bearer"),
+            KeyPart::Body(field) => write!(f, "{field}"),
             KeyPart::First(parts) => {
                 f.write_str("first(")?;
                 for (i, p) in parts.iter().enumerate() {

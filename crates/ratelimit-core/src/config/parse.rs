@@ -196,6 +196,7 @@ impl Validator {
                 "log_limited",
                 "key_seed",
                 "operator",
+                "max_body",
             ],
         )?;
         let shadow = match map.get("shadow") {
@@ -261,6 +262,12 @@ impl Validator {
             Some(o) => self.operator(o, "operator").map(Some),
             None => Some(None),
         };
+        let max_body = match map.get("max_body") {
+            Some(m) => self
+                .integer(m, "max_body", 1, u64::from(MAX_BODY_HELD))
+                .and_then(|n| u32::try_from(n).ok()),
+            None => Some(DEFAULT_BODY_HELD),
+        };
         shadow?;
         let mut config = Config {
             rules: rules?,
@@ -271,6 +278,7 @@ impl Validator {
             key_seed: key_seed?,
             usage_paths: Paths::default(),
             request_paths: Paths::default(),
+            max_body: max_body?,
             operator: operator?,
         };
         if let Err(why) = body::assign(&mut config) {
@@ -1225,7 +1233,14 @@ impl Validator {
         let map = self.object(
             v,
             path,
-            &["path_prefix", "path", "methods", "authority", "headers"],
+            &[
+                "path_prefix",
+                "path",
+                "methods",
+                "authority",
+                "headers",
+                "body",
+            ],
         )?;
         let mut m = Match::default();
         let mut ok = true;
@@ -1283,6 +1298,20 @@ impl Validator {
                     for (i, item) in items.iter().enumerate() {
                         match self.header_match(item, &format!("{p}[{i}]")) {
                             Some(h) => m.headers.push(h),
+                            None => ok = false,
+                        }
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        if let Some(body) = map.get("body") {
+            let p = join(path, "body");
+            match self.array(body, &p) {
+                Some(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        match self.body_match(item, &format!("{p}[{i}]")) {
+                            Some(b) => m.body.push(b),
                             None => ok = false,
                         }
                     }
@@ -1378,7 +1407,9 @@ impl Validator {
             "authority" => Some(KeyPart::Authority),
             "bearer" => Some(KeyPart::Bearer),
             _ => {
-                if let Some(name) = s.strip_prefix("header:") {
+                if let Some(field) = s.strip_prefix("body:") {
+                    self.body_field(field, p).map(KeyPart::Body)
+                } else if let Some(name) = s.strip_prefix("header:") {
                     self.header_name(name, p).map(KeyPart::Header)
                 } else if let Some(name) = s.strip_prefix("query:") {
                     if name.is_empty() {
@@ -1390,12 +1421,99 @@ impl Validator {
                 } else {
                     self.error(
                             p,
-                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority, bearer, {{\"first\": [PARTS]}}, or {{\"remote_address\": {{\"ipv4_prefix\": N, \"ipv6_prefix\": M}}}})"),
+                            format!("unknown key part {s:?} (expected remote_address, header:NAME, query:NAME, path, method, authority, bearer, body:PATH, {{\"first\": [PARTS]}}, or {{\"remote_address\": {{\"ipv4_prefix\": N, \"ipv6_prefix\": M}}}})"),
                         );
                     None
                 }
             }
         }
+    }
+
+    /// A request body field's path: keys joined by `.` from the document's root.
+    fn body_field(&mut self, field: &str, p: &str) -> Option<BodyField> {
+        let path: Vec<String> = field.split('.').map(str::to_string).collect();
+        if path.iter().any(String::is_empty) {
+            self.error(p, format!("body field {field:?} has an empty key (expected keys joined by '.', e.g. body:metadata.user_id)"));
+            return None;
+        }
+        if path.len() > crate::usage::MAX_DEPTH {
+            self.error(
+                p,
+                format!(
+                    "body field {field:?} has more than {} keys",
+                    crate::usage::MAX_DEPTH
+                ),
+            );
+            return None;
+        }
+        Some(BodyField { path, slot: 0 })
+    }
+
+    /// `match.body[i]`: `{"field": PATH, "equals": V}`, `{"field": PATH, "one_of": [V, …]}` or
+    /// `{"field": PATH, "prefix": P}`.
+    fn body_match(&mut self, v: &Value, path: &str) -> Option<BodyMatch> {
+        let map = self.object(v, path, &["field", "equals", "one_of", "prefix"])?;
+        let field = match map.get("field") {
+            Some(f) => {
+                let fp = join(path, "field");
+                self.string(f, &fp).and_then(|s| self.body_field(s, &fp))
+            }
+            None => {
+                self.error(&join(path, "field"), "required field is missing");
+                None
+            }
+        };
+        let text = |this: &mut Self, v: &Value, p: &str| match this.string(v, p) {
+            Some("") => {
+                this.error(p, "must not be empty");
+                None
+            }
+            Some(s) => Some(s.to_string()),
+            None => None,
+        };
+        let given: Vec<&str> = ["equals", "one_of", "prefix"]
+            .into_iter()
+            .filter(|k| map.contains_key(*k))
+            .collect();
+        let condition = match (
+            given.as_slice(),
+            map.get(given.first().copied().unwrap_or("")),
+        ) {
+            (["equals"], Some(v)) => {
+                text(self, v, &join(path, "equals")).map(BodyCondition::Equals)
+            }
+            (["prefix"], Some(v)) => {
+                text(self, v, &join(path, "prefix")).map(BodyCondition::Prefix)
+            }
+            (["one_of"], Some(v)) => {
+                let p = join(path, "one_of");
+                let items = self.array(v, &p)?;
+                if items.is_empty() {
+                    self.error(&p, "must not be empty");
+                    return None;
+                }
+                let values: Vec<Option<String>> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| text(self, item, &format!("{p}[{i}]")))
+                    .collect();
+                values
+                    .into_iter()
+                    .collect::<Option<Vec<_>>>()
+                    .map(BodyCondition::OneOf)
+            }
+            _ => {
+                self.error(
+                    path,
+                    "expected exactly one of \"equals\", \"one_of\", \"prefix\"",
+                );
+                None
+            }
+        };
+        Some(BodyMatch {
+            field: field?,
+            condition: condition?,
+        })
     }
 
     /// `{"first": [PART, PART, …]}`: two or more parts, none of them `first`, no two reading

@@ -8,10 +8,11 @@
 //! rule's default. Each usage settled is handed to the host's `report(rule, usage)` (the
 //! access log's dynamic metadata or filter state).
 
-use super::request::{Admitted, BodyScan, Debt, DebtKind, Pending, Response};
+use super::request::{Admitted, BodyScan, Debt, DebtKind, Host, Pending, Response};
 use super::Runtime;
 use crate::config::{self, Cost, Usage};
 use crate::engine::{self, Owed};
+use crate::key::Attributes;
 use crate::limiter::Verdict;
 use crate::metrics::{Counter, Gauge};
 use crate::store::Store;
@@ -27,13 +28,78 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// Starts reading for `pending`'s sized checks.
+    /// Starts reading for `pending`'s sized checks and the rules waiting for body fields.
     pub(super) fn new(pending: Pending) -> Reading {
+        let scanner = if pending.deferred.is_empty() {
+            Scanner::new(Format::Json)
+        } else {
+            Scanner::with_texts(Format::Json)
+        };
         Reading {
             pending,
-            scanner: Scanner::new(Format::Json),
+            scanner,
             bytes: 0,
         }
+    }
+}
+
+/// What reading a piece of the request body came to.
+#[derive(Debug)]
+pub(super) enum Read {
+    /// More of the body is needed.
+    More,
+    /// The fields are read: the request may be decided.
+    Ready,
+    /// A rule that waited for the body refuses the request for lacking its key
+    /// (`on_missing_key: refuse`).
+    Refused(Box<super::Reply>),
+}
+
+/// The host of a request whose body's fields are read: the host's attributes, and the fields.
+struct WithBody<'a, H> {
+    host: &'a mut H,
+    scanner: &'a Scanner,
+}
+
+impl<H: Host> Attributes for WithBody<'_, H> {
+    fn source_address(&mut self) -> Option<&str> {
+        self.host.source_address()
+    }
+    fn path(&mut self) -> Option<&str> {
+        self.host.path()
+    }
+    fn method(&mut self) -> Option<&str> {
+        self.host.method()
+    }
+    fn authority(&mut self) -> Option<&str> {
+        self.host.authority()
+    }
+    fn header(&mut self, name: &str) -> Option<&[u8]> {
+        self.host.header(name)
+    }
+    fn metadata(&mut self, namespace: &str, key: &str) -> Option<config::Carried<'_>> {
+        self.host.metadata(namespace, key)
+    }
+    fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
+        self.host.filter_state(key)
+    }
+    fn client_address(&mut self) -> Option<&str> {
+        self.host.client_address()
+    }
+    fn body_field(&mut self, slot: usize) -> Option<&[u8]> {
+        self.scanner.text(slot)
+    }
+}
+
+impl<H: Host> Host for WithBody<'_, H> {
+    fn now_ms(&mut self) -> u64 {
+        self.host.now_ms()
+    }
+    fn held(&self) -> usize {
+        self.host.held()
+    }
+    fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
+        self.host.log(level, line);
     }
 }
 
@@ -45,31 +111,58 @@ struct TrueUp {
 }
 
 impl<S: Store> Runtime<S> {
-    /// A piece of the request body (`end`: the last): scans it for the reservations' fields.
-    /// True once every sized check has its cost (the request may be decided); a body that has
-    /// not named them within the rules' `max_body` bytes, or that ended, reserves each rule's
-    /// figure for those not found.
-    pub(super) fn read_request(&self, r: &mut Reading, chunk: &[u8], end: bool) -> bool {
-        let paths = &self.config.request_paths;
-        r.scanner.feed(paths, chunk);
-        r.bytes = r.bytes.saturating_add(chunk.len() as u64);
-        if end {
-            r.scanner.finish(paths);
-        }
-        let mut all_found = true;
+    /// A piece of the request body (`end`: the last): scans it for the fields of the
+    /// reservations and of the rules waiting for them. Ready once every sized check has its
+    /// cost, and the rules that read body fields have seen the body to its end or past
+    /// `max_body` (a key given twice counts as it comes last, as the backend reads it); a body
+    /// that has not named a reservation's field within the rules' `max_body` bytes (the most
+    /// of them: only that many are read), or that ended, reserves each rule's figure for those
+    /// not found.
+    pub(super) fn read_request(
+        &self,
+        r: &mut Reading,
+        chunk: &[u8],
+        end: bool,
+        host: &mut impl Host,
+    ) -> Read {
         let mut by_bytes = false;
         let mut max_body = 0u64;
         for &i in &r.pending.sized {
             let Some(sized) = self.sized_of(&r.pending, i) else {
                 continue;
             };
-            all_found &= r.scanner.value(sized.slot).is_some();
             by_bytes |= matches!(sized.input, config::Input::PerBytes(_));
             max_body = max_body.max(u64::from(sized.max_body));
         }
+        let fields = !r.pending.deferred.is_empty();
+        if fields {
+            max_body = max_body.max(u64::from(self.config.max_body));
+        }
+        // Only the first max_body bytes are read: a field past them is not seen, however the
+        // body is cut into pieces.
+        let paths = &self.config.request_paths;
+        let room = usize::try_from(max_body.saturating_sub(r.bytes)).unwrap_or(usize::MAX);
+        r.scanner.feed(paths, chunk.get(..room).unwrap_or(chunk));
+        r.bytes = r.bytes.saturating_add(chunk.len() as u64);
+        if end && r.bytes <= max_body {
+            r.scanner.finish(paths);
+        }
+        let all_found = r.pending.sized.iter().all(|&i| {
+            self.sized_of(&r.pending, i)
+                .is_none_or(|sized| r.scanner.value(sized.slot).is_some())
+        });
         let known_length = r.pending.content_length.is_some() || !by_bytes;
-        if !(end || r.bytes > max_body || all_found && known_length) {
-            return false;
+        if !(end || r.bytes >= max_body || all_found && known_length && !fields) {
+            return Read::More;
+        }
+        if fields {
+            let mut with = WithBody {
+                host,
+                scanner: &r.scanner,
+            };
+            if let Err(reply) = self.take_deferred(&mut r.pending, &mut with) {
+                return Read::Refused(reply);
+            }
         }
         let length = r.pending.content_length.unwrap_or(r.bytes);
         for i in std::mem::take(&mut r.pending.sized) {
@@ -86,7 +179,7 @@ impl<S: Store> Runtime<S> {
                 check.cost = cost;
             }
         }
-        true
+        Read::Ready
     }
 
     fn charge_at(
@@ -629,6 +722,150 @@ mod tests {
             assert_eq!(remaining(&rt, key, 300), 700, "{key}");
             st.complete(&rt, || 600_000, |_, _| {});
         }
+    }
+
+    const PER_MODEL: &str = r#"{"max_body": 256, "rules": [
+        {"name": "per-model", "key": [{"first": ["header:x-api-key", "bearer"]}, "body:model"],
+         "on_missing_key": "refuse", "rate_limit": {"requests_per_unit": 2, "unit": "hour"}},
+        {"name": "gpt-4o", "match": {"body": [{"field": "model", "prefix": "gpt-4o"}]},
+         "key": ["header:x-api-key"], "rate_limit": {"requests_per_unit": 3, "unit": "hour"}},
+        {"name": "by-user", "match": {"path_prefix": "/v1/", "body": [{"field": "metadata.user_id", "one_of": ["u1", "u2"]}]},
+         "key": ["body:metadata.user_id"], "rate_limit": {"requests_per_unit": 1, "unit": "hour"}},
+        {"name": "headers-only", "key": ["header:x-api-key"], "rate_limit": {"requests_per_unit": 100, "unit": "hour"}}]}"#;
+
+    /// The rules `next` names in its fields (allowed) or its reply (refused), and the status.
+    fn verdict(rt: &Runtime<MemoryStore>, st: &mut StreamState, next: Next) -> (u16, String) {
+        match next {
+            Next::Reply(r) => {
+                let policy = r
+                    .headers()
+                    .find(|(k, _)| *k == "ratelimit-policy")
+                    .map_or(String::new(), |(_, v)| v.to_string());
+                (r.status, policy)
+            }
+            Next::Continue => {
+                let mut policy = String::new();
+                let mut response = FakeResponse::with("content-type", "application/json");
+                st.response_headers(
+                    rt,
+                    &mut response,
+                    || 600_000,
+                    &mut String::new(),
+                    |k, v, _| {
+                        if k == "ratelimit-policy" {
+                            policy = v.to_string();
+                        }
+                    },
+                    |_, _| {},
+                );
+                st.complete(rt, || 600_000, |_, _| {});
+                (200, policy)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rules_keyed_on_or_matching_body_fields_are_decided_once_the_body_is_read() {
+        let names = |policy: &str| -> Vec<String> {
+            policy
+                .split(", ")
+                .filter(|p| !p.is_empty())
+                .map(|p| p.split(';').next().unwrap().trim_matches('"').to_string())
+                .collect()
+        };
+        for piece in [1, 5, 64, 1000] {
+            let rt = runtime(PER_MODEL);
+            let send = |body: &str, key: &str| {
+                let mut h = host(key);
+                h.req.path = Some("/v1/chat/completions".into());
+                let mut st = StreamState::default();
+                let (next, _) = request(&rt, &mut st, &mut h, body.as_bytes(), piece);
+                let (status, policy) = verdict(&rt, &mut st, next);
+                (status, names(&policy))
+            };
+            let mini =
+                r#"{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}"#;
+            // Every rule applies: the model's prefix matches, the key has a model.
+            let (status, rules) = send(mini, "a");
+            assert_eq!(status, 200, "pieces of {piece}");
+            assert_eq!(
+                rules,
+                ["headers-only", "per-model", "gpt-4o"],
+                "pieces of {piece}"
+            );
+            assert_eq!(send(mini, "a").0, 200);
+            // Per model: a third gpt-4o-mini request is refused, another model is not.
+            let (status, rules) = send(mini, "a");
+            assert_eq!(
+                (status, rules.contains(&"per-model".to_string())),
+                (429, true)
+            );
+            let other = r#"{"model": "o3", "messages": []}"#;
+            let (status, rules) = send(other, "a");
+            assert_eq!(status, 200);
+            assert_eq!(rules, ["headers-only", "per-model"], "o3 is not a gpt-4o");
+            // One model however its name is escaped: \u006f is "o".
+            let escaped = r#"{"messages": [], "model": "gpt-4\u006f-mini"}"#;
+            assert_eq!(send(escaped, "a").0, 429, "pieces of {piece}");
+            // A model given twice counts as the last one (as the backend reads it).
+            let twice = r#"{"model": "o3", "messages": [], "model": "gpt-4o-mini"}"#;
+            assert_eq!(send(twice, "a").0, 429);
+            // No model (not JSON, missing, not a string, or past max_body): refused with a 401,
+            // the per-model key's choice.
+            let padded = format!(r#"{{"messages": ["{}"], "model": "o3"}}"#, "x".repeat(300));
+            for body in [
+                "model=o3",
+                r#"{"messages": []}"#,
+                r#"{"model": ["o3"]}"#,
+                padded.as_str(),
+            ] {
+                let (status, _) = send(body, "b");
+                assert_eq!(status, 401, "{body} in pieces of {piece}");
+            }
+            // A field nested in an object, and a match on it with a value not listed.
+            let user = |u: &str| format!(r#"{{"model": "o3", "metadata": {{"user_id": "{u}"}}}}"#);
+            let (status, rules) = send(&user("u1"), "c");
+            assert_eq!(
+                (status, rules),
+                (
+                    200,
+                    vec![
+                        "headers-only".to_string(),
+                        "per-model".into(),
+                        "by-user".into()
+                    ]
+                )
+            );
+            assert_eq!(
+                send(&user("u1"), "d").0,
+                429,
+                "by-user keys the user, not the API key"
+            );
+            assert_eq!(send(&user("u3"), "d").1, ["headers-only", "per-model"]);
+        }
+    }
+
+    #[test]
+    fn a_request_without_a_body_or_failing_another_condition_does_not_wait() {
+        let rt = runtime(PER_MODEL);
+        // No body: its fields are absent, decided on the headers.
+        let mut st = StreamState::default();
+        let mut h = host("a");
+        let (next, at) = request(&rt, &mut st, &mut h, b"", 1);
+        assert_eq!(at, 0);
+        assert_eq!(verdict(&rt, &mut st, next).0, 401);
+        // A config whose body rules all fail on the headers never reads the body.
+        let rt = runtime(
+            r#"{"rules": [{"name": "m", "match": {"path_prefix": "/v1/", "body": [{"field": "model", "equals": "x"}]},
+                "rate_limit": {"requests_per_unit": 1, "unit": "hour"}}]}"#,
+        );
+        let mut h = host("a");
+        h.req.path = Some("/other".into());
+        h.body_follows = true;
+        let mut st = StreamState::default();
+        assert!(matches!(st.request_headers(&rt, &mut h), Next::Continue));
+        assert!(!st.reads_request_body());
     }
 
     #[test]

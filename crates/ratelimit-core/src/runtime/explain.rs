@@ -204,6 +204,9 @@ pub enum Absence {
     Empty,
     /// An `Authorization` header is there, but not of the `Bearer` scheme.
     NotBearer,
+    /// A body field: not in the request's JSON body (or not within `max_body` bytes of it, or
+    /// not a string or a whole number, or the body is not JSON).
+    NotInBody,
 }
 
 impl fmt::Display for Absence {
@@ -212,6 +215,7 @@ impl fmt::Display for Absence {
             Absence::Absent => "absent",
             Absence::Empty => "empty; empty values count as absent",
             Absence::NotBearer => "the authorization header is not a Bearer token",
+            Absence::NotInBody => "not a string or a whole number in the request's JSON body",
         })
     }
 }
@@ -226,6 +230,7 @@ impl fmt::Display for NotApplying<'_> {
                     Condition::Methods(_) => "method".to_string(),
                     Condition::Authority(_) => "authority".to_string(),
                     Condition::Header(h) => format!("header {}", h.name),
+                    Condition::Body(b) => format!("body field {}", b.field.path.join(".")),
                 };
                 match found {
                     Some(v) => write!(f, "{what} \"{}\"", escaped(v)),
@@ -395,6 +400,7 @@ fn found(condition: Condition<'_>, host: &mut impl Attributes) -> Option<Vec<u8>
         Condition::Methods(_) => host.method().map(bytes),
         Condition::Authority(_) => host.authority().map(bytes),
         Condition::Header(h) => host.header(&h.name).map(<[u8]>::to_vec),
+        Condition::Body(b) => host.body_field(b.field.slot).map(<[u8]>::to_vec),
     }
 }
 
@@ -420,6 +426,7 @@ fn absence(part: &KeyPart, host: &mut impl Attributes) -> Absence {
                 .find(|a| *a != Absence::Absent)
                 .unwrap_or(Absence::Absent)
         }
+        KeyPart::Body(_) => return Absence::NotInBody,
         KeyPart::RemoteAddress(_) | KeyPart::Path | KeyPart::Method | KeyPart::Authority => false,
     };
     if there {

@@ -226,6 +226,8 @@ pub struct Pending {
     answers: Vec<Option<Answer>>,
     /// The checks whose cost is sized from the request's body, not sized yet.
     pub(super) sized: SmallVec<[usize; 1]>,
+    /// The rules that read fields of the request's body, waiting for them (rule indexes).
+    pub(super) deferred: SmallVec<[usize; 1]>,
     /// The request's `content-length`, when a rule sizes by it.
     pub(super) content_length: Option<u64>,
     /// Decided after its answer began: it cannot be refused, and a rule charged by the
@@ -236,7 +238,7 @@ pub struct Pending {
 impl Pending {
     /// Whether reservations wait to be sized from the request's body.
     pub fn reads_body(&self) -> bool {
-        !self.sized.is_empty()
+        !self.sized.is_empty() || !self.deferred.is_empty()
     }
 
     /// Whether sync global rules ask their services.
@@ -372,82 +374,18 @@ impl<S: Store> Runtime<S> {
         let full = host.held() >= MAX_HELD;
         let body_follows = host.body_follows();
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
-            let Applying {
-                hash,
-                cost,
-                policy,
-                carried,
-                keyless,
-            } = match self.applying(rule, compiled, host) {
-                Ok(a) => a,
-                Err(Skip::NoMatch) => continue,
-                Err(Skip::MissingPart) => {
-                    if let Some(reply) = self.missing_key(host, i, rule) {
-                        return Start::Decided(Decision::Reply(reply));
-                    }
-                    continue;
+            if body_follows && rule.reads_body_fields() {
+                // Decided once the body's fields are read, if nothing else rules it out.
+                if key::failing_before_body(&rule.matcher, host).is_none() {
+                    p.deferred.push(i);
                 }
-            };
-            if keyless {
-                self.metrics.add(i, Counter::KeyMissing, 1);
+                continue;
             }
-            carried.count(&self.metrics, i);
-            let descriptor = match &rule.global {
-                Some(_) => {
-                    key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
-                }
-                None => None,
-            };
-            if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
-                if g.mode == GlobalMode::Sync {
-                    p.questions.push(Question {
-                        rule: i,
-                        hash,
-                        cost,
-                        message: global::request(&g.domain, entries, cost),
-                    });
-                    p.answers.push(None);
-                    continue;
-                }
+            if let Err(reply) = self.take(&mut p, i, (rule, compiled), host, full, body_follows) {
+                return Start::Decided(Decision::Reply(*reply));
             }
-            let slot = if compiled.policy.uses_log() {
-                table::LOG_SLOTS + hash % u64::from(self.config.capacity.max(1))
-            } else {
-                u64::from(table::bucket_of(hash, self.buckets))
-            };
-            let mut policy = policy;
-            let mut base = None;
-            if let Some(w) = &compiled.watch {
-                let factor = w.factor.load(std::sync::atomic::Ordering::Relaxed);
-                if factor != crate::elastic::BASE {
-                    base = Some(policy);
-                    policy = policy.scaled(factor);
-                }
-            }
-            if let (Policy::Gcra(gp), true) = (&mut policy, full) {
-                if gp.max_delay_ms.is_some() {
-                    gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
-                }
-            }
-            if body_follows && rule.charge().is_some_and(|c| c.sized.is_some()) {
-                p.sized.push(p.checks.len());
-            }
-            p.checks.push(Check {
-                slot,
-                fingerprint: table::fingerprint_of(hash),
-                policy,
-                cost,
-                shadow: rule.shadow,
-                charge_later: rule.charge().is_some_and(|c| !c.true_up),
-                base,
-            });
-            p.applied.push(Applied {
-                rule: i,
-                hash,
-                descriptor,
-            });
         }
-        if p.checks.is_empty() && p.questions.is_empty() {
+        if p.checks.is_empty() && p.questions.is_empty() && p.deferred.is_empty() {
             return Start::Decided(Decision::Continue(None));
         }
         if p.reads_body() {
@@ -458,6 +396,113 @@ impl<S: Store> Runtime<S> {
             return Start::Decided(self.finish(host, &p));
         }
         Start::Ask(p)
+    }
+
+    /// Rule `i`'s first step for the request ([`Runtime::applying`]): adds its check (or its
+    /// question, for a sync global rule) to `p`; `Err` is the reply refusing a request without
+    /// the rule's key (`on_missing_key: refuse`).
+    fn take(
+        &self,
+        p: &mut Pending,
+        i: usize,
+        (rule, compiled): (&Rule, &Compiled),
+        host: &mut impl Host,
+        full: bool,
+        body_follows: bool,
+    ) -> Result<(), Box<Reply>> {
+        let Applying {
+            hash,
+            cost,
+            policy,
+            carried,
+            keyless,
+        } = match self.applying(rule, compiled, host) {
+            Ok(a) => a,
+            Err(Skip::NoMatch) => return Ok(()),
+            Err(Skip::MissingPart) => {
+                return match self.missing_key(host, i, rule) {
+                    Some(reply) => Err(Box::new(reply)),
+                    None => Ok(()),
+                };
+            }
+        };
+        if keyless {
+            self.metrics.add(i, Counter::KeyMissing, 1);
+        }
+        carried.count(&self.metrics, i);
+        let descriptor = match &rule.global {
+            Some(_) => {
+                key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
+            }
+            None => None,
+        };
+        if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
+            if g.mode == GlobalMode::Sync {
+                p.questions.push(Question {
+                    rule: i,
+                    hash,
+                    cost,
+                    message: global::request(&g.domain, entries, cost),
+                });
+                p.answers.push(None);
+                return Ok(());
+            }
+        }
+        let slot = if compiled.policy.uses_log() {
+            table::LOG_SLOTS + hash % u64::from(self.config.capacity.max(1))
+        } else {
+            u64::from(table::bucket_of(hash, self.buckets))
+        };
+        let mut policy = policy;
+        let mut base = None;
+        if let Some(w) = &compiled.watch {
+            let factor = w.factor.load(std::sync::atomic::Ordering::Relaxed);
+            if factor != crate::elastic::BASE {
+                base = Some(policy);
+                policy = policy.scaled(factor);
+            }
+        }
+        if let (Policy::Gcra(gp), true) = (&mut policy, full) {
+            if gp.max_delay_ms.is_some() {
+                gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
+            }
+        }
+        if body_follows && rule.charge().is_some_and(|c| c.sized.is_some()) {
+            p.sized.push(p.checks.len());
+        }
+        p.checks.push(Check {
+            slot,
+            fingerprint: table::fingerprint_of(hash),
+            policy,
+            cost,
+            shadow: rule.shadow,
+            charge_later: rule.charge().is_some_and(|c| !c.true_up),
+            base,
+        });
+        p.applied.push(Applied {
+            rule: i,
+            hash,
+            descriptor,
+        });
+        Ok(())
+    }
+
+    /// The request's body fields are read: the rules that waited for them take their first
+    /// step, seeing them ([`Runtime::take`]).
+    pub(super) fn take_deferred(
+        &self,
+        p: &mut Pending,
+        host: &mut impl Host,
+    ) -> Result<(), Box<Reply>> {
+        let full = host.held() >= MAX_HELD;
+        for i in std::mem::take(&mut p.deferred) {
+            let (Some(rule), Some(compiled)) = (self.config.rules.get(i), self.compiled.get(i))
+            else {
+                continue;
+            };
+            self.take(p, i, (rule, compiled), host, full, true)?;
+        }
+        Ok(())
     }
 
     /// How `rule` sees the request: whether it applies, and if so the client key, the cost and

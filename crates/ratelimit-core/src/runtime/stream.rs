@@ -19,7 +19,7 @@
 //! the decision waits for [`StreamState::started`], so that a request is never resumed from
 //! inside the hook that paused it.
 
-use super::charge::Reading;
+use super::charge::{Read, Reading};
 use super::{Admitted, Decision, Held, Host, Pending, Reply, Response, Runtime, Start};
 use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
@@ -208,13 +208,16 @@ impl StreamState {
         let Phase::Reading(r) = &mut self.phase else {
             return Next::Continue;
         };
-        if !rt.read_request(r, chunk, end) {
-            return Next::Wait;
+        match rt.read_request(r, chunk, end, host) {
+            Read::More => Next::Wait,
+            Read::Refused(reply) => self.decided(Decision::Reply(*reply)),
+            Read::Ready => {
+                let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
+                    return Next::Continue;
+                };
+                self.asking(rt, host, r.pending)
+            }
         }
-        let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
-            return Next::Continue;
-        };
-        self.asking(rt, host, r.pending)
     }
 
     /// The call of the last [`Next::Call`] started (`Ok(id)`) or could not be started.
@@ -439,17 +442,21 @@ impl StreamState {
     /// The backend answered while the request's body was still being read (the wasm build lets
     /// a request's headers go on before its body is read): the request is decided now, with
     /// what was read, and can no longer be refused. Its rules count it as admitted, or, if they
-    /// would have refused it, in `shadow_limited`; its usage is charged either way.
+    /// would have refused it, in `shadow_limited`; its usage is charged either way. Rules
+    /// keyed on or matching body fields do not apply to it.
     fn decide_late<S: Store>(&mut self, rt: &Runtime<S>, now: u64) {
         let Phase::Reading(mut r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
             return;
         };
-        rt.read_request(&mut r, &[], true);
+        // The rules waiting for body fields cannot be keyed any more (the request's attributes
+        // are gone): they do not apply.
+        r.pending.deferred.clear();
+        let mut host = Late { now };
+        rt.read_request(&mut r, &[], true, &mut host);
         for check in r.pending.checks.iter_mut() {
             check.shadow = true;
         }
         r.pending.late = true;
-        let mut host = Late { now };
         let (admitted, held) = match rt.finish(&mut host, &r.pending) {
             Decision::Continue(admitted) => (admitted, None),
             Decision::Hold { admitted, held, .. } => (admitted, Some(held)),

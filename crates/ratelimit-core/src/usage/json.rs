@@ -39,6 +39,16 @@ enum State {
     Colon,
     /// Inside a string value.
     Str,
+    /// Inside a string value at a path's end, kept (unescaped) as text.
+    Text,
+    /// After '\' in such a string.
+    TextEscape,
+    /// In the hex digits of a `\u` escape in such a string.
+    TextHex,
+    /// After a `\u` escape of a high surrogate in such a string: its low surrogate's '\'.
+    TextLowBackslash,
+    /// Its 'u'.
+    TextLowU,
     /// After '\' in a string value.
     StrEscape,
     /// After '-'.
@@ -106,6 +116,25 @@ pub(super) struct Json {
     count: u8,
     /// Which literal is being read.
     literal: u8,
+    /// The text values at the paths' ends, when kept ([`Json::keep_texts`]; boxed: only a
+    /// request body's scan keeps them).
+    texts: Option<Box<Texts>>,
+}
+
+/// The longest text value kept, bytes: a longer one counts as absent.
+pub const MAX_TEXT: usize = 512;
+
+/// The text values found: each slot's last string (unescaped) or whole number.
+#[derive(Clone, Debug, Default)]
+struct Texts {
+    /// Each slot's last value.
+    values: [Vec<u8>; MAX_SLOTS],
+    /// The slots that have one, a bit each.
+    found: u16,
+    /// The string being read.
+    current: Vec<u8>,
+    /// Whether it grew past [`MAX_TEXT`].
+    long: bool,
 }
 
 impl Json {
@@ -127,6 +156,52 @@ impl Json {
             plain: false,
             count: 0,
             literal: 0,
+            texts: None,
+        }
+    }
+
+    /// Keeps the text values at the paths' ends too (strings, whole numbers), not only the
+    /// numbers.
+    pub(super) fn keep_texts(&mut self) {
+        self.texts = Some(Box::default());
+    }
+
+    /// The last text value of `slot`: a string (unescaped) or a whole number as digits; `None`
+    /// when none was found, or it was longer than [`MAX_TEXT`].
+    pub(super) fn text(&self, slot: usize) -> Option<&[u8]> {
+        let t = self.texts.as_deref()?;
+        let bit = u32::try_from(slot).ok().and_then(|s| 1u16.checked_shl(s))?;
+        (t.found & bit != 0)
+            .then(|| t.values.get(slot).map(Vec::as_slice))
+            .flatten()
+    }
+
+    /// Records `value` (`None`: too long) as the text of every slot at the current target.
+    fn found_text(&mut self, paths: &Paths, value: Option<&[u8]>) {
+        let slots = paths.slots_at(self.target);
+        let Some(t) = self.texts.as_deref_mut() else {
+            return;
+        };
+        for (slot, v) in t.values.iter_mut().enumerate() {
+            if slots & (1 << slot) != 0 {
+                v.clear();
+                v.extend_from_slice(value.unwrap_or_default());
+            }
+        }
+        match value {
+            Some(_) => t.found |= slots,
+            None => t.found &= !slots,
+        }
+    }
+
+    /// Adds bytes to the string being kept.
+    fn text_bytes(&mut self, bytes: &[u8]) {
+        if let Some(t) = self.texts.as_deref_mut() {
+            if t.current.len() + bytes.len() > MAX_TEXT {
+                t.long = true;
+            } else {
+                t.current.extend_from_slice(bytes);
+            }
         }
     }
 
@@ -168,6 +243,19 @@ impl Json {
                     Some(at) => i += at,
                     None => return,
                 },
+                State::Text => {
+                    let at = memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+                    let run = rest.get(..at).unwrap_or_default();
+                    if run.iter().any(|&b| b < 0x20) {
+                        self.state = State::Dead; // raw control characters are invalid
+                        return;
+                    }
+                    self.text_bytes(run);
+                    i += at;
+                    if at == rest.len() {
+                        return;
+                    }
+                }
                 State::Dead => return,
                 // Indentation comes in runs.
                 State::Value
@@ -236,7 +324,7 @@ impl Json {
                     b'r' => b'\r',
                     b't' => b'\t',
                     b'u' => {
-                        self.start_hex();
+                        self.start_hex(false);
                         return true;
                     }
                     _ => {
@@ -249,7 +337,7 @@ impl Json {
             }
             State::KeyHex => self.hex_digit(paths, b),
             State::KeyLowBackslash if b == b'\\' => self.state = State::KeyLowU,
-            State::KeyLowU if b == b'u' => self.start_hex(),
+            State::KeyLowU if b == b'u' => self.start_hex(false),
             State::SkipKey => match b {
                 b'"' => {
                     self.target = NONE;
@@ -265,6 +353,47 @@ impl Json {
                 _ => {}
             },
             State::StrEscape => self.state = State::Str,
+            State::Text => match b {
+                b'"' => {
+                    let long = self.texts.as_deref().is_none_or(|t| t.long);
+                    let current = self
+                        .texts
+                        .as_deref_mut()
+                        .map(|t| std::mem::take(&mut t.current))
+                        .unwrap_or_default();
+                    self.found_text(paths, (!long).then_some(current.as_slice()));
+                    if let Some(t) = self.texts.as_deref_mut() {
+                        t.current = current;
+                        t.current.clear();
+                    }
+                    self.after_value();
+                }
+                b'\\' => self.state = State::TextEscape,
+                _ => self.state = State::Dead,
+            },
+            State::TextEscape => {
+                let unescaped = match b {
+                    b'"' | b'\\' | b'/' => b,
+                    b'b' => 0x08,
+                    b'f' => 0x0c,
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'u' => {
+                        self.start_hex(true);
+                        return true;
+                    }
+                    _ => {
+                        self.state = State::Dead;
+                        return true;
+                    }
+                };
+                self.state = State::Text;
+                self.text_bytes(&[unescaped]);
+            }
+            State::TextHex => self.hex_digit(paths, b),
+            State::TextLowBackslash if b == b'\\' => self.state = State::TextLowU,
+            State::TextLowU if b == b'u' => self.start_hex(true),
             State::Minus => match b {
                 b'0' => self.state = State::Zero,
                 b'1'..=b'9' => self.state = State::Int,
@@ -329,6 +458,14 @@ impl Json {
         match b {
             b'{' => self.open(false),
             b'[' => self.open(true),
+            b'"' if self.target != NONE && self.texts.is_some() => {
+                if let Some(t) = self.texts.as_deref_mut() {
+                    t.current.clear();
+                    t.long = false;
+                }
+                self.high = 0;
+                self.state = State::Text;
+            }
             b'"' => self.state = State::Str,
             b'-' => {
                 self.plain = false;
@@ -401,6 +538,10 @@ impl Json {
     }
 
     fn end_number(&mut self, paths: &Paths) {
+        if self.plain && self.target != NONE && self.texts.is_some() {
+            let digits = self.number.to_string();
+            self.found_text(paths, Some(digits.as_bytes()));
+        }
         if self.plain && self.target != NONE {
             let slots = paths.slots_at(self.target);
             for (slot, value) in self.values.iter_mut().enumerate() {
@@ -442,10 +583,11 @@ impl Json {
         };
     }
 
-    fn start_hex(&mut self) {
+    /// A `\u` escape's digits come next, in a key or (`text`) in a string kept as text.
+    fn start_hex(&mut self, text: bool) {
         self.hex = 0;
         self.count = 0;
-        self.state = State::KeyHex;
+        self.state = if text { State::TextHex } else { State::KeyHex };
     }
 
     fn hex_digit(&mut self, paths: &Paths, b: u8) {
@@ -460,10 +602,15 @@ impl Json {
             return;
         }
         let unit = u32::from(self.hex);
+        let text = self.state == State::TextHex;
         let code = match (self.high, unit) {
             (0, 0xd800..=0xdbff) => {
                 self.high = self.hex;
-                self.state = State::KeyLowBackslash;
+                self.state = if text {
+                    State::TextLowBackslash
+                } else {
+                    State::KeyLowBackslash
+                };
                 return;
             }
             (0, 0xdc00..=0xdfff) => None,
@@ -476,6 +623,11 @@ impl Json {
             _ => None,
         };
         match code.and_then(char::from_u32) {
+            Some(c) if text => {
+                let mut utf8 = [0; 4];
+                self.state = State::Text;
+                self.text_bytes(c.encode_utf8(&mut utf8).as_bytes());
+            }
             Some(c) => {
                 let mut utf8 = [0; 4];
                 self.key_bytes(paths, c.encode_utf8(&mut utf8).as_bytes());

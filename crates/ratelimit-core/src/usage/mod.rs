@@ -28,6 +28,7 @@ mod json;
 mod paths;
 mod sse;
 
+pub use json::MAX_TEXT;
 pub use paths::Paths;
 
 /// The most segments a path may have.
@@ -76,6 +77,21 @@ impl Scanner {
             Format::Json => self.json.end_document(paths),
             Format::Sse => self.sse.finish(&mut self.json, paths),
         }
+    }
+
+    /// A scan that also keeps the text values at the paths' ends (for keys and matches on a
+    /// request body's fields): each slot's last string, unescaped, or whole number, as digits.
+    pub fn with_texts(format: Format) -> Scanner {
+        let mut s = Scanner::new(format);
+        s.json.keep_texts();
+        s
+    }
+
+    /// The last text value seen at any path of `slot` (a scan [`Scanner::with_texts`]): a
+    /// string, unescaped, or a whole number as its digits; `None` when none was found or the
+    /// last was longer than [`MAX_TEXT`] bytes.
+    pub fn text(&self, slot: usize) -> Option<&[u8]> {
+        self.json.text(slot)
     }
 
     /// The last value seen at any path of `slot`: non-negative integers only (no fraction, no
