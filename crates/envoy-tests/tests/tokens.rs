@@ -1083,3 +1083,99 @@ fn a_backend_that_answers_before_reading_the_body() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Keys and matches from the request's body
+
+/// Per-model limits read the model from the request's JSON body, however the body comes (one
+/// piece, or a few bytes at a time); the API key however it is sent; a body without a model
+/// refused as the rule says; the allowed bodies reach the upstream unchanged.
+#[test]
+fn per_model_limits_read_the_model_from_the_request_body() {
+    let config = r#"{"rules": [
+        {"name": "per-model", "match": {"path": "/v1/chat/completions"},
+         "key": [{"first": ["header:x-api-key", "bearer"]}, "body:model"], "on_missing_key": "refuse",
+         "rate_limit": {"requests_per_unit": 2, "unit": "hour"}},
+        {"name": "gpt-4o", "match": {"body": [{"field": "model", "prefix": "gpt-4o"}]},
+         "key": [{"first": ["header:x-api-key", "bearer"]}],
+         "rate_limit": {"requests_per_unit": 3, "unit": "hour"}}]}"#;
+    let rig = start(config, &[]);
+    let body = |model: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "a \"model\": \"x\" {}"}}], "model": {model}, "max_tokens": 5}}"#,
+            "pad ".repeat(50)
+        )
+    };
+    let send = |model: &str, key: (&str, &str), piece: usize| {
+        let body = body(model);
+        let pieces: Vec<&[u8]> = body.as_bytes().chunks(piece).collect();
+        let reply = LlmClient::connect(rig.envoy.addr)
+            .unwrap()
+            .send_pieces(
+                "POST",
+                "/v1/chat/completions",
+                &[key, ("content-type", "application/json")],
+                &pieces,
+                Duration::from_millis(if piece < 50 { 2 } else { 0 }),
+                None,
+            )
+            .unwrap();
+        if reply.status == 200 {
+            let ex = rig
+                .up
+                .wait_sent(reply.seq().unwrap(), Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(
+                ex.body,
+                body.as_bytes(),
+                "the upstream got the body unchanged"
+            );
+        }
+        reply
+    };
+    let policies = |r: &Reply| r.header("ratelimit-policy").unwrap_or("").to_string();
+    let a = ("x-api-key", "sk-a");
+    let a_bearer = ("authorization", "Bearer sk-a");
+    // gpt-4o-mini, in one piece then a few bytes at a time, the key sent two ways: both rules
+    // apply; the third request of the model is refused by per-model.
+    let r = send(r#""gpt-4o-mini""#, a, 10_000);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        policies(&r),
+        "\"per-model\";q=2;w=3600, \"gpt-4o\";q=3;w=3600"
+    );
+    assert_eq!(send(r#""gpt-4o-mini""#, a_bearer, 7).status, 200);
+    let r = send(r#""gpt-4\u006f-mini""#, a, 3);
+    assert_eq!(r.status, 429, "one model however it is escaped");
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("per-model"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    // Another model has its own per-model budget, and o3 is not a gpt-4o.
+    let r = send(r#""o3""#, a_bearer, 5);
+    assert_eq!(
+        (r.status, policies(&r).as_str()),
+        (200, "\"per-model\";q=2;w=3600")
+    );
+    // gpt-4o (the family's third): admitted; the family's fourth is refused by gpt-4o.
+    assert_eq!(send(r#""gpt-4o""#, a, 11).status, 200);
+    let r = send(r#""gpt-4o-2024-08-06""#, a, 10_000);
+    assert_eq!(r.status, 429);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("\"gpt-4o\""),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    // No model, or not a string: a 401 from per-model, whatever the pieces.
+    for (model, piece) in [("null", 4), ("[\"o3\"]", 10_000), ("42.5", 1)] {
+        let r = send(model, a, piece);
+        assert_eq!(r.status, 401, "model {model}");
+        // The missing part is the model, not the bearer token: no challenge.
+        assert_eq!(r.header("www-authenticate"), None);
+        assert!(String::from_utf8_lossy(&r.body).contains("(body:model)"));
+    }
+    assert_eq!(rig.counter("per-model", "key_missing", 3), Some(3));
+    assert_eq!(rig.counter("per-model", "limited", 1), Some(1));
+    assert_eq!(rig.counter("gpt-4o", "limited", 1), Some(1));
+}

@@ -431,6 +431,7 @@ impl RootContext for Root {
             state: StreamState::default(),
             away: false,
             request_read: 0,
+            reading: None,
             #[cfg(feature = "panic-trigger")]
             panic_at_end: false,
         }))
@@ -582,6 +583,9 @@ struct Request {
     away: bool,
     /// Request body bytes read so far (Envoy holds the body while the filter reads it).
     request_read: usize,
+    /// What the headers' hook read of the request, kept while its body is read: the rules
+    /// waiting for body fields read the headers then, and proxy-wasm no longer shows them.
+    reading: Option<Box<WasmHost>>,
     /// Test builds: panic when the stream ends (`x-test-panic: end`).
     #[cfg(feature = "panic-trigger")]
     panic_at_end: bool,
@@ -641,9 +645,11 @@ impl Request {
             false => Vec::new(),
         };
         self.request_read = body_size;
-        let next = self
-            .state
-            .request_body(&served.rt, &mut WasmHost::default(), &piece, end);
+        let mut host = self.reading.take().unwrap_or_default();
+        let next = self.state.request_body(&served.rt, &mut *host, &piece, end);
+        if self.state.reads_request_body() {
+            self.reading = Some(host);
+        }
         self.carry_out(&served, next, true)
     }
 
@@ -771,6 +777,7 @@ impl HttpContext for Request {
             // proxy-wasm cannot stop the headers and still see the body (a paused request's
             // body is held from the filter too): the headers go on, the body is held until
             // the request is decided.
+            self.reading = Some(Box::new(host));
             return Action::Continue;
         }
         self.carry_out(&served, next, true)

@@ -487,6 +487,31 @@ impl<S: Store> Runtime<S> {
         Ok(())
     }
 
+    /// Reads now every attribute the rules waiting for body fields will read once the body
+    /// is in (their conditions, key parts, limits and costs): a host that keeps what it read
+    /// can answer them then, even where the request's headers are gone by then (proxy-wasm
+    /// lets a filter read them only in the headers' hook, once the headers go on).
+    pub(super) fn read_ahead(&self, p: &Pending, host: &mut impl Host) {
+        for &i in &p.deferred {
+            let Some(rule) = self.config.rules.get(i) else {
+                continue;
+            };
+            for c in key::conditions(&rule.matcher) {
+                c.holds(host);
+            }
+            key::visit_parts(&rule.key, host, true, |_, _| {});
+            for from in [&rule.per_request.limit, &rule.per_request.burst]
+                .into_iter()
+                .flatten()
+            {
+                key::carried(&from.source, host);
+            }
+            if let Cost::Header(name) = &rule.cost {
+                host.header(name);
+            }
+        }
+    }
+
     /// The request's body fields are read: the rules that waited for them take their first
     /// step, seeing them ([`Runtime::take`]).
     pub(super) fn take_deferred(

@@ -162,6 +162,7 @@ impl StreamState {
         match rt.start(host) {
             Start::Decided(decision) => self.decided(decision),
             Start::Ask(pending) if pending.reads_body() => {
+                rt.read_ahead(&pending, host);
                 self.phase = Phase::Reading(Box::new(Reading::new(pending)));
                 Next::Wait
             }
@@ -196,8 +197,12 @@ impl StreamState {
     }
 
     /// A piece of the request's body (`end`: the last one; the request's trailers count as its
-    /// end). Sizes the reservations once their fields are read, then goes on as after the
-    /// headers; [`Next::Wait`] while more is needed (the host keeps the body).
+    /// end). `host` answers for the request as at its headers (the rules waiting for body
+    /// fields read its attributes now: a host that can no longer read them keeps what it read
+    /// in the headers' hook, which reads all they need, [`Runtime::read_ahead`]). Sizes the
+    /// reservations and lets the waiting rules take their first step once the fields are
+    /// read, then goes on as after the headers; [`Next::Wait`] while more is needed (the host
+    /// keeps the body).
     pub fn request_body<S: Store>(
         &mut self,
         rt: &Runtime<S>,
