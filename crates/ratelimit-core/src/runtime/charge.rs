@@ -847,6 +847,27 @@ mod tests {
     }
 
     #[test]
+    fn a_request_answered_before_its_body_was_read_is_not_keyed_on_its_body() {
+        let rt = runtime(PER_MODEL);
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        h.body_follows = true;
+        let mut st = StreamState::default();
+        assert!(matches!(st.request_headers(&rt, &mut h), Next::Wait));
+        assert!(matches!(
+            st.request_body(&rt, &mut h, br#"{"model": "gpt-4o", "#, false),
+            Next::Wait
+        ));
+        // The answer comes first (the wasm build): decided without the body rules.
+        let (status, policy) = verdict(&rt, &mut st, Next::Continue);
+        assert_eq!(
+            (status, policy.as_str()),
+            (200, "\"headers-only\";q=100;w=3600")
+        );
+        assert_eq!(counted(&rt, Counter::KeyMissing), 0);
+    }
+
+    #[test]
     fn a_request_without_a_body_or_failing_another_condition_does_not_wait() {
         let rt = runtime(PER_MODEL);
         // No body: its fields are absent, decided on the headers.
