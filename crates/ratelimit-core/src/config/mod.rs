@@ -5,7 +5,7 @@ pub mod body;
 mod parse;
 
 use crate::elastic;
-use crate::limiter::{gcra, Policy};
+use crate::limiter::{gcra, Policy, Windows};
 use std::fmt;
 
 /// The default number of client keys tracked at once: about 1.2 MiB of Envoy memory when the
@@ -612,7 +612,10 @@ impl Rule {
         let window_ms = quota.window_ms();
         match algorithm {
             Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
-            Algorithm::FixedWindow => Policy::FixedWindow { limit, window_ms },
+            Algorithm::FixedWindow => Policy::FixedWindow {
+                limit,
+                windows: quota.windows(),
+            },
             Algorithm::SlidingLog => Policy::SlidingLog { limit, window_ms },
             Algorithm::TokenBucket { burst } => Policy::Gcra(gcra::Params {
                 limit,
@@ -762,12 +765,28 @@ pub struct Quota {
     pub requests_per_unit: u32,
     /// The window.
     pub unit: Unit,
+    /// The UTC offset of a fixed window's days, weeks and months, minutes (`+02:00` is 120):
+    /// they begin at that offset's midnight. 0 for every other algorithm.
+    pub utc_offset_min: i32,
 }
 
 impl Quota {
-    /// The window length in milliseconds.
+    /// The window length in milliseconds; for a month, the longest (31 days): a month's
+    /// windows are the calendar's ([`Quota::windows`]).
     pub fn window_ms(&self) -> u64 {
         self.unit.seconds() * 1000
+    }
+
+    /// The windows of a fixed window over this quota: the unit's length aligned to the epoch
+    /// (seconds to hours), to midnight at the offset (days), to Monday's midnight (weeks), or
+    /// calendar months.
+    pub fn windows(&self) -> Windows {
+        match self.unit {
+            Unit::Month => Windows::Months {
+                offset_min: self.utc_offset_min,
+            },
+            _ => Windows::aligned(self.window_ms(), self.utc_offset_min),
+        }
     }
 }
 
@@ -782,9 +801,23 @@ pub enum Unit {
     Hour,
     /// 86400 seconds.
     Day,
+    /// 7 days; a fixed window's weeks begin on Monday.
+    Week,
+    /// A calendar month, 28 to 31 days: fixed windows only.
+    Month,
 }
 
 impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 6] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+    ];
+
     /// The name used in the configuration.
     pub fn name(self) -> &'static str {
         match self {
@@ -792,16 +825,20 @@ impl Unit {
             Unit::Minute => "minute",
             Unit::Hour => "hour",
             Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
         }
     }
 
-    /// The unit's length in seconds.
+    /// The unit's length in seconds; for a month, the longest (31 days).
     pub fn seconds(self) -> u64 {
         match self {
             Unit::Second => 1,
             Unit::Minute => 60,
             Unit::Hour => 3_600,
             Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 31 * 86_400,
         }
     }
 }
