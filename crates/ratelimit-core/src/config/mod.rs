@@ -509,8 +509,9 @@ impl Charge {
 /// of its input, capped by the rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sized {
-    /// The fields naming the output maximum (the last one found counts).
-    pub from: Vec<Vec<String>>,
+    /// The fields naming the output maximum (the last one found counts); `None` for a rule
+    /// that reserves its input estimate alone.
+    pub from: Option<Vec<Vec<String>>>,
     /// Their slot in [`Config::request_paths`].
     pub slot: usize,
     /// The estimate of the input added to it.
@@ -528,6 +529,18 @@ pub enum Input {
     Fixed(u32),
     /// The request body's bytes divided by this (its `content-length`, else the bytes seen).
     PerBytes(u32),
+}
+
+impl Sized {
+    /// The output maximum a request's body named, `value` being what the body scan found in
+    /// each slot: 0 for a reservation without one (`None`: not named, the body is still being
+    /// read or never named it).
+    pub fn maximum(&self, value: impl Fn(usize) -> Option<u64>) -> Option<u64> {
+        match self.from {
+            Some(_) => value(self.slot),
+            None => Some(0),
+        }
+    }
 }
 
 impl Input {

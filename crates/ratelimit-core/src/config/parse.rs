@@ -1033,8 +1033,9 @@ impl Validator {
                         format!("usage {s:?}: {why}")
                     } else {
                         format!(
-                            "unknown usage {s:?} (expected header:NAME, body_bytes, openai, \
-                             anthropic, gemini, or json:PATH fields, e.g. json:usage.total_tokens)"
+                            "unknown usage {s:?} (expected header:NAME, body_bytes, a preset ({}), \
+                             or json:PATH fields, e.g. json:usage.total_tokens)",
+                            body::names(&body::RESPONSE_PRESETS)
                         )
                     };
                     self.error(&p, reason);
@@ -1075,6 +1076,22 @@ impl Validator {
             Some(t) => self.boolean(t, &join(path, "true_up")),
             None => Some(false),
         };
+        // The reservation follows what the rule charges.
+        let counts = map
+            .get("response")
+            .and_then(Value::as_str)
+            .and_then(|s| body::counts(s, &body::RESPONSE_PRESETS).map(|c| (s, c)));
+        match (counts, &sized) {
+            (Some((s, body::Counts::Input)), Some(Some(z))) if z.from.is_some() => self.error(
+                &join(&rp, "from"),
+                format!("{s:?} charges input tokens: its reservation is the input estimate (\"input\"), not the output maximum the request names (that is an output rule's)"),
+            ),
+            (Some((s, body::Counts::Output)), Some(Some(z))) if z.input != Input::Fixed(0) => self.error(
+                &join(&rp, "input"),
+                format!("{s:?} charges output tokens: its reservation is the output maximum the request names (\"from\"), not an input estimate (that is an input rule's)"),
+            ),
+            _ => {}
+        }
         Some(Charge {
             usage: usage?,
             reserve: u32::try_from(reserve?).ok()?,
@@ -1097,7 +1114,7 @@ impl Validator {
             Some(f) => self.string(f, &fp).and_then(|s| {
                 match body::expression(s, &body::REQUEST_PRESETS) {
                     Ok(mut terms) if terms.len() == 1 && terms.first().is_some_and(|t| t.0 == 1) => {
-                        terms.pop().map(|t| t.1)
+                        terms.pop().map(|t| Some(t.1))
                     }
                     Ok(_) => {
                         self.error(&fp, "expected one field (json:PATH alternatives joined by |), not a sum");
@@ -1114,10 +1131,7 @@ impl Validator {
                     }
                 }
             }),
-            None => {
-                self.error(&fp, "required field is missing");
-                None
-            }
+            None => Some(None),
         };
         let ip = join(path, "input");
         let input = match map.get("input") {
@@ -1154,6 +1168,13 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_BODY_HELD),
         };
+        if let (Some(None), Some(Input::Fixed(_))) = (&from, &input) {
+            self.error(
+                path,
+                "expected \"from\" (the output maximum the request names) or \"input\": \"bytes/N\" (an estimate from its size), or both; a reservation of a fixed figure is a number",
+            );
+            return None;
+        }
         Some((default?, body::sized(from?, input?, max_body?)))
     }
 
