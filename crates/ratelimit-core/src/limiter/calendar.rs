@@ -49,12 +49,16 @@ impl Windows {
     pub fn aligned(len_ms: u64, offset_min: i32) -> Windows {
         let len = len_ms.max(1);
         let base = if len == WEEK_MS { MONDAY_MS } else { 0 };
-        // Local midnight is `offset` before UTC midnight.
-        let offset = i128::from(offset_min) * 60_000;
-        let phase = (i128::from(base) - offset).rem_euclid(i128::from(len));
+        // Local midnight is `offset` before UTC midnight: the phase is `base - offset` modulo
+        // the length, kept in u64 (an offset is at most 14 hours).
+        let offset = u64::from(offset_min.unsigned_abs()) * 60_000 % len;
+        let phase = match offset_min < 0 {
+            true => (base % len + offset) % len,
+            false => (base % len + len - offset) % len,
+        };
         Windows::Every {
             len_ms: len,
-            phase_ms: u64::try_from(phase).unwrap_or(0),
+            phase_ms: phase,
         }
     }
 
