@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{now_ms, Client, Envoy};
+use common::{date, now_ms, utc_month as month_of, Client, Envoy};
 
 const CONFIG: &str = r#"{"rules": [
   {"name": "monthly", "match": {"path_prefix": "/month"}, "algorithm": "fixed_window",
@@ -19,34 +19,6 @@ const CONFIG: &str = r#"{"rules": [
   {"name": "weekly-east", "match": {"path_prefix": "/week"}, "algorithm": "fixed_window",
    "rate_limit": {"requests_per_unit": 1, "unit": "week", "utc_offset": "+05:30"}}
 ]}"#;
-
-/// GNU `date` with `args`, as an integer.
-fn date(args: &[&str]) -> i64 {
-    let out = std::process::Command::new("date")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "date {args:?}");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// The UTC calendar month holding `t` (s): start and end, s since the epoch.
-fn month_of(t: i64) -> (i64, i64) {
-    let at = format!("@{t}");
-    let first = std::process::Command::new("date")
-        .args(["-u", "-d", &at, "+%Y-%m-01"])
-        .output()
-        .unwrap()
-        .stdout;
-    let first = String::from_utf8(first).unwrap().trim().to_string();
-    let start = date(&["-u", "-d", &first, "+%s"]);
-    let end = date(&["-u", "-d", &format!("{first} +1 month"), "+%s"]);
-    (start, end)
-}
 
 /// The end of the week (Monday 00:00 at `offset` s east of UTC) holding `t`, s since the epoch.
 fn week_end(t: i64, offset: i64) -> i64 {
