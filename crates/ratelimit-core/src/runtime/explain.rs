@@ -391,7 +391,7 @@ fn absence(part: &KeyPart, host: &mut impl Attributes) -> Absence {
 }
 
 /// The limit in force as a sentence: `100 per minute`, `10 per second, burst 20`, `5 in
-/// flight`, `1000 per month (UTC+02:00)`.
+/// flight`, `1000 per month at UTC+02:00`.
 pub fn limit_text(policy: &Policy) -> String {
     match policy {
         Policy::InFlight { max, .. } => format!("{max} in flight"),
@@ -406,7 +406,7 @@ pub fn limit_text(policy: &Policy) -> String {
 }
 
 /// A policy's window by its unit's name (`minute`, `month`), with the UTC offset of a fixed
-/// window's if it has one (`day (UTC+05:30)`), or in seconds; empty for requests in flight.
+/// window's if it has one (`day at UTC+05:30`), or in seconds; empty for requests in flight.
 pub fn window_text(policy: &Policy) -> String {
     match *policy {
         Policy::FixedWindow { windows, .. } => windows_name(windows),
@@ -424,7 +424,7 @@ fn window_name(ms: u64) -> String {
 }
 
 /// A fixed window's windows by name, with their UTC offset if they have one: `month`,
-/// `day (UTC+05:30)`. An offset is shown as the one nearest UTC that lays the windows where
+/// `day at UTC+05:30`. An offset is shown as the one nearest UTC that lays the windows where
 /// they are (a day at +14:00 is a day at -10:00).
 fn windows_name(windows: Windows) -> String {
     let (name, offset_ms) = match windows {
@@ -443,7 +443,7 @@ fn windows_name(windows: Windows) -> String {
     };
     match offset_ms / 60_000 {
         0 => name,
-        m => format!("{name} (UTC{})", calendar::offset_text(m)),
+        m => format!("{name} at UTC{}", calendar::offset_text(m)),
     }
 }
 
@@ -919,10 +919,10 @@ mod tests {
         assert_eq!(
             texts,
             [
-                "9 per month (UTC+02:00)",
-                "9 per week (UTC-05:30)",
+                "9 per month at UTC+02:00",
+                "9 per week at UTC-05:30",
                 // The same windows as +14:00: a day at UTC-10:00.
-                "9 per day (UTC-10:00)",
+                "9 per day at UTC-10:00",
                 "9 per week",
             ]
         );
