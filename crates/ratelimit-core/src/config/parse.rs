@@ -1171,7 +1171,7 @@ impl Validator {
         if let (Some(None), Some(Input::Fixed(_))) = (&from, &input) {
             self.error(
                 path,
-                "expected \"from\" (the output maximum the request names) or \"input\": \"bytes/N\" (an estimate from its size), or both; a reservation of a fixed figure is a number",
+                "expected \"from\" (the output maximum the request names), \"input\": \"bytes/N\" (an estimate from its size), or both (a reservation of a fixed figure is a number)",
             );
             return None;
         }
