@@ -154,7 +154,7 @@ build-native-panic:
 # The tests that drive a real Envoy (the envoy-tests package), against the wasm build, then
 # again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only). The first
 # run includes versions.rs: each native build in the Envoys it was and was not built for.
-ENVOY_TESTS := --test envoy --test algorithms --test failure --test reload --test flood --test quota --test elastic \
+ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \

@@ -112,6 +112,59 @@ fn rule_config(name: &str, limit: u64, unit: &str, global: &str, failure_mode: &
     )
 }
 
+/// Budgets of a week and of 31 days in the service: the refusal waits the service's own reset,
+/// days away (it was once cut to a day), and `w` is the service's WEEK, or, for a length the
+/// protocol has no unit for, the rule's own window: this calendar month. (Limitador counts a
+/// limit's `seconds` from a key's first hit: it has no calendar months.)
+#[test]
+fn long_global_budgets_tell_the_services_reset_days_away() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let _rls = rls_limits(
+        rls_port,
+        redis_port,
+        &[("week", 1, 604_800), ("month", 1, 31 * 86_400)],
+        0,
+    );
+    let rule = |name: &str| {
+        format!(
+            r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}"}}, "key": ["remote_address"],
+                "rate_limit": {{"requests_per_unit": 1, "unit": "{name}"}},
+                "global": {{"cluster": "ratelimit", "domain": "edge"}}}}"#
+        )
+    };
+    let config = format!(r#"{{"rules": [{}, {}]}}"#, rule("week"), rule("month"));
+    let envoy = envoy(&config, rls_port);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let month_w = || {
+        let (start, end) = common::utc_month(common::now_ms() as i64 / 1000);
+        end - start
+    };
+    for (path, seconds) in [("/week", 604_800), ("/month", 31 * 86_400)] {
+        assert_eq!(c.get(path).unwrap().status, 200, "{path}");
+        let before = month_w();
+        let refused = c.get(path).unwrap();
+        let after = month_w();
+        assert_eq!(refused.status, 429, "{path}");
+        let retry = refused.header_u64("retry-after").unwrap();
+        assert!(
+            (seconds - 3..=seconds).contains(&retry),
+            "{path}: retry-after {retry}, the service's reset {seconds}"
+        );
+        let rate = refused.header("ratelimit").unwrap();
+        assert!(rate.ends_with(&format!(";t={retry}")), "{path}: {rate}");
+        let policy = refused.header("ratelimit-policy").unwrap();
+        let w: Vec<String> = match path {
+            "/week" => vec!["w=604800".into()],
+            _ => vec![format!("w={before}"), format!("w={after}")],
+        };
+        assert!(
+            w.iter().any(|w| policy.ends_with(w.as_str())),
+            "{path}: {policy}"
+        );
+    }
+}
+
 #[test]
 fn sync_mode_holds_the_limit_exactly_across_proxies() {
     let (redis_port, rls_port) = (free_port(), free_port());

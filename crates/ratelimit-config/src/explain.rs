@@ -7,7 +7,8 @@ use ratelimit_core::config::{Carried, Config, GlobalMode, Resolved};
 use ratelimit_core::key::{self, Attributes, Meta, PlainRequest, Seed};
 use ratelimit_core::limiter::Policy;
 use ratelimit_core::runtime::explain::{
-    escaped, limit_text, resolved_text, Absence, Applies, CostFrom, Explained, NotApplying, Value,
+    escaped, limit_text, resolved_text, window_text, Absence, Applies, CostFrom, Explained,
+    NotApplying, Value,
 };
 use ratelimit_core::runtime::{Host, Runtime};
 use ratelimit_core::store::MemoryStore;
@@ -432,6 +433,7 @@ fn applies_json(
             let (n, window_ms) = p.limit_and_window();
             limit.insert("requests_per_unit".into(), n.into());
             limit.insert("window_s".into(), (window_ms / 1000).into());
+            limit.insert("window".into(), window_text(&p).into());
             if let Some(b) = p.burst() {
                 limit.insert("burst".into(), b.into());
             }

@@ -5,6 +5,7 @@ use ratelimit_core::config::{
     Algorithm, Config, Cost, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit, Match,
     MissingKey, Rule, Usage,
 };
+use ratelimit_core::limiter::calendar;
 
 /// The summary of a valid configuration: its settings, then each rule on a line.
 pub fn summary(c: &Config) -> String {
@@ -157,12 +158,16 @@ pub fn limit(r: &Rule) -> String {
         other => other.name().to_string(),
     };
     format!(
-        "{} {}per {} ({algorithm})",
+        "{} {}per {}{} ({algorithm})",
         number(quota.requests_per_unit, from.limit.as_ref()),
         r.quota_unit
             .as_deref()
             .map_or(String::new(), |u| format!("{u} ")),
         quota.unit.name(),
+        match quota.utc_offset_min {
+            0 => String::new(),
+            m => format!(" at UTC{}", calendar::offset_text(i64::from(m))),
+        },
     )
 }
 

@@ -871,7 +871,7 @@ mod tests {
     /// data) or the store's own bucket under its lock (the native build's process store).
     #[test]
     fn the_one_bucket_path_matches_the_general_path() {
-        use crate::limiter::gcra;
+        use crate::limiter::{gcra, Windows};
         let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
         let mut next = move |n: u64| rng.below(n);
         let policies = [
@@ -881,7 +881,7 @@ mod tests {
             },
             Policy::FixedWindow {
                 limit: 2,
-                window_ms: 500,
+                windows: Windows::every(500),
             },
             Policy::Gcra(gcra::Params {
                 limit: 4,
@@ -933,7 +933,7 @@ mod tests {
     /// evicting one another, refused by some, shadow or charged later, corrupt buckets).
     #[test]
     fn held_buckets_decide_as_compare_and_swap() {
-        use crate::limiter::gcra;
+        use crate::limiter::{gcra, Windows};
         use crate::store::ProcessStore;
         let mut rng = crate::testkit::Rng(0x2545_f491_4f6c_dd1du64);
         let mut next = move |n: u64| rng.below(n);
@@ -944,7 +944,7 @@ mod tests {
             },
             Policy::FixedWindow {
                 limit: 2,
-                window_ms: 500,
+                windows: Windows::every(500),
             },
             Policy::Gcra(gcra::Params {
                 limit: 4,

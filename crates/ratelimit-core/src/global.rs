@@ -56,10 +56,14 @@ fn ours(name: &str) -> bool {
     n.starts_with("x-ratelimit") || n.starts_with("ratelimit") || n == "retry-after"
 }
 
-/// A sync rule's verdict from its service's answer, with the headers the service adds.
+/// A sync rule's verdict from its service's answer at `now_ms`, with the headers the service
+/// adds. What the service leaves out is the rule's own: its limit, its window holding `now_ms`
+/// (a calendar month's length, for a month), and, to wait, the time to a fixed window's end or
+/// a whole window of the other algorithms.
 pub fn verdict(
     answer: Option<&Answer>,
     policy: &Policy,
+    now_ms: u64,
 ) -> Result<(Verdict, Vec<(String, String)>), ServiceError> {
     let r = match answer {
         Some(Ok(r)) => r,
@@ -72,12 +76,18 @@ pub fn verdict(
         rls::Code::Unknown => return Err(ServiceError::Unknown),
     };
     let status = r.statuses.first().cloned().unwrap_or_default();
-    let (limit, window_ms) = policy.limit_and_window();
+    let limit = policy.limit_and_window().0;
+    let (start, end) = policy.window_at(now_ms).unwrap_or((now_ms, now_ms));
+    // A fixed window ends at a known time; the others may refuse for a whole window.
+    let wait = match policy {
+        Policy::FixedWindow { .. } => end.saturating_sub(now_ms),
+        _ => end - start,
+    };
     let reset_ms = status.reset_ms.unwrap_or(0);
     let v = Verdict {
         allowed,
         limit: status.requests_per_unit.map_or(limit, u64::from),
-        window_s: status.unit_seconds.unwrap_or(window_ms / 1000),
+        window_s: status.unit_seconds.unwrap_or((end - start) / 1000),
         remaining: u64::from(status.limit_remaining),
         reset_ms,
         retry_after_ms: if allowed {
@@ -85,7 +95,7 @@ pub fn verdict(
         } else if reset_ms > 0 {
             reset_ms
         } else {
-            window_ms
+            wait
         },
         delay_ms: 0,
     };
@@ -163,16 +173,15 @@ pub struct Flush {
 }
 
 /// How long a key the service found over its limit stays blocked: the service's reset time,
-/// else until the end of the rule's current window.
+/// else until the end of the rule's window holding `now_ms` (a calendar month's, for a month).
 pub fn block_ms(answer: &rls::Response, policy: &Policy, now_ms: u64) -> u64 {
-    let (_, window_ms) = policy.limit_and_window();
-    let window = window_ms.max(1);
+    let end = policy.window_at(now_ms).map_or(now_ms, |(_, end)| end);
     answer
         .statuses
         .first()
         .and_then(|s| s.reset_ms)
         .filter(|&ms| ms > 0)
-        .unwrap_or(window - now_ms % window)
+        .unwrap_or(end.saturating_sub(now_ms).max(1))
 }
 
 /// Writes a block for a key into its bucket (a few CAS attempts; losing them all only delays the
@@ -228,7 +237,7 @@ mod tests {
                 ("x-service".into(), "a".into()),
             ],
         };
-        let (v, headers) = verdict(Some(&Ok(over)), &POLICY).unwrap();
+        let (v, headers) = verdict(Some(&Ok(over)), &POLICY, 61_000).unwrap();
         assert_eq!(
             (v.allowed, v.limit, v.window_s, v.retry_after_ms),
             (false, 5, 1, 700)
@@ -240,15 +249,15 @@ mod tests {
             overall_code: Code::OverLimit,
             ..Response::default()
         };
-        let (v, _) = verdict(Some(&Ok(bare)), &POLICY).unwrap();
+        let (v, _) = verdict(Some(&Ok(bare)), &POLICY, 61_000).unwrap();
         assert_eq!((v.limit, v.window_s, v.retry_after_ms), (10, 60, 60_000));
         let unknown = Response::default();
-        assert!(verdict(Some(&Ok(unknown)), &POLICY).is_err());
+        assert!(verdict(Some(&Ok(unknown)), &POLICY, 61_000).is_err());
         assert_eq!(
-            verdict(Some(&Err(ServiceError::Grpc(4))), &POLICY),
+            verdict(Some(&Err(ServiceError::Grpc(4))), &POLICY, 61_000),
             Err(ServiceError::Grpc(4))
         );
-        assert!(verdict(None, &POLICY).is_err());
+        assert!(verdict(None, &POLICY, 61_000).is_err());
     }
 
     #[test]

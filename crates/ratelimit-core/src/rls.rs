@@ -101,7 +101,8 @@ pub struct DescriptorStatus {
     pub code: Code,
     /// `current_limit.requests_per_unit`, if the service said.
     pub requests_per_unit: Option<u32>,
-    /// `current_limit.unit` in seconds (SECOND..YEAR), if the service said.
+    /// `current_limit.unit` in seconds (SECOND to WEEK), if the service said one of a fixed
+    /// length: MONTH and YEAR are calendar ones, whose length the rule's own window gives.
     pub unit_seconds: Option<u64>,
     /// `limit_remaining`.
     pub limit_remaining: u32,
@@ -238,17 +239,22 @@ fn fields(
     Ok(())
 }
 
+/// The length of a `RateLimitResponse.RateLimit.Unit`, s: SECOND (1) to DAY (4), and WEEK (7,
+/// added to the protocol after YEAR); `None` for UNKNOWN and the calendar's MONTH (5) and YEAR
+/// (6), which have no one length.
 fn unit_seconds(unit: u64) -> Option<u64> {
     match unit {
         1 => Some(1),
         2 => Some(60),
         3 => Some(3_600),
         4 => Some(86_400),
-        5 => Some(30 * 86_400),
-        6 => Some(365 * 86_400),
+        7 => Some(7 * 86_400),
         _ => None,
     }
 }
+
+/// The longest `duration_until_reset` taken (a leap year); longer ones are cut to it.
+pub const MAX_RESET_MS: u64 = 366 * 86_400_000;
 
 fn decode_status(buf: &[u8]) -> Result<DescriptorStatus, DecodeError> {
     let mut s = DescriptorStatus::default();
@@ -274,9 +280,10 @@ fn decode_status(buf: &[u8]) -> Result<DescriptorStatus, DecodeError> {
                     }
                     Ok(())
                 })?;
-                // Negative durations (two's complement varints) read as huge: clamp to a day.
+                // A negative duration (a two's complement varint) says nothing; a month's or a
+                // year's reset is up to 366 days away.
                 let ms = secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
-                s.reset_ms = Some(ms.min(86_400_000));
+                s.reset_ms = (i64::try_from(secs).is_ok()).then_some(ms.min(MAX_RESET_MS));
             }
             _ => {}
         }
@@ -380,6 +387,45 @@ mod tests {
         );
         assert_eq!(r.headers, [("x-a".to_string(), "1".to_string())]);
         assert_eq!(decode_response(&[]).unwrap(), Response::default());
+    }
+
+    /// A status with `current_limit.unit` `unit` and `duration_until_reset` of `secs` seconds
+    /// (a varint: a negative one is two's complement).
+    fn status(unit: u8, secs: i64) -> DescriptorStatus {
+        let mut duration = vec![0x08];
+        put_varint(&mut duration, secs as u64);
+        let status = [
+            &[
+                0x08,
+                1,
+                0x12,
+                4,
+                0x08,
+                5,
+                0x10,
+                unit,
+                0x22,
+                duration.len() as u8,
+            ][..],
+            &duration,
+        ]
+        .concat();
+        let msg = [&[0x08, 1, 0x12, status.len() as u8][..], &status].concat();
+        decode_response(&msg).unwrap().statuses.remove(0)
+    }
+
+    #[test]
+    fn weeks_months_and_long_resets() {
+        assert_eq!(status(7, 1).unit_seconds, Some(604_800), "WEEK is 7");
+        assert_eq!(status(4, 1).unit_seconds, Some(86_400), "DAY");
+        // MONTH and YEAR have no one length: the rule's own window is reported.
+        assert_eq!(status(5, 1).unit_seconds, None);
+        assert_eq!(status(6, 1).unit_seconds, None);
+        // A month's reset, 20 days away, is taken whole; past a leap year it is cut.
+        assert_eq!(status(5, 20 * 86_400).reset_ms, Some(20 * 86_400_000));
+        assert_eq!(status(6, 400 * 86_400).reset_ms, Some(MAX_RESET_MS));
+        // A negative duration says nothing (it used to read as a day).
+        assert_eq!(status(5, -5).reset_ms, None);
     }
 
     #[test]

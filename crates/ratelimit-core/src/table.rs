@@ -351,6 +351,7 @@ mod tests {
             last_ms: 7,
             window_ms: 1000,
             count: 2,
+            to_end_ms: 993,
         });
         b.put(17, f, 7);
         let mut b2 = b.clone();

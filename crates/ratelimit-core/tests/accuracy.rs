@@ -7,7 +7,7 @@
 
 use ratelimit_core::testkit::Rng;
 
-use ratelimit_core::limiter::{gcra, Policy, State};
+use ratelimit_core::limiter::{gcra, Policy, State, Windows};
 use std::collections::HashMap;
 
 /// Runs a trace of (time, cost) through a policy; returns the admitted flags.
@@ -171,7 +171,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
                 "fixed_window",
                 Policy::FixedWindow {
                     limit,
-                    window_ms: w,
+                    windows: Windows::every(w),
                 },
                 reference_fixed_window(limit, w, &t),
             ),
@@ -246,7 +246,7 @@ fn retry_after_is_exact_for_every_algorithm() {
             },
             Policy::FixedWindow {
                 limit,
-                window_ms: w,
+                windows: Windows::every(w),
             },
             Policy::Gcra(gcra::Params {
                 limit,
@@ -395,7 +395,7 @@ fn a_clock_jumping_backwards_unlocks_nothing() {
         },
         Policy::FixedWindow {
             limit: 5,
-            window_ms: w,
+            windows: Windows::every(w),
         },
         Policy::Gcra(gcra::Params {
             limit: 5,

@@ -22,7 +22,7 @@ use proptest::sample::{select, Index};
 use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
 use ratelimit_core::config::{Config, KeyPart, Match, Prefixes};
 use ratelimit_core::key::{client_key, descriptor_entries, matches, PlainRequest, Seed};
-use ratelimit_core::limiter::{gcra, Policy, State};
+use ratelimit_core::limiter::{gcra, Policy, State, Windows};
 use ratelimit_core::table::{Slot, LOG_SLOTS};
 use std::cell::Cell;
 use std::fmt;
@@ -367,7 +367,7 @@ fn slot_decoding_takes_any_bytes() {
         },
         Policy::FixedWindow {
             limit: 5,
-            window_ms: 60_000,
+            windows: Windows::every(60_000),
         },
         Policy::Gcra(gcra::Params {
             limit: 7,

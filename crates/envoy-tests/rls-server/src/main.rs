@@ -33,6 +33,7 @@ fn unit(seconds: u64) -> (u32, Unit) {
         60 => (1, Unit::Minute),
         3600 => (1, Unit::Hour),
         86400 => (1, Unit::Day),
+        604800 => (1, Unit::Week),
         _ => (1, Unit::Unknown),
     }
 }

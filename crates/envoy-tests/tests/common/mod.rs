@@ -822,6 +822,30 @@ pub fn at_once<T: Send + 'static>(
 }
 
 /// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
+/// GNU `date` with `args`, as an integer: calendar figures computed apart from the filter's.
+pub fn date(args: &[&str]) -> i64 {
+    let out = Command::new("date").args(args).output().unwrap();
+    assert!(out.status.success(), "date {args:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The UTC calendar month holding `t` (s since the epoch): its start and end, by GNU `date`.
+pub fn utc_month(t: i64) -> (i64, i64) {
+    let first = Command::new("date")
+        .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-01"])
+        .output()
+        .unwrap()
+        .stdout;
+    let first = String::from_utf8(first).unwrap().trim().to_string();
+    let start = date(&["-u", "-d", &first, "+%s"]);
+    let end = date(&["-u", "-d", &format!("{first} +1 month"), "+%s"]);
+    (start, end)
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

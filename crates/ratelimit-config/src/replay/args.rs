@@ -56,9 +56,11 @@ impl WhatIf {
                 "minute" | "m" => Unit::Minute,
                 "hour" | "h" => Unit::Hour,
                 "day" | "d" => Unit::Day,
+                "week" => Unit::Week,
+                "month" => Unit::Month,
                 other => {
                     return Err(format!(
-                    "--what-if {text}: unknown unit {other:?} (expected second, minute, hour, day)"
+                    "--what-if {text}: unknown unit {other:?} (expected second, minute, hour, day, week, month)"
                 ))
                 }
             }),
@@ -208,6 +210,10 @@ mod tests {
         // A limit the filter would refuse is the configuration's error, not a usage error.
         let zero = Options::parse(&args(&["c.json", "a.log", "--what-if", "per-ip=0"])).unwrap();
         assert_eq!(zero.what_ifs[0].limit, 0);
+        // A billing period: a month is the configuration's to accept (fixed_window only).
+        let month = WhatIf::parse("budget=5000/month").unwrap();
+        assert_eq!((month.limit, month.unit), (5000, Some(Unit::Month)));
+        assert_eq!(WhatIf::parse("b=1/week").unwrap().unit, Some(Unit::Week));
         assert_eq!(o.fields, [(Field::RemoteAddress, "client".to_string())]);
         assert_eq!(o.reorder_window_ms, 2500);
         assert!(o.json && !o.raw_keys);
@@ -221,7 +227,7 @@ mod tests {
             &["c.json", "a.log", "--what-if", "per-ip"],
             &["c.json", "a.log", "--what-if", "per-ip=-1"],
             &["c.json", "a.log", "--what-if", "=5"],
-            &["c.json", "a.log", "--what-if", "per-ip=5/week"],
+            &["c.json", "a.log", "--what-if", "per-ip=5/fortnight"],
             &["c.json", "a.log", "--field", "client=x"],
             &["c.json", "a.log", "--top"],
             &["c.json", "a.log", "--reorder-window", "-1"],

@@ -5,36 +5,164 @@
 use super::{Config, Cost, Sized, Term, Usage};
 use crate::usage::{Paths, MAX_DEPTH, MAX_SLOTS};
 
+/// What a preset of `cost.response` counts: all of an answer's tokens, its input (prompt,
+/// cached or not) or its output. A rule's reservation follows it: the input estimate for
+/// input, the output maximum for output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counts {
+    /// Input and output.
+    Total,
+    /// Input tokens (prompt, cached, cache writes).
+    Input,
+    /// Output tokens (completion, reasoning included).
+    Output,
+}
+
+/// A named usage expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preset {
+    /// Its name in the configuration.
+    pub name: &'static str,
+    /// The expression it stands for.
+    pub expression: &'static str,
+    /// What it counts.
+    pub counts: Counts,
+}
+
+const fn preset(name: &'static str, expression: &'static str, counts: Counts) -> Preset {
+    Preset {
+        name,
+        expression,
+        counts,
+    }
+}
+
 /// The presets of `cost.response`: the usage each API reports in its JSON answers and in its
-/// event streams.
-pub const RESPONSE_PRESETS: [(&str, &str); 3] = [
-    // Chat Completions, Completions, Embeddings (`usage`, also the last chunk of a stream with
-    // `stream_options.include_usage`); the Responses API (`usage`, and the `response.completed`
-    // event of its stream).
-    (
+/// event streams, in all, and its input, output and cached tokens apart. OpenAI: Chat
+/// Completions, Completions and Embeddings (`usage`, also the last chunk of a stream with
+/// `stream_options.include_usage`), the Responses API (`usage`, and the `response.completed`
+/// event's `response.usage`). Anthropic Messages: `usage` in the answer; in a stream
+/// `message_start` carries `message.usage`, `message_delta` the running `usage` (the last one is
+/// the total). Gemini: `generateContent`, and every event of `streamGenerateContent` (running
+/// totals).
+pub const RESPONSE_PRESETS: [Preset; 13] = [
+    preset(
         "openai",
         "json:usage.total_tokens | json:response.usage.total_tokens",
+        Counts::Total,
     ),
-    // Messages: `usage` in the answer; in a stream `message_start` carries `message.usage` and
-    // `message_delta` the running `usage.output_tokens` (the last one is the total).
-    (
+    preset(
         "anthropic",
         "json:usage.input_tokens | json:message.usage.input_tokens + \
          json:usage.output_tokens | json:message.usage.output_tokens",
+        Counts::Total,
     ),
-    // generateContent, and every event of streamGenerateContent (running totals).
-    ("gemini", "json:usageMetadata.totalTokenCount"),
+    preset(
+        "gemini",
+        "json:usageMetadata.totalTokenCount",
+        Counts::Total,
+    ),
+    // `prompt_tokens` (Chat Completions) or `input_tokens` (Responses): cached ones included.
+    preset(
+        "openai-input",
+        "json:usage.prompt_tokens | json:usage.input_tokens | json:response.usage.input_tokens",
+        Counts::Input,
+    ),
+    // `completion_tokens` or `output_tokens`: reasoning tokens included.
+    preset(
+        "openai-output",
+        "json:usage.completion_tokens | json:usage.output_tokens | \
+         json:response.usage.output_tokens",
+        Counts::Output,
+    ),
+    // The part of the input read from the prompt cache.
+    preset(
+        "openai-cached",
+        "json:usage.prompt_tokens_details.cached_tokens | \
+         json:usage.input_tokens_details.cached_tokens | \
+         json:response.usage.input_tokens_details.cached_tokens",
+        Counts::Input,
+    ),
+    // Input not read from nor written to the cache: Anthropic reports those apart.
+    preset(
+        "anthropic-input",
+        "json:usage.input_tokens | json:message.usage.input_tokens",
+        Counts::Input,
+    ),
+    preset(
+        "anthropic-output",
+        "json:usage.output_tokens | json:message.usage.output_tokens",
+        Counts::Output,
+    ),
+    preset(
+        "anthropic-cache-read",
+        "json:usage.cache_read_input_tokens | json:message.usage.cache_read_input_tokens",
+        Counts::Input,
+    ),
+    preset(
+        "anthropic-cache-write",
+        "json:usage.cache_creation_input_tokens | \
+         json:message.usage.cache_creation_input_tokens",
+        Counts::Input,
+    ),
+    // The prompt, cached part included.
+    preset(
+        "gemini-input",
+        "json:usageMetadata.promptTokenCount",
+        Counts::Input,
+    ),
+    // The candidates and the thinking that led to them.
+    preset(
+        "gemini-output",
+        "json:usageMetadata.candidatesTokenCount + json:usageMetadata.thoughtsTokenCount",
+        Counts::Output,
+    ),
+    preset(
+        "gemini-cached",
+        "json:usageMetadata.cachedContentTokenCount",
+        Counts::Input,
+    ),
 ];
 
 /// The presets of `cost.reserve.from`: where each API's request names its output maximum.
-pub const REQUEST_PRESETS: [(&str, &str); 3] = [
-    (
+pub const REQUEST_PRESETS: [Preset; 3] = [
+    preset(
         "openai",
         "json:max_completion_tokens | json:max_tokens | json:max_output_tokens",
+        Counts::Output,
     ),
-    ("anthropic", "json:max_tokens"),
-    ("gemini", "json:generationConfig.maxOutputTokens"),
+    preset("anthropic", "json:max_tokens", Counts::Output),
+    preset(
+        "gemini",
+        "json:generationConfig.maxOutputTokens",
+        Counts::Output,
+    ),
 ];
+
+/// The names of `presets`, joined by `, `.
+pub fn names(presets: &[Preset]) -> String {
+    presets
+        .iter()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a usage expression counts, if it is made of presets alone (`None` for one with
+/// `json:` fields: who knows); a sum of input and output presets counts the total.
+pub fn counts(s: &str, presets: &[Preset]) -> Option<Counts> {
+    let mut all: Option<Counts> = None;
+    for term in s.split('+') {
+        let name = term.split_once('*').map_or(term, |(_, rest)| rest).trim();
+        let c = presets.iter().find(|p| p.name == name)?.counts;
+        all = Some(match all {
+            None => c,
+            Some(a) if a == c => a,
+            Some(_) => Counts::Total,
+        });
+    }
+    all
+}
 
 /// A parsed expression's terms: (weight, alternative paths, each a list of keys).
 pub type Terms = Vec<(u32, Vec<Vec<String>>)>;
@@ -44,12 +172,13 @@ const MAX_EXPRESSION: usize = 1024;
 
 /// Parses a usage expression (or a preset's name): terms joined by `+`, each an optional
 /// integer weight and `*`, then one or more `json:PATH` joined by `|` (alternatives: the last
-/// one found counts). A path is keys joined by `.` from the document's root.
-pub fn expression(s: &str, presets: &[(&str, &str)]) -> Result<Terms, String> {
+/// one found counts), or a preset's name (its terms, times the weight). A path is keys joined
+/// by `.` from the document's root.
+pub fn expression(s: &str, presets: &[Preset]) -> Result<Terms, String> {
     let s = presets
         .iter()
-        .find(|(name, _)| *name == s)
-        .map_or(s, |(_, e)| *e);
+        .find(|p| p.name == s)
+        .map_or(s, |p| p.expression);
     if s.len() > MAX_EXPRESSION {
         return Err(format!("longer than {MAX_EXPRESSION} bytes"));
     }
@@ -66,6 +195,13 @@ pub fn expression(s: &str, presets: &[(&str, &str)]) -> Result<Terms, String> {
             }
             None => (1, term),
         };
+        if let Some(p) = presets.iter().find(|p| p.name == alternatives.trim()) {
+            // A preset's own expression holds fields only: this cannot recurse.
+            for (w, paths) in expression(p.expression, &[])? {
+                terms.push((w.saturating_mul(weight), paths));
+            }
+            continue;
+        }
         let mut paths = Vec::new();
         for alt in alternatives.split('|') {
             let alt = alt.trim();
@@ -112,7 +248,9 @@ pub(super) fn assign(config: &mut Config) -> Result<(), String> {
             }
         }
         if let Some(sized) = &mut charge.sized {
-            sized.slot = slot_of(&mut request, &sized.from);
+            if let Some(from) = &sized.from {
+                sized.slot = slot_of(&mut request, from);
+            }
         }
     }
     config.usage_paths = compile(&response, "response")?;
@@ -155,7 +293,7 @@ pub(super) fn term((weight, paths): (u32, Vec<Vec<String>>)) -> Term {
 }
 
 /// A sized reservation, its slot assigned later.
-pub(super) fn sized(from: Vec<Vec<String>>, input: super::Input, max_body: u32) -> Sized {
+pub(super) fn sized(from: Option<Vec<Vec<String>>>, input: super::Input, max_body: u32) -> Sized {
     Sized {
         from,
         slot: 0,
@@ -200,7 +338,22 @@ mod tests {
             expression("gemini", &REQUEST_PRESETS).unwrap(),
             [(1, vec![p("generationConfig.maxOutputTokens")])]
         );
+        // A preset as a term: its terms, times the weight.
+        assert_eq!(
+            expression("json:a + 2*gemini-output", &RESPONSE_PRESETS).unwrap(),
+            [
+                (1, vec![p("a")]),
+                (2, vec![p("usageMetadata.candidatesTokenCount")]),
+                (2, vec![p("usageMetadata.thoughtsTokenCount")]),
+            ]
+        );
+        assert_eq!(
+            expression("anthropic-input + anthropic-output", &RESPONSE_PRESETS).unwrap(),
+            expression("anthropic", &RESPONSE_PRESETS).unwrap()
+        );
         for bad in [
+            "openai-input | json:a",
+            "openai | openai-input",
             "usage.total",
             "json:",
             "json:a..b",

@@ -5,7 +5,7 @@ pub mod body;
 mod parse;
 
 use crate::elastic;
-use crate::limiter::{gcra, Policy};
+use crate::limiter::{gcra, Policy, Windows};
 use std::fmt;
 
 /// The default number of client keys tracked at once: about 1.2 MiB of Envoy memory when the
@@ -552,8 +552,9 @@ impl Charge {
 /// of its input, capped by the rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sized {
-    /// The fields naming the output maximum (the last one found counts).
-    pub from: Vec<Vec<String>>,
+    /// The fields naming the output maximum (the last one found counts); `None` for a rule
+    /// that reserves its input estimate alone.
+    pub from: Option<Vec<Vec<String>>>,
     /// Their slot in [`Config::request_paths`].
     pub slot: usize,
     /// The estimate of the input added to it.
@@ -571,6 +572,18 @@ pub enum Input {
     Fixed(u32),
     /// The request body's bytes divided by this (its `content-length`, else the bytes seen).
     PerBytes(u32),
+}
+
+impl Sized {
+    /// The output maximum a request's body named, `value` being what the body scan found in
+    /// each slot: 0 for a reservation without one (`None`: not named, the body is still being
+    /// read or never named it).
+    pub fn maximum(&self, value: impl Fn(usize) -> Option<u64>) -> Option<u64> {
+        match self.from {
+            Some(_) => value(self.slot),
+            None => Some(0),
+        }
+    }
 }
 
 impl Input {
@@ -684,7 +697,10 @@ impl Rule {
         let window_ms = quota.window_ms();
         match algorithm {
             Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
-            Algorithm::FixedWindow => Policy::FixedWindow { limit, window_ms },
+            Algorithm::FixedWindow => Policy::FixedWindow {
+                limit,
+                windows: quota.windows(),
+            },
             Algorithm::SlidingLog => Policy::SlidingLog { limit, window_ms },
             Algorithm::TokenBucket { burst } => Policy::Gcra(gcra::Params {
                 limit,
@@ -936,12 +952,28 @@ pub struct Quota {
     pub requests_per_unit: u32,
     /// The window.
     pub unit: Unit,
+    /// The UTC offset of a fixed window's days, weeks and months, minutes (`+02:00` is 120):
+    /// they begin at that offset's midnight. 0 for every other algorithm.
+    pub utc_offset_min: i32,
 }
 
 impl Quota {
-    /// The window length in milliseconds.
+    /// The window length in milliseconds; for a month, the longest (31 days): a month's
+    /// windows are the calendar's ([`Quota::windows`]).
     pub fn window_ms(&self) -> u64 {
         self.unit.seconds() * 1000
+    }
+
+    /// The windows of a fixed window over this quota: the unit's length aligned to the epoch
+    /// (seconds to hours), to midnight at the offset (days), to Monday's midnight (weeks), or
+    /// calendar months.
+    pub fn windows(&self) -> Windows {
+        match self.unit {
+            Unit::Month => Windows::Months {
+                offset_min: self.utc_offset_min,
+            },
+            _ => Windows::aligned(self.window_ms(), self.utc_offset_min),
+        }
     }
 }
 
@@ -956,9 +988,23 @@ pub enum Unit {
     Hour,
     /// 86400 seconds.
     Day,
+    /// 7 days; a fixed window's weeks begin on Monday.
+    Week,
+    /// A calendar month, 28 to 31 days: fixed windows only.
+    Month,
 }
 
 impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 6] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+    ];
+
     /// The name used in the configuration.
     pub fn name(self) -> &'static str {
         match self {
@@ -966,16 +1012,20 @@ impl Unit {
             Unit::Minute => "minute",
             Unit::Hour => "hour",
             Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
         }
     }
 
-    /// The unit's length in seconds.
+    /// The unit's length in seconds; for a month, the longest (31 days).
     pub fn seconds(self) -> u64 {
         match self {
             Unit::Second => 1,
             Unit::Minute => 60,
             Unit::Hour => 3_600,
             Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 31 * 86_400,
         }
     }
 }

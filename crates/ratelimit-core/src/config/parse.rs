@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::elastic;
-use crate::limiter::sliding_log;
+use crate::limiter::{calendar, sliding_log};
 use crate::seed::Seed;
 use crate::usage::Paths;
 use serde_json::{Map, Value};
@@ -533,6 +533,8 @@ impl Validator {
                 }
             }
         }
+        let sync = matches!(&global, Some(Some(g)) if g.mode == GlobalMode::Sync);
+        let limit = self.calendar(limit, map.get("rate_limit"), sync, path);
         Some(Rule {
             name: name?,
             matcher: matcher?,
@@ -1062,8 +1064,9 @@ impl Validator {
                         format!("usage {s:?}: {why}")
                     } else {
                         format!(
-                            "unknown usage {s:?} (expected header:NAME, body_bytes, openai, \
-                             anthropic, gemini, or json:PATH fields, e.g. json:usage.total_tokens)"
+                            "unknown usage {s:?} (expected header:NAME, body_bytes, a preset ({}), \
+                             or json:PATH fields, e.g. json:usage.total_tokens)",
+                            body::names(&body::RESPONSE_PRESETS)
                         )
                     };
                     self.error(&p, reason);
@@ -1104,6 +1107,22 @@ impl Validator {
             Some(t) => self.boolean(t, &join(path, "true_up")),
             None => Some(false),
         };
+        // The reservation follows what the rule charges.
+        let counts = map
+            .get("response")
+            .and_then(Value::as_str)
+            .and_then(|s| body::counts(s, &body::RESPONSE_PRESETS).map(|c| (s, c)));
+        match (counts, &sized) {
+            (Some((s, body::Counts::Input)), Some(Some(z))) if z.from.is_some() => self.error(
+                &join(&rp, "from"),
+                format!("{s:?} charges input tokens: its reservation is the input estimate (\"input\"), not the output maximum the request names (that is an output rule's)"),
+            ),
+            (Some((s, body::Counts::Output)), Some(Some(z))) if z.input != Input::Fixed(0) => self.error(
+                &join(&rp, "input"),
+                format!("{s:?} charges output tokens: its reservation is the output maximum the request names (\"from\"), not an input estimate (that is an input rule's)"),
+            ),
+            _ => {}
+        }
         Some(Charge {
             usage: usage?,
             reserve: u32::try_from(reserve?).ok()?,
@@ -1126,7 +1145,7 @@ impl Validator {
             Some(f) => self.string(f, &fp).and_then(|s| {
                 match body::expression(s, &body::REQUEST_PRESETS) {
                     Ok(mut terms) if terms.len() == 1 && terms.first().is_some_and(|t| t.0 == 1) => {
-                        terms.pop().map(|t| t.1)
+                        terms.pop().map(|t| Some(t.1))
                     }
                     Ok(_) => {
                         self.error(&fp, "expected one field (json:PATH alternatives joined by |), not a sum");
@@ -1143,10 +1162,7 @@ impl Validator {
                     }
                 }
             }),
-            None => {
-                self.error(&fp, "required field is missing");
-                None
-            }
+            None => Some(None),
         };
         let ip = join(path, "input");
         let input = match map.get("input") {
@@ -1183,6 +1199,13 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_BODY_HELD),
         };
+        if let (Some(None), Some(Input::Fixed(_))) = (&from, &input) {
+            self.error(
+                path,
+                "expected \"from\" (the output maximum the request names), \"input\": \"bytes/N\" (an estimate from its size), or both (a reservation of a fixed figure is a number)",
+            );
+            return None;
+        }
         Some((default?, body::sized(from?, input?, max_body?)))
     }
 
@@ -1562,7 +1585,7 @@ impl Validator {
 
     /// With `requests_per_unit` read from each request, if so configured.
     fn quota(&mut self, v: &Value, path: &str) -> Option<(Quota, Option<FromRequest>)> {
-        let map = self.object(v, path, &["requests_per_unit", "unit"])?;
+        let map = self.object(v, path, &["requests_per_unit", "unit", "utc_offset"])?;
         let rpu = match map.get("requests_per_unit") {
             Some(n) => self.amount(n, &join(path, "requests_per_unit")),
             None => {
@@ -1583,6 +1606,8 @@ impl Validator {
                     ("minute", Unit::Minute),
                     ("hour", Unit::Hour),
                     ("day", Unit::Day),
+                    ("week", Unit::Week),
+                    ("month", Unit::Month),
                 ],
             ),
             None => {
@@ -1590,14 +1615,90 @@ impl Validator {
                 None
             }
         };
+        let utc_offset_min = match map.get("utc_offset") {
+            Some(o) => self.utc_offset(o, &join(path, "utc_offset")),
+            None => Some(0),
+        };
         let (requests_per_unit, from) = rpu?;
         Some((
             Quota {
                 requests_per_unit,
                 unit: unit?,
+                utc_offset_min: utc_offset_min?,
             },
             from,
         ))
+    }
+
+    /// A UTC offset, `+HH:MM` or `-HH:MM`, in minutes.
+    fn utc_offset(&mut self, v: &Value, path: &str) -> Option<i32> {
+        let s = self.string(v, path)?;
+        let b = s.as_bytes();
+        let digits = |r: std::ops::Range<usize>| {
+            let d = b.get(r)?;
+            d.iter()
+                .all(u8::is_ascii_digit)
+                .then(|| d.iter().fold(0i32, |n, c| n * 10 + i32::from(c - b'0')))
+        };
+        let sign = match b.first() {
+            Some(b'+') => Some(1),
+            Some(b'-') => Some(-1),
+            _ => None,
+        };
+        let minutes = match (sign, digits(1..3), b.get(3), digits(4..6), b.len()) {
+            (Some(sign), Some(h), Some(b':'), Some(m), 6) if m < 60 => Some(sign * (h * 60 + m)),
+            _ => None,
+        }
+        .filter(|m| m.abs() <= calendar::MAX_OFFSET_MIN);
+        if minutes.is_none() {
+            self.error(
+                path,
+                format!("expected an offset from UTC as \"+HH:MM\" or \"-HH:MM\", from -14:00 to +14:00 (\"+02:00\" for UTC+2), found {s:?}"),
+            );
+        }
+        minutes
+    }
+
+    /// A rule's limit with the calendar's constraints: a month counts only in fixed windows
+    /// (a sync global rule's service decides, and its local windows become calendar months),
+    /// and only fixed windows begin at a time of day (`utc_offset`).
+    fn calendar(
+        &mut self,
+        limit: Option<Limit>,
+        rate_limit: Option<&Value>,
+        sync: bool,
+        path: &str,
+    ) -> Option<Limit> {
+        let Some(Limit::Rate { quota, algorithm }) = limit else {
+            return limit;
+        };
+        if sync {
+            let calendar = matches!(quota.unit, Unit::Week | Unit::Month);
+            let algorithm = match calendar || quota.utc_offset_min != 0 {
+                true => Algorithm::FixedWindow,
+                false => algorithm,
+            };
+            return Some(Limit::Rate { quota, algorithm });
+        }
+        let mut ok = true;
+        if algorithm != Algorithm::FixedWindow {
+            let name = algorithm.name();
+            if quota.unit == Unit::Month {
+                self.error(
+                    &join(path, "rate_limit.unit"),
+                    format!("\"month\" needs \"algorithm\": \"fixed_window\": a calendar month has 28 to 31 days, and {name} needs a window of one length (use \"week\", or fixed_window)"),
+                );
+                ok = false;
+            }
+            if rate_limit.and_then(|q| q.get("utc_offset")).is_some() {
+                self.error(
+                    &join(path, "rate_limit.utc_offset"),
+                    format!("only fixed_window's windows begin at a time of day: {name} has none to move"),
+                );
+                ok = false;
+            }
+        }
+        limit.filter(|_| ok)
     }
 
     fn response(&mut self, v: &Value, path: &str) -> Option<ResponseConfig> {
@@ -1716,7 +1817,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "rules[0].rate_limit.requests_per_unit: expected an integer from 1 to 4294967295, found number 0; \
-             rules[0].rate_limit.unit: unknown unit \"fortnight\" (expected second, minute, hour, day); \
+             rules[0].rate_limit.unit: unknown unit \"fortnight\" (expected second, minute, hour, day, week, month); \
              capacity: expected an integer from 1 to 1048576, found number 0"
         );
     }

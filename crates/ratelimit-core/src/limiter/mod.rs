@@ -3,12 +3,15 @@
 //! what one rule says of one request. Where state lives and how it is updated is
 //! [`crate::engine`]'s business.
 
+pub mod calendar;
 pub(crate) mod codec;
 pub mod fixed_window;
 pub mod gcra;
 pub mod in_flight;
 pub mod sliding_log;
 pub mod sliding_window;
+
+pub use calendar::Windows;
 
 /// `limit` scaled by `factor` permille, at least 1.
 pub fn scale(limit: u64, factor: u32) -> u64 {
@@ -48,8 +51,8 @@ pub enum Policy {
     FixedWindow {
         /// Requests per window.
         limit: u64,
-        /// Window, ms.
-        window_ms: u64,
+        /// Where its windows begin and end.
+        windows: Windows,
     },
     /// Token bucket, or leaky bucket (with or without delay).
     Gcra(gcra::Params),
@@ -119,14 +122,26 @@ impl State {
 }
 
 impl Policy {
-    /// The limit and the window (ms) of the policy.
+    /// The limit and the window (ms) of the policy; for calendar months, the longest (31 days):
+    /// [`Policy::window_at`] has the window of a given time.
     pub fn limit_and_window(&self) -> (u64, u64) {
         match *self {
             Policy::SlidingWindow { limit, window_ms }
-            | Policy::FixedWindow { limit, window_ms }
             | Policy::SlidingLog { limit, window_ms } => (limit, window_ms),
+            Policy::FixedWindow { limit, windows } => (limit, windows.longest_ms()),
             Policy::Gcra(p) => (p.limit, p.window_ms),
             Policy::InFlight { max, .. } => (max, 0),
+        }
+    }
+
+    /// The window holding `now_ms` (start, end), ms since the epoch: a fixed window's own (a
+    /// calendar month's, a week from Monday), else one of the policy's length aligned to the
+    /// epoch; `None` for a policy without a window (requests in flight).
+    pub fn window_at(&self, now_ms: u64) -> Option<(u64, u64)> {
+        match *self {
+            Policy::FixedWindow { windows, .. } => Some(windows.bounds(now_ms)),
+            Policy::InFlight { .. } => None,
+            p => Some(Windows::every(p.limit_and_window().1).bounds(now_ms)),
         }
     }
 
@@ -139,9 +154,9 @@ impl Policy {
                 limit: scale(limit),
                 window_ms,
             },
-            Policy::FixedWindow { limit, window_ms } => Policy::FixedWindow {
+            Policy::FixedWindow { limit, windows } => Policy::FixedWindow {
                 limit: scale(limit),
-                window_ms,
+                windows,
             },
             Policy::SlidingLog { limit, window_ms } => Policy::SlidingLog {
                 limit: scale(limit),
@@ -164,7 +179,7 @@ impl Policy {
     pub fn with_limit(&self, limit: u64, burst: u64) -> Policy {
         match *self {
             Policy::SlidingWindow { window_ms, .. } => Policy::SlidingWindow { limit, window_ms },
-            Policy::FixedWindow { window_ms, .. } => Policy::FixedWindow { limit, window_ms },
+            Policy::FixedWindow { windows, .. } => Policy::FixedWindow { limit, windows },
             Policy::SlidingLog { window_ms, .. } => Policy::SlidingLog { limit, window_ms },
             Policy::Gcra(p) => Policy::Gcra(gcra::Params { limit, burst, ..p }),
             Policy::InFlight { lease_ms, .. } => Policy::InFlight {
@@ -197,12 +212,15 @@ impl Policy {
     ) -> (Verdict, Option<State>) {
         if let Some(State::Blocked { until_ms }) = state {
             if now_ms < *until_ms {
-                let (limit, window_ms) = self.limit_and_window();
+                let limit = self.limit_and_window().0;
+                let window_s = self
+                    .window_at(now_ms)
+                    .map_or(0, |(start, end)| (end - start) / 1000);
                 let wait = until_ms - now_ms;
                 let verdict = Verdict {
                     allowed: false,
                     limit,
-                    window_s: window_ms / 1000,
+                    window_s,
                     remaining: 0,
                     reset_ms: wait,
                     retry_after_ms: wait,
@@ -221,12 +239,12 @@ impl Policy {
                 let (v, n) = sliding_window::decide(s, now_ms, limit, window_ms, cost);
                 (v, n.map(State::SlidingWindow))
             }
-            Policy::FixedWindow { limit, window_ms } => {
+            Policy::FixedWindow { limit, windows } => {
                 let s = match state {
                     Some(State::FixedWindow(s)) => Some(*s),
                     _ => None,
                 };
-                let (v, n) = fixed_window::decide(s, now_ms, limit, window_ms, cost);
+                let (v, n) = fixed_window::decide(s, now_ms, limit, windows, cost);
                 (v, n.map(State::FixedWindow))
             }
             Policy::Gcra(params) => {
@@ -280,12 +298,12 @@ impl Policy {
                 let (v, n) = sliding_window::charge(s, now_ms, limit, window_ms, cost);
                 Some((v, State::SlidingWindow(n)))
             }
-            (Policy::FixedWindow { limit, window_ms }, s) => {
+            (Policy::FixedWindow { limit, windows }, s) => {
                 let s = match s {
                     Some(State::FixedWindow(s)) => Some(*s),
                     _ => None,
                 };
-                let (v, n) = fixed_window::charge(s, now_ms, limit, window_ms, cost);
+                let (v, n) = fixed_window::charge(s, now_ms, limit, windows, cost);
                 Some((v, State::FixedWindow(n)))
             }
             (Policy::Gcra(params), s) => {

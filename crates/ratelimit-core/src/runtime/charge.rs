@@ -149,7 +149,7 @@ impl<S: Store> Runtime<S> {
         }
         let all_found = r.pending.sized.iter().all(|&i| {
             self.sized_of(&r.pending, i)
-                .is_none_or(|sized| r.scanner.value(sized.slot).is_some())
+                .is_none_or(|sized| sized.maximum(|slot| r.scanner.value(slot)).is_some())
         });
         let known_length = r.pending.content_length.is_some() || !by_bytes;
         if !(end || r.bytes >= max_body || all_found && known_length && !fields) {
@@ -169,7 +169,7 @@ impl<S: Store> Runtime<S> {
             let Some((charge, sized, rule)) = self.charge_at(&r.pending, i) else {
                 continue;
             };
-            let cost = match r.scanner.value(sized.slot) {
+            let cost = match sized.maximum(|slot| r.scanner.value(slot)) {
                 Some(max) => max
                     .saturating_add(sized.input.estimate(length))
                     .clamp(1, u64::from(rule.limit.capacity().max(1))),
@@ -507,7 +507,7 @@ mod tests {
         st.response_body(
             rt,
             0,
-            Some(br#"{"usage":{"total_tokens":0}}"#),
+            Some(br#"{"usage":{"total_tokens":0,"input_tokens":0,"output_tokens":0}}"#),
             true,
             || 600_000,
             |_, _| {},
@@ -887,6 +887,44 @@ mod tests {
         let mut st = StreamState::default();
         assert!(matches!(st.request_headers(&rt, &mut h), Next::Continue));
         assert!(!st.reads_request_body());
+    }
+
+    /// An input rule reserves the input estimate alone, an output rule the output maximum
+    /// alone; each is trued up to its own part of the usage.
+    #[test]
+    fn an_input_rule_reserves_the_input_and_an_output_rule_the_output_maximum() {
+        let rule = |response: &str, reserve: &str| {
+            runtime(&format!(
+                r#"{{"rules": [{{"name": "tokens", "key": ["header:x-api-key"],
+                    "rate_limit": {{"requests_per_unit": 1000, "unit": "hour"}},
+                    "cost": {{"response": "{response}", "true_up": true, "reserve": {reserve}}}}}]}}"#
+            ))
+        };
+        let input = rule("anthropic-input", r#"{"input": "bytes/4", "default": 300}"#);
+        let output = rule(
+            "anthropic-output",
+            r#"{"from": "anthropic", "default": 300}"#,
+        );
+        let json = [("content-type", "application/json")];
+        // 48 bytes naming max_tokens 200; the answer used 30 input tokens (and 500 read from
+        // the cache, which neither counts) and 150 output tokens.
+        let body = br#"{"max_tokens":200,"messages":[{"content":"hi"}]}"#;
+        let usage =
+            br#"{"usage":{"input_tokens":30,"cache_read_input_tokens":500,"output_tokens":150}}"#;
+        // (runtime, reserved, the piece it was decided at, charged)
+        for (rt, reserved, decided_at, used) in [(&input, 12, 1, 30), (&output, 200, 3, 150)] {
+            let mut h = host("a");
+            h.req
+                .headers
+                .push(("content-length".into(), b"48".to_vec()));
+            let mut st = StreamState::default();
+            let (next, at) = request(rt, &mut st, &mut h, body, 8);
+            assert!(matches!(next, Next::Continue));
+            assert_eq!(at, decided_at, "the input needs only the length");
+            assert_eq!(remaining(rt, "a", 300), 1000 - reserved);
+            answer(rt, &mut st, &json, usage, 1000, true);
+            assert_eq!(remaining(rt, "a", 300), 1000 - used);
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::request::{Applying, Carrying, Host};
 use super::Runtime;
 use crate::config::{self, Carried, Cost, FromRequest, KeyPart, Limit, Resolved, Rule, Source};
 use crate::key::{self, Attributes, Condition};
-use crate::limiter::Policy;
+use crate::limiter::{calendar, Policy, Windows};
 use crate::store::Store;
 use std::fmt;
 use std::net::IpAddr;
@@ -437,13 +437,12 @@ fn absence(part: &KeyPart, host: &mut impl Attributes) -> Absence {
 }
 
 /// The limit in force as a sentence: `100 per minute`, `10 per second, burst 20`, `5 in
-/// flight`.
+/// flight`, `1000 per month at UTC+02:00`.
 pub fn limit_text(policy: &Policy) -> String {
     match policy {
         Policy::InFlight { max, .. } => format!("{max} in flight"),
         p => {
-            let (limit, window_ms) = p.limit_and_window();
-            let window = window_name(window_ms);
+            let (limit, window) = (p.limit_and_window().0, window_text(p));
             match p.burst() {
                 Some(b) => format!("{limit} per {window}, burst {b}"),
                 None => format!("{limit} per {window}"),
@@ -452,17 +451,46 @@ pub fn limit_text(policy: &Policy) -> String {
     }
 }
 
+/// A policy's window by its unit's name (`minute`, `month`), with the UTC offset of a fixed
+/// window's if it has one (`day at UTC+05:30`), or in seconds; empty for requests in flight.
+pub fn window_text(policy: &Policy) -> String {
+    match *policy {
+        Policy::FixedWindow { windows, .. } => windows_name(windows),
+        Policy::InFlight { .. } => String::new(),
+        p => window_name(p.limit_and_window().1),
+    }
+}
+
 /// A window by its unit's name (`minute`), or in seconds.
 fn window_name(ms: u64) -> String {
-    [
-        config::Unit::Second,
-        config::Unit::Minute,
-        config::Unit::Hour,
-        config::Unit::Day,
-    ]
-    .into_iter()
-    .find(|u| u.seconds() * 1000 == ms)
-    .map_or_else(|| format!("{} s", ms / 1000), |u| u.name().to_string())
+    config::Unit::ALL
+        .into_iter()
+        .find(|u| *u != config::Unit::Month && u.seconds() * 1000 == ms)
+        .map_or_else(|| format!("{} s", ms / 1000), |u| u.name().to_string())
+}
+
+/// A fixed window's windows by name, with their UTC offset if they have one: `month`,
+/// `day at UTC+05:30`. An offset is shown as the one nearest UTC that lays the windows where
+/// they are (a day at +14:00 is a day at -10:00).
+fn windows_name(windows: Windows) -> String {
+    let (name, offset_ms) = match windows {
+        Windows::Months { offset_min } => ("month".to_string(), i64::from(offset_min) * 60_000),
+        Windows::Every { len_ms, phase_ms } => {
+            let Windows::Every { phase_ms: utc, .. } = Windows::aligned(len_ms, 0) else {
+                return window_name(len_ms);
+            };
+            // A window begins `phase` past each multiple of its length; UTC's begins `utc` past.
+            let len = i64::try_from(len_ms.max(1)).unwrap_or(i64::MAX);
+            let shift = (i64::try_from(utc).unwrap_or(0) - i64::try_from(phase_ms).unwrap_or(0))
+                .rem_euclid(len);
+            let nearest = if shift > len / 2 { shift - len } else { shift };
+            (window_name(len_ms), nearest)
+        }
+    };
+    match offset_ms / 60_000 {
+        0 => name,
+        m => format!("{name} at UTC{}", calendar::offset_text(m)),
+    }
 }
 
 /// What became of a carried number, as words.
@@ -917,5 +945,32 @@ mod tests {
             rt.start(&mut host),
             Start::Decided(Decision::Continue(_))
         ));
+    }
+
+    #[test]
+    fn calendar_windows_are_named_with_their_offset() {
+        let rules = Config::parse(
+            br#"{"rules": [
+                {"name": "m", "algorithm": "fixed_window",
+                 "rate_limit": {"requests_per_unit": 9, "unit": "month", "utc_offset": "+02:00"}},
+                {"name": "w", "algorithm": "fixed_window",
+                 "rate_limit": {"requests_per_unit": 9, "unit": "week", "utc_offset": "-05:30"}},
+                {"name": "d", "algorithm": "fixed_window",
+                 "rate_limit": {"requests_per_unit": 9, "unit": "day", "utc_offset": "+14:00"}},
+                {"name": "s", "rate_limit": {"requests_per_unit": 9, "unit": "week"}}]}"#,
+        )
+        .unwrap()
+        .rules;
+        let texts: Vec<String> = rules.iter().map(|r| limit_text(&r.policy())).collect();
+        assert_eq!(
+            texts,
+            [
+                "9 per month at UTC+02:00",
+                "9 per week at UTC-05:30",
+                // The same windows as +14:00: a day at UTC-10:00.
+                "9 per day at UTC-10:00",
+                "9 per week",
+            ]
+        );
     }
 }

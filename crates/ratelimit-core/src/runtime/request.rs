@@ -586,7 +586,7 @@ impl<S: Store> Runtime<S> {
             else {
                 continue;
             };
-            match global::verdict(answer.as_ref(), &compiled.policy) {
+            match global::verdict(answer.as_ref(), &compiled.policy, now) {
                 Ok((v, headers)) => {
                     service.extend(headers);
                     if v.allowed {
