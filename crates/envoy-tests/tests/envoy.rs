@@ -380,7 +380,7 @@ fn a_bad_config_is_refused_with_the_field_path() {
     assert!(!refused.exit_ok);
     assert!(
         refused.log.contains(
-            r#"rules[0].rate_limit.unit: unknown unit "fortnight" (expected second, minute, hour, day)"#
+            r#"rules[0].rate_limit.unit: unknown unit "fortnight" (expected second, minute, hour, day, week, month)"#
         ),
         "{}",
         refused.log
