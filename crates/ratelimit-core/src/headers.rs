@@ -150,23 +150,41 @@ fn retry_after_of(verdicts: impl Iterator<Item = Verdict>) -> u64 {
 /// The rule the X-RateLimit fields report: a refusing rule first, else the one with the least
 /// remaining quota, then the longest wait.
 pub fn most_restrictive<'a>(rules: impl Iterator<Item = Report<'a>>) -> Option<Report<'a>> {
-    rules.min_by_key(|r| {
-        let v = &r.verdict;
-        (v.allowed, v.remaining, u64::MAX - v.reset_ms)
-    })
+    rules.min_by_key(|r| restrictiveness(&r.verdict))
 }
 
-/// Up to six header fields whose values share one buffer: a single allocation per reply.
-#[derive(Clone, Debug, Default)]
+/// Orders verdicts from the most restrictive: a refusal first, then the least remaining quota,
+/// then the longest wait.
+pub fn restrictiveness(v: &Verdict) -> (bool, u64, u64) {
+    (v.allowed, v.remaining, u64::MAX - v.reset_ms)
+}
+
+/// The most fields a limited reply carries: the IETF and X-RateLimit ones (6) and a dialect's
+/// (12 for Anthropic's four kinds).
+const MAX_FIELDS: usize = 18;
+
+/// Up to [`MAX_FIELDS`] header fields whose values share one buffer: a single allocation per
+/// reply.
+#[derive(Clone, Debug)]
 pub struct Fields {
     buf: String,
-    fields: [(&'static str, usize, usize); 6],
+    fields: [(&'static str, usize, usize); MAX_FIELDS],
     len: usize,
 }
 
+impl Default for Fields {
+    fn default() -> Self {
+        Fields {
+            buf: String::new(),
+            fields: [("", 0, 0); MAX_FIELDS],
+            len: 0,
+        }
+    }
+}
+
 impl Fields {
-    /// Adds a field.
-    fn push(&mut self, name: &'static str, value: &str) {
+    /// Adds a field (beyond [`MAX_FIELDS`], none).
+    pub(crate) fn push(&mut self, name: &'static str, value: &str) {
         let start = self.buf.len();
         self.buf.push_str(value);
         if let Some(slot) = self.fields.get_mut(self.len) {
@@ -288,7 +306,7 @@ pub fn each_field<'a>(
         let chosen = verdicts
             .iter()
             .filter(|(i, _)| describe(*i).is_some())
-            .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms));
+            .min_by_key(|(_, v)| restrictiveness(v));
         if let Some(r) = chosen.and_then(report) {
             let v = &r.verdict;
             let mut d = itoa::Buffer::new();
@@ -315,24 +333,20 @@ pub fn each_field<'a>(
     }
 }
 
-/// The `application/problem+json` body of a limited reply.
-pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String {
-    let refused: Vec<&Report> = rules.iter().filter(|r| !r.verdict.allowed).collect();
-    let mut names = String::new();
-    for (i, r) in refused.iter().enumerate() {
-        let sep = if i == 0 { "" } else { "," };
-        let _ = write!(names, "{sep}\"{}\"", r.name);
-    }
-    let detail = match refused.first() {
+/// What a limited reply tells a person: the first rule that refused it (its name, quota and
+/// window) and the wait; every dialect's body carries it. Rule names and quota units hold no
+/// character JSON must escape but `"`.
+pub fn message(rules: &[Report], retry_after_s: u64) -> String {
+    match rules.iter().find(|r| !r.verdict.allowed) {
         Some(r) => {
             let (name, v) = (r.name, &r.verdict);
             match r.unit {
                 Some(CONCURRENT_REQUESTS) => format!(
-                    "Rate limit \\\"{name}\\\" of {} requests in flight exceeded; retry in {retry_after_s} s.",
+                    "Rate limit \"{name}\" of {} requests in flight exceeded; retry in {retry_after_s} s.",
                     v.limit
                 ),
                 unit => format!(
-                    "Rate limit \\\"{name}\\\" of {} {} per {} s exceeded; retry in {retry_after_s} s.",
+                    "Rate limit \"{name}\" of {} {} per {} s exceeded; retry in {retry_after_s} s.",
                     v.limit,
                     unit.unwrap_or("requests"),
                     v.window_s
@@ -340,7 +354,17 @@ pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String
             }
         }
         None => format!("The rate limiter could not decide; retry in {retry_after_s} s."),
-    };
+    }
+}
+
+/// The `application/problem+json` body of a limited reply.
+pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String {
+    let mut names = String::new();
+    for (i, r) in rules.iter().filter(|r| !r.verdict.allowed).enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(names, "{sep}\"{}\"", r.name);
+    }
+    let detail = message(rules, retry_after_s).replace('"', "\\\"");
     format!(
         "{{\"type\":\"{PROBLEM_TYPE}\",\"title\":\"Quota Exceeded\",\"status\":{status},\
          \"detail\":\"{detail}\",\"violated-policies\":[{names}],\"retry-after\":{retry_after_s}}}"

@@ -49,6 +49,9 @@ pub(crate) struct Compiled {
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
     pub texts: crate::headers::Texts,
+    /// What its quota counts, as the LLM APIs' fields name it (`None`: they have no field for
+    /// it).
+    pub kind: Option<crate::dialect::Kind>,
 }
 
 /// What one worker (or process) knows of an elastic rule: the factor in force, and the
@@ -112,6 +115,7 @@ impl<S: Store> Runtime<S> {
                 Compiled {
                     fingerprint,
                     policy,
+                    kind: crate::dialect::Kind::of(rule),
                     texts: crate::headers::Texts::new(
                         &rule.name,
                         rule.quota_unit.as_deref(),
