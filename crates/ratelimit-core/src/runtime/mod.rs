@@ -34,6 +34,7 @@ use crate::metrics::{Counter, Metrics};
 use crate::rls;
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -99,6 +100,10 @@ pub struct Runtime<S> {
     pub(crate) last_refusal_log: AtomicU64,
     /// When [`Runtime::tick`] last reported to the shared health (ms).
     last_tick: AtomicU64,
+    /// What the requests this runtime admitted hold reserved (counted at admission, to be
+    /// trued up), not settled yet, per (rule, slot, fingerprint): a refusal they alone cause
+    /// is told a short wait ([`charge`]).
+    pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
 }
 
 impl<S: Store> Runtime<S> {
@@ -143,6 +148,7 @@ impl<S: Store> Runtime<S> {
             last_failure_log: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),
+            reserved: Mutex::default(),
         }
     }
 

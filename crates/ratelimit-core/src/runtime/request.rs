@@ -534,10 +534,11 @@ impl<S: Store> Runtime<S> {
                 if let Some(failure) = self.store_work(a.rule, out) {
                     self.failed(host, a.rule, now, failure);
                 }
-                let Some(v) = out.verdict else {
+                let Some(mut v) = out.verdict else {
                     continue;
                 };
                 if !v.allowed {
+                    v = self.wait_for_reservations(a.rule, check, v);
                     self.refusal(host, a.rule, a.hash, &v, check.cost, check.shadow);
                     if p.late && rule.charge().is_some() {
                         owed.push(Debt {
@@ -570,16 +571,19 @@ impl<S: Store> Runtime<S> {
                         _ => None,
                     };
                     if let Some(kind) = kind {
-                        if let DebtKind::Slot(_) = kind {
-                            self.metrics.gauge(Gauge::InFlight, 1);
-                        }
-                        owed.push(Debt {
+                        let debt = Debt {
                             rule: a.rule,
                             slot: check.slot,
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind,
-                        });
+                        };
+                        match kind {
+                            DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
+                            DebtKind::Reserved(cost) => self.hold_reservation(&debt, cost),
+                            DebtKind::Usage => {}
+                        }
+                        owed.push(debt);
                     }
                     if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
                         if g.mode == GlobalMode::Async {
