@@ -2,26 +2,42 @@
 """One call of an official LLM SDK (the `openai` or `anthropic` Python package) through Envoy,
 for crates/envoy-tests/tests/sdk.rs. Prints one JSON document of what the SDK saw.
 
-usage: client.py SDK BASE_URL API_KEY MODE STEP [OUTPUT_TOKENS]
+usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retries N]
 
   SDK     openai | anthropic
   MODE    json | stream
   STEP    allowed: with_raw_response, no retries: the status, headers and text;
           refused: no retries, a plain call: the error the SDK raised (class, str, body,
                    status, headers), or none;
-          retried: with_raw_response and max_retries=1: every attempt the SDK made (when it
-                   was sent, when its answer came, its status and headers) and the final one.
-  OUTPUT_TOKENS  sent as x-test-output-tokens: the usage the test upstream reports.
+          retried: with_raw_response and max_retries (1 by default): every attempt the SDK
+                   made (when it was sent, when its answer came, its status and headers) and
+                   the final one.
+  --output-tokens N  sent as x-test-output-tokens: the usage the test upstream reports.
+  --prime            first make one plain call, without retries, that must pass (so that the
+                     step's call comes right after it, whatever this process took to start).
 """
 
+import argparse
 import json
-import sys
 import time
 
 
 def main():
-    sdk, base_url, api_key, mode, step = sys.argv[1:6]
-    output_tokens = sys.argv[6] if len(sys.argv) > 6 else None
+    parser = argparse.ArgumentParser()
+    for arg in ["sdk", "base_url", "api_key", "mode", "step"]:
+        parser.add_argument(arg)
+    parser.add_argument("--output-tokens")
+    parser.add_argument("--max-retries", type=int, default=1)
+    parser.add_argument("--prime", action="store_true")
+    args = parser.parse_args()
+    sdk, base_url, api_key, mode, step = (
+        args.sdk,
+        args.base_url,
+        args.api_key,
+        args.mode,
+        args.step,
+    )
+    output_tokens = args.output_tokens
     stream = mode == "stream"
     attempts = []
 
@@ -37,7 +53,7 @@ def main():
             }
         )
 
-    retries = 1 if step == "retried" else 0
+    retries = args.max_retries if step == "retried" else 0
     extra = {"x-test-output-tokens": output_tokens} if output_tokens else {}
     if sdk == "openai":
         import openai as lib
@@ -101,6 +117,15 @@ def main():
             return "".join(b.text for b in parsed.content if b.type == "text")
 
     out = {"sdk": sdk, "version": lib.__version__}
+    if args.prime:
+        result = client.with_options(max_retries=0)
+        result = (
+            result.chat.completions.create(**kwargs)
+            if sdk == "openai"
+            else result.messages.create(**kwargs)
+        )
+        text_of(result)
+        del attempts[:]
     if step == "refused":
         try:
             result = create(**kwargs)

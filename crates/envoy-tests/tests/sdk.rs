@@ -6,7 +6,9 @@
 //! - an allowed call shows the dialect's rate-limit fields, each exact (`with_raw_response`);
 //! - a refused call raises the SDK's `RateLimitError`, whose message is the filter's (which
 //!   limit, and when to come back), for a requests limit and for a tokens limit;
-//! - the SDK's own retry (`max_retries=1`) waits what the refusal's fields say, then succeeds.
+//! - the SDK's own retry (`max_retries=1`) waits what the refusal's fields say, then succeeds;
+//! - a refusal caused by a reservation still in flight says 1 s, and the SDK's retries pass
+//!   once the reservation is trued up.
 //!
 //! Each call is one run of `crates/envoy-tests/sdk/client.py` (at most 60 s, killed past it).
 //! The rules key on [`KEY_PART`], the API key as both SDKs send it.
@@ -19,7 +21,7 @@
 
 mod common;
 
-use common::llm::LlmUpstream;
+use common::llm::{Api, LlmClient, LlmUpstream, Mode};
 use common::{bootstrap_with, root, Envoy, Listener};
 use serde_json::{json, Value};
 use std::io::Read;
@@ -70,14 +72,33 @@ fn python() -> PathBuf {
 }
 
 /// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
-fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, tokens: Option<u64>) -> Value {
-    let base = format!("http://{}", rig.envoy.addr);
+/// `prime`: first a plain call that must pass, so that the step's call comes right after it.
+fn call(
+    rig: &Rig,
+    sdk: &str,
+    key: &str,
+    mode: &str,
+    step: &str,
+    tokens: Option<u64>,
+    prime: bool,
+) -> Value {
+    let mut extra = Vec::new();
+    if let Some(t) = tokens {
+        extra.extend(["--output-tokens".to_string(), t.to_string()]);
+    }
+    if prime {
+        extra.push("--prime".to_string());
+    }
+    run(&rig.envoy, sdk, key, mode, step, &extra)
+}
+
+/// Runs `client.py` against `envoy` with more arguments `extra`.
+fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[String]) -> Value {
+    let base = format!("http://{}", envoy.addr);
     let mut cmd = Command::new(python());
     cmd.arg(root().join("crates/envoy-tests/sdk/client.py"))
-        .args([sdk, &base, key, mode, step]);
-    if let Some(t) = tokens {
-        cmd.arg(t.to_string());
-    }
+        .args([sdk, &base, key, mode, step])
+        .args(extra);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -213,8 +234,10 @@ fn message(rule: &str, limit: u64, unit: &str, window: u64, retry: u64) -> Strin
     format!("Rate limit \"{rule}\" of {limit} {unit} per {window} s exceeded; retry in {retry} s.")
 }
 
-/// What an allowed call, a refused one and a retried one show, for one SDK and mode, on a
-/// fresh key: the requests rule refuses the second call within 6 s.
+/// What an allowed call, a refused one and a retried one show, for one SDK and mode, each on
+/// a fresh key: the requests rule refuses a call that comes within 6 s of the one before, so
+/// the refused and the retried calls each come right after a first one in the same process
+/// (however long Python took to start).
 struct Seen {
     allowed: Value,
     refused: Value,
@@ -222,12 +245,12 @@ struct Seen {
 }
 
 fn requests_then_retry(rig: &Rig, sdk: &str, mode: &str) -> Seen {
-    let key = format!("sk-{sdk}-{mode}-requests");
-    let allowed = call(rig, sdk, &key, mode, "allowed", None);
+    let key = |step: &str| format!("sk-{sdk}-{mode}-{step}");
+    let allowed = call(rig, sdk, &key("allowed"), mode, "allowed", None, false);
     assert_eq!(allowed["status"], 200, "{allowed}");
     assert!(!allowed["text"].as_str().unwrap().is_empty(), "{allowed}");
-    let refused = call(rig, sdk, &key, mode, "refused", None);
-    let retried = call(rig, sdk, &key, mode, "retried", None);
+    let refused = call(rig, sdk, &key("refused"), mode, "refused", None, true);
+    let retried = call(rig, sdk, &key("retried"), mode, "retried", None, true);
     Seen {
         allowed,
         refused,
@@ -319,9 +342,9 @@ fn the_openai_sdk_reads_openai_answers() {
         // Tokens: a call that used 2,012 tokens empties the hour's 1,000; the next is refused
         // by the tokens rule, whose message it shows (type "tokens").
         let key = format!("sk-openai-{mode}-tokens");
-        let big = call(&rig, "openai", &key, mode, "allowed", Some(2000));
+        let big = call(&rig, "openai", &key, mode, "allowed", Some(2000), false);
         assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "openai", &key, mode, "refused", None);
+        let refused = call(&rig, "openai", &key, mode, "refused", None, false);
         let e = &refused["error"];
         assert_eq!(e["class"], "RateLimitError", "{refused}");
         let h = &e["headers"];
@@ -402,9 +425,9 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
         assert_retried_after(&seen.retried, |h| number(h, "retry-after") * 1000);
 
         let key = format!("sk-anthropic-{mode}-tokens");
-        let big = call(&rig, "anthropic", &key, mode, "allowed", Some(2000));
+        let big = call(&rig, "anthropic", &key, mode, "allowed", Some(2000), false);
         assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "anthropic", &key, mode, "refused", None);
+        let refused = call(&rig, "anthropic", &key, mode, "refused", None, false);
         let e = &refused["error"];
         assert_eq!(e["class"], "RateLimitError", "{refused}");
         let h = &e["headers"];
@@ -414,4 +437,86 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
         assert_eq!(e["body"]["error"]["message"], text);
         assert_eq!(e["body"]["error"]["type"], "rate_limit_error");
     }
+}
+
+/// A key whose quota is held by a reservation still in flight: a request refused for it is told
+/// to come back in 1 s, not when the hour's window would make room, and the SDK's retries, a
+/// second apart, pass once the reservation is trued up. One worker: in the wasm build each
+/// worker sees only the reservations of the requests it admitted.
+#[test]
+fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
+    let config = format!(
+        r#"{{"rules": [
+  {{"name": "per-key-tokens", "key": ["{KEY_PART}"],
+    "rate_limit": {{"requests_per_unit": {TOKENS_PER_HOUR}, "unit": "hour"}},
+    "cost": {{"response": "openai", "true_up": true,
+              "reserve": {{"from": "openai", "default": 100}}}}}}],
+ "response": {{"dialect": "openai"}}}}"#
+    );
+    let up = LlmUpstream::start();
+    let listener = Listener {
+        upstream: Some(up.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
+    let key = "sk-openai-reserved";
+    // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
+    // 4 s (8 events 500 ms apart); it uses 46.
+    let addr = envoy.addr;
+    let auth = format!("Bearer {key}");
+    let slow = std::thread::spawn(move || {
+        let body = Api::Chat.request_body(Mode::Sse, true, 950);
+        LlmClient::connect(addr)
+            .unwrap()
+            .post(
+                &Api::Chat.path(Mode::Sse),
+                &[
+                    ("authorization", &auth),
+                    ("x-test-events", "8"),
+                    ("x-test-delay-ms", "500"),
+                ],
+                body.as_bytes(),
+            )
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.received() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow stream never reached the upstream"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The SDK's call reserves its max_tokens, 64: 50 are left.
+    let retried = run(
+        &envoy,
+        "openai",
+        key,
+        "json",
+        "retried",
+        &["--max-retries".to_string(), "10".to_string()],
+    );
+    let slow = slow.join().unwrap();
+    assert_eq!(slow.status, 200);
+    assert_eq!(retried["status"], 200, "{retried}");
+    let attempts = retried["attempts"].as_array().unwrap();
+    let (last, refused) = attempts.split_last().unwrap();
+    assert_eq!(last["status"], 200, "{retried}");
+    assert!(!refused.is_empty(), "never refused: {retried}");
+    for (i, a) in refused.iter().enumerate() {
+        assert_eq!(a["status"], 429, "{retried}");
+        let h = &a["headers"];
+        assert_eq!(header(h, "retry-after"), "1", "{h}");
+        assert_eq!(header(h, "retry-after-ms"), "1000", "{h}");
+        assert_eq!(number(h, "x-ratelimit-remaining-tokens"), 50, "{h}");
+        let waited = attempts[i + 1]["sent"].as_f64().unwrap() - a["answered"].as_f64().unwrap();
+        assert!(
+            (0.99..1.5).contains(&waited),
+            "waited {waited:.3} s: {retried}"
+        );
+    }
+    eprintln!(
+        "refused {} times while the reservation was in flight, then passed",
+        refused.len()
+    );
 }
