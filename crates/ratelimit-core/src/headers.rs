@@ -159,51 +159,32 @@ pub fn restrictiveness(v: &Verdict) -> (bool, u64, u64) {
     (v.allowed, v.remaining, u64::MAX - v.reset_ms)
 }
 
-/// The most fields a limited reply carries: the IETF and X-RateLimit ones (6) and a dialect's
-/// (12 for Anthropic's four kinds).
-const MAX_FIELDS: usize = 18;
-
-/// Up to [`MAX_FIELDS`] header fields whose values share one buffer: a single allocation per
-/// reply.
-#[derive(Clone, Debug)]
+/// Header fields whose values share one buffer, the first six listed in place: one allocation
+/// per reply for the IETF and X-RateLimit fields (a dialect's may add more).
+#[derive(Clone, Debug, Default)]
 pub struct Fields {
     buf: String,
-    fields: [(&'static str, usize, usize); MAX_FIELDS],
-    len: usize,
-}
-
-impl Default for Fields {
-    fn default() -> Self {
-        Fields {
-            buf: String::new(),
-            fields: [("", 0, 0); MAX_FIELDS],
-            len: 0,
-        }
-    }
+    fields: SmallVec<[(&'static str, usize, usize); 6]>,
 }
 
 impl Fields {
-    /// Adds a field (beyond [`MAX_FIELDS`], none).
+    /// Adds a field.
     pub(crate) fn push(&mut self, name: &'static str, value: &str) {
         let start = self.buf.len();
         self.buf.push_str(value);
-        if let Some(slot) = self.fields.get_mut(self.len) {
-            *slot = (name, start, self.buf.len());
-            self.len += 1;
-        }
+        self.fields.push((name, start, self.buf.len()));
     }
 
     /// The fields, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
         self.fields
             .iter()
-            .take(self.len)
             .map(|(name, start, end)| (*name, self.buf.get(*start..*end).unwrap_or("")))
     }
 
     /// Whether there are no fields.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.fields.is_empty()
     }
 }
 
