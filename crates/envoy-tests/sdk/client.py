@@ -13,6 +13,8 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
                    made (when it was sent, when its answer came, its status and headers) and
                    the final one.
   --output-tokens N  sent as x-test-output-tokens: the usage the test upstream reports.
+  --answer-header NAME=VALUE  sent as x-test-answer-header: one more header the upstream
+                     answers with.
   --prime            first make one plain call, without retries, that must pass (so that the
                      step's call comes right after it, whatever this process took to start).
 """
@@ -29,6 +31,7 @@ def main():
     parser.add_argument("--output-tokens")
     parser.add_argument("--max-retries", type=int, default=1)
     parser.add_argument("--prime", action="store_true")
+    parser.add_argument("--answer-header")
     args = parser.parse_args()
     sdk, base_url, api_key, mode, step = (
         args.sdk,
@@ -55,6 +58,8 @@ def main():
 
     retries = args.max_retries if step == "retried" else 0
     extra = {"x-test-output-tokens": output_tokens} if output_tokens else {}
+    if args.answer_header:
+        extra["x-test-answer-header"] = args.answer_header
     if sdk == "openai":
         import openai as lib
 

@@ -72,23 +72,11 @@ fn python() -> PathBuf {
 }
 
 /// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
-/// `prime`: first a plain call that must pass, so that the step's call comes right after it.
-fn call(
-    rig: &Rig,
-    sdk: &str,
-    key: &str,
-    mode: &str,
-    step: &str,
-    tokens: Option<u64>,
-    prime: bool,
-) -> Value {
-    let mut extra = Vec::new();
-    if let Some(t) = tokens {
-        extra.extend(["--output-tokens".to_string(), t.to_string()]);
-    }
-    if prime {
-        extra.push("--prime".to_string());
-    }
+/// Runs one step of the SDK client with its options `extra` (`--prime`: first a plain call
+/// that must pass, so that the step's call comes right after it; `--output-tokens N`;
+/// `--answer-header NAME=VALUE`).
+fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, extra: &[&str]) -> Value {
+    let extra: Vec<String> = extra.iter().map(|e| e.to_string()).collect();
     run(&rig.envoy, sdk, key, mode, step, &extra)
 }
 
@@ -246,11 +234,24 @@ struct Seen {
 
 fn requests_then_retry(rig: &Rig, sdk: &str, mode: &str) -> Seen {
     let key = |step: &str| format!("sk-{sdk}-{mode}-{step}");
-    let allowed = call(rig, sdk, &key("allowed"), mode, "allowed", None, false);
+    // The upstream answers with its own remaining requests, as a real API does: the
+    // dialect's field replaces it.
+    let own = match sdk {
+        "openai" => "x-ratelimit-remaining-requests=9999",
+        _ => "anthropic-ratelimit-requests-remaining=9999",
+    };
+    let allowed = call(
+        rig,
+        sdk,
+        &key("allowed"),
+        mode,
+        "allowed",
+        &["--answer-header", own],
+    );
     assert_eq!(allowed["status"], 200, "{allowed}");
     assert!(!allowed["text"].as_str().unwrap().is_empty(), "{allowed}");
-    let refused = call(rig, sdk, &key("refused"), mode, "refused", None, true);
-    let retried = call(rig, sdk, &key("retried"), mode, "retried", None, true);
+    let refused = call(rig, sdk, &key("refused"), mode, "refused", &["--prime"]);
+    let retried = call(rig, sdk, &key("retried"), mode, "retried", &["--prime"]);
     Seen {
         allowed,
         refused,
@@ -300,7 +301,8 @@ fn the_openai_sdk_reads_openai_answers() {
             "{h}"
         );
         assert_eq!(number(h, "x-ratelimit-limit-requests"), PER_MINUTE);
-        assert_eq!(number(h, "x-ratelimit-remaining-requests"), 0);
+        // One value: the filter's replaced the upstream's 9999.
+        assert_eq!(header(h, "x-ratelimit-remaining-requests"), "0");
         let reset = duration_ms(header(h, "x-ratelimit-reset-requests")).unwrap();
         assert!((5_000..=6_000).contains(&reset), "{h}");
         assert_eq!(number(h, "x-ratelimit-limit-tokens"), TOKENS_PER_HOUR);
@@ -342,9 +344,16 @@ fn the_openai_sdk_reads_openai_answers() {
         // Tokens: a call that used 2,012 tokens empties the hour's 1,000; the next is refused
         // by the tokens rule, whose message it shows (type "tokens").
         let key = format!("sk-openai-{mode}-tokens");
-        let big = call(&rig, "openai", &key, mode, "allowed", Some(2000), false);
+        let big = call(
+            &rig,
+            "openai",
+            &key,
+            mode,
+            "allowed",
+            &["--output-tokens", "2000"],
+        );
         assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "openai", &key, mode, "refused", None, false);
+        let refused = call(&rig, "openai", &key, mode, "refused", &[]);
         let e = &refused["error"];
         assert_eq!(e["class"], "RateLimitError", "{refused}");
         let h = &e["headers"];
@@ -384,7 +393,8 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
             "{h}"
         );
         assert_eq!(number(h, "anthropic-ratelimit-requests-limit"), PER_MINUTE);
-        assert_eq!(number(h, "anthropic-ratelimit-requests-remaining"), 0);
+        // One value: the filter's replaced the upstream's 9999.
+        assert_eq!(header(h, "anthropic-ratelimit-requests-remaining"), "0");
         let reset = rfc3339_ms(header(h, "anthropic-ratelimit-requests-reset")).unwrap();
         let after = common::now_ms();
         // The next token comes 6 s after the call, rounded up to the second.
@@ -425,9 +435,16 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
         assert_retried_after(&seen.retried, |h| number(h, "retry-after") * 1000);
 
         let key = format!("sk-anthropic-{mode}-tokens");
-        let big = call(&rig, "anthropic", &key, mode, "allowed", Some(2000), false);
+        let big = call(
+            &rig,
+            "anthropic",
+            &key,
+            mode,
+            "allowed",
+            &["--output-tokens", "2000"],
+        );
         assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "anthropic", &key, mode, "refused", None, false);
+        let refused = call(&rig, "anthropic", &key, mode, "refused", &[]);
         let e = &refused["error"];
         assert_eq!(e["class"], "RateLimitError", "{refused}");
         let h = &e["headers"];

@@ -718,7 +718,7 @@ impl<S: Store> Runtime<S> {
     /// the charge; one charged later (body, trailers) reports the quota as it was at admission.
     /// The rate-limit fields are added, not replaced, as Envoy's own local rate limit filter
     /// does (an upstream's own fields stay beside them; replacing costs a search of the
-    /// response's headers per field); the services' headers replace.
+    /// response's headers per field); the services' headers and a dialect's fields replace.
     pub fn response_headers(
         &self,
         a: &mut Admitted,
@@ -750,11 +750,13 @@ impl<S: Store> Runtime<S> {
         headers::each_field(style, &a.verdicts, describe, false, buf, |k, v| {
             emit(k, v, true)
         });
+        // A dialect's fields replace the backend's of the same name (a real API's own limits):
+        // its SDK reads one value of each, and two would read as none.
         let dialect = self.config.response.dialect;
         if dialect != Dialect::Default && !a.verdicts.is_empty() {
             let classed = self.classed(&a.verdicts);
             dialect::each_field(dialect, &classed, now_ms, false, buf, |k, v| {
-                emit(k, v, true)
+                emit(k, v, false)
             });
         }
     }
@@ -980,10 +982,11 @@ mod tests {
         FakeHost::new("10.0.0.1", "/v1/chat/completions").header("authorization", "Bearer sk-1")
     }
 
+    /// A dialect's fields, each replacing the backend's of its name.
     fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String, bool)> {
         pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string(), true))
+            .map(|(k, v)| (k.to_string(), v.to_string(), false))
             .collect()
     }
 
