@@ -102,7 +102,9 @@ pub struct Runtime<S> {
     last_tick: AtomicU64,
     /// What the requests this runtime admitted hold reserved (counted at admission, to be
     /// trued up), not settled yet, per (rule, slot, fingerprint): a refusal they alone cause
-    /// is told a short wait ([`charge`]).
+    /// is told a short wait ([`charge`]). An entry leaves when its last reservation is settled;
+    /// one whose stream were never settled would stay (its key's refusals told 1 s): both
+    /// hosts settle each stream when it ends ([`StreamState::complete`]), however it ends.
     pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
 }
 
