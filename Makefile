@@ -31,7 +31,7 @@ endif
 export ENVOY
 
 .PHONY: build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
-	run run-native test unit integration compat abi-check default-envoy-version deploy-test lint \
+	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
 	envoy envoys target clean bench bench-tools oci
 
 target:
@@ -58,6 +58,16 @@ envoys: $(VENV)/bin/envoy $(foreach v,$(OTHER_ENVOYS),$(ENVOYS)/$(v)/bin/envoy)
 $(VENV)/.test-deps: | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check jsonschema==4.23.0 PyYAML==6.0.2
 	touch $@
+
+# The official LLM SDKs envoy-tests' sdk.rs drives as clients (pinned; a new pin reinstalls).
+OPENAI_SDK := 3.57.0
+ANTHROPIC_SDK := 2.14.0
+SDK_DEPS := $(VENV)/.sdk-deps-openai-$(OPENAI_SDK)-anthropic-$(ANTHROPIC_SDK)
+$(SDK_DEPS): | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_SDK) anthropic==$(ANTHROPIC_SDK)
+	touch $@
+
+sdks: $(SDK_DEPS)
 
 envoy:
 	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(patsubst $(CURDIR)/%,%,$(ENVOY)); fi
@@ -155,14 +165,15 @@ build-native-panic:
 # again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only). The first
 # run includes versions.rs: each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
-	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain
+	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain \
+	--test sdk
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
 	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \
 	NATIVE_1_40_DIR=$(CURDIR)/$(NATIVE_DIR) NATIVE_1_39_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) \
 	ENVOY_1_40=$(PINNED_BIN) ENVOY_1_39=$(call envoy_bin,1.39.3) ENVOY_1_38=$(call envoy_bin,1.38.3)
 integration: default-envoy-version build build-panic build-native build-native-panic build-native-prev \
-	envoy envoys rls-server prometheus
+	envoy envoys rls-server prometheus sdks
 	cargo build -p ratelimit-config
 	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
 	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2

@@ -648,7 +648,7 @@ impl Filter {
         match c.rt.config().failure_mode {
             FailureMode::Allow => HeadersStatus::Continue,
             FailureMode::Deny => {
-                reply(s, &runtime::failure_reply(c.rt.config().response.status));
+                reply(s, &runtime::failure_reply(&c.rt.config().response));
                 HeadersStatus::StopIteration
             }
         }

@@ -2,21 +2,25 @@
 //! rule descriptions of `ratelimit-config replay`. Native only, never in the `.wasm`.
 
 use ratelimit_core::config::{
-    Algorithm, Config, Cost, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit, Match,
-    MissingKey, Rule, Usage,
+    Algorithm, Config, Cost, Dialect, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit,
+    Match, MissingKey, Rule, Usage,
 };
 use ratelimit_core::limiter::calendar;
 
 /// The summary of a valid configuration: its settings, then each rule on a line.
 pub fn summary(c: &Config) -> String {
     let mut out = format!(
-        "  capacity {} keys, failure_mode {}, headers {}{}, limited status {}\n",
+        "  capacity {} keys, failure_mode {}, headers {}{}{}, limited status {}\n",
         c.capacity,
         match c.failure_mode {
             FailureMode::Allow => "allow",
             FailureMode::Deny => "deny",
         },
         c.response.headers.name(),
+        match c.response.dialect {
+            Dialect::Default => String::new(),
+            d => format!(" and {}'s", d.name()),
+        },
         if c.response.on_allowed {
             " (also on allowed responses)"
         } else {

@@ -54,6 +54,13 @@ fn good_fixtures_pass_with_a_summary() {
         out.contains("rule lb: 5 per second (leaky_bucket, burst 10, delay up to 500 ms)"),
         "{out}"
     );
+    // A dialect beside the header style (fixtures/good/llm-dialect.json).
+    assert!(
+        out.contains(
+            "headers none and anthropic's (also on allowed responses), limited status 429"
+        ),
+        "{out}"
+    );
 }
 
 #[test]

@@ -150,42 +150,41 @@ fn retry_after_of(verdicts: impl Iterator<Item = Verdict>) -> u64 {
 /// The rule the X-RateLimit fields report: a refusing rule first, else the one with the least
 /// remaining quota, then the longest wait.
 pub fn most_restrictive<'a>(rules: impl Iterator<Item = Report<'a>>) -> Option<Report<'a>> {
-    rules.min_by_key(|r| {
-        let v = &r.verdict;
-        (v.allowed, v.remaining, u64::MAX - v.reset_ms)
-    })
+    rules.min_by_key(|r| restrictiveness(&r.verdict))
 }
 
-/// Up to six header fields whose values share one buffer: a single allocation per reply.
+/// Orders verdicts from the most restrictive: a refusal first, then the least remaining quota,
+/// then the longest wait.
+pub fn restrictiveness(v: &Verdict) -> (bool, u64, u64) {
+    (v.allowed, v.remaining, u64::MAX - v.reset_ms)
+}
+
+/// Header fields whose values share one buffer, the first six listed in place: one allocation
+/// per reply for the IETF and X-RateLimit fields (a dialect's may add more).
 #[derive(Clone, Debug, Default)]
 pub struct Fields {
     buf: String,
-    fields: [(&'static str, usize, usize); 6],
-    len: usize,
+    fields: SmallVec<[(&'static str, usize, usize); 6]>,
 }
 
 impl Fields {
     /// Adds a field.
-    fn push(&mut self, name: &'static str, value: &str) {
+    pub(crate) fn push(&mut self, name: &'static str, value: &str) {
         let start = self.buf.len();
         self.buf.push_str(value);
-        if let Some(slot) = self.fields.get_mut(self.len) {
-            *slot = (name, start, self.buf.len());
-            self.len += 1;
-        }
+        self.fields.push((name, start, self.buf.len()));
     }
 
     /// The fields, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
         self.fields
             .iter()
-            .take(self.len)
             .map(|(name, start, end)| (*name, self.buf.get(*start..*end).unwrap_or("")))
     }
 
     /// Whether there are no fields.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.fields.is_empty()
     }
 }
 
@@ -288,7 +287,7 @@ pub fn each_field<'a>(
         let chosen = verdicts
             .iter()
             .filter(|(i, _)| describe(*i).is_some())
-            .min_by_key(|(_, v)| (v.allowed, v.remaining, u64::MAX - v.reset_ms));
+            .min_by_key(|(_, v)| restrictiveness(v));
         if let Some(r) = chosen.and_then(report) {
             let v = &r.verdict;
             let mut d = itoa::Buffer::new();
@@ -315,24 +314,20 @@ pub fn each_field<'a>(
     }
 }
 
-/// The `application/problem+json` body of a limited reply.
-pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String {
-    let refused: Vec<&Report> = rules.iter().filter(|r| !r.verdict.allowed).collect();
-    let mut names = String::new();
-    for (i, r) in refused.iter().enumerate() {
-        let sep = if i == 0 { "" } else { "," };
-        let _ = write!(names, "{sep}\"{}\"", r.name);
-    }
-    let detail = match refused.first() {
+/// What a limited reply tells a person: the first rule that refused it (its name, quota and
+/// window) and the wait; every dialect's body carries it. Rule names and quota units hold no
+/// character JSON must escape but `"`.
+pub fn message(rules: &[Report], retry_after_s: u64) -> String {
+    match rules.iter().find(|r| !r.verdict.allowed) {
         Some(r) => {
             let (name, v) = (r.name, &r.verdict);
             match r.unit {
                 Some(CONCURRENT_REQUESTS) => format!(
-                    "Rate limit \\\"{name}\\\" of {} requests in flight exceeded; retry in {retry_after_s} s.",
+                    "Rate limit \"{name}\" of {} requests in flight exceeded; retry in {retry_after_s} s.",
                     v.limit
                 ),
                 unit => format!(
-                    "Rate limit \\\"{name}\\\" of {} {} per {} s exceeded; retry in {retry_after_s} s.",
+                    "Rate limit \"{name}\" of {} {} per {} s exceeded; retry in {retry_after_s} s.",
                     v.limit,
                     unit.unwrap_or("requests"),
                     v.window_s
@@ -340,7 +335,17 @@ pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String
             }
         }
         None => format!("The rate limiter could not decide; retry in {retry_after_s} s."),
-    };
+    }
+}
+
+/// The `application/problem+json` body of a limited reply.
+pub fn problem_body(status: u16, rules: &[Report], retry_after_s: u64) -> String {
+    let mut names = String::new();
+    for (i, r) in rules.iter().filter(|r| !r.verdict.allowed).enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(names, "{sep}\"{}\"", r.name);
+    }
+    let detail = message(rules, retry_after_s).replace('"', "\\\"");
     format!(
         "{{\"type\":\"{PROBLEM_TYPE}\",\"title\":\"Quota Exceeded\",\"status\":{status},\
          \"detail\":\"{detail}\",\"violated-policies\":[{names}],\"retry-after\":{retry_after_s}}}"

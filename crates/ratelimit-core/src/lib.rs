@@ -5,13 +5,14 @@
 //! goes through one state machine there ([`runtime::StreamState`]): rules matched and keys
 //! built by [`key`], each rule's algorithm in [`limiter`], state updated with compare-and-swap
 //! by [`engine`] over a [`store::Store`] laid out by [`table`], and the answer written by
-//! [`headers`]. [`runtime`] holds a compiled configuration ([`config`]) and its [`metrics`];
+//! [`headers`] (in an LLM API's own dialect by [`dialect`]). [`runtime`] holds a compiled configuration ([`config`]) and its [`metrics`];
 //! [`global`] and [`rls`] speak to rate limit services; [`error`] has the typed errors. All of
 //! it is plain Rust with no host dependency, compiled and tested natively (`testkit`, behind
 //! the feature of that name, has a fake host). The hosts are the crates `filter-wasm` and
 //! `filter-native` (over `envoy-dm-abi`); the CLI is `ratelimit-config`.
 
 pub mod config;
+pub mod dialect;
 pub mod elastic;
 pub mod engine;
 pub mod error;

@@ -37,7 +37,9 @@
 //! - `x-test-encoding: gzip`: `content-encoding: gzip` with real gzip bytes (deflate "stored"
 //!   blocks, one per event: std has no compressor, and any gunzip reads them);
 //! - `x-test-framing: length|chunked`: how the body is delimited (default: JSON with a
-//!   content-length, streams chunked).
+//!   content-length, streams chunked);
+//! - `x-test-answer-header: NAME=VALUE`: one more header in the answer (as a real API sends
+//!   its own rate-limit fields).
 //!
 //! Every answer has the header `x-llm-seq: N`, the number of its [`Exchange`]: the upstream
 //! records each request (path, headers, body, the `max_tokens`-like field) and what it sent
@@ -1217,6 +1219,8 @@ pub struct Transport {
     pub gzip: bool,
     /// Chunked transfer-encoding (else a content-length).
     pub chunked: bool,
+    /// One more header of the answer (name, value).
+    pub extra: Option<(String, String)>,
 }
 
 impl Transport {
@@ -1234,6 +1238,9 @@ impl Transport {
                 Some("chunked") => true,
                 _ => spec.streams(),
             },
+            extra: header(headers, "x-test-answer-header")
+                .and_then(|v| v.trim().split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string())),
         }
     }
 }
@@ -1718,6 +1725,9 @@ fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
     }
     if t.gzip {
         head.push_str("content-encoding: gzip\r\n");
+    }
+    if let Some((name, value)) = &t.extra {
+        head.push_str(&format!("{name}: {value}\r\n"));
     }
     if t.chunked {
         head.push_str("transfer-encoding: chunked\r\n");

@@ -1039,6 +1039,9 @@ pub struct ResponseConfig {
     pub headers: HeaderStyle,
     /// Whether allowed responses carry the headers too.
     pub on_allowed: bool,
+    /// Whose API the answers speak: the limited reply's body and the fields added beside
+    /// [`ResponseConfig::headers`].
+    pub dialect: Dialect,
 }
 
 impl Default for ResponseConfig {
@@ -1047,6 +1050,7 @@ impl Default for ResponseConfig {
             status: 429,
             headers: HeaderStyle::Both,
             on_allowed: true,
+            dialect: Dialect::Default,
         }
     }
 }
@@ -1082,6 +1086,29 @@ impl HeaderStyle {
     /// Whether the X-RateLimit fields are sent.
     pub fn x_ratelimit(self) -> bool {
         matches!(self, HeaderStyle::XRateLimit | HeaderStyle::Both)
+    }
+}
+
+/// Whose API the answers speak, so that its official SDKs read them: the limited reply's body,
+/// and the rate-limit fields added beside those of [`HeaderStyle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// An `application/problem+json` body (the IETF draft's `quota-exceeded`), no other fields.
+    Default,
+    /// OpenAI's error body and its `x-ratelimit-*-requests|tokens` fields, `retry-after-ms`.
+    OpenAi,
+    /// Anthropic's error body and its `anthropic-ratelimit-*` fields.
+    Anthropic,
+}
+
+impl Dialect {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Default => "default",
+            Dialect::OpenAi => "openai",
+            Dialect::Anthropic => "anthropic",
+        }
     }
 }
 

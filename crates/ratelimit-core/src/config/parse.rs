@@ -1702,7 +1702,7 @@ impl Validator {
     }
 
     fn response(&mut self, v: &Value, path: &str) -> Option<ResponseConfig> {
-        let map = self.object(v, path, &["status", "headers", "on_allowed"])?;
+        let map = self.object(v, path, &["status", "headers", "on_allowed", "dialect"])?;
         let mut r = ResponseConfig::default();
         let mut ok = true;
         if let Some(s) = map.get("status") {
@@ -1730,6 +1730,18 @@ impl Validator {
         if let Some(b) = map.get("on_allowed") {
             match self.boolean(b, &join(path, "on_allowed")) {
                 Some(b) => r.on_allowed = b,
+                None => ok = false,
+            }
+        }
+        if let Some(d) = map.get("dialect") {
+            let dialects = [Dialect::Default, Dialect::OpenAi, Dialect::Anthropic];
+            match self.choice(
+                d,
+                &join(path, "dialect"),
+                "dialect",
+                &dialects.map(|d| (d.name(), d)),
+            ) {
+                Some(d) => r.dialect = d,
                 None => ok = false,
             }
         }

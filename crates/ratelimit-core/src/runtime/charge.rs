@@ -11,12 +11,17 @@
 use super::request::{Admitted, BodyScan, Debt, DebtKind, Host, Pending, Response};
 use super::Runtime;
 use crate::config::{self, Cost, Usage};
-use crate::engine::{self, Owed};
+use crate::engine::{self, Check, Owed};
 use crate::key::Attributes;
 use crate::limiter::Verdict;
 use crate::metrics::{Counter, Gauge};
 use crate::store::Store;
 use crate::usage::{Format, Scanner};
+use std::sync::PoisonError;
+
+/// The wait told a request refused because of reservations still in flight on its key, ms
+/// (the wait of a request refused a slot in flight).
+pub const RESERVATION_WAIT_MS: u64 = crate::limiter::in_flight::RETRY_HINT_MS;
 
 /// Reads a request body for the fields that size its reservations.
 #[derive(Debug)]
@@ -382,6 +387,9 @@ impl<S: Store> Runtime<S> {
             DebtKind::Reserved(r) => Some(r),
             _ => None,
         };
+        if let Some(r) = reserved {
+            self.release_reservation(debt, r);
+        }
         if usage.is_none() {
             self.metrics.add(debt.rule, Counter::UsageUnreported, 1);
         }
@@ -415,6 +423,53 @@ impl<S: Store> Runtime<S> {
             Some(_) => None,
         };
         TrueUp { used, owed }
+    }
+
+    /// A request was admitted with `cost` reserved (counted) under `debt`'s rule and key.
+    pub(super) fn hold_reservation(&self, debt: &Debt, cost: u64) {
+        let mut held = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = held
+            .entry((debt.rule, debt.slot, debt.fingerprint))
+            .or_default();
+        *n = n.saturating_add(cost);
+    }
+
+    /// The reservation `cost` of `debt` was settled (trued up).
+    fn release_reservation(&self, debt: &Debt, cost: u64) {
+        let mut held = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (debt.rule, debt.slot, debt.fingerprint);
+        if let Some(n) = held.get_mut(&key) {
+            *n = n.saturating_sub(cost);
+            if *n == 0 {
+                held.remove(&key);
+            }
+        }
+    }
+
+    /// A rule refused a request with verdict `v`: if the reservations this runtime's requests
+    /// still hold on the key would leave room for the request once given back, the refusal is
+    /// theirs, not the window's: they settle when their answers end (a true-up gives back what
+    /// was not used), which no one can foresee, so the request is told to come back in
+    /// [`RESERVATION_WAIT_MS`], as a request refused a slot in flight is, instead of when the
+    /// window would make room with the reservations used in full.
+    pub(super) fn wait_for_reservations(&self, rule: usize, check: &Check, v: Verdict) -> Verdict {
+        if check.charge_later || v.allowed || v.retry_after_ms <= RESERVATION_WAIT_MS {
+            return v;
+        }
+        let held = self
+            .reserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(rule, check.slot, check.fingerprint))
+            .copied()
+            .unwrap_or(0);
+        if held == 0 || v.remaining.saturating_add(held) < check.cost {
+            return v;
+        }
+        Verdict {
+            retry_after_ms: RESERVATION_WAIT_MS,
+            ..v
+        }
     }
 
     /// Settles one debt in the store; the key's quota after it.
@@ -1012,5 +1067,73 @@ mod tests {
             true,
         );
         assert_eq!(remaining(&rt, "a", 300), 900);
+    }
+
+    /// The `retry-after` of a request refused now on `key` (reserving the default, 300).
+    fn refused_wait(rt: &Runtime<MemoryStore>, key: &str) -> Option<String> {
+        let mut st = StreamState::default();
+        match st.request_headers(rt, &mut host(key)) {
+            Next::Reply(r) => r
+                .headers()
+                .find(|(k, _)| *k == "retry-after")
+                .map(|(_, v)| v.to_string()),
+            _ => {
+                st.complete(rt, || 600_000, |_, _| {});
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn a_refusal_caused_by_reservations_in_flight_is_told_a_short_wait() {
+        let rt = runtime(TRUE_UP);
+        let json = [("content-type", "application/json")];
+        // Three requests reserve 300 each of the hour's 1,000 (no body: the default).
+        let mut held: Vec<StreamState> = (0..3)
+            .map(|_| {
+                let mut st = StreamState::default();
+                assert!(matches!(
+                    st.request_headers(&rt, &mut host("a")),
+                    Next::Continue
+                ));
+                st
+            })
+            .collect();
+        // 100 left: the fourth is refused, but the reservations would leave room once given
+        // back. They settle when their answers end: come back in a second, not when the
+        // hour's window makes room (about an hour, with 900 counted).
+        assert_eq!(refused_wait(&rt, "a").as_deref(), Some("1"));
+        // One answer used 250 of its 300: 150 left, still short of 300, with 600 reserved.
+        let mut first = held.remove(0);
+        answer(&rt, &mut first, &json, openai(250).as_bytes(), 100, true);
+        assert_eq!(refused_wait(&rt, "a").as_deref(), Some("1"));
+        // The other two used all they reserved: nothing is in flight any more, and the
+        // refusal is the window's.
+        for mut st in held {
+            answer(&rt, &mut st, &json, openai(300).as_bytes(), 100, true);
+        }
+        let wait: u64 = refused_wait(&rt, "a").unwrap().parse().unwrap();
+        assert!(wait > 60, "the window's wait: {wait}");
+        assert!(rt.reserved.lock().unwrap().is_empty());
+        // Reservations on another key do not shorten this key's wait.
+        let mut b: Vec<StreamState> = (0..3)
+            .map(|_| {
+                let mut st = StreamState::default();
+                assert!(matches!(
+                    st.request_headers(&rt, &mut host("b")),
+                    Next::Continue
+                ));
+                st
+            })
+            .collect();
+        let wait: u64 = refused_wait(&rt, "a").unwrap().parse().unwrap();
+        assert!(wait > 60, "{wait}");
+        for st in &mut b {
+            st.complete(&rt, || 600_000, |_, _| {});
+        }
+        assert!(
+            rt.reserved.lock().unwrap().is_empty(),
+            "settled with the default"
+        );
     }
 }

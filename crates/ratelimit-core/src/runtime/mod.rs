@@ -34,6 +34,7 @@ use crate::metrics::{Counter, Metrics};
 use crate::rls;
 use crate::store::{Store, StoreError, CREATE_CAS};
 use crate::table;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -49,6 +50,9 @@ pub(crate) struct Compiled {
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
     pub texts: crate::headers::Texts,
+    /// What its quota counts, as the LLM APIs' fields name it (`None`: they have no field for
+    /// it).
+    pub kind: Option<crate::dialect::Kind>,
 }
 
 /// What one worker (or process) knows of an elastic rule: the factor in force, and the
@@ -96,6 +100,12 @@ pub struct Runtime<S> {
     pub(crate) last_refusal_log: AtomicU64,
     /// When [`Runtime::tick`] last reported to the shared health (ms).
     last_tick: AtomicU64,
+    /// What the requests this runtime admitted hold reserved (counted at admission, to be
+    /// trued up), not settled yet, per (rule, slot, fingerprint): a refusal they alone cause
+    /// is told a short wait ([`charge`]). An entry leaves when its last reservation is settled;
+    /// one whose stream were never settled would stay (its key's refusals told 1 s): both
+    /// hosts settle each stream when it ends ([`StreamState::complete`]), however it ends.
+    pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
 }
 
 impl<S: Store> Runtime<S> {
@@ -112,6 +122,7 @@ impl<S: Store> Runtime<S> {
                 Compiled {
                     fingerprint,
                     policy,
+                    kind: crate::dialect::Kind::of(rule),
                     texts: crate::headers::Texts::new(
                         &rule.name,
                         rule.quota_unit.as_deref(),
@@ -139,6 +150,7 @@ impl<S: Store> Runtime<S> {
             last_failure_log: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),
+            reserved: Mutex::default(),
         }
     }
 

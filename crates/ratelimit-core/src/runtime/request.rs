@@ -13,9 +13,10 @@
 //! [`Response`]), carries out the decision and provides the store.
 
 use crate::config::{
-    self, Cost, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest, Resolved,
-    Rule,
+    self, Cost, Dialect, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest,
+    Resolved, ResponseConfig, Rule,
 };
+use crate::dialect::{self, Classed};
 use crate::engine::{self, Check, PerRule, RuleOutcome};
 use crate::global::{self, Answer, Question, Target};
 use crate::headers::{self, Fields, Report};
@@ -119,6 +120,8 @@ pub struct Admitted {
     watched: SmallVec<[usize; 1]>,
     /// Whether one of them judges latency (the response's time is needed then).
     timed: bool,
+    /// Whether the fields carry times of day (Anthropic's resets: the time is needed then).
+    dated: bool,
     /// When the request was admitted, ms since the epoch (its response's latency is measured
     /// from here).
     pub(super) admitted_ms: u64,
@@ -146,7 +149,7 @@ impl Admitted {
     /// Whether [`Runtime::response_headers`] needs the time (to charge, or to measure a
     /// response's latency); otherwise any value will do.
     pub fn needs_clock(&self) -> bool {
-        !self.owed.is_empty() || self.timed
+        !self.owed.is_empty() || self.timed || self.dated
     }
 }
 
@@ -192,13 +195,15 @@ pub(super) enum DebtKind {
 pub struct Reply {
     /// The HTTP status.
     pub status: u16,
+    content_type: &'static str,
     /// `None` for a refusal that waiting does not lift (a missing client key).
     retry_after: Option<String>,
     /// A `WWW-Authenticate` challenge, for a 401.
     challenge: Option<String>,
     fields: Fields,
     service: Vec<(String, String)>,
-    /// The `application/problem+json` body.
+    /// The body: `application/problem+json`, or the error of the configured dialect's API
+    /// (`application/json`).
     pub body: String,
 }
 
@@ -206,7 +211,7 @@ impl Reply {
     /// The reply's header fields, in order.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
         let ours = [
-            Some(("content-type", "application/problem+json")),
+            Some(("content-type", self.content_type)),
             self.retry_after.as_deref().map(|r| ("retry-after", r)),
             self.challenge.as_deref().map(|c| ("www-authenticate", c)),
         ];
@@ -623,10 +628,11 @@ impl<S: Store> Runtime<S> {
                 if let Some(failure) = self.store_work(a.rule, out) {
                     self.failed(host, a.rule, now, failure);
                 }
-                let Some(v) = out.verdict else {
+                let Some(mut v) = out.verdict else {
                     continue;
                 };
                 if !v.allowed {
+                    v = self.wait_for_reservations(a.rule, check, v);
                     self.refusal(host, a.rule, a.hash, &v, check.cost, check.shadow);
                     if p.late && rule.charge().is_some() {
                         owed.push(Debt {
@@ -659,16 +665,19 @@ impl<S: Store> Runtime<S> {
                         _ => None,
                     };
                     if let Some(kind) = kind {
-                        if let DebtKind::Slot(_) = kind {
-                            self.metrics.gauge(Gauge::InFlight, 1);
-                        }
-                        owed.push(Debt {
+                        let debt = Debt {
                             rule: a.rule,
                             slot: check.slot,
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind,
-                        });
+                        };
+                        match kind {
+                            DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
+                            DebtKind::Reserved(cost) => self.hold_reservation(&debt, cost),
+                            DebtKind::Usage => {}
+                        }
+                        owed.push(debt);
                     }
                     if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
                         if g.mode == GlobalMode::Async {
@@ -690,10 +699,13 @@ impl<S: Store> Runtime<S> {
         let response = self.config.response;
         if !allowed {
             let named = self.named(&reported);
-            return Decision::Reply(reply(response.status, response.headers, &named, service));
+            let classed = self.classed(&reported);
+            return Decision::Reply(reply(&response, &named, &classed, now, service));
         }
-        let fields = response.on_allowed && response.headers != HeaderStyle::None;
+        let fields = response.on_allowed
+            && (response.headers != HeaderStyle::None || response.dialect != Dialect::Default);
         let verdicts = if fields { reported } else { SmallVec::new() };
+        let dated = fields && response.dialect == Dialect::Anthropic;
         let admitted = (!verdicts.is_empty()
             || !service.is_empty()
             || !owed.is_empty()
@@ -706,6 +718,7 @@ impl<S: Store> Runtime<S> {
             scan: None,
             watched,
             timed,
+            dated,
             admitted_ms: now,
         });
         if delay > 0 {
@@ -785,13 +798,21 @@ impl<S: Store> Runtime<S> {
             .collect()
     }
 
+    /// The verdicts with the kinds of their rules' quotas, as [`Runtime::named`] lists them.
+    fn classed(&self, verdicts: &[(usize, Verdict)]) -> PerRule<Classed> {
+        verdicts
+            .iter()
+            .filter_map(|&(i, verdict)| Some((self.compiled.get(i)?.kind, verdict)))
+            .collect()
+    }
+
     /// The response's headers are in: charges the rules whose usage they report, then hands
     /// every field to add to `emit(name, value, append)`, the values written into `buf` (keep
     /// one per thread: nothing is allocated then). A rule charged here reports its quota after
     /// the charge; one charged later (body, trailers) reports the quota as it was at admission.
     /// The rate-limit fields are added, not replaced, as Envoy's own local rate limit filter
     /// does (an upstream's own fields stay beside them; replacing costs a search of the
-    /// response's headers per field); the services' headers replace.
+    /// response's headers per field); the services' headers and a dialect's fields replace.
     pub fn response_headers(
         &self,
         a: &mut Admitted,
@@ -823,6 +844,15 @@ impl<S: Store> Runtime<S> {
         headers::each_field(style, &a.verdicts, describe, false, buf, |k, v| {
             emit(k, v, true)
         });
+        // A dialect's fields replace the backend's of the same name (a real API's own limits):
+        // its SDK reads one value of each, and two would read as none.
+        let dialect = self.config.response.dialect;
+        if dialect != Dialect::Default && !a.verdicts.is_empty() {
+            let classed = self.classed(&a.verdicts);
+            dialect::each_field(dialect, &classed, now_ms, false, buf, |k, v| {
+                emit(k, v, false)
+            });
+        }
     }
 
     /// Tells each elastic rule the request matched how its backend answered.
@@ -902,7 +932,7 @@ impl<S: Store> Runtime<S> {
                 ),
             );
         }
-        (!rule.shadow).then(|| missing_key_reply(rule, part))
+        (!rule.shadow).then(|| missing_key_reply(rule, part, &self.config.response))
     }
 
     /// Counts, and logs (at most once a second), a rule the store or the service could not
@@ -931,21 +961,43 @@ impl<S: Store> Runtime<S> {
     }
 }
 
-/// The limited reply for the verdicts `reported`.
+/// The limited reply for the verdicts `reported` (the same verdicts `classed`, with their
+/// quotas' kinds) at `now_ms`.
 fn reply(
-    status: u16,
-    style: HeaderStyle,
+    response: &ResponseConfig,
     reported: &[Report],
+    classed: &[Classed],
+    now_ms: u64,
     service: Vec<(String, String)>,
 ) -> Reply {
     let retry_after = headers::retry_after_seconds(reported);
+    let mut fields = headers::rate_limit_headers(response.headers, reported, true);
+    dialect::each_field(
+        response.dialect,
+        classed,
+        now_ms,
+        true,
+        &mut String::new(),
+        |k, v| fields.push(k, v),
+    );
+    let refused = classed
+        .iter()
+        .find(|(_, v)| !v.allowed)
+        .and_then(|(k, _)| *k);
     Reply {
-        status,
+        status: response.status,
+        content_type: dialect::content_type(response.dialect),
         retry_after: Some(retry_after.to_string()),
         challenge: None,
-        fields: headers::rate_limit_headers(style, reported, true),
+        fields,
         service,
-        body: headers::problem_body(status, reported, retry_after),
+        body: dialect::body(
+            response.dialect,
+            response.status,
+            reported,
+            refused,
+            retry_after,
+        ),
     }
 }
 
@@ -955,7 +1007,7 @@ pub const MISSING_KEY_STATUS: u16 = 401;
 /// The reply for a request refused because it lacks `part` of `rule`'s key: a 401 without
 /// `Retry-After` (waiting does not help), with a `Bearer` challenge when the key is a bearer
 /// token.
-fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>) -> Reply {
+fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>, response: &ResponseConfig) -> Reply {
     let bearer = |p: &KeyPart| match p {
         KeyPart::Bearer => true,
         KeyPart::First(parts) => parts.contains(&KeyPart::Bearer),
@@ -971,21 +1023,24 @@ fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>) -> Reply {
     );
     Reply {
         status: MISSING_KEY_STATUS,
+        content_type: dialect::content_type(response.dialect),
         retry_after: None,
         challenge,
         fields: Fields::default(),
         service: Vec::new(),
-        body: format!(
-            "{{\"title\":\"Missing client key\",\"status\":{MISSING_KEY_STATUS},\"detail\":\"{detail}\",\"violated-policies\":[\"{}\"]}}",
-            rule.name
-        ),
+        body: dialect::missing_key_body(response.dialect, &rule.name, &detail),
     }
 }
 
 /// The reply for a request the filter failed on (a caught panic in the native host, with
-/// `failure_mode: deny`): the limited status and a body that says so.
-pub fn failure_reply(status: u16) -> Reply {
-    reply(status, HeaderStyle::None, &[], Vec::new())
+/// `failure_mode: deny`): the limited status and a body, in the configured dialect, that says
+/// so.
+pub fn failure_reply(response: &ResponseConfig) -> Reply {
+    let bare = ResponseConfig {
+        headers: HeaderStyle::None,
+        ..*response
+    };
+    reply(&bare, &[], &[], 0, Vec::new())
 }
 
 #[cfg(test)]
@@ -1047,6 +1102,7 @@ mod tests {
             scan: None,
             watched: SmallVec::new(),
             timed: false,
+            dated: false,
             admitted_ms: 0,
         });
         respond(rt, &mut a, &mut FakeResponse::default(), 0)
@@ -1054,6 +1110,127 @@ mod tests {
 
     const PER_CLIENT: &str = r#"{"rules": [{"name": "per-client", "key": ["remote_address"],
         "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}], "log_limited": "info"}"#;
+
+    /// Requests per minute and tokens per hour of one API key, answered in `dialect` only.
+    fn llm_runtime(dialect: &str) -> Runtime<MemoryStore> {
+        runtime(&format!(
+            r#"{{"rules": [
+              {{"name": "rpm", "key": ["header:authorization"],
+                "rate_limit": {{"requests_per_unit": 2, "unit": "minute"}}}},
+              {{"name": "tpm", "key": ["header:authorization"],
+                "rate_limit": {{"requests_per_unit": 1000, "unit": "hour"}},
+                "cost": {{"response": "header:x-usage", "reserve": 100}}}}],
+              "response": {{"headers": "none", "dialect": "{dialect}"}}}}"#
+        ))
+    }
+
+    fn key_host() -> FakeHost {
+        FakeHost::new("10.0.0.1", "/v1/chat/completions").header("authorization", "Bearer sk-1")
+    }
+
+    /// A dialect's fields, each replacing the backend's of its name.
+    fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String, bool)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string(), false))
+            .collect()
+    }
+
+    #[test]
+    fn openai_dialect_on_allowed_answers_and_refusals() {
+        let rt = llm_runtime("openai");
+        let mut host = key_host();
+        let Decision::Continue(mut a) = decided(&rt, &mut host) else {
+            panic!("refused")
+        };
+        // The usage (300 tokens) is charged at the response's headers: the fields report it.
+        let mut response = FakeResponse::with("x-usage", "300");
+        assert_eq!(
+            respond(&rt, &mut a, &mut response, 600_000),
+            owned(&[
+                ("x-ratelimit-limit-requests", "2"),
+                ("x-ratelimit-limit-tokens", "1000"),
+                ("x-ratelimit-remaining-requests", "1"),
+                ("x-ratelimit-remaining-tokens", "700"),
+                ("x-ratelimit-reset-requests", "2m0s"),
+                ("x-ratelimit-reset-tokens", "50m12s"),
+            ])
+        );
+        assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        host.now += 30_000;
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        assert_eq!(
+            r.headers().collect::<Vec<_>>(),
+            [
+                ("content-type", "application/json"),
+                ("retry-after", "60"),
+                ("x-ratelimit-limit-requests", "2"),
+                ("x-ratelimit-limit-tokens", "1000"),
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-remaining-tokens", "700"),
+                ("x-ratelimit-reset-requests", "1m0s"),
+                ("x-ratelimit-reset-tokens", "49m42s"),
+                ("retry-after-ms", "60000"),
+            ]
+        );
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {
+                "message": "Rate limit \"rpm\" of 2 requests per 60 s exceeded; retry in 60 s.",
+                "type": "requests", "param": null, "code": "rate_limit_exceeded"}})
+        );
+    }
+
+    #[test]
+    fn anthropic_dialect_dates_its_resets() {
+        let rt = llm_runtime("anthropic");
+        let mut host = key_host();
+        let Decision::Continue(mut a) = decided(&rt, &mut host) else {
+            panic!("refused")
+        };
+        assert!(a.as_ref().is_some_and(Admitted::needs_clock));
+        let mut response = FakeResponse::with("x-usage", "950");
+        // 600 s after the epoch, at the response.
+        assert_eq!(
+            respond(&rt, &mut a, &mut response, 601_000),
+            owned(&[
+                ("anthropic-ratelimit-requests-limit", "2"),
+                ("anthropic-ratelimit-requests-remaining", "1"),
+                ("anthropic-ratelimit-requests-reset", "1970-01-01T00:12:01Z"),
+                ("anthropic-ratelimit-tokens-limit", "1000"),
+                ("anthropic-ratelimit-tokens-remaining", "50"),
+                ("anthropic-ratelimit-tokens-reset", "1970-01-01T01:00:04Z"),
+            ])
+        );
+        // 50 tokens left: a request reserving 100 is refused by the tokens rule.
+        let Decision::Reply(r) = decided(&rt, &mut host) else {
+            panic!("admitted over the limit")
+        };
+        let headers: Vec<(&str, &str)> = r.headers().collect();
+        assert_eq!(headers[0], ("content-type", "application/json"));
+        assert!(headers.contains(&("anthropic-ratelimit-tokens-remaining", "50")));
+        assert!(!headers.iter().any(|(k, _)| *k == "retry-after-ms"));
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.starts_with("Rate limit \"tpm\" of 1000 tokens per 3600 s exceeded; retry in "),
+            "{message}"
+        );
+        // The default dialect with its fields off sends none on allowed answers.
+        let quiet = runtime(
+            r#"{"rules": [{"name": "rpm", "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}],
+                "response": {"headers": "none"}}"#,
+        );
+        assert!(matches!(
+            decided(&quiet, &mut key_host()),
+            Decision::Continue(None)
+        ));
+    }
 
     #[test]
     fn admits_the_limit_then_replies_with_every_field() {
@@ -1491,10 +1668,31 @@ mod tests {
 
     #[test]
     fn the_failure_reply_says_the_filter_could_not_decide() {
-        let r = failure_reply(429);
+        let r = failure_reply(&ResponseConfig::default());
         assert_eq!(r.status, 429);
         assert!(r.body.contains("could not decide"));
         assert_eq!(r.headers().count(), 2);
+        // In a dialect: its body, and OpenAI's retry-after-ms.
+        let openai = ResponseConfig {
+            status: 503,
+            dialect: Dialect::OpenAi,
+            ..ResponseConfig::default()
+        };
+        let r = failure_reply(&openai);
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.headers().collect::<Vec<_>>(),
+            [
+                ("content-type", "application/json"),
+                ("retry-after", "1"),
+                ("retry-after-ms", "1000")
+            ]
+        );
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["error"]["message"],
+            "The rate limiter could not decide; retry in 1 s."
+        );
     }
 
     const TOKENS: &str = r#"{"rules": [{"name": "llm", "key": ["header:x-api-key"],

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""One call of an official LLM SDK (the `openai` or `anthropic` Python package) through Envoy,
+for crates/envoy-tests/tests/sdk.rs. Prints one JSON document of what the SDK saw.
+
+usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retries N]
+
+  SDK     openai | anthropic
+  MODE    json | stream
+  STEP    allowed: with_raw_response, no retries: the status, headers and text;
+          refused: no retries, a plain call: the error the SDK raised (class, str, body,
+                   status, headers), or none;
+          retried: with_raw_response and max_retries (1 by default): every attempt the SDK
+                   made (when it was sent, when its answer came, its status and headers) and
+                   the final one.
+  --output-tokens N  sent as x-test-output-tokens: the usage the test upstream reports.
+  --answer-header NAME=VALUE  sent as x-test-answer-header: one more header the upstream
+                     answers with.
+  --prime            first make one plain call, without retries, that must pass (so that the
+                     step's call comes right after it, whatever this process took to start).
+"""
+
+import argparse
+import json
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for arg in ["sdk", "base_url", "api_key", "mode", "step"]:
+        parser.add_argument(arg)
+    parser.add_argument("--output-tokens")
+    parser.add_argument("--max-retries", type=int, default=1)
+    parser.add_argument("--prime", action="store_true")
+    parser.add_argument("--answer-header")
+    args = parser.parse_args()
+    sdk, base_url, api_key, mode, step = (
+        args.sdk,
+        args.base_url,
+        args.api_key,
+        args.mode,
+        args.step,
+    )
+    output_tokens = args.output_tokens
+    stream = mode == "stream"
+    attempts = []
+
+    def on_request(request):
+        attempts.append({"sent": time.monotonic()})
+
+    def on_response(response):
+        attempts[-1].update(
+            {
+                "answered": time.monotonic(),
+                "status": response.status_code,
+                "headers": dict(response.headers),
+            }
+        )
+
+    retries = args.max_retries if step == "retried" else 0
+    extra = {"x-test-output-tokens": output_tokens} if output_tokens else {}
+    if args.answer_header:
+        extra["x-test-answer-header"] = args.answer_header
+    if sdk == "openai":
+        import openai as lib
+
+        client = lib.OpenAI(
+            base_url=base_url + "/v1",
+            api_key=api_key,
+            max_retries=retries,
+            timeout=20,
+            http_client=lib.DefaultHttpxClient(
+                event_hooks={"request": [on_request], "response": [on_response]}
+            ),
+        )
+        kwargs = {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 64,
+            "extra_headers": extra,
+        }
+        if stream:
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+        create = client.chat.completions.create
+        raw_create = client.chat.completions.with_raw_response.create
+
+        def text_of(parsed):
+            if stream:
+                return "".join(
+                    c.choices[0].delta.content or "" for c in parsed if c.choices
+                )
+            return parsed.choices[0].message.content
+    else:
+        import anthropic as lib
+
+        client = lib.Anthropic(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=retries,
+            timeout=20,
+            http_client=lib.DefaultHttpxClient(
+                event_hooks={"request": [on_request], "response": [on_response]}
+            ),
+        )
+        kwargs = {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "extra_headers": extra,
+        }
+        if stream:
+            kwargs["stream"] = True
+        create = client.messages.create
+        raw_create = client.messages.with_raw_response.create
+
+        def text_of(parsed):
+            if stream:
+                return "".join(
+                    e.delta.text
+                    for e in parsed
+                    if e.type == "content_block_delta" and e.delta.type == "text_delta"
+                )
+            return "".join(b.text for b in parsed.content if b.type == "text")
+
+    out = {"sdk": sdk, "version": lib.__version__}
+    if args.prime:
+        result = client.with_options(max_retries=0)
+        result = (
+            result.chat.completions.create(**kwargs)
+            if sdk == "openai"
+            else result.messages.create(**kwargs)
+        )
+        text_of(result)
+        del attempts[:]
+    if step == "refused":
+        try:
+            result = create(**kwargs)
+            if stream:
+                for _ in result:
+                    pass
+            out["error"] = None
+        except lib.APIStatusError as e:
+            out["error"] = {
+                "class": type(e).__name__,
+                "rate_limit_error": isinstance(e, lib.RateLimitError),
+                "str": str(e),
+                "message": e.message,
+                "body": e.body,
+                "status": e.status_code,
+                "headers": dict(e.response.headers),
+            }
+    else:
+        raw = raw_create(**kwargs)
+        out["status"] = raw.status_code
+        out["headers"] = dict(raw.headers)
+        out["text"] = text_of(raw.parse())
+    out["attempts"] = attempts
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,539 @@
+//! The official `openai` and `anthropic` Python SDKs (pinned in the Makefile, installed in the
+//! project virtualenv) as the clients of Envoy running the filter, in the build under test, with
+//! `response.dialect` set to their API's, in front of the LLM test upstream
+//! (tests/common/llm.rs), JSON answers and streams:
+//!
+//! - an allowed call shows the dialect's rate-limit fields, each exact (`with_raw_response`);
+//! - a refused call raises the SDK's `RateLimitError`, whose message is the filter's (which
+//!   limit, and when to come back), for a requests limit and for a tokens limit;
+//! - the SDK's own retry (`max_retries=1`) waits what the refusal's fields say, then succeeds;
+//! - a refusal caused by a reservation still in flight says 1 s, and the SDK's retries pass
+//!   once the reservation is trued up.
+//!
+//! Each call is one run of `crates/envoy-tests/sdk/client.py` (at most 60 s, killed past it).
+//! The rules key on [`KEY_PART`], the API key as both SDKs send it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::llm::{Api, LlmClient, LlmUpstream, Mode};
+use common::{bootstrap_with, root, Envoy, Listener};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The key part naming the client: the SDKs send `Authorization: Bearer KEY`.
+const KEY_PART: &str = "header:authorization";
+
+/// Requests per minute of the requests rule: one every 6 s (a token bucket of one), so that a
+/// refusal's wait is seconds long, unlike the SDKs' own backoff (0.5 s).
+const PER_MINUTE: u64 = 10;
+/// Tokens per hour of the tokens rule.
+const TOKENS_PER_HOUR: u64 = 1000;
+
+/// Envoy with the filter answering in `dialect` (usage read by the `preset` of the same API),
+/// with the rate-limit fields of `headers`, before the LLM test upstream.
+struct Rig {
+    envoy: Envoy,
+    _up: LlmUpstream,
+}
+
+fn start(dialect: &str, headers: &str) -> Rig {
+    let config = format!(
+        r#"{{"rules": [
+  {{"name": "per-key-tokens", "key": ["{KEY_PART}"],
+    "rate_limit": {{"requests_per_unit": {TOKENS_PER_HOUR}, "unit": "hour"}},
+    "cost": {{"response": "{dialect}"}}}},
+  {{"name": "per-key-requests", "key": ["{KEY_PART}"], "algorithm": "token_bucket", "burst": 1,
+    "rate_limit": {{"requests_per_unit": {PER_MINUTE}, "unit": "minute"}}}}],
+ "response": {{"dialect": "{dialect}", "headers": "{headers}"}}}}"#
+    );
+    let up = LlmUpstream::start();
+    let listener = Listener {
+        upstream: Some(up.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
+    Rig { envoy, _up: up }
+}
+
+/// The Python of the project virtualenv (or `SDK_PYTHON`).
+fn python() -> PathBuf {
+    std::env::var_os("SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"))
+}
+
+/// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
+/// Runs one step of the SDK client with its options `extra` (`--prime`: first a plain call
+/// that must pass, so that the step's call comes right after it; `--output-tokens N`;
+/// `--answer-header NAME=VALUE`).
+fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, extra: &[&str]) -> Value {
+    let extra: Vec<String> = extra.iter().map(|e| e.to_string()).collect();
+    run(&rig.envoy, sdk, key, mode, step, &extra)
+}
+
+/// Runs `client.py` against `envoy` with more arguments `extra`.
+fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[String]) -> Value {
+    let base = format!("http://{}", envoy.addr);
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("crates/envoy-tests/sdk/client.py"))
+        .args([sdk, &base, key, mode, step])
+        .args(extra);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e} (make test installs the SDKs)",
+                python().display()
+            )
+        });
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{sdk} {mode} {step}: no answer in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = reader.join().unwrap();
+    let stderr = err_reader.join().unwrap();
+    assert!(status.success(), "{sdk} {mode} {step}: {status}\n{stderr}");
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{sdk} {mode} {step}: {e}: {stdout}\n{stderr}"))
+}
+
+fn header<'a>(headers: &'a Value, name: &str) -> &'a str {
+    headers[name]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {name} in {headers}"))
+}
+
+fn number(headers: &Value, name: &str) -> u64 {
+    header(headers, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number in {headers}"))
+}
+
+/// The headers whose names start with `prefix`, sorted.
+fn names(headers: &Value, prefix: &str) -> Vec<String> {
+    let mut out: Vec<String> = headers
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with(prefix))
+        .cloned()
+        .collect();
+    out.sort();
+    out
+}
+
+/// Parses OpenAI's duration (Go's format as the filter writes it: `0s`, `20ms`, `1.5s`,
+/// `6m0s`, `1h2m3.004s`) into ms; `None` if it is not one.
+fn duration_ms(text: &str) -> Option<u64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().ok().filter(|&n| (1..1000).contains(&n));
+    }
+    let mut rest = text.strip_suffix('s')?;
+    let mut total = 0u64;
+    if let Some((h, r)) = rest.split_once('h') {
+        total += h.parse::<u64>().ok()? * 3_600_000;
+        rest = r;
+    }
+    if let Some((m, r)) = rest.split_once('m') {
+        total += m.parse::<u64>().ok()? * 60_000;
+        rest = r;
+    }
+    let (s, frac) = rest.split_once('.').unwrap_or((rest, ""));
+    total += s.parse::<u64>().ok()? * 1000;
+    if !frac.is_empty() {
+        if frac.len() > 3 || frac.ends_with('0') {
+            return None;
+        }
+        total += format!("{frac:0<3}").parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Parses an RFC 3339 UTC time as the filter writes it (`2026-11-26T04:40:53Z`) into ms since
+/// the epoch.
+fn rfc3339_ms(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| text.get(r)?.parse::<u64>().ok();
+    let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, mi, s) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    // Days from the civil date (Howard Hinnant's days_from_civil), another way than the
+    // filter's.
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400) + h * 3600 + mi * 60 + s) * 1000)
+}
+
+#[test]
+fn the_parsers_of_this_test() {
+    assert_eq!(duration_ms("0s"), Some(0));
+    assert_eq!(duration_ms("20ms"), Some(20));
+    assert_eq!(duration_ms("5.25s"), Some(5250));
+    assert_eq!(duration_ms("6m0s"), Some(360_000));
+    assert_eq!(duration_ms("1h2m3.004s"), Some(3_723_004));
+    assert_eq!(duration_ms("5.250s"), None);
+    assert_eq!(duration_ms("5"), None);
+    assert_eq!(rfc3339_ms("1970-01-01T00:00:01Z"), Some(1000));
+    assert_eq!(rfc3339_ms("2000-03-01T00:00:00Z"), Some(951_868_800_000));
+    assert_eq!(rfc3339_ms("2000-03-01 00:00:00Z"), None);
+}
+
+/// The filter's message for a refusal by `rule` of `limit` `unit` per `window` s, with a wait
+/// of `retry` s.
+fn message(rule: &str, limit: u64, unit: &str, window: u64, retry: u64) -> String {
+    format!("Rate limit \"{rule}\" of {limit} {unit} per {window} s exceeded; retry in {retry} s.")
+}
+
+/// What an allowed call, a refused one and a retried one show, for one SDK and mode, each on
+/// a fresh key: the requests rule refuses a call that comes within 6 s of the one before, so
+/// the refused and the retried calls each come right after a first one in the same process
+/// (however long Python took to start).
+struct Seen {
+    allowed: Value,
+    refused: Value,
+    retried: Value,
+}
+
+fn requests_then_retry(rig: &Rig, sdk: &str, mode: &str) -> Seen {
+    let key = |step: &str| format!("sk-{sdk}-{mode}-{step}");
+    // The upstream answers with its own remaining requests, as a real API does: the
+    // dialect's field replaces it.
+    let own = match sdk {
+        "openai" => "x-ratelimit-remaining-requests=9999",
+        _ => "anthropic-ratelimit-requests-remaining=9999",
+    };
+    let allowed = call(
+        rig,
+        sdk,
+        &key("allowed"),
+        mode,
+        "allowed",
+        &["--answer-header", own],
+    );
+    assert_eq!(allowed["status"], 200, "{allowed}");
+    assert!(!allowed["text"].as_str().unwrap().is_empty(), "{allowed}");
+    let refused = call(rig, sdk, &key("refused"), mode, "refused", &["--prime"]);
+    let retried = call(rig, sdk, &key("retried"), mode, "retried", &["--prime"]);
+    Seen {
+        allowed,
+        refused,
+        retried,
+    }
+}
+
+/// The SDK's retry waited the wait `wait_ms` its first answer (a refusal) said, then passed.
+fn assert_retried_after(retried: &Value, wait_ms: impl Fn(&Value) -> u64) {
+    let attempts = retried["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{retried}");
+    assert_eq!(attempts[0]["status"], 429, "{retried}");
+    assert_eq!(attempts[1]["status"], 200, "{retried}");
+    assert_eq!(retried["status"], 200, "{retried}");
+    let wanted = wait_ms(&attempts[0]["headers"]) as f64 / 1000.0;
+    assert!(wanted >= 1.0, "{retried}");
+    let waited = attempts[1]["sent"].as_f64().unwrap() - attempts[0]["answered"].as_f64().unwrap();
+    assert!(
+        waited >= wanted - 0.01 && waited < wanted + 0.5,
+        "waited {waited:.3} s where the answer said {wanted:.3} s: {retried}"
+    );
+    eprintln!("the SDK waited {waited:.3} s; the refusal said {wanted:.3} s");
+}
+
+#[test]
+fn the_openai_sdk_reads_openai_answers() {
+    let rig = start("openai", "both");
+    for mode in ["json", "stream"] {
+        let seen = requests_then_retry(&rig, "openai", mode);
+        // Allowed: both kinds' fields. The requests rule is empty (a bucket of one) until its
+        // next token, in at most 6 s; the tokens rule has not been charged yet when the
+        // answer's headers leave (its usage is in the body), and is whole.
+        let h = &seen.allowed["headers"];
+        assert_eq!(
+            names(h, "x-ratelimit-"),
+            [
+                "x-ratelimit-limit",
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset",
+                "x-ratelimit-reset-requests",
+                "x-ratelimit-reset-tokens",
+            ],
+            "{h}"
+        );
+        assert_eq!(number(h, "x-ratelimit-limit-requests"), PER_MINUTE);
+        // One value: the filter's replaced the upstream's 9999.
+        assert_eq!(header(h, "x-ratelimit-remaining-requests"), "0");
+        let reset = duration_ms(header(h, "x-ratelimit-reset-requests")).unwrap();
+        assert!((5_000..=6_000).contains(&reset), "{h}");
+        assert_eq!(number(h, "x-ratelimit-limit-tokens"), TOKENS_PER_HOUR);
+        assert_eq!(number(h, "x-ratelimit-remaining-tokens"), TOKENS_PER_HOUR);
+        assert_eq!(header(h, "x-ratelimit-reset-tokens"), "0s");
+        assert!(h.get("retry-after-ms").is_none(), "{h}");
+        // The IETF fields too: `headers` is "both".
+        assert!(h.get("ratelimit-policy").is_some(), "{h}");
+
+        // Refused by the requests rule: openai.RateLimitError with the filter's message.
+        let e = &seen.refused["error"];
+        assert_eq!(e["class"], "RateLimitError", "{}", seen.refused);
+        assert_eq!(e["rate_limit_error"], true);
+        assert_eq!(e["status"], 429);
+        let h = &e["headers"];
+        assert_eq!(header(h, "content-type"), "application/json");
+        let retry_ms = number(h, "retry-after-ms");
+        let retry = number(h, "retry-after");
+        assert_eq!(retry, retry_ms.div_ceil(1000), "{h}");
+        assert!((1_000..=6_000).contains(&retry_ms), "{h}");
+        assert_eq!(
+            duration_ms(header(h, "x-ratelimit-reset-requests")),
+            Some(retry_ms),
+            "{h}"
+        );
+        assert_eq!(number(h, "x-ratelimit-remaining-requests"), 0);
+        let text = message("per-key-requests", PER_MINUTE, "requests", 60, retry);
+        assert_eq!(e["message"], format!("Error code: 429 - {text}"));
+        assert_eq!(e["str"], format!("Error code: 429 - {text}"));
+        assert_eq!(
+            e["body"],
+            json!({"message": text, "type": "requests", "param": null,
+                   "code": "rate_limit_exceeded"})
+        );
+
+        // The SDK's retry waits retry-after-ms, then passes.
+        assert_retried_after(&seen.retried, |h| number(h, "retry-after-ms"));
+
+        // Tokens: a call that used 2,012 tokens empties the hour's 1,000; the next is refused
+        // by the tokens rule, whose message it shows (type "tokens").
+        let key = format!("sk-openai-{mode}-tokens");
+        let big = call(
+            &rig,
+            "openai",
+            &key,
+            mode,
+            "allowed",
+            &["--output-tokens", "2000"],
+        );
+        assert_eq!(big["status"], 200, "{big}");
+        let refused = call(&rig, "openai", &key, mode, "refused", &[]);
+        let e = &refused["error"];
+        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let h = &e["headers"];
+        assert_eq!(number(h, "x-ratelimit-limit-tokens"), TOKENS_PER_HOUR);
+        assert_eq!(number(h, "x-ratelimit-remaining-tokens"), 0);
+        let retry = number(h, "retry-after");
+        assert!(retry > 120, "{h}"); // over the SDK's 2 minutes: it would not retry
+        let text = message("per-key-tokens", TOKENS_PER_HOUR, "tokens", 3600, retry);
+        assert_eq!(e["message"], format!("Error code: 429 - {text}"));
+        assert_eq!(e["body"]["type"], "tokens");
+        assert_eq!(e["body"]["code"], "rate_limit_exceeded");
+    }
+}
+
+#[test]
+fn the_anthropic_sdk_reads_anthropic_answers() {
+    let rig = start("anthropic", "none");
+    for mode in ["json", "stream"] {
+        let before = common::now_ms();
+        let seen = requests_then_retry(&rig, "anthropic", mode);
+        let h = &seen.allowed["headers"];
+        // Only the dialect's fields (`headers` is "none"), for the kinds that apply.
+        assert_eq!(
+            names(h, "anthropic-ratelimit-"),
+            [
+                "anthropic-ratelimit-requests-limit",
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+            ],
+            "{h}"
+        );
+        assert!(
+            names(h, "x-ratelimit").is_empty() && h.get("ratelimit").is_none(),
+            "{h}"
+        );
+        assert_eq!(number(h, "anthropic-ratelimit-requests-limit"), PER_MINUTE);
+        // One value: the filter's replaced the upstream's 9999.
+        assert_eq!(header(h, "anthropic-ratelimit-requests-remaining"), "0");
+        let reset = rfc3339_ms(header(h, "anthropic-ratelimit-requests-reset")).unwrap();
+        let after = common::now_ms();
+        // The next token comes 6 s after the call, rounded up to the second.
+        assert!(
+            reset >= before + 5_000 && reset <= after + 7_000,
+            "{reset} not within {before}..{after} + 6 s: {h}"
+        );
+        assert_eq!(
+            number(h, "anthropic-ratelimit-tokens-limit"),
+            TOKENS_PER_HOUR
+        );
+        assert_eq!(
+            number(h, "anthropic-ratelimit-tokens-remaining"),
+            TOKENS_PER_HOUR
+        );
+        let full = rfc3339_ms(header(h, "anthropic-ratelimit-tokens-reset")).unwrap();
+        assert!(full >= before && full <= after + 1_000, "{h}");
+
+        let e = &seen.refused["error"];
+        assert_eq!(e["class"], "RateLimitError", "{}", seen.refused);
+        assert_eq!(e["rate_limit_error"], true);
+        assert_eq!(e["status"], 429);
+        let h = &e["headers"];
+        assert_eq!(header(h, "content-type"), "application/json");
+        assert!(h.get("retry-after-ms").is_none(), "{h}");
+        let retry = number(h, "retry-after");
+        assert!((1..=6).contains(&retry), "{h}");
+        assert_eq!(number(h, "anthropic-ratelimit-requests-remaining"), 0);
+        let text = message("per-key-requests", PER_MINUTE, "requests", 60, retry);
+        assert_eq!(
+            e["body"],
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": text}})
+        );
+        // The SDK's text shows the body, message included.
+        assert!(e["str"].as_str().unwrap().contains(&text), "{e}");
+
+        // Anthropic's SDK waits retry-after, in whole seconds.
+        assert_retried_after(&seen.retried, |h| number(h, "retry-after") * 1000);
+
+        let key = format!("sk-anthropic-{mode}-tokens");
+        let big = call(
+            &rig,
+            "anthropic",
+            &key,
+            mode,
+            "allowed",
+            &["--output-tokens", "2000"],
+        );
+        assert_eq!(big["status"], 200, "{big}");
+        let refused = call(&rig, "anthropic", &key, mode, "refused", &[]);
+        let e = &refused["error"];
+        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let h = &e["headers"];
+        assert_eq!(number(h, "anthropic-ratelimit-tokens-remaining"), 0);
+        let retry = number(h, "retry-after");
+        let text = message("per-key-tokens", TOKENS_PER_HOUR, "tokens", 3600, retry);
+        assert_eq!(e["body"]["error"]["message"], text);
+        assert_eq!(e["body"]["error"]["type"], "rate_limit_error");
+    }
+}
+
+/// A key whose quota is held by a reservation still in flight: a request refused for it is told
+/// to come back in 1 s, not when the hour's window would make room, and the SDK's retries, a
+/// second apart, pass once the reservation is trued up. One worker: in the wasm build each
+/// worker sees only the reservations of the requests it admitted.
+#[test]
+fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
+    let config = format!(
+        r#"{{"rules": [
+  {{"name": "per-key-tokens", "key": ["{KEY_PART}"],
+    "rate_limit": {{"requests_per_unit": {TOKENS_PER_HOUR}, "unit": "hour"}},
+    "cost": {{"response": "openai", "true_up": true,
+              "reserve": {{"from": "openai", "default": 100}}}}}}],
+ "response": {{"dialect": "openai"}}}}"#
+    );
+    let up = LlmUpstream::start();
+    let listener = Listener {
+        upstream: Some(up.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
+    let key = "sk-openai-reserved";
+    // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
+    // 4 s (8 events 500 ms apart); it uses 46.
+    let addr = envoy.addr;
+    let auth = format!("Bearer {key}");
+    let slow = std::thread::spawn(move || {
+        let body = Api::Chat.request_body(Mode::Sse, true, 950);
+        LlmClient::connect(addr)
+            .unwrap()
+            .post(
+                &Api::Chat.path(Mode::Sse),
+                &[
+                    ("authorization", &auth),
+                    ("x-test-events", "8"),
+                    ("x-test-delay-ms", "500"),
+                ],
+                body.as_bytes(),
+            )
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.received() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow stream never reached the upstream"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The SDK's call reserves its max_tokens, 64: 50 are left.
+    let retried = run(
+        &envoy,
+        "openai",
+        key,
+        "json",
+        "retried",
+        &["--max-retries".to_string(), "10".to_string()],
+    );
+    let slow = slow.join().unwrap();
+    assert_eq!(slow.status, 200);
+    assert_eq!(retried["status"], 200, "{retried}");
+    let attempts = retried["attempts"].as_array().unwrap();
+    let (last, refused) = attempts.split_last().unwrap();
+    assert_eq!(last["status"], 200, "{retried}");
+    assert!(!refused.is_empty(), "never refused: {retried}");
+    for (i, a) in refused.iter().enumerate() {
+        assert_eq!(a["status"], 429, "{retried}");
+        let h = &a["headers"];
+        assert_eq!(header(h, "retry-after"), "1", "{h}");
+        assert_eq!(header(h, "retry-after-ms"), "1000", "{h}");
+        assert_eq!(number(h, "x-ratelimit-remaining-tokens"), 50, "{h}");
+        let waited = attempts[i + 1]["sent"].as_f64().unwrap() - a["answered"].as_f64().unwrap();
+        assert!(
+            (0.99..1.5).contains(&waited),
+            "waited {waited:.3} s: {retried}"
+        );
+    }
+    eprintln!(
+        "refused {} times while the reservation was in flight, then passed",
+        refused.len()
+    );
+}
