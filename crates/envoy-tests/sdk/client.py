@@ -17,6 +17,12 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
                      answers with.
   --prime            first make one plain call, without retries, that must pass (so that the
                      step's call comes right after it, whatever this process took to start).
+  --calls N          exhaust: at most N plain calls (50 by default).
+  --authorization V  send `Authorization: V` instead of the SDK's bearer token (a client whose
+                     credentials are of another scheme).
+
+  STEP exhaust: plain calls without retries, one after another, until the SDK raises an error:
+  how many passed, and the error (as for refused).
 """
 
 import argparse
@@ -32,6 +38,8 @@ def main():
     parser.add_argument("--max-retries", type=int, default=1)
     parser.add_argument("--prime", action="store_true")
     parser.add_argument("--answer-header")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--authorization")
     args = parser.parse_args()
     sdk, base_url, api_key, mode, step = (
         args.sdk,
@@ -60,12 +68,14 @@ def main():
     extra = {"x-test-output-tokens": output_tokens} if output_tokens else {}
     if args.answer_header:
         extra["x-test-answer-header"] = args.answer_header
+    defaults = {"Authorization": args.authorization} if args.authorization else None
     if sdk == "openai":
         import openai as lib
 
         client = lib.OpenAI(
             base_url=base_url + "/v1",
             api_key=api_key,
+            default_headers=defaults,
             max_retries=retries,
             timeout=20,
             http_client=lib.DefaultHttpxClient(
@@ -95,6 +105,7 @@ def main():
         client = lib.Anthropic(
             base_url=base_url,
             api_key=api_key,
+            default_headers=defaults,
             max_retries=retries,
             timeout=20,
             http_client=lib.DefaultHttpxClient(
@@ -131,6 +142,18 @@ def main():
         )
         text_of(result)
         del attempts[:]
+    def error_of(e):
+        return {
+            "class": type(e).__name__,
+            "rate_limit_error": isinstance(e, lib.RateLimitError),
+            "authentication_error": isinstance(e, lib.AuthenticationError),
+            "str": str(e),
+            "message": e.message,
+            "body": e.body,
+            "status": e.status_code,
+            "headers": dict(e.response.headers),
+        }
+
     if step == "refused":
         try:
             result = create(**kwargs)
@@ -139,15 +162,20 @@ def main():
                     pass
             out["error"] = None
         except lib.APIStatusError as e:
-            out["error"] = {
-                "class": type(e).__name__,
-                "rate_limit_error": isinstance(e, lib.RateLimitError),
-                "str": str(e),
-                "message": e.message,
-                "body": e.body,
-                "status": e.status_code,
-                "headers": dict(e.response.headers),
-            }
+            out["error"] = error_of(e)
+    elif step == "exhaust":
+        out["passed"] = 0
+        out["error"] = None
+        for _ in range(args.calls):
+            try:
+                result = create(**kwargs)
+                if stream:
+                    for _ in result:
+                        pass
+                out["passed"] += 1
+            except lib.APIStatusError as e:
+                out["error"] = error_of(e)
+                break
     else:
         raw = raw_create(**kwargs)
         out["status"] = raw.status_code

@@ -29,8 +29,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The key part naming the client: the SDKs send `Authorization: Bearer KEY`.
-const KEY_PART: &str = "header:authorization";
+/// The key part naming the client: the SDKs send `Authorization: Bearer KEY`, keyed by its token.
+const KEY_PART: &str = "bearer";
 
 /// Requests per minute of the requests rule: one every 6 s (a token bucket of one), so that a
 /// refusal's wait is seconds long, unlike the SDKs' own backoff (0.5 s).
@@ -536,4 +536,110 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
         "refused {} times while the reservation was in flight, then passed",
         refused.len()
     );
+}
+
+/// Envoy running `examples/NAME/envoy.yaml` as shipped (on free ports, its stand-in backend
+/// included), as examples.rs runs it.
+fn start_example(name: &str) -> Envoy {
+    let backend = common::free_port();
+    let yaml = std::fs::read_to_string(root().join("examples").join(name).join("envoy.yaml"))
+        .unwrap()
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10001", &format!("port_value: {backend}"))
+        .replace(
+            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
+            &common::wasm_path().display().to_string(),
+        );
+    Envoy::start_yaml(&common::for_build(&yaml))
+}
+
+/// The shipped LLM examples, with each API's official SDK as the client: the SDK's calls use up
+/// the key's budget and are then refused with its `RateLimitError` carrying the filter's
+/// message; the same key sent as `x-api-key` (curl's way) is the same budget; a client without
+/// a key gets the SDK's `AuthenticationError`.
+#[test]
+fn the_shipped_llm_examples_limit_the_official_sdks() {
+    for (example, sdk, rule, budget) in [
+        ("openai-tokens", "openai", "openai-tokens", 2000),
+        ("anthropic-tokens", "anthropic", "claude-budget", 5000),
+    ] {
+        let envoy = start_example(example);
+        let out = run(&envoy, sdk, "sk-sdk", "json", "exhaust", &[]);
+        let passed = out["passed"].as_u64().unwrap();
+        assert!(passed >= 2, "{example}: {out}");
+        let e = &out["error"];
+        assert_eq!(e["status"], 429, "{example}: {out}");
+        assert_eq!(e["rate_limit_error"], true, "{example}: {out}");
+        let message = e["message"].as_str().unwrap();
+        let wanted =
+            format!("Rate limit \"{rule}\" of {budget} tokens per 3600 s exceeded; retry in ");
+        assert!(message.contains(&wanted), "{example}: {message}");
+        let wait: u64 = header(&e["headers"], "retry-after").parse().unwrap();
+        assert!(
+            message.contains(&format!("retry in {wait} s.")),
+            "{message}"
+        );
+        // The same key as curl sends it: the same budget, refused too.
+        let body = match sdk {
+            "openai" => r#"{"model": "gpt-4o-mini", "max_tokens": 64, "messages": []}"#,
+            _ => r#"{"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": []}"#,
+        };
+        let path = match sdk {
+            "openai" => "/v1/chat/completions",
+            _ => "/v1/messages",
+        };
+        let curl = |key: &str| {
+            LlmClient::connect(envoy.addr)
+                .unwrap()
+                .post(
+                    path,
+                    &[("x-api-key", key), ("content-type", "application/json")],
+                    body.as_bytes(),
+                )
+                .unwrap()
+                .status
+        };
+        assert_eq!(curl("sk-sdk"), 429, "{example}");
+        assert_eq!(curl("sk-other"), 200, "{example}");
+    }
+    // Credentials of another scheme (no key the rule reads: the SDKs will not send an empty
+    // one): the SDK's authentication error in its API's shape, not retried, with the filter's
+    // message.
+    for (example, sdk, rule, error_type) in [
+        (
+            "openai-tokens",
+            "openai",
+            "openai-tokens",
+            "invalid_request_error",
+        ),
+        (
+            "anthropic-tokens",
+            "anthropic",
+            "claude-budget",
+            "authentication_error",
+        ),
+    ] {
+        let envoy = start_example(example);
+        let extra = ["--authorization".to_string(), "Basic c2stc2Rr".to_string()];
+        let out = run(&envoy, sdk, "sk-sdk", "json", "refused", &extra);
+        let e = &out["error"];
+        assert_eq!(e["status"], 401, "{out}");
+        assert_eq!(e["authentication_error"], true, "{out}");
+        let body_type = match sdk {
+            "openai" => &e["body"]["type"],
+            _ => &e["body"]["error"]["type"],
+        };
+        assert_eq!(body_type, error_type, "{out}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("Rule \"{rule}\" keys each client")),
+            "{out}"
+        );
+        assert_eq!(
+            out["attempts"].as_array().unwrap().len(),
+            1,
+            "not retried: {out}"
+        );
+    }
 }
