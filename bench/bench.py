@@ -313,7 +313,7 @@ def paired(runs, a, b):
     }
 
 
-def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None):
+def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, post=None):
     """Envoy's instructions per request for each (name, filters) spec, counted by callgrind:
     each Envoy runs under valgrind, is warmed up with as many requests, then counts the
     instructions of all its threads while one client sends `requests` requests one after the
@@ -322,14 +322,18 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None):
     it weighs every instruction alike, where time also pays for cache misses. Two Envoys run
     at once (valgrind runs one thread at a time). `count_calls`: names of functions whose calls
     per request are counted too (then returns the counts and, per variant, those calls and
-    the filter's usage metrics per request sent)."""
+    the filter's usage metrics per request sent). `post`: (headers, body) of a POST each
+    request is, instead of a GET."""
     import concurrent.futures
     import http.client
 
     def send(port, n):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         for _ in range(n):
-            c.request("GET", "/")
+            if post is None:
+                c.request("GET", "/")
+            else:
+                c.request("POST", "/v1/chat/completions", body=post[1], headers=post[0])
             c.getresponse().read()
         c.close()
 
@@ -453,11 +457,20 @@ def main():
                     help="count the main variants' instructions per request, print, write nothing")
     ap.add_argument("--requests", type=int, default=2000,
                     help="requests counted per variant with --instructions-only or --tokens")
+    ap.add_argument("--bodies", action="store_true",
+                    help="count the instructions per request of a rule keyed on the request "
+                    "body's model against the same rule keyed on a header, for a 2 KB chat "
+                    "request, both builds; print, write bench/results-bodies.json")
     ap.add_argument("--tokens", action="store_true",
                     help="count the instructions per request of rules charged from response "
                     "bodies (JSON, event stream) against the header and no rule, both builds; "
                     "print, write bench/results-tokens.json (with --only: those variants)")
     args = ap.parse_args()
+    if args.bodies:
+        work = Path(tempfile.mkdtemp(prefix="bench-bodies-"))
+        (work / "modules").mkdir()
+        (work / "modules" / "libwasm_ratelimit.so").symlink_to(NATIVE_DIR / "libwasm_ratelimit.so")
+        return bodies(args, work)
     if args.tokens and args.report_only:
         for out in ("results-tokens.json", "results-tokens-paced.json"):
             if (BENCH / out).exists():
@@ -733,6 +746,61 @@ def token_specs(port):
                   for b in ("native", "wasm") for kind, r in charged.items()
                   if answer != "ok" or kind != "body"]
     return specs
+
+
+# The request of the body variants: a chat request of 2,048 bytes, its model near the end (after
+# the messages, as the SDKs may send it).
+def chat_request():
+    pad = "How does a token bucket work? " * 80
+    body = json.dumps({"messages": [{"role": "user", "content": pad}], "max_tokens": 300,
+                       "model": "gpt-4o-mini"})
+    body = body.replace(pad, pad[: len(pad) - (len(body) - 2048)])
+    assert len(body) == 2048, len(body)
+    return ({"content-type": "application/json", "x-api-key": "k1", "x-model": "gpt-4o-mini"},
+            body.encode())
+
+
+# Envoy's buffer filter after this one, so that the direct_response answers once the request's
+# body is in (in the wasm build the headers go on while this filter reads the body).
+BUFFER = """          - name: envoy.filters.http.buffer
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 65536
+"""
+
+
+def bodies(args, work):
+    """Instructions per request of a rule keyed on `body:model` against the same rule keyed on
+    a header carrying the same value, for a 2 KB POST; both builds, and no filter. Prints the
+    table and the instructions per request-body byte; writes bench/results-bodies.json."""
+    header_rule = rule("per-key-model", ["header:x-api-key", "header:x-model"])
+    body_rule = rule("per-key-model", ["header:x-api-key", "body:model"])
+    specs = [("no-filter-post", BUFFER)]
+    for b in ("native", "wasm"):
+        specs += [(f"{b}-post-header", ours([header_rule], build=b) + BUFFER),
+                  (f"{b}-post-body", ours([body_rule], build=b) + BUFFER)]
+    if args.only:
+        keep = args.only.split(",")
+        specs = [sp for sp in specs if sp[0] in keep]
+    headers, body = chat_request()
+    counts = instructions(args.envoy, specs, work, requests=args.requests, post=(headers, body))
+    r = {"instructions": counts, "body_bytes": len(body), "requests": args.requests}
+    (BENCH / "results-bodies.json").write_text(json.dumps(r, indent=2) + "\n")
+    print(bodies_report(r))
+
+
+def bodies_report(r):
+    """The body variants' table, as markdown."""
+    ins, size = r["instructions"], r["body_bytes"]
+    lines = ["| build | no filter | keyed on a header | keyed on `body:model` | body − header | per body byte |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for b in ("native", "wasm"):
+        h, bd = ins.get(f"{b}-post-header"), ins.get(f"{b}-post-body")
+        if h is None or bd is None:
+            continue
+        lines.append(f"| {b} | {ins.get('no-filter-post', 0):,.0f} | {h:,.0f} | {bd:,.0f} | "
+                     f"{bd - h:+,.0f} | {(bd - h) / size:.2f} |")
+    return "\n".join(lines)
 
 
 def tokens(args, work):

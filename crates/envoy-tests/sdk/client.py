@@ -18,6 +18,7 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
   --prime            first make one plain call, without retries, that must pass (so that the
                      step's call comes right after it, whatever this process took to start).
   --calls N          exhaust: at most N plain calls (50 by default).
+  --header NAME=V    one more request header.
   --authorization V  send `Authorization: V` instead of the SDK's bearer token (a client whose
                      credentials are of another scheme).
 
@@ -40,6 +41,7 @@ def main():
     parser.add_argument("--answer-header")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--authorization")
+    parser.add_argument("--header", action="append", default=[])
     args = parser.parse_args()
     sdk, base_url, api_key, mode, step = (
         args.sdk,
@@ -68,6 +70,9 @@ def main():
     extra = {"x-test-output-tokens": output_tokens} if output_tokens else {}
     if args.answer_header:
         extra["x-test-answer-header"] = args.answer_header
+    for h in args.header:
+        name, value = h.split("=", 1)
+        extra[name] = value
     defaults = {"Authorization": args.authorization} if args.authorization else None
     if sdk == "openai":
         import openai as lib

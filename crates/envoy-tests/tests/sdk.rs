@@ -560,11 +560,49 @@ fn start_example(name: &str) -> Envoy {
 /// a key gets the SDK's `AuthenticationError`.
 #[test]
 fn the_shipped_llm_examples_limit_the_official_sdks() {
-    for (example, sdk, rule, budget) in [
-        ("openai-tokens", "openai", "openai-tokens", 2000),
-        ("anthropic-tokens", "anthropic", "claude-budget", 5000),
+    // (example, SDK, rule, budget, what its stand-in's JSON answer and stream use, the field
+    // of the tokens left).
+    for (example, sdk, rule, budget, used, remaining_field) in [
+        (
+            "openai-tokens",
+            "openai",
+            "openai-tokens",
+            2000,
+            [("json", 79), ("stream", 41)],
+            "x-ratelimit-remaining-tokens",
+        ),
+        (
+            "anthropic-tokens",
+            "anthropic",
+            "claude-budget",
+            5000,
+            [("json", 166), ("stream", 917)],
+            "anthropic-ratelimit-tokens-remaining",
+        ),
     ] {
         let envoy = start_example(example);
+        // The SDK accepts gzip, and its stand-in API compresses for a client that does, as the
+        // real one does: the example has the backend answer in identity and compresses for
+        // the client after the filter has read the usage. Each call of a mode reserves the
+        // same; the second call's answer shows the first one charged exactly its usage.
+        for (mode, used) in used {
+            let key = format!("sk-gz-{mode}");
+            let stream = ["--header".to_string(), "x-demo-stream=1".to_string()];
+            let extra: &[String] = if mode == "stream" { &stream } else { &[] };
+            let first = run(&envoy, sdk, &key, mode, "allowed", extra);
+            let second = run(&envoy, sdk, &key, mode, "allowed", extra);
+            for out in [&first, &second] {
+                assert_eq!(out["status"], 200, "{out}");
+                assert_eq!(header(&out["headers"], "content-encoding"), "gzip", "{out}");
+                assert!(!out["text"].as_str().unwrap().is_empty(), "{out}");
+            }
+            assert_eq!(
+                number(&first["headers"], remaining_field)
+                    - number(&second["headers"], remaining_field),
+                used,
+                "{example} {mode}: the first answer charged its usage, read through gzip"
+            );
+        }
         let out = run(&envoy, sdk, "sk-sdk", "json", "exhaust", &[]);
         let passed = out["passed"].as_u64().unwrap();
         assert!(passed >= 2, "{example}: {out}");

@@ -1112,7 +1112,9 @@ fn per_model_limits_read_the_model_from_the_request_body() {
         {"name": "gpt-4o", "match": {"body": [{"field": "model", "prefix": "gpt-4o"}]},
          "key": [{"first": ["header:x-api-key", "bearer"]}],
          "rate_limit": {"requests_per_unit": 3, "unit": "hour"}}]}"#;
-    let rig = start(config, &[]);
+    // The access log shows the model the filter read (the native build from dynamic metadata,
+    // the wasm build from filter state), for replay.
+    let rig = start(config, &["body.model"]);
     let body = |model: &str| {
         format!(
             r#"{{"messages": [{{"role": "user", "content": "a \"model\": \"x\" {}"}}], "model": {model}, "max_tokens": 5}}"#,
@@ -1121,13 +1123,18 @@ fn per_model_limits_read_the_model_from_the_request_body() {
     };
     let send = |model: &str, key: (&str, &str), piece: usize| {
         let body = body(model);
+        let id = new_id("model");
         let pieces: Vec<&[u8]> = body.as_bytes().chunks(piece).collect();
         let reply = LlmClient::connect(rig.envoy.addr)
             .unwrap()
             .send_pieces(
                 "POST",
                 "/v1/chat/completions",
-                &[key, ("content-type", "application/json")],
+                &[
+                    key,
+                    ("content-type", "application/json"),
+                    ("x-test-id", &id),
+                ],
                 &pieces,
                 Duration::from_millis(if piece < 50 { 2 } else { 0 }),
                 None,
@@ -1143,6 +1150,12 @@ fn per_model_limits_read_the_model_from_the_request_body() {
                 body.as_bytes(),
                 "the upstream got the body unchanged"
             );
+        }
+        // A model given as a string is logged unescaped, whatever the request's fate.
+        let logged = rig.line(&id)["u_body.model"].clone();
+        match serde_json::from_str::<Value>(model) {
+            Ok(Value::String(m)) => assert_eq!(logged, Value::String(m), "{model}"),
+            _ => assert_eq!(logged, Value::Null, "{model}"),
         }
         reply
     };

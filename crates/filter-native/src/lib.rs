@@ -506,6 +506,11 @@ impl runtime::Host for NativeHost<'_, '_> {
     fn body_follows(&self) -> bool {
         self.body_follows
     }
+
+    fn body_field_read(&mut self, name: &str, value: &[u8]) {
+        self.stream
+            .set_metadata_string(METADATA_NAMESPACE, name, &String::from_utf8_lossy(value));
+    }
 }
 
 /// The largest gathered body piece a worker keeps its buffer for.

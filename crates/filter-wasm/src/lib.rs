@@ -560,6 +560,10 @@ impl runtime::Host for WasmHost {
     fn body_follows(&self) -> bool {
         self.body_follows
     }
+
+    fn body_field_read(&mut self, name: &str, value: &[u8]) {
+        let _ = abi::set_property(&format!("wasm_ratelimit.{name}"), value);
+    }
 }
 
 /// Hands a rule's usage to the access log: the filter state `wasm.wasm_ratelimit.RULE`.

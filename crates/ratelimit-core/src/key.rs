@@ -521,6 +521,8 @@ pub struct PlainRequest {
     pub metadata: Vec<(String, String, Meta)>,
     /// Filter state objects: (key, value).
     pub filter_state: Vec<(String, Vec<u8>)>,
+    /// Request body fields: (slot in the configuration's `request_paths`, value).
+    pub body: Vec<(usize, Vec<u8>)>,
 }
 
 /// A dynamic metadata value of a [`PlainRequest`].
@@ -564,6 +566,12 @@ impl Attributes for PlainRequest {
         self.filter_state
             .iter()
             .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_slice())
+    }
+    fn body_field(&mut self, slot: usize) -> Option<&[u8]> {
+        self.body
+            .iter()
+            .find(|(s, _)| *s == slot)
             .map(|(_, v)| v.as_slice())
     }
 }

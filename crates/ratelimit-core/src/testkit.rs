@@ -22,6 +22,8 @@ pub struct FakeHost {
     pub logs: Vec<(log::Level, String)>,
     /// A request body follows the headers.
     pub body_follows: bool,
+    /// The body fields handed to the access log ([`Host::body_field_read`]).
+    pub fields_read: Vec<(String, Vec<u8>)>,
 }
 
 impl FakeHost {
@@ -39,6 +41,7 @@ impl FakeHost {
             held: 0,
             logs: Vec::new(),
             body_follows: false,
+            fields_read: Vec::new(),
         }
     }
 
@@ -89,6 +92,9 @@ impl Attributes for FakeHost {
     fn filter_state(&mut self, key: &str) -> Option<&[u8]> {
         self.req.filter_state(key)
     }
+    fn body_field(&mut self, slot: usize) -> Option<&[u8]> {
+        self.req.body_field(slot)
+    }
 }
 
 impl Host for FakeHost {
@@ -103,6 +109,9 @@ impl Host for FakeHost {
     }
     fn body_follows(&self) -> bool {
         self.body_follows
+    }
+    fn body_field_read(&mut self, name: &str, value: &[u8]) {
+        self.fields_read.push((name.to_string(), value.to_vec()));
     }
 }
 

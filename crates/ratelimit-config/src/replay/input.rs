@@ -52,6 +52,10 @@ pub enum Field {
     /// access log: `%DYNAMIC_METADATA(wasm_ratelimit:RULE)%` (native build) or
     /// `%FILTER_STATE(wasm.wasm_ratelimit.RULE:PLAIN)%` (wasm build).
     Usage(String),
+    /// A request body field (its path, keys joined by `.`) that the filter read for a rule,
+    /// as it reports it to the access log: `%DYNAMIC_METADATA(wasm_ratelimit:body.PATH)%`
+    /// (native build) or `%FILTER_STATE(wasm.wasm_ratelimit.body.PATH:PLAIN)%` (wasm build).
+    Body(String),
 }
 
 impl Field {
@@ -73,6 +77,8 @@ impl Field {
                     Field::Response(h.to_ascii_lowercase())
                 } else if let Some(r) = name.strip_prefix("usage:").filter(|r| !r.is_empty()) {
                     Field::Usage(r.to_string())
+                } else if let Some(p) = name.strip_prefix("body:").filter(|p| !p.is_empty()) {
+                    Field::Body(p.to_string())
                 } else {
                     return None;
                 }
@@ -93,6 +99,7 @@ impl Field {
             Field::Header(h) => format!("header:{h}"),
             Field::Response(h) => format!("response:{h}"),
             Field::Usage(r) => format!("usage:{r}"),
+            Field::Body(p) => format!("body:{p}"),
         }
     }
 
@@ -112,6 +119,7 @@ impl Field {
                 }
             }
             Field::Usage(r) => vec![r.clone(), format!("usage_{r}")],
+            Field::Body(p) => vec![format!("body.{p}"), p.clone()],
             other => vec![other.name()],
         }
     }
@@ -135,6 +143,20 @@ impl Field {
                 arg.split('?').next() == Some(&h.to_ascii_uppercase())
             }
             // Command arguments are upper-cased; rule names compare without case.
+            (Field::Body(p), "DYNAMIC_METADATA") => {
+                arg.split(':').collect::<Vec<_>>()
+                    == [
+                        "WASM_RATELIMIT",
+                        &format!("BODY.{}", p.to_ascii_uppercase()),
+                    ]
+            }
+            (Field::Body(p), "FILTER_STATE") => {
+                arg.split(':').next()
+                    == Some(&format!(
+                        "WASM.WASM_RATELIMIT.BODY.{}",
+                        p.to_ascii_uppercase()
+                    ))
+            }
             (Field::Usage(r), "DYNAMIC_METADATA") => {
                 arg.split(':').collect::<Vec<_>>() == ["WASM_RATELIMIT", &r.to_ascii_uppercase()]
             }
@@ -169,6 +191,9 @@ pub fn needed(config: &Config) -> Vec<Field> {
         }
         for h in &m.headers {
             need(Field::Header(h.name.clone()));
+        }
+        for b in &m.body {
+            need(Field::Body(b.field.path.join(".")));
         }
         for part in &rule.key {
             for field in fields_of(part) {
@@ -215,8 +240,8 @@ fn fields_of(part: &KeyPart) -> Vec<Field> {
         KeyPart::Method => vec![Field::Method],
         KeyPart::Authority => vec![Field::Authority],
         KeyPart::First(parts) => parts.iter().flat_map(fields_of).collect(),
-        // An access log holds no request bodies.
-        KeyPart::Body(_) => Vec::new(),
+        // What the filter reported of the body (an access log holds no bodies).
+        KeyPart::Body(f) => vec![Field::Body(f.path.join("."))],
     }
 }
 
@@ -234,6 +259,8 @@ pub struct Entry {
     /// The response header fields the rules charge from (lower-case names), and the usages
     /// the filter logged (`usage:RULE`).
     pub response: Vec<(String, Vec<u8>)>,
+    /// The request body fields the filter logged: (path, value).
+    pub body: Vec<(String, Vec<u8>)>,
 }
 
 impl Entry {
@@ -517,6 +544,7 @@ impl Mapping {
                 Field::Usage(r) => e
                     .response
                     .push((format!("usage:{r}"), v.as_bytes().to_vec())),
+                Field::Body(p) => e.body.push((p.clone(), v.as_bytes().to_vec())),
             }
         }
         e.start_ms = start.ok_or("no start time")?;
@@ -900,6 +928,50 @@ mod tests {
                 ("usage:tokens".into(), "561".into()),
                 ("usage:other".into(), "7".into())
             ]
+        );
+    }
+
+    #[test]
+    fn the_body_fields_the_filter_logged_are_read_from_either_build() {
+        let fields = vec![
+            Field::StartTime,
+            Field::Body("model".into()),
+            Field::Body("metadata.user_id".into()),
+        ];
+        let body = |e: &Entry| {
+            e.body
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect::<Vec<_>>()
+        };
+        let want: [(String, String); 2] = [
+            ("model".into(), "gpt-4o".into()),
+            ("metadata.user_id".into(), "u1".into()),
+        ];
+        // JSON: body.PATH, or the path itself.
+        let m = Mapping::new(fields.clone(), ENVOY_DEFAULT_FORMAT, &[]).unwrap();
+        let mut found = vec![false; 3];
+        let e = m
+            .parse(
+                r#"{"start_time": "1795406041", "body.model": "gpt-4o", "metadata.user_id": "u1"}"#,
+                &mut found,
+            )
+            .unwrap();
+        assert_eq!(body(&e), want);
+        // Text: the native build's metadata, the wasm build's filter state.
+        let m = Mapping::new(
+            fields,
+            "%START_TIME(%s)% %DYNAMIC_METADATA(wasm_ratelimit:body.model)% %FILTER_STATE(wasm.wasm_ratelimit.body.metadata.user_id:PLAIN)%\n",
+            &[],
+        )
+        .unwrap();
+        let mut found = vec![false; 3];
+        let e = m.parse("1795406041 gpt-4o u1", &mut found).unwrap();
+        assert_eq!(found, [true, true, true]);
+        assert_eq!(body(&e), want);
+        assert_eq!(
+            Field::parse("body:model"),
+            Some(Field::Body("model".into()))
         );
     }
 

@@ -232,6 +232,9 @@ impl Attributes for ReplayHost<'_> {
     fn header(&mut self, name: &str) -> Option<&[u8]> {
         self.request.header(name)
     }
+    fn body_field(&mut self, slot: usize) -> Option<&[u8]> {
+        self.request.body_field(slot)
+    }
 }
 
 impl Host for ReplayHost<'_> {
@@ -503,6 +506,11 @@ impl Replay {
     /// Replays one request.
     pub fn request(&mut self, mut e: Entry) {
         self.requests += 1;
+        for (path, value) in std::mem::take(&mut e.body) {
+            if let Some(slot) = self.config.body_slot(&path) {
+                e.request.body.push((slot, value));
+            }
+        }
         let t = e.start_ms;
         self.span_ms = Some(self.span_ms.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
         for ((rule, fp), traffic) in self
@@ -642,6 +650,43 @@ mod tests {
         let col = r.column(0, 1);
         assert_eq!(r.timeline.column(col), [7, 1]);
         assert_eq!(r.timeline.column(col + 1), [3, 0]);
+    }
+
+    #[test]
+    fn body_fields_the_filter_logged_key_and_match_as_live() {
+        let mut r = replay(
+            r#"{"rules": [{"name": "per-model", "key": ["remote_address", "body:model"],
+                "match": {"body": [{"field": "model", "prefix": "gpt-"}]},
+                "rate_limit": {"requests_per_unit": 2, "unit": "hour"}}]}"#,
+            None,
+        );
+        let t0 = 1_800_000_000_000;
+        // Three of gpt-4o, two of gpt-4o-mini, one of o3 (not matched), one without a model.
+        for (i, model) in [
+            "gpt-4o",
+            "gpt-4o-mini",
+            "gpt-4o",
+            "o3",
+            "gpt-4o-mini",
+            "gpt-4o",
+        ]
+        .iter()
+        .map(Some)
+        .chain([None])
+        .enumerate()
+        {
+            let mut e = entry(t0 + i as u64, "10.0.0.1");
+            if let Some(m) = model {
+                e.body.push(("model".into(), m.as_bytes().to_vec()));
+            }
+            r.request(e);
+        }
+        r.finish();
+        let t = &r.traffic[0];
+        assert_eq!((t.matched, t.keys.count()), (5, 2));
+        let o = &r.variants[0].outcomes[0];
+        // gpt-4o's third is refused; the one without a model does not match.
+        assert_eq!((o.allowed, o.limited), (4, 1));
     }
 
     #[test]

@@ -652,6 +652,23 @@ pub const MAX_BODY_HELD: u32 = 512 * 1024;
 /// The longest `max_delay_ms` accepted.
 pub const MAX_DELAY_MS: u64 = 60_000;
 
+impl Config {
+    /// The slot of the request body field at `path` (keys joined by `.`), if a rule reads it.
+    pub fn body_slot(&self, path: &str) -> Option<usize> {
+        let mut found = None;
+        for rule in &self.rules {
+            let mut each = |f: &BodyField| {
+                if found.is_none() && f.path.join(".") == path {
+                    found = Some(f.slot);
+                }
+            };
+            rule.matcher.body.iter().for_each(|m| each(&m.field));
+            rule.key.iter().for_each(|k| k.each_body_field(&mut each));
+        }
+        found
+    }
+}
+
 impl Rule {
     /// Whether the rule reads fields of the request's body (a `body:` key part, or
     /// `match.body`): it is decided once they are read.

@@ -161,6 +161,7 @@ impl<S: Store> Runtime<S> {
             return Read::More;
         }
         if fields {
+            self.report_fields(&r.pending, &r.scanner, host);
             let mut with = WithBody {
                 host,
                 scanner: &r.scanner,
@@ -185,6 +186,33 @@ impl<S: Store> Runtime<S> {
             }
         }
         Read::Ready
+    }
+
+    /// Hands the host each body field the waiting rules read, found in the body (once per
+    /// field, however many rules read it).
+    fn report_fields(&self, p: &Pending, scanner: &Scanner, host: &mut impl Host) {
+        let mut done = 0u16;
+        let mut name = String::new();
+        for rule in p.deferred.iter().filter_map(|&i| self.config.rules.get(i)) {
+            let mut each = |f: &config::BodyField| {
+                let bit = u32::try_from(f.slot)
+                    .ok()
+                    .and_then(|s| 1u16.checked_shl(s))
+                    .unwrap_or(0);
+                if done & bit != 0 {
+                    return;
+                }
+                done |= bit;
+                if let Some(value) = scanner.text(f.slot) {
+                    name.clear();
+                    name.push_str("body.");
+                    name.push_str(&f.path.join("."));
+                    host.body_field_read(&name, value);
+                }
+            };
+            rule.matcher.body.iter().for_each(|m| each(&m.field));
+            rule.key.iter().for_each(|k| k.each_body_field(&mut each));
+        }
     }
 
     fn charge_at(
@@ -920,6 +948,31 @@ mod tests {
             (200, "\"headers-only\";q=100;w=3600")
         );
         assert_eq!(counted(&rt, Counter::KeyMissing), 0);
+    }
+
+    #[test]
+    fn the_body_fields_rules_read_go_to_the_access_log_once_each() {
+        let rt = runtime(PER_MODEL);
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        let mut st = StreamState::default();
+        let body = br#"{"model": "gpt-4o", "metadata": {"user_id": "u\u0031"}, "stream": true}"#;
+        let (next, _) = request(&rt, &mut st, &mut h, body, 7);
+        assert!(matches!(next, Next::Continue));
+        // model is read by two rules, reported once; the user id unescaped.
+        assert_eq!(
+            h.fields_read,
+            [
+                ("body.model".to_string(), b"gpt-4o".to_vec()),
+                ("body.metadata.user_id".to_string(), b"u1".to_vec())
+            ]
+        );
+        // A field the body does not have is not reported.
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        let mut st = StreamState::default();
+        request(&rt, &mut st, &mut h, br#"{"model": "o3"}"#, 100);
+        assert_eq!(h.fields_read, [("body.model".to_string(), b"o3".to_vec())]);
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub trait Host: Attributes {
     fn body_follows(&self) -> bool {
         false
     }
+    /// A field of the request's body that rules read (`body:` key parts, `match.body`), once
+    /// read: `name` is `body.PATH` (`body.model`). The host hands it to the access log (the
+    /// native build as dynamic metadata, the wasm build as filter state), for replay.
+    fn body_field_read(&mut self, _name: &str, _value: &[u8]) {}
 }
 
 /// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
