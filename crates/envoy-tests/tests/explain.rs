@@ -127,6 +127,16 @@ const CASES: &[Case] = &[
         shadow: false,
     },
     Case {
+        example: "llm-gateway",
+        method: "GET",
+        path: "/v1/models",
+        headers: &[("authorization", "Bearer alice")],
+        // The example's stand-in auth step sets alice's team.
+        extra: &["--header", "x-team: research"],
+        times: 4,
+        shadow: false,
+    },
+    Case {
         example: "anthropic-tokens",
         method: "GET",
         path: "/v1/messages",
