@@ -3,7 +3,7 @@
 
 use ratelimit_core::config::{
     Algorithm, Config, Cost, Dialect, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit,
-    Match, MissingKey, Rule, Usage,
+    Match, MissingKey, Rule, Usage, ModelFrom,
 };
 use ratelimit_core::limiter::calendar;
 
@@ -58,6 +58,15 @@ pub fn summary(c: &Config) -> String {
                         Usage::Header(h) => format!("header or trailer {h}"),
                         Usage::BodyBytes => "its body bytes".into(),
                         Usage::Body(_) => "its body's usage fields".into(),
+                        Usage::Price(p) => format!(
+                            "its {} tokens priced by the model of {} ({} priced)",
+                            p.api.name(),
+                            match &p.model {
+                                ModelFrom::Body(f) => f.to_string(),
+                                ModelFrom::Answer(_) => "the answer".into(),
+                            },
+                            p.models.len()
+                        ),
                     },
                     match &c.sized {
                         Some(_) => format!("sized by the request body, else {}", c.reserve),

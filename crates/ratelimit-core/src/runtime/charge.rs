@@ -174,11 +174,15 @@ impl<S: Store> Runtime<S> {
             let Some((charge, sized, rule)) = self.charge_at(&r.pending, i) else {
                 continue;
             };
-            let cost = match sized.maximum(|slot| r.scanner.value(slot)) {
-                Some(max) => max
-                    .saturating_add(sized.input.estimate(length))
+            let input = sized.input.estimate(length);
+            let cost = match (sized.maximum(|slot| r.scanner.value(slot)), rule.price()) {
+                (Some(max), price) => price
+                    .zip(r.pending.applied.get(i))
+                    .map_or(max.saturating_add(input), |(price, a)| {
+                        price.reservation(a.priced, max, input)
+                    })
                     .clamp(1, u64::from(rule.limit.capacity().max(1))),
-                None => charge.admission(),
+                (None, _) => charge.admission(),
             };
             if let Some(check) = r.pending.checks.get_mut(i) {
                 check.cost = cost;
@@ -205,9 +209,14 @@ impl<S: Store> Runtime<S> {
     /// JSON events, anything else one JSON document; a compressed body is not guessed at (its
     /// usage is not reported).
     pub(super) fn start_scan(&self, a: &mut Admitted, response: &mut impl Response) {
+        let reads = |u: Option<&Usage>| matches!(u, Some(Usage::Body(_) | Usage::Price(_)));
         let reads_body = a.owed.iter().any(|d| {
-            matches!(self.charge_of(d.rule), Some(Usage::Body(_)))
-                && !matches!(d.kind, DebtKind::Slot(_))
+            reads(self.charge_of(d.rule)) && !matches!(d.kind, DebtKind::Slot(_))
+        });
+        // The model an answer names is text: only then is it kept.
+        let texts = a.owed.iter().any(|d| {
+            matches!(self.charge_of(d.rule), Some(Usage::Price(p))
+                if matches!(p.model, config::ModelFrom::Answer(_)))
         });
         if !reads_body || a.scan.is_some() {
             return;
@@ -223,7 +232,12 @@ impl<S: Store> Runtime<S> {
                     .get(..17)
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"))
             });
-            Some(Scanner::new(if sse { Format::Sse } else { Format::Json }))
+            let format = if sse { Format::Sse } else { Format::Json };
+            Some(if texts {
+                Scanner::with_texts(format)
+            } else {
+                Scanner::new(format)
+            })
         };
         a.scan = Some(Box::new(BodyScan { scanner }));
     }
@@ -269,6 +283,14 @@ impl<S: Store> Runtime<S> {
                         .as_ref()
                         .and_then(|s| s.scanner.as_ref())
                         .and_then(|s| body.total(|slot| s.value(slot))),
+                ),
+                Some(Usage::Price(price)) => Some(
+                    a.scan
+                        .as_ref()
+                        .and_then(|s| s.scanner.as_ref())
+                        .and_then(|s| {
+                            price.total(debt.priced, |slot| s.value(slot), |slot| s.text(slot))
+                        }),
                 ),
             }
         });
