@@ -1405,3 +1405,79 @@ impl fmt::Display for ConfigErrors {
 }
 
 impl std::error::Error for ConfigErrors {}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod price_tests {
+    use super::*;
+
+    fn price(per: &str, default: &str) -> Price {
+        let json = format!(
+            r#"{{"rules": [{{"name": "usd", "rate_limit": {{"requests_per_unit": 1000000, "unit": "day"}},
+            "cost": {{"response": {{"price": {{"usage": "anthropic", "model": "body:model", "per": "{per}",
+              "models": {{"claude-*": {{"input": 1, "output": 5}}, "claude-opus-*": {{"input": 15, "output": 75}},
+                         "claude-opus-4": {{"input": 20, "output": 80, "cached_input": 2, "cache_write": 25}}}},
+              "default": {default}}}}}}}}}]}}"#
+        );
+        let config = Config::parse(json.as_bytes()).unwrap();
+        config.rules[0].price().unwrap().clone()
+    }
+
+    #[test]
+    fn an_exact_name_beats_the_longest_prefix_which_beats_a_shorter_one() {
+        let p = price("token", r#""refuse""#);
+        let rates = |m: &str| p.lookup(Some(m.as_bytes())).map(|x| p.rates(x).input);
+        assert_eq!(rates("claude-opus-4"), Some(20));
+        assert_eq!(rates("claude-opus-4-1"), Some(15));
+        assert_eq!(rates("claude-haiku"), Some(1));
+        assert_eq!(rates("claude-"), Some(1));
+        assert_eq!(rates("claude"), None, "refused");
+        assert_eq!(p.lookup(None), None, "no model: refused too");
+        // Unset cached and cache-write prices are the input's.
+        let haiku = p.rates(p.lookup(Some(b"claude-haiku")).unwrap());
+        assert_eq!((haiku.cached_input, haiku.cache_write), (1, 1));
+        // The dearest of each kind, for a reservation before the model is known.
+        assert_eq!(
+            p.dearest,
+            Rates {
+                input: 20,
+                cached_input: 15,
+                cache_write: 25,
+                output: 80
+            }
+        );
+    }
+
+    #[test]
+    fn a_cost_is_exact_per_token_and_rounded_up_once_per_larger_unit() {
+        let tokens = |k| match k {
+            Tokens::Input => 3,
+            Tokens::Cached => 1000,
+            Tokens::CacheWrite => 10,
+            Tokens::Output => 7,
+        };
+        let opus4 = Rates {
+            input: 20,
+            cached_input: 2,
+            cache_write: 25,
+            output: 80,
+        };
+        // Anthropic's input excludes the cache: every kind counts in full.
+        assert_eq!(price("token", "{\"input\": 1, \"output\": 1}").cost(opus4, tokens), 60 + 2000 + 250 + 560);
+        assert_eq!(price("1K tokens", "\"refuse\"").cost(opus4, tokens), 3);
+        assert_eq!(price("1M tokens", "\"refuse\"").cost(opus4, tokens), 1);
+        assert_eq!(price("1M tokens", "\"refuse\"").cost(opus4, |_| 0), 0);
+        // No overflow: the most of every kind at the highest price.
+        let max = Rates {
+            input: u32::MAX,
+            cached_input: u32::MAX,
+            cache_write: u32::MAX,
+            output: u32::MAX,
+        };
+        assert_eq!(price("token", "\"refuse\"").cost(max, |_| u64::MAX), u64::MAX);
+        // A reservation: the output maximum and the input estimate.
+        let p = price("token", "\"refuse\"");
+        let opus = p.lookup(Some(b"claude-opus-4")).unwrap();
+        assert_eq!(p.reservation(opus, 100, 40), 100 * 80 + 40 * 20);
+    }
+}
