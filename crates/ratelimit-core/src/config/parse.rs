@@ -1211,8 +1211,12 @@ impl Validator {
                 }
                 (rows.len() == table.len()).then_some(rows)
             }
+            Some(Value::Object(_)) => {
+                self.error(&tp, "no model (at least one model and its prices; \"default\" prices the others)");
+                None
+            }
             Some(v) => {
-                self.error(&tp, format!("expected an object of at least one model and its prices, found {}", describe(v)));
+                self.error(&tp, format!("expected an object of models and their prices, found {}", describe(v)));
                 None
             }
             None => {
