@@ -3,7 +3,7 @@
 
 use ratelimit_core::config::{
     Algorithm, Config, Cost, Dialect, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit,
-    Match, MissingKey, Rule, Usage, ModelFrom,
+    Match, MissingKey, ModelFrom, Rule, Usage,
 };
 use ratelimit_core::limiter::calendar;
 

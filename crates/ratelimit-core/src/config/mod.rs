@@ -766,7 +766,11 @@ impl Price {
                 name == row.name.as_bytes()
             };
             // An exact name counts as longer than any prefix.
-            let length = if row.prefix { row.name.len() } else { usize::MAX };
+            let length = if row.prefix {
+                row.name.len()
+            } else {
+                usize::MAX
+            };
             if fits && best.is_none_or(|(_, l)| length > l) {
                 best = Some((i, length));
             }
@@ -843,9 +847,7 @@ impl Price {
             (ModelFrom::Body(_), p) => p,
         };
         let rates = self.rates(priced);
-        Some(self.cost(rates, |k| {
-            sums.get(kind_index(k)).copied().unwrap_or(0)
-        }))
+        Some(self.cost(rates, |k| sums.get(kind_index(k)).copied().unwrap_or(0)))
     }
 
     /// The reservation for a request naming `maximum` output tokens with an input estimated at
@@ -1463,7 +1465,10 @@ mod price_tests {
             output: 80,
         };
         // Anthropic's input excludes the cache: every kind counts in full.
-        assert_eq!(price("token", "{\"input\": 1, \"output\": 1}").cost(opus4, tokens), 60 + 2000 + 250 + 560);
+        assert_eq!(
+            price("token", "{\"input\": 1, \"output\": 1}").cost(opus4, tokens),
+            60 + 2000 + 250 + 560
+        );
         assert_eq!(price("1K tokens", "\"refuse\"").cost(opus4, tokens), 3);
         assert_eq!(price("1M tokens", "\"refuse\"").cost(opus4, tokens), 1);
         assert_eq!(price("1M tokens", "\"refuse\"").cost(opus4, |_| 0), 0);
@@ -1474,7 +1479,10 @@ mod price_tests {
             cache_write: u32::MAX,
             output: u32::MAX,
         };
-        assert_eq!(price("token", "\"refuse\"").cost(max, |_| u64::MAX), u64::MAX);
+        assert_eq!(
+            price("token", "\"refuse\"").cost(max, |_| u64::MAX),
+            u64::MAX
+        );
         // A reservation: the output maximum and the input estimate.
         let p = price("token", "\"refuse\"");
         let opus = p.lookup(Some(b"claude-opus-4")).unwrap();

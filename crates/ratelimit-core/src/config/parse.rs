@@ -1152,7 +1152,10 @@ impl Validator {
         let map = self.object(v, path, &["price"])?;
         let path = join(path, "price");
         let Some(v) = map.get("price") else {
-            self.error(&path, "required field is missing (an object response is a price)");
+            self.error(
+                &path,
+                "required field is missing (an object response is a price)",
+            );
             return None;
         };
         let map = self.object(v, &path, &["usage", "model", "per", "models", "default"])?;
@@ -1177,7 +1180,10 @@ impl Validator {
             },
             (Some(None), _) => None,
             (None, _) => {
-                self.error(&mp, "required field is missing (body:PATH, e.g. body:model, or response)");
+                self.error(
+                    &mp,
+                    "required field is missing (body:PATH, e.g. body:model, or response)",
+                );
                 None
             }
         };
@@ -1201,22 +1207,36 @@ impl Validator {
                         Some(bare) => (bare, true),
                         None => (name.as_str(), false),
                     };
-                    if bare.is_empty() || bare.contains('*') || name.len() > crate::usage::MAX_TEXT {
+                    if bare.is_empty() || bare.contains('*') || name.len() > crate::usage::MAX_TEXT
+                    {
                         self.error(&rp, format!("invalid model name (expected a model's name, or a prefix ending in *, at most {} bytes; \"default\" prices the others)", crate::usage::MAX_TEXT));
                         continue;
                     }
                     if let Some(rates) = self.rates(v, &rp, writes) {
-                        rows.push(ModelPrice { name: bare.to_string(), prefix, rates });
+                        rows.push(ModelPrice {
+                            name: bare.to_string(),
+                            prefix,
+                            rates,
+                        });
                     }
                 }
                 (rows.len() == table.len()).then_some(rows)
             }
             Some(Value::Object(_)) => {
-                self.error(&tp, "no model (at least one model and its prices; \"default\" prices the others)");
+                self.error(
+                    &tp,
+                    "no model (at least one model and its prices; \"default\" prices the others)",
+                );
                 None
             }
             Some(v) => {
-                self.error(&tp, format!("expected an object of models and their prices, found {}", describe(v)));
+                self.error(
+                    &tp,
+                    format!(
+                        "expected an object of models and their prices, found {}",
+                        describe(v)
+                    ),
+                );
                 None
             }
             None => {
@@ -1235,7 +1255,13 @@ impl Validator {
             },
             Some(v @ Value::Object(_)) => self.rates(v, &dp, writes).map(Some),
             Some(v) => {
-                self.error(&dp, format!("expected \"refuse\" or the prices of a model not in \"models\", found {}", describe(v)));
+                self.error(
+                    &dp,
+                    format!(
+                        "expected \"refuse\" or the prices of a model not in \"models\", found {}",
+                        describe(v)
+                    ),
+                );
                 None
             }
             None => {

@@ -210,9 +210,10 @@ impl<S: Store> Runtime<S> {
     /// usage is not reported).
     pub(super) fn start_scan(&self, a: &mut Admitted, response: &mut impl Response) {
         let reads = |u: Option<&Usage>| matches!(u, Some(Usage::Body(_) | Usage::Price(_)));
-        let reads_body = a.owed.iter().any(|d| {
-            reads(self.charge_of(d.rule)) && !matches!(d.kind, DebtKind::Slot(_))
-        });
+        let reads_body = a
+            .owed
+            .iter()
+            .any(|d| reads(self.charge_of(d.rule)) && !matches!(d.kind, DebtKind::Slot(_)));
         // The model an answer names is text: only then is it kept.
         let texts = a.owed.iter().any(|d| {
             matches!(self.charge_of(d.rule), Some(Usage::Price(p))
@@ -1197,7 +1198,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let headers = [("content-type", answer_with.0)];
-        (200, answer(rt, &mut st, &headers, answer_with.1, piece, true))
+        (
+            200,
+            answer(rt, &mut st, &headers, answer_with.1, piece, true),
+        )
     }
 
     #[test]
@@ -1218,7 +1222,10 @@ mod tests {
             let twice = r#"{"model": "gpt-4o-mini", "messages": [], "model": "gpt-4o"}"#;
             assert_eq!(send(twice).1, [("usd".into(), 2500)]);
             // A model not in the table, or none: the default price.
-            assert_eq!(send(r#"{"model": "o3"}"#).1, [("usd".into(), 6000 + 4000 + 1500)]);
+            assert_eq!(
+                send(r#"{"model": "o3"}"#).1,
+                [("usd".into(), 6000 + 4000 + 1500)]
+            );
             assert_eq!(send(r#"{"messages": []}"#).1, [("usd".into(), 11_500)]);
             // A stream (its last chunk: 27 in, 14 out) on gpt-4o-mini: 12.45, rounded up.
             let stream = include_bytes!("../../tests/fixtures/llm/openai_chat_stream.sse");
@@ -1285,7 +1292,14 @@ mod tests {
         // The reservation, trued up: 2,700 − 2,023 charged beyond it.
         let mut st = StreamState::default();
         request(&rt, &mut st, &mut h, body.as_bytes(), 36);
-        answer(&rt, &mut st, &json, priced_answer(1000, 0, 20).as_bytes(), 99, true);
+        answer(
+            &rt,
+            &mut st,
+            &json,
+            priced_answer(1000, 0, 20).as_bytes(),
+            99,
+            true,
+        );
         assert_eq!(counted(&rt, Counter::UsageExceeded), 2700 - 2023);
     }
 }

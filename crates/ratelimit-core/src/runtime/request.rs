@@ -13,8 +13,8 @@
 //! [`Response`]), carries out the decision and provides the store.
 
 use crate::config::{
-    self, Cost, Priced, Dialect, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest,
-    Resolved, ResponseConfig, Rule,
+    self, Cost, Dialect, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest,
+    Priced, Resolved, ResponseConfig, Rule,
 };
 use crate::dialect::{self, Classed};
 use crate::engine::{self, Check, PerRule, RuleOutcome};
