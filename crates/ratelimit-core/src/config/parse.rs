@@ -1209,7 +1209,7 @@ impl Validator {
                     };
                     if bare.is_empty() || bare.contains('*') || name.len() > crate::usage::MAX_TEXT
                     {
-                        self.error(&rp, format!("invalid model name (expected a model's name, or a prefix ending in *, at most {} bytes; \"default\" prices the others)", crate::usage::MAX_TEXT));
+                        self.error(&rp, format!("invalid model name (expected a model's name, or a prefix ending in *, at most {} bytes: \"default\" prices the others)", crate::usage::MAX_TEXT));
                         continue;
                     }
                     if let Some(rates) = self.rates(v, &rp, writes) {
@@ -1225,7 +1225,7 @@ impl Validator {
             Some(Value::Object(_)) => {
                 self.error(
                     &tp,
-                    "no model (at least one model and its prices; \"default\" prices the others)",
+                    "no model (at least one model and its prices: \"default\" prices the others)",
                 );
                 None
             }
