@@ -59,13 +59,14 @@ pub fn summary(c: &Config) -> String {
                         Usage::BodyBytes => "its body bytes".into(),
                         Usage::Body(_) => "its body's usage fields".into(),
                         Usage::Price(p) => format!(
-                            "its {} tokens priced by the model of {} ({} priced)",
+                            "its {} tokens at the prices of {} model{} (the model from {})",
                             p.api.name(),
+                            p.models.len(),
+                            if p.models.len() == 1 { "" } else { "s" },
                             match &p.model {
                                 ModelFrom::Body(f) => f.to_string(),
                                 ModelFrom::Answer(_) => "the answer".into(),
-                            },
-                            p.models.len()
+                            }
                         ),
                     },
                     match &c.sized {

@@ -1302,4 +1302,38 @@ mod tests {
         );
         assert_eq!(counted(&rt, Counter::UsageExceeded), 2700 - 2023);
     }
+
+    #[test]
+    fn a_model_from_the_answer_reserves_at_the_dearest_price_and_a_shadow_rule_never_refuses() {
+        // The model comes with the answer: the reservation of 10 output tokens is priced at
+        // the dearest output price (the default's $30), then trued up at the answer's model.
+        let rt = runtime(
+            r#"{"rules": [{"name": "usd", "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 100000, "unit": "day"},
+            "cost": {"response": {"price": {"usage": "openai", "model": "response", "models": {
+                "gpt-4o*": {"input": 2500000, "output": 10000000}},
+                "default": {"input": 10000000, "output": 30000000}}},
+              "true_up": true, "reserve": {"from": "openai", "default": 1000}}},
+            {"name": "shadow-usd", "shadow": true, "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 100000, "unit": "day"},
+            "cost": {"response": {"price": {"usage": "openai", "model": "body:model", "models": {
+                "gpt-4o": {"input": 2500000, "output": 10000000}}, "default": "refuse"}},
+              "true_up": true, "reserve": {"from": "openai", "default": 1000}}}]}"#,
+        );
+        let json = [("content-type", "application/json")];
+        // o3 has no price in shadow-usd: logged and counted, not refused.
+        let mut st = StreamState::default();
+        let body = br#"{"model": "o3", "max_tokens": 10}"#;
+        let (next, _) = request(&rt, &mut st, &mut host("a"), body, 4);
+        assert!(matches!(next, Next::Continue), "{next:?}");
+        assert_eq!(counted(&rt, Counter::ModelUnpriced), 1);
+        // The answer names gpt-4o-2024-08-06 (a gpt-4o*): 1,000 in, 20 out at its prices; and
+        // shadow-usd, which had no price for o3, charges its dearest, the same.
+        let answer_body = priced_answer(1000, 0, 20);
+        let got = answer(&rt, &mut st, &json, answer_body.as_bytes(), 5, true);
+        assert_eq!(got, [("usd".into(), 2700), ("shadow-usd".into(), 2700)]);
+        // usd reserved 10 × $30 = 300 µ$, and was charged 2,400 beyond it; shadow-usd
+        // reserved at its dearest too (gpt-4o's $10: 100 µ$), 2,600 beyond.
+        assert_eq!(counted(&rt, Counter::UsageExceeded), 2400 + 2600);
+    }
 }
