@@ -725,8 +725,11 @@ pub enum Priced {
     Model(u16),
     /// The default price.
     Default,
-    /// The answer names the model: known when its usage is.
+    /// The answer names the model: known when its usage is (the dearest prices until then).
     Answer,
+    /// No price for the model named: the dearest of each kind (a shadow rule's charge for
+    /// what it would have refused).
+    Dearest,
 }
 
 impl Rates {
@@ -790,7 +793,7 @@ impl Price {
                 .get(usize::from(i))
                 .map_or(self.dearest, |m| m.rates),
             Priced::Default => self.default.unwrap_or(self.dearest),
-            Priced::Answer => self.dearest,
+            Priced::Answer | Priced::Dearest => self.dearest,
         }
     }
 
@@ -842,7 +845,7 @@ impl Price {
         let priced = match (&self.model, priced) {
             (ModelFrom::Answer(t), _) => {
                 // A model from the answer always has a default (checked at load).
-                self.lookup(text(t.slot)).unwrap_or(Priced::Answer)
+                self.lookup(text(t.slot)).unwrap_or(Priced::Dearest)
             }
             (ModelFrom::Body(_), p) => p,
         };

@@ -446,7 +446,7 @@ impl<S: Store> Runtime<S> {
             Some(p) => p,
             None => match self.unpriced(host, i, rule) {
                 Some(reply) => return Err(Box::new(reply)),
-                None => Priced::Answer, // a shadow rule counts it at the dearest prices
+                None => Priced::Dearest, // a shadow rule counts it at the dearest prices
             },
         };
         carried.count(&self.metrics, i);
