@@ -1205,3 +1205,72 @@ fn per_model_limits_read_the_model_from_the_request_body() {
     assert_eq!(rig.counter("per-model", "limited", 1), Some(1));
     assert_eq!(rig.counter("gpt-4o", "limited", 1), Some(1));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Money
+
+/// A monthly money budget per team across two models priced differently (micro-dollars per
+/// million tokens): each answer, JSON or stream, is charged its exact price by the model the
+/// request's body names; a model the table lacks is refused with a 400; once the budget is
+/// spent the team is refused.
+#[test]
+fn a_money_budget_charges_each_model_its_price_and_refuses_when_spent() {
+    let config = r#"{"rules": [{"name": "usd", "key": ["header:x-team"],
+        "rate_limit": {"requests_per_unit": 10000, "unit": "month"}, "algorithm": "fixed_window",
+        "cost": {"response": {"price": {"usage": "openai", "model": "body:model", "models": {
+            "gpt-4o": {"input": 2500000, "cached_input": 1250000, "output": 10000000},
+            "gpt-4o-mini": {"input": 150000, "cached_input": 75000, "output": 600000}},
+            "default": "refuse"}},
+          "true_up": true, "reserve": {"from": "openai", "default": 100}}}]}"#;
+    let rig = start(config, &["usd"]);
+    let send = |model: &str, stream: bool, input: u64, output: u64, split: &str| {
+        let id = new_id("usd");
+        let body = format!(
+            r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 10, "stream": {stream}, "stream_options": {{"include_usage": true}}}}"#
+        );
+        let (i, o) = (input.to_string(), output.to_string());
+        let headers = [
+            ("x-team", "t1"),
+            ("content-type", "application/json"),
+            ("x-test-input-tokens", i.as_str()),
+            ("x-test-output-tokens", o.as_str()),
+            ("x-test-split", split),
+        ];
+        let reply = rig.post("/v1/chat/completions", &id, &headers, body.as_bytes());
+        (id, reply)
+    };
+    // gpt-4o, JSON: 1,000 in × $2.50 + 200 out × $10 per 1M tokens = 4,500 µ$.
+    let (id, r) = send("gpt-4o", false, 1000, 200, "random:5");
+    assert_eq!(r.status, 200);
+    rig.assert_intact(&r, "gpt-4o");
+    let policy = r.header("ratelimit-policy").unwrap_or_default().to_string();
+    assert!(policy.contains(r#"qu="usd-micros""#), "{policy}");
+    assert_eq!(rig.logged_usage(&id, "usd"), Some(4500));
+    // gpt-4o-mini, streamed a byte at a time: 150 + 120 µ$; twice.
+    for _ in 0..2 {
+        let (id, r) = send("gpt-4o-mini", true, 1000, 200, "every");
+        assert_eq!(r.status, 200);
+        rig.assert_intact(&r, "gpt-4o-mini");
+        assert_eq!(rig.logged_usage(&id, "usd"), Some(270));
+    }
+    // A model without a price: refused before it reaches the backend, charged nothing.
+    let (_, r) = send("o3", false, 1000, 200, "random:5");
+    assert_eq!(r.status, 400);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("no price for the model"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(rig.counter("usd", "model_unpriced", 1), Some(1));
+    // 4,960 µ$ left: gpt-4o reserves 10 out × $10 = 100 µ$ and is admitted; it uses 1,000 in
+    // and 300 out, 5,500 µ$, and the budget is spent (10,540 of 10,000).
+    let (id, r) = send("gpt-4o", false, 1000, 300, "random:5");
+    assert_eq!(r.status, 200);
+    assert_eq!(rig.logged_usage(&id, "usd"), Some(5500));
+    assert_eq!(rig.counter("usd", "usage_charged", 10_540), Some(10_540));
+    // Spent: even the cheap model is refused, and told nothing is left.
+    let (_, r) = send("gpt-4o-mini", false, 10, 10, "random:5");
+    assert_eq!(r.status, 429);
+    assert_eq!(remaining(&r), 0);
+    assert!(String::from_utf8_lossy(&r.body).contains("usd"));
+}

@@ -3,12 +3,12 @@
 //! filter logs it, the cost and the limit in force; or the condition or key part that keeps it
 //! from applying.
 
-use ratelimit_core::config::{Carried, Config, GlobalMode, Resolved};
+use ratelimit_core::config::{Carried, Config, GlobalMode, Priced, Rates, Resolved, Rule};
 use ratelimit_core::key::{self, Attributes, Meta, PlainRequest, Seed};
 use ratelimit_core::limiter::Policy;
 use ratelimit_core::runtime::explain::{
     escaped, limit_text, resolved_text, window_text, Absence, Applies, CostFrom, Explained,
-    NotApplying, Value,
+    NotApplying, PricedAs, Value,
 };
 use ratelimit_core::runtime::{Host, Runtime};
 use ratelimit_core::store::MemoryStore;
@@ -267,7 +267,7 @@ pub fn text(name: &str, config: &Config, options: &Options) -> String {
                 let _ = writeln!(out, "  {label:width$} applies");
                 let pad = " ".repeat(width + 3);
                 let _ = writeln!(out, "{pad}key {}", key_text(a, seed.is_some(), options));
-                let _ = writeln!(out, "{pad}cost {}", cost_text(&a.cost));
+                let _ = writeln!(out, "{pad}cost {}", cost_text(&a.cost, e.rule));
                 let _ = writeln!(out, "{pad}limit {}", limit_line(e, a));
                 for c in &a.carried {
                     let value = c.value.as_ref().map_or("nothing".into(), Value::to_string);
@@ -312,7 +312,64 @@ fn raw_parts(a: &Applies<'_>) -> String {
         .join(", ")
 }
 
-fn cost_text(c: &CostFrom<'_>) -> String {
+/// The prices a request's model takes under `rule`, charged in money.
+fn priced_text(p: &PricedAs, rule: &Rule) -> String {
+    let Some(price) = rule.price() else {
+        return String::new();
+    };
+    let per = match price.per {
+        1 => "token",
+        1_000 => "1K tokens",
+        _ => "1M tokens",
+    };
+    let model = |m: &Option<Vec<u8>>| {
+        m.as_ref().map_or("no model named".into(), |m| {
+            format!("model \"{}\"", escaped(m))
+        })
+    };
+    let rates = |r: Rates| {
+        format!(
+            "input {}, cached input {}, {}output {} {} per {per}",
+            r.input,
+            r.cached_input,
+            if price.api.writes_cache() {
+                format!("cache write {}, ", r.cache_write)
+            } else {
+                String::new()
+            },
+            r.output,
+            rule.quota_unit.as_deref().unwrap_or("units"),
+        )
+    };
+    match p {
+        PricedAs::Answer => "; priced by the model the answer names".into(),
+        PricedAs::Body(m, Priced::Model(i)) => format!(
+            "; {} priced as \"{}{}\": {}",
+            model(m),
+            price
+                .models
+                .get(usize::from(*i))
+                .map_or("", |r| r.name.as_str()),
+            if price.models.get(usize::from(*i)).is_some_and(|r| r.prefix) {
+                "*"
+            } else {
+                ""
+            },
+            rates(price.rates(Priced::Model(*i)))
+        ),
+        PricedAs::Body(m, priced) => format!(
+            "; {}: the default prices, {}",
+            model(m),
+            rates(price.rates(*priced))
+        ),
+        PricedAs::Unpriced(m) => format!(
+            "; {}: no price, refused with a 400 (price.default: \"refuse\")",
+            model(m)
+        ),
+    }
+}
+
+fn cost_text(c: &CostFrom<'_>, rule: &Rule) -> String {
     match c {
         CostFrom::Fixed(n) => format!("{n}"),
         CostFrom::Header {
@@ -323,13 +380,27 @@ fn cost_text(c: &CostFrom<'_>) -> String {
         CostFrom::Header {
             name, value: None, ..
         } => format!("1 (from header {name}, missing: 1)"),
-        CostFrom::Reservation { cost, sized: false } => {
-            format!("{cost} reserved (charged what the response reports)")
-        }
-        CostFrom::Reservation { cost, sized: true } => format!(
-            "{cost} reserved if the request body names no maximum (the filter sizes it from the \
-             body; charged what the response reports)"
+        CostFrom::Reservation {
+            cost,
+            sized: false,
+            priced,
+        } => format!(
+            "{cost} reserved (charged what the response reports){}",
+            priced
+                .as_ref()
+                .map_or(String::new(), |p| priced_text(p, rule))
         ),
+        CostFrom::Reservation {
+            cost,
+            sized: true,
+            priced,
+        } => {
+            format!(
+            "{cost} reserved if the request body names no maximum (the filter sizes it from the \
+             body; charged what the response reports){}",
+            priced.as_ref().map_or(String::new(), |p| priced_text(p, rule))
+        )
+        }
     }
 }
 
@@ -418,8 +489,30 @@ fn applies_json(
             "from": "header", "header": name, "value": cost,
             "header_value": value.as_ref().map(|v| escaped(v)),
         }),
-        CostFrom::Reservation { cost, sized } => {
-            json!({"from": "reservation", "value": cost, "sized_from_body": sized})
+        CostFrom::Reservation {
+            cost,
+            sized,
+            priced,
+        } => {
+            let mut c = json!({"from": "reservation", "value": cost, "sized_from_body": sized});
+            if let (Some(p), Some(o)) = (priced, c.as_object_mut()) {
+                let (model, price) = match p {
+                    PricedAs::Answer => (None, json!("answer")),
+                    PricedAs::Body(m, Priced::Model(i)) => (
+                        m.as_ref(),
+                        json!(e
+                            .rule
+                            .price()
+                            .and_then(|x| x.models.get(usize::from(*i)))
+                            .map(|r| r.name.clone())),
+                    ),
+                    PricedAs::Body(m, _) => (m.as_ref(), json!("default")),
+                    PricedAs::Unpriced(m) => (m.as_ref(), json!("refused")),
+                };
+                o.insert("model".into(), json!(model.map(|m| escaped(m))));
+                o.insert("priced_as".into(), price);
+            }
+            c
         }
     };
     o.insert("cost".into(), cost);

@@ -3,7 +3,7 @@
 
 use ratelimit_core::config::{
     Algorithm, Config, Cost, Dialect, FailureMode, FromRequest, GlobalMode, HeaderCondition, Limit,
-    Match, MissingKey, Rule, Usage,
+    Match, MissingKey, ModelFrom, Rule, Usage,
 };
 use ratelimit_core::limiter::calendar;
 
@@ -58,6 +58,16 @@ pub fn summary(c: &Config) -> String {
                         Usage::Header(h) => format!("header or trailer {h}"),
                         Usage::BodyBytes => "its body bytes".into(),
                         Usage::Body(_) => "its body's usage fields".into(),
+                        Usage::Price(p) => format!(
+                            "its {} tokens at the prices of {} model{} (the model from {})",
+                            p.api.name(),
+                            p.models.len(),
+                            if p.models.len() == 1 { "" } else { "s" },
+                            match &p.model {
+                                ModelFrom::Body(f) => f.to_string(),
+                                ModelFrom::Answer(_) => "the answer".into(),
+                            }
+                        ),
                     },
                     match &c.sized {
                         Some(_) => format!("sized by the request body, else {}", c.reserve),

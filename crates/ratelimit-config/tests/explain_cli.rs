@@ -370,3 +370,40 @@ fn customer_plans_show_the_plan_each_request_carries() {
     assert_eq!(rule["carried"][0]["in_force"], 1);
     assert_eq!(rule["limit"]["requests_per_unit"], 1);
 }
+
+/// A rule charged in money says which prices the request's model takes, and that a model
+/// without a price is refused; a rule pricing the answer's model says so.
+#[test]
+fn a_money_rule_names_the_prices_of_the_requests_model() {
+    let config = "crates/ratelimit-core/tests/fixtures/good/money.json";
+    let cost = |body: &str| {
+        let out = ok(&[
+            config,
+            "--method=POST",
+            "--header=x-team: red",
+            "--header=x-api-key: k",
+            "--body",
+            body,
+        ]);
+        out.lines()
+            .filter(|l| l.trim_start().starts_with("cost "))
+            .map(|l| l.split_once("reports)").unwrap().1.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        cost(r#"{"model": "o4-mini-2025-04-16", "max_tokens": 100}"#),
+        [
+            "; model \"o4-mini-2025-04-16\" priced as \"o4-mini*\": input 1100000, cached input \
+             275000, output 4400000 usd-micros per 1M tokens",
+            "; priced by the model the answer names",
+        ]
+    );
+    assert_eq!(
+        cost(r#"{"model": "o3"}"#)[0],
+        "; model \"o3\": no price, refused with a 400 (price.default: \"refuse\")"
+    );
+    assert_eq!(
+        cost("not json")[0],
+        "; no model named: no price, refused with a 400 (price.default: \"refuse\")"
+    );
+}

@@ -254,6 +254,26 @@ pub fn missing_key_body(dialect: Dialect, rule: &str, detail: &str) -> String {
     }
 }
 
+/// The body of a 400 for a request naming a model a rule has no price for
+/// (`price.default: "refuse"`), in `dialect`: the error each API sends for a request it cannot
+/// serve, which the SDKs raise as their bad-request error. `detail` is JSON-escaped already.
+pub fn unpriced_body(dialect: Dialect, rule: &str, detail: &str) -> String {
+    match dialect {
+        Dialect::Default => format!(
+            "{{\"title\":\"Unpriced model\",\"status\":400,\"detail\":\"{detail}\",\
+             \"violated-policies\":[\"{rule}\"]}}"
+        ),
+        Dialect::OpenAi => format!(
+            "{{\"error\":{{\"message\":\"{detail}\",\"type\":\"invalid_request_error\",\
+             \"param\":\"model\",\"code\":\"model_not_found\"}}}}"
+        ),
+        Dialect::Anthropic => format!(
+            "{{\"type\":\"error\",\"error\":{{\"type\":\"invalid_request_error\",\
+             \"message\":\"{detail}\"}}}}"
+        ),
+    }
+}
+
 /// Appends `ms` as OpenAI writes a wait (Go's duration format, to the millisecond): `0s`,
 /// `20ms`, `1s`, `1.5s`, `6m0s`, `1h2m3.004s`.
 pub fn push_duration(buf: &mut String, ms: u64) {

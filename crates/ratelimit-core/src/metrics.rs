@@ -70,11 +70,13 @@ pub enum Counter {
     /// Requests the rule matched that lacked a part of its key (what `on_missing_key` then did:
     /// skipped the rule, keyed them as one, or refused them).
     KeyMissing,
+    /// Requests naming a model the rule has no price for, refused (`price.default: "refuse"`).
+    ModelUnpriced,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 22] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -96,6 +98,7 @@ impl Counter {
         Counter::LimitInvalid,
         Counter::LimitCapped,
         Counter::KeyMissing,
+        Counter::ModelUnpriced,
     ];
 
     /// The name in the metric names.
@@ -122,6 +125,7 @@ impl Counter {
             Counter::LimitInvalid => "limit_invalid",
             Counter::LimitCapped => "limit_capped",
             Counter::KeyMissing => "key_missing",
+            Counter::ModelUnpriced => "model_unpriced",
         }
     }
 }

@@ -128,6 +128,21 @@ fn every_object_has_the_same_fields_in_schema_and_filter() {
             "rules[0].match.body[0].zzz",
             &d["match"]["properties"]["body"]["items"]["properties"],
         ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "cost": {{"response": {{"price": {{"zzz": 1}}}}}}}}]}}"#),
+            "rules[0].cost.response.price.zzz",
+            &d["price"]["properties"]["price"]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "cost": {{"response": {{"price": {{}}, "zzz": 1}}}}}}]}}"#),
+            "rules[0].cost.response.zzz",
+            &d["price"]["properties"],
+        ),
+        (
+            format!(r#"{{"rules": [{{{RULE}, "cost": {{"response": {{"price": {{"usage": "anthropic", "models": {{"m": {{"zzz": 1}}}}}}}}}}}}]}}"#),
+            "rules[0].cost.response.price.models.m.zzz",
+            &d["rates"]["properties"],
+        ),
     ];
     for (config, path, properties) in cases {
         assert_eq!(expected_list(&config, path), keys(properties), "{path}");
@@ -170,6 +185,16 @@ fn every_enumeration_has_the_same_values_in_schema_and_filter() {
             format!(r#"{{"rules": [{{{RULE}}}], "response": {{"headers": "zzz"}}}}"#),
             "response.headers",
             &d["response"]["properties"]["headers"]["enum"],
+        ),
+        (
+            bad(r#""cost": {"response": {"price": {"usage": "zzz"}}}"#),
+            "rules[0].cost.response.price.usage",
+            &d["price"]["properties"]["price"]["properties"]["usage"]["enum"],
+        ),
+        (
+            bad(r#""cost": {"response": {"price": {"per": "zzz"}}}"#),
+            "rules[0].cost.response.price.per",
+            &d["price"]["properties"]["price"]["properties"]["per"]["enum"],
         ),
     ];
     for (config, path, values) in cases {

@@ -205,7 +205,7 @@ pub fn needed(config: &Config) -> Vec<Field> {
             Cost::Response(c) => need(match &c.usage {
                 Usage::Header(h) => Field::Response(h.clone()),
                 Usage::BodyBytes => Field::BytesSent,
-                Usage::Body(_) => Field::Usage(rule.name.clone()),
+                Usage::Body(_) | Usage::Price(_) => Field::Usage(rule.name.clone()),
             }),
             Cost::Fixed(_) => {}
         }

@@ -370,7 +370,7 @@ pub fn text(run: &Run, raw_keys: bool) -> String {
                     thousands(base.usage_charged),
                     match charge.usage {
                         Usage::BodyBytes => "bytes",
-                        Usage::Header(_) | Usage::Body(_) => "units",
+                        Usage::Header(_) | Usage::Body(_) | Usage::Price(_) => "units",
                     },
                     thousands(base.usage_unreported),
                     charge.unreported(charge.admission())

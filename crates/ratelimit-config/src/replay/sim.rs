@@ -153,8 +153,10 @@ impl Outcome {
             // replay at their base limit (the log cannot say how the backend was doing as each
             // request was decided), waits are not reported, and no operator resets keys. A
             // limit read from the request replays with what the log recorded (its headers) and
-            // the default otherwise.
-            Counter::StoreRetries
+            // the default otherwise. A log holds no request bodies: a model read from the body
+            // is never seen (the default price, or the rule's refusal, applies).
+            Counter::ModelUnpriced
+            | Counter::StoreRetries
             | Counter::LimitDefaulted
             | Counter::LimitInvalid
             | Counter::LimitCapped

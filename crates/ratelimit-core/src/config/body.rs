@@ -2,7 +2,7 @@
 //! alternatives) and the presets for the common LLM APIs, and the slots their fields take in
 //! the scanners' [`Paths`].
 
-use super::{Config, Cost, Sized, Term, Usage};
+use super::{Config, Cost, ModelFrom, Sized, Term, Tokens, Usage};
 use crate::usage::{Paths, MAX_DEPTH, MAX_SLOTS};
 
 /// What a preset of `cost.response` counts: all of an answer's tokens, its input (prompt,
@@ -139,6 +139,91 @@ pub const REQUEST_PRESETS: [Preset; 3] = [
     ),
 ];
 
+/// The API whose answers a price reads (`price.usage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PriceApi {
+    /// OpenAI: input (cached included), cached input, output.
+    OpenAi,
+    /// Anthropic: input (neither read from nor written to the cache), cache reads, cache
+    /// writes, output.
+    Anthropic,
+    /// Gemini: input (cached included), cached input, output.
+    Gemini,
+}
+
+impl PriceApi {
+    /// The names in the configuration.
+    pub const NAMES: [(&'static str, PriceApi); 3] = [
+        ("openai", PriceApi::OpenAi),
+        ("anthropic", PriceApi::Anthropic),
+        ("gemini", PriceApi::Gemini),
+    ];
+
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            PriceApi::OpenAi => "openai",
+            PriceApi::Anthropic => "anthropic",
+            PriceApi::Gemini => "gemini",
+        }
+    }
+
+    /// The presets it prices, with the kind of tokens each counts.
+    pub fn presets(self) -> &'static [(Tokens, &'static str)] {
+        match self {
+            PriceApi::OpenAi => &[
+                (Tokens::Input, "openai-input"),
+                (Tokens::Cached, "openai-cached"),
+                (Tokens::Output, "openai-output"),
+            ],
+            PriceApi::Anthropic => &[
+                (Tokens::Input, "anthropic-input"),
+                (Tokens::Cached, "anthropic-cache-read"),
+                (Tokens::CacheWrite, "anthropic-cache-write"),
+                (Tokens::Output, "anthropic-output"),
+            ],
+            PriceApi::Gemini => &[
+                (Tokens::Input, "gemini-input"),
+                (Tokens::Cached, "gemini-cached"),
+                (Tokens::Output, "gemini-output"),
+            ],
+        }
+    }
+
+    /// Where its answers name their model: the answer's `model` (OpenAI's Responses stream:
+    /// `response.model`; Anthropic's stream: `message.model`), Gemini's `modelVersion`.
+    pub fn model_field(self) -> &'static str {
+        match self {
+            PriceApi::OpenAi => "json:model | json:response.model",
+            PriceApi::Anthropic => "json:model | json:message.model",
+            PriceApi::Gemini => "json:modelVersion",
+        }
+    }
+
+    /// Whether its answers report cache writes.
+    pub fn writes_cache(self) -> bool {
+        self == PriceApi::Anthropic
+    }
+}
+
+/// The terms of a price for `api`: every field of its presets, each with its kind.
+pub(super) fn price_terms(api: PriceApi) -> Vec<(Tokens, Term)> {
+    let mut terms = Vec::new();
+    for &(kind, name) in api.presets() {
+        // The presets are fixed and valid: tested below.
+        for t in expression(name, &RESPONSE_PRESETS).unwrap_or_default() {
+            terms.push((kind, term(t)));
+        }
+    }
+    terms
+}
+
+/// The term naming the model in `api`'s answers.
+pub(super) fn model_term(api: PriceApi) -> Term {
+    let mut terms = expression(api.model_field(), &[]).unwrap_or_default();
+    term(terms.pop().unwrap_or((1, Vec::new())))
+}
+
 /// The names of `presets`, joined by `, `.
 pub fn names(presets: &[Preset]) -> String {
     presets
@@ -242,10 +327,24 @@ pub(super) fn assign(config: &mut Config) -> Result<(), String> {
         let Cost::Response(charge) = &mut rule.cost else {
             continue;
         };
-        if let Usage::Body(body) = &mut charge.usage {
-            for term in &mut body.terms {
-                term.slot = slot_of(&mut response, &term.paths);
+        match &mut charge.usage {
+            Usage::Body(body) => {
+                for term in &mut body.terms {
+                    term.slot = slot_of(&mut response, &term.paths);
+                }
             }
+            Usage::Price(price) => {
+                for (_, term) in &mut price.terms {
+                    term.slot = slot_of(&mut response, &term.paths);
+                }
+                match &mut price.model {
+                    ModelFrom::Body(field) => {
+                        field.slot = slot_of(&mut request, std::slice::from_ref(&field.path));
+                    }
+                    ModelFrom::Answer(term) => term.slot = slot_of(&mut response, &term.paths),
+                }
+            }
+            Usage::Header(_) | Usage::BodyBytes => {}
         }
         if let Some(sized) = &mut charge.sized {
             if let Some(from) = &sized.from {

@@ -175,11 +175,15 @@ impl<S: Store> Runtime<S> {
             let Some((charge, sized, rule)) = self.charge_at(&r.pending, i) else {
                 continue;
             };
-            let cost = match sized.maximum(|slot| r.scanner.value(slot)) {
-                Some(max) => max
-                    .saturating_add(sized.input.estimate(length))
+            let input = sized.input.estimate(length);
+            let cost = match (sized.maximum(|slot| r.scanner.value(slot)), rule.price()) {
+                (Some(max), price) => price
+                    .zip(r.pending.applied.get(i))
+                    .map_or(max.saturating_add(input), |(price, a)| {
+                        price.reservation(a.priced, max, input)
+                    })
                     .clamp(1, u64::from(rule.limit.capacity().max(1))),
-                None => charge.admission(),
+                (None, _) => charge.admission(),
             };
             if let Some(check) = r.pending.checks.get_mut(i) {
                 check.cost = cost;
@@ -233,9 +237,15 @@ impl<S: Store> Runtime<S> {
     /// JSON events, anything else one JSON document; a compressed body is not guessed at (its
     /// usage is not reported).
     pub(super) fn start_scan(&self, a: &mut Admitted, response: &mut impl Response) {
-        let reads_body = a.owed.iter().any(|d| {
-            matches!(self.charge_of(d.rule), Some(Usage::Body(_)))
-                && !matches!(d.kind, DebtKind::Slot(_))
+        let reads = |u: Option<&Usage>| matches!(u, Some(Usage::Body(_) | Usage::Price(_)));
+        let reads_body = a
+            .owed
+            .iter()
+            .any(|d| reads(self.charge_of(d.rule)) && !matches!(d.kind, DebtKind::Slot(_)));
+        // The model an answer names is text: only then is it kept.
+        let texts = a.owed.iter().any(|d| {
+            matches!(self.charge_of(d.rule), Some(Usage::Price(p))
+                if matches!(p.model, config::ModelFrom::Answer(_)))
         });
         if !reads_body || a.scan.is_some() {
             return;
@@ -251,7 +261,12 @@ impl<S: Store> Runtime<S> {
                     .get(..17)
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"))
             });
-            Some(Scanner::new(if sse { Format::Sse } else { Format::Json }))
+            let format = if sse { Format::Sse } else { Format::Json };
+            Some(if texts {
+                Scanner::with_texts(format)
+            } else {
+                Scanner::new(format)
+            })
         };
         a.scan = Some(Box::new(BodyScan { scanner }));
     }
@@ -297,6 +312,14 @@ impl<S: Store> Runtime<S> {
                         .as_ref()
                         .and_then(|s| s.scanner.as_ref())
                         .and_then(|s| body.total(|slot| s.value(slot))),
+                ),
+                Some(Usage::Price(price)) => Some(
+                    a.scan
+                        .as_ref()
+                        .and_then(|s| s.scanner.as_ref())
+                        .and_then(|s| {
+                            price.total(debt.priced, |slot| s.value(slot), |slot| s.text(slot))
+                        }),
                 ),
             }
         });
@@ -1188,5 +1211,182 @@ mod tests {
             rt.reserved.lock().unwrap().is_empty(),
             "settled with the default"
         );
+    }
+
+    /// A monthly money budget per key of 100,000 micro-dollars ($0.10), priced by the request
+    /// body's model at micro-dollars per million tokens.
+    fn money(default: &str) -> String {
+        format!(
+            r#"{{"rules": [{{"name": "usd", "key": ["header:x-api-key"],
+            "rate_limit": {{"requests_per_unit": 100000, "unit": "month"}}, "algorithm": "fixed_window",
+            "cost": {{"response": {{"price": {{"usage": "openai", "model": "body:model", "models": {{
+                "gpt-4o": {{"input": 2500000, "cached_input": 1250000, "output": 10000000}},
+                "gpt-4o-mini": {{"input": 150000, "cached_input": 75000, "output": 600000}}}},
+                "default": {default}}}}},
+              "true_up": true, "reserve": {{"from": "openai", "input": "bytes/4", "default": 1000}}}}}}]}}"#
+        )
+    }
+
+    /// An OpenAI answer: `input` tokens of which `cached` from the cache, `output` out.
+    fn priced_answer(input: u64, cached: u64, output: u64) -> String {
+        format!(
+            r#"{{"model":"gpt-4o-2024-08-06","usage":{{"prompt_tokens":{input},"completion_tokens":{output},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#
+        )
+    }
+
+    /// Sends a chat request for `model` (its body in pieces of `piece`) and answers it with
+    /// `answer`: the status, and the money reported.
+    fn priced(
+        rt: &Runtime<MemoryStore>,
+        key: &str,
+        body: &str,
+        piece: usize,
+        answer_with: (&str, &[u8]),
+    ) -> (u16, Vec<(String, u64)>) {
+        let mut st = StreamState::default();
+        let (next, _) = request(rt, &mut st, &mut host(key), body.as_bytes(), piece);
+        match next {
+            Next::Continue => {}
+            Next::Reply(r) => return (r.status, Vec::new()),
+            other => panic!("{other:?}"),
+        }
+        let headers = [("content-type", answer_with.0)];
+        (
+            200,
+            answer(rt, &mut st, &headers, answer_with.1, piece, true),
+        )
+    }
+
+    #[test]
+    fn money_is_charged_at_the_price_of_the_model_the_request_names() {
+        const JSON: &str = "application/json";
+        let rt = runtime(&money(r#"{"input": 10000000, "output": 30000000}"#));
+        let usage = priced_answer(1000, 400, 50);
+        for piece in [1, 9, 4096] {
+            let key = format!("k{piece}");
+            let send = |body: &str| priced(&rt, &key, body, piece, (JSON, usage.as_bytes()));
+            // gpt-4o: 600 uncached × $2.50 + 400 cached × $1.25 + 50 out × $10 per 1M tokens.
+            let gpt4o = r#"{"model": "gpt-4o", "messages": []}"#;
+            assert_eq!(send(gpt4o), (200, vec![("usd".into(), 1500 + 500 + 500)]));
+            // The same tokens on gpt-4o-mini: 90 + 30 + 30 micro-dollars.
+            let mini = r#"{"model": "gpt-4o-mini", "messages": []}"#;
+            assert_eq!(send(mini), (200, vec![("usd".into(), 150)]));
+            // A model given twice is the last one, as the backend reads it.
+            let twice = r#"{"model": "gpt-4o-mini", "messages": [], "model": "gpt-4o"}"#;
+            assert_eq!(send(twice).1, [("usd".into(), 2500)]);
+            // A model not in the table, or none: the default price.
+            assert_eq!(
+                send(r#"{"model": "o3"}"#).1,
+                [("usd".into(), 6000 + 4000 + 1500)]
+            );
+            assert_eq!(send(r#"{"messages": []}"#).1, [("usd".into(), 11_500)]);
+            // A stream (its last chunk: 27 in, 14 out) on gpt-4o-mini: 12.45, rounded up.
+            let stream = include_bytes!("../../tests/fixtures/llm/openai_chat_stream.sse");
+            let got = priced(&rt, &key, mini, piece, ("text/event-stream", stream));
+            assert_eq!(got.1, [("usd".into(), 13)]);
+            assert_eq!(
+                remaining(&rt, &key, 1000),
+                100_000 - 2500 - 150 - 2500 - 11_500 - 11_500 - 13,
+                "pieces of {piece}"
+            );
+        }
+        // Spent: a key charged past its budget by a long answer is refused until the month
+        // ends.
+        let huge = priced_answer(40_000, 0, 0);
+        let gpt4o = r#"{"model": "gpt-4o", "messages": []}"#;
+        let got = priced(&rt, "big", gpt4o, 64, (JSON, huge.as_bytes()));
+        assert_eq!(got.1, [("usd".into(), 100_000)]);
+        let got = priced(&rt, "big", gpt4o, 64, (JSON, usage.as_bytes()));
+        assert_eq!(got.0, 429);
+        assert_eq!(counted(&rt, Counter::ModelUnpriced), 0);
+    }
+
+    #[test]
+    fn a_reservation_is_priced_by_the_model_and_an_unpriced_model_refused() {
+        let rt = runtime(&money(r#""refuse""#));
+        // 36 bytes: 9 input tokens estimated, 200 out at most.
+        let body = r#"{"model":"gpt-4o","max_tokens": 200}"#;
+        assert_eq!(body.len(), 36);
+        let mut h = host("a");
+        h.req
+            .headers
+            .push(("content-length".into(), b"36".to_vec()));
+        let mut st = StreamState::default();
+        let (next, _) = request(&rt, &mut st, &mut h, body.as_bytes(), 5);
+        assert!(matches!(next, Next::Continue));
+        // Probed with a request whose body names no model: refused, so read its figures
+        // from the reply's fields.
+        let mut probe = StreamState::default();
+        let Next::Reply(r) = probe.request_headers(&rt, &mut host("a")) else {
+            panic!("a request naming no model is refused");
+        };
+        assert_eq!(r.status, 400);
+        assert!(r.body.contains("no price for the model"), "{}", r.body);
+        assert!(r.headers().all(|(k, _)| k != "retry-after"));
+        // Reserved: 200 × $10 + 9 × $2.50 per 1M tokens = 2,022.5, rounded up; trued up to
+        // 1,000 in and 20 out: 2,500 + 200.
+        let json = [("content-type", "application/json")];
+        let got = answer(
+            &rt,
+            &mut st,
+            &json,
+            priced_answer(1000, 0, 20).as_bytes(),
+            7,
+            true,
+        );
+        assert_eq!(got, [("usd".into(), 2700)]);
+        // (Each count drains the counters: the probe's refusal is counted here.)
+        assert_eq!(counted(&rt, Counter::ModelUnpriced), 1);
+        // An unknown model is refused in the dialect of the configuration, and counted.
+        let mut st = StreamState::default();
+        let (next, _) = request(&rt, &mut st, &mut host("a"), br#"{"model":"gpt-9"}"#, 4);
+        assert!(matches!(next, Next::Reply(ref r) if r.status == 400));
+        assert_eq!(counted(&rt, Counter::ModelUnpriced), 1);
+        // The reservation, trued up: 2,700 − 2,023 charged beyond it.
+        let mut st = StreamState::default();
+        request(&rt, &mut st, &mut h, body.as_bytes(), 36);
+        answer(
+            &rt,
+            &mut st,
+            &json,
+            priced_answer(1000, 0, 20).as_bytes(),
+            99,
+            true,
+        );
+        assert_eq!(counted(&rt, Counter::UsageExceeded), 2700 - 2023);
+    }
+
+    #[test]
+    fn a_model_from_the_answer_reserves_at_the_dearest_price_and_a_shadow_rule_never_refuses() {
+        // The model comes with the answer: the reservation of 10 output tokens is priced at
+        // the dearest output price (the default's $30), then trued up at the answer's model.
+        let rt = runtime(
+            r#"{"rules": [{"name": "usd", "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 100000, "unit": "day"},
+            "cost": {"response": {"price": {"usage": "openai", "model": "response", "models": {
+                "gpt-4o*": {"input": 2500000, "output": 10000000}},
+                "default": {"input": 10000000, "output": 30000000}}},
+              "true_up": true, "reserve": {"from": "openai", "default": 1000}}},
+            {"name": "shadow-usd", "shadow": true, "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 100000, "unit": "day"},
+            "cost": {"response": {"price": {"usage": "openai", "model": "body:model", "models": {
+                "gpt-4o": {"input": 2500000, "output": 10000000}}, "default": "refuse"}},
+              "true_up": true, "reserve": {"from": "openai", "default": 1000}}}]}"#,
+        );
+        let json = [("content-type", "application/json")];
+        // o3 has no price in shadow-usd: logged and counted, not refused.
+        let mut st = StreamState::default();
+        let body = br#"{"model": "o3", "max_tokens": 10}"#;
+        let (next, _) = request(&rt, &mut st, &mut host("a"), body, 4);
+        assert!(matches!(next, Next::Continue), "{next:?}");
+        assert_eq!(counted(&rt, Counter::ModelUnpriced), 1);
+        // The answer names gpt-4o-2024-08-06 (a gpt-4o*): 1,000 in, 20 out at its prices; and
+        // shadow-usd, which had no price for o3, charges its dearest, the same.
+        let answer_body = priced_answer(1000, 0, 20);
+        let got = answer(&rt, &mut st, &json, answer_body.as_bytes(), 5, true);
+        assert_eq!(got, [("usd".into(), 2700), ("shadow-usd".into(), 2700)]);
+        // usd reserved 10 × $30 = 300 µ$, and was charged 2,400 beyond it; shadow-usd
+        // reserved at its dearest too (gpt-4o's $10: 100 µ$), 2,600 beyond.
+        assert_eq!(counted(&rt, Counter::UsageExceeded), 2400 + 2600);
     }
 }

@@ -5,7 +5,9 @@
 
 use super::request::{Applying, Carrying, Host};
 use super::Runtime;
-use crate::config::{self, Carried, Cost, FromRequest, KeyPart, Limit, Resolved, Rule, Source};
+use crate::config::{
+    self, Carried, Cost, FromRequest, KeyPart, Limit, ModelFrom, Priced, Resolved, Rule, Source,
+};
 use crate::key::{self, Attributes, Condition};
 use crate::limiter::{calendar, Policy, Windows};
 use crate::store::Store;
@@ -103,7 +105,21 @@ pub enum CostFrom<'r> {
         /// Whether the filter sizes it from the request's body (this is what a body that
         /// names no maximum reserves).
         sized: bool,
+        /// For a rule charged in money: the prices the request's model takes.
+        priced: Option<PricedAs>,
     },
+}
+
+/// The prices a request's model takes under a rule charged in money.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PricedAs {
+    /// The model comes with the answer.
+    Answer,
+    /// The request's body names this model (`None`: none), priced at these.
+    Body(Option<Vec<u8>>, Priced),
+    /// The request's body names this model (`None`: none), which has no price: the rule
+    /// refuses the request with a 400.
+    Unpriced(Option<Vec<u8>>),
 }
 
 impl CostFrom<'_> {
@@ -321,6 +337,16 @@ fn applies<'r>(rule: &'r Rule, a: Applying, host: &mut impl Host) -> Applies<'r>
         Cost::Response(c) => CostFrom::Reservation {
             cost: a.cost,
             sized: c.sized.is_some(),
+            priced: rule.price().map(|p| match (&p.model, a.priced) {
+                (ModelFrom::Answer(_), _) => PricedAs::Answer,
+                (ModelFrom::Body(f), priced) => {
+                    let model = host.body_field(f.slot).map(<[u8]>::to_vec);
+                    match priced {
+                        Some(priced) => PricedAs::Body(model, priced),
+                        None => PricedAs::Unpriced(model),
+                    }
+                }
+            }),
         },
     };
     Applies {
@@ -893,11 +919,13 @@ mod tests {
                 },
                 CostFrom::Reservation {
                     cost: 40,
-                    sized: false
+                    sized: false,
+                    priced: None
                 },
                 CostFrom::Reservation {
                     cost: 64,
-                    sized: true
+                    sized: true,
+                    priced: None
                 },
             ]
         );

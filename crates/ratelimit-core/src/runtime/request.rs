@@ -14,7 +14,7 @@
 
 use crate::config::{
     self, Cost, Dialect, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest,
-    Resolved, ResponseConfig, Rule,
+    Priced, Resolved, ResponseConfig, Rule,
 };
 use crate::dialect::{self, Classed};
 use crate::engine::{self, Check, PerRule, RuleOutcome};
@@ -181,6 +181,8 @@ pub(super) struct Debt {
     /// the request is the request's own; an elastic limit its base).
     pub(super) policy: Policy,
     pub(super) kind: DebtKind,
+    /// The prices a rule charged in money charges it at.
+    pub(super) priced: Priced,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,6 +304,9 @@ pub(crate) struct Applying {
     /// Whether a part of the key was missing, keyed as the rule's shared value
     /// (`on_missing_key: shared`).
     pub(crate) keyless: bool,
+    /// The prices of a rule charged in money (`Priced::Default` for any other); `None`: the
+    /// model named has no price, and the rule refuses it.
+    pub(crate) priced: Option<Priced>,
 }
 
 /// The numbers of a rule's limit one request carried, and what became of each.
@@ -367,6 +372,8 @@ pub(super) struct Applied {
     hash: u64,
     /// The descriptor to report hits with (async global rules).
     descriptor: Option<Descriptor>,
+    /// The prices a rule charged in money charges the request at.
+    pub(super) priced: Priced,
 }
 
 impl<S: Store> Runtime<S> {
@@ -425,6 +432,7 @@ impl<S: Store> Runtime<S> {
             policy,
             carried,
             keyless,
+            priced,
         } = match self.applying(rule, compiled, host) {
             Ok(a) => a,
             Err(Skip::NoMatch) => return Ok(()),
@@ -438,6 +446,13 @@ impl<S: Store> Runtime<S> {
         if keyless {
             self.metrics.add(i, Counter::KeyMissing, 1);
         }
+        let priced = match priced {
+            Some(p) => p,
+            None => match self.unpriced(host, i, rule) {
+                Some(reply) => return Err(Box::new(reply)),
+                None => Priced::Dearest, // a shadow rule counts it at the dearest prices
+            },
+        };
         carried.count(&self.metrics, i);
         let descriptor = match &rule.global {
             Some(_) => {
@@ -492,6 +507,7 @@ impl<S: Store> Runtime<S> {
             rule: i,
             hash,
             descriptor,
+            priced,
         });
         Ok(())
     }
@@ -566,12 +582,20 @@ impl<S: Store> Runtime<S> {
         } else {
             (compiled.policy, Carrying::default())
         };
+        let priced = match rule.price() {
+            Some(price) => match &price.model {
+                config::ModelFrom::Body(field) => price.lookup(host.body_field(field.slot)),
+                config::ModelFrom::Answer(_) => Some(Priced::Answer),
+            },
+            None => Some(Priced::Default),
+        };
         Ok(Applying {
             hash,
             cost,
             policy,
             carried,
             keyless,
+            priced,
         })
     }
 
@@ -645,6 +669,7 @@ impl<S: Store> Runtime<S> {
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind: DebtKind::Usage, // nothing was counted
+                            priced: a.priced,
                         });
                     }
                 } else if allowed {
@@ -675,6 +700,7 @@ impl<S: Store> Runtime<S> {
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind,
+                            priced: a.priced,
                         };
                         match kind {
                             DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
@@ -939,6 +965,23 @@ impl<S: Store> Runtime<S> {
         (!rule.shadow).then(|| missing_key_reply(rule, part, &self.config.response))
     }
 
+    /// A request naming a model rule `rule` has no price for (`price.default: "refuse"`):
+    /// counts it, logs it (as `log_limited` says) and returns the reply refusing it (a shadow
+    /// rule only counts and logs).
+    fn unpriced(&self, host: &mut impl Host, i: usize, rule: &Rule) -> Option<Reply> {
+        self.metrics.add(i, Counter::ModelUnpriced, 1);
+        if let Some(level) = self.config.log_limited.level() {
+            host.log(
+                level,
+                format_args!(
+                    "refused rule={} shadow={} unpriced_model",
+                    rule.name, rule.shadow
+                ),
+            );
+        }
+        (!rule.shadow).then(|| unpriced_reply(rule, &self.config.response))
+    }
+
     /// Counts, and logs (at most once a second), a rule the store or the service could not
     /// decide.
     pub(super) fn failed(
@@ -1033,6 +1076,27 @@ fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>, response: &ResponseCon
         fields: Fields::default(),
         service: Vec::new(),
         body: dialect::missing_key_body(response.dialect, &rule.name, &detail),
+    }
+}
+
+/// The status of a request naming a model a rule has no price for.
+pub const UNPRICED_STATUS: u16 = 400;
+
+/// The reply for a request naming a model `rule` has no price for: a 400 without
+/// `Retry-After` (waiting does not help).
+fn unpriced_reply(rule: &Rule, response: &ResponseConfig) -> Reply {
+    let detail = format!(
+        "Rule \\\"{}\\\" has no price for the model this request names; use a model it prices.",
+        rule.name
+    );
+    Reply {
+        status: UNPRICED_STATUS,
+        content_type: dialect::content_type(response.dialect),
+        retry_after: None,
+        challenge: None,
+        fields: Fields::default(),
+        service: Vec::new(),
+        body: dialect::unpriced_body(response.dialect, &rule.name, &detail),
     }
 }
 
