@@ -147,3 +147,35 @@ fn money_rules_count_micro_dollars_which_are_not_tokens() {
         assert_eq!(ratelimit_core::dialect::Kind::of(rule), None);
     }
 }
+
+/// examples/llm-gateway/README.md: its stand-in's answer (27 input, 52 output tokens) costs the
+/// team 36 µ$ for gpt-4o-mini (35.25 rounded up) and 470 µ$ for o3, as the README says.
+#[test]
+fn the_gateway_examples_answers_cost_what_its_readme_says() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/llm-gateway/config.json"
+    );
+    let config = Config::parse(&std::fs::read(path).unwrap()).unwrap();
+    let rule = config
+        .rules
+        .iter()
+        .position(|r| r.name == "team-usd")
+        .unwrap();
+    let body = fixture("openai_chat.json");
+    let mut scanner = Scanner::with_texts(Format::Json);
+    scanner.feed(&config.usage_paths, &body);
+    scanner.finish(&config.usage_paths);
+    let p = price(&config, rule);
+    let cost = |model: &str| {
+        let priced = p.lookup(Some(model.as_bytes())).unwrap();
+        p.total(priced, |s| scanner.value(s), |s| scanner.text(s))
+    };
+    assert_eq!(cost("gpt-4o-mini"), Some(36));
+    assert_eq!(cost("o3"), Some(470));
+    assert_eq!(
+        p.lookup(Some(b"llama-3")),
+        None,
+        "refused: not in the table"
+    );
+}
