@@ -130,10 +130,16 @@ fn long_global_budgets_tell_the_services_reset_days_away() {
         format!(
             r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}"}}, "key": ["remote_address"],
                 "rate_limit": {{"requests_per_unit": 1, "unit": "{name}"}},
-                "global": {{"cluster": "ratelimit", "domain": "edge"}}}}"#
+                "global": {{"cluster": "ratelimit", "domain": "edge", "timeout_ms": 2000}}}}"#
         )
     };
-    let config = format!(r#"{{"rules": [{}, {}]}}"#, rule("week"), rule("month"));
+    // failure_mode deny and a long timeout: a service slowed by a loaded machine cannot pass
+    // for a refusal's absence.
+    let config = format!(
+        r#"{{"failure_mode": "deny", "rules": [{}, {}]}}"#,
+        rule("week"),
+        rule("month")
+    );
     let envoy = envoy(&config, rls_port);
     let mut c = Client::connect(envoy.addr).unwrap();
     let month_w = || {
