@@ -13,7 +13,7 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
-use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE};
+use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
 use crate::table::{self, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
 
@@ -22,9 +22,6 @@ pub const INLINE_RULES: usize = 4;
 
 /// A per-rule list of one request.
 pub type PerRule<T> = SmallVec<[T; INLINE_RULES]>;
-
-/// CAS attempts for one rule before the store is deemed unable to decide.
-pub const MAX_ATTEMPTS: u32 = 32;
 
 /// A rule that applies to the request, with where its key lives.
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,7 @@ use crate::error::ServiceError;
 use crate::key::Descriptor;
 use crate::limiter::{Policy, State, Verdict};
 use crate::rls;
-use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::store::{Replace, Store};
 use crate::table::Slot;
 use std::collections::HashMap;
 
@@ -187,18 +187,15 @@ pub fn block_ms(answer: &rls::Response, policy: &Policy, now_ms: u64) -> u64 {
 /// Writes a block for a key into its bucket (a few CAS attempts; losing them all only delays the
 /// block to the next flush).
 pub fn block(store: &impl Store, target: &Target, now_ms: u64, until_ms: u64) {
-    for _ in 0..8 {
-        let Ok(Ok((mut slot, cas))) = store.read(target.slot, |bytes, cas| {
-            Slot::decode(target.slot, bytes).map(|s| (s, cas.unwrap_or(CREATE_CAS)))
-        }) else {
-            return;
-        };
-        slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
-        match store.write(target.slot, slot.encode().as_ref(), cas) {
-            Err(StoreError::Conflict) => continue,
-            _ => return,
+    let _ = store.replace(target.slot, 8, |bytes| {
+        match Slot::decode(target.slot, bytes) {
+            Ok(mut slot) => {
+                slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
+                Replace::Write(slot.encode(), ())
+            }
+            Err(_) => Replace::Keep(()), // not a slot a request would read: left alone
         }
-    }
+    });
 }
 
 /// The shortest flush interval of the async rules, if there are any.

@@ -21,6 +21,20 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// to hand out this value, so an existing key virtually never matches it.
 pub const CREATE_CAS: u32 = u32::MAX;
 
+/// Compare-and-swap attempts on one slot before the store is deemed unable to decide
+/// ([`Store::replace`], and the engine's own loops).
+pub const MAX_ATTEMPTS: u32 = 32;
+
+/// What [`Store::replace`]'s function makes of a slot's value: leave it as it is, or write a new
+/// one; with the result either way.
+#[derive(Debug)]
+pub enum Replace<B, T> {
+    /// Nothing to write.
+    Keep(T),
+    /// Write these bytes (if the slot is still as it was read).
+    Write(B, T),
+}
+
 /// How many buckets one caller holds at once without allocating ([`Held`]); the engine keeps
 /// its working lists for a request's rules on the stack up to as many (a request with many
 /// rules need not allocate them).
@@ -57,6 +71,32 @@ pub trait Store {
     ) -> Result<T, StoreError>;
     /// Writes `value` if the slot's CAS still equals `cas` (0: unconditionally).
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
+
+    /// Reads `slot`, lets `f` decide on its value (`None`: never written) and writes what `f`
+    /// returns, with compare-and-swap; while another writer wins the race, reads and decides
+    /// again, up to `attempts` times (then [`StoreError::Conflict`]). `f` sees each attempt, so
+    /// it can count them. A key created here is created with [`CREATE_CAS`]: two racing
+    /// creators do not both succeed.
+    fn replace<B: AsRef<[u8]>, T>(
+        &self,
+        slot: u64,
+        attempts: u32,
+        mut f: impl FnMut(Option<&[u8]>) -> Replace<B, T>,
+    ) -> Result<T, StoreError> {
+        for _ in 0..attempts {
+            let (next, cas) =
+                self.read(slot, |bytes, cas| (f(bytes), cas.unwrap_or(CREATE_CAS)))?;
+            match next {
+                Replace::Keep(result) => return Ok(result),
+                Replace::Write(bytes, result) => match self.write(slot, bytes.as_ref(), cas) {
+                    Ok(()) => return Ok(result),
+                    Err(StoreError::Conflict) => continue,
+                    Err(e) => return Err(e),
+                },
+            }
+        }
+        Err(StoreError::Conflict)
+    }
 
     /// Runs `f` on the bucket in store slot `slot` (below [`crate::table::LOG_SLOTS`]) while
     /// this store holds it for the caller alone, if it can: `f` gets the bucket's bytes and
@@ -418,6 +458,100 @@ mod tests {
             Err(StoreError::Unavailable(_))
         ));
         assert_eq!(s.buckets(), 4);
+    }
+
+    /// A one-byte counter in slot `slot`, incremented through [`Store::replace`].
+    fn increment(s: &impl Store, slot: u64) -> Result<u8, StoreError> {
+        s.replace(slot, MAX_ATTEMPTS, |bytes| {
+            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0) + 1;
+            Replace::Write([n], n)
+        })
+    }
+
+    /// A store in which another writer wins the next `wins` races: it increments the slot
+    /// between each of our reads and our write.
+    struct Contended {
+        inner: MemoryStore,
+        wins: std::cell::Cell<u32>,
+    }
+
+    impl Store for Contended {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, StoreError> {
+            self.inner.read(slot, f)
+        }
+
+        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if self.wins.get() > 0 {
+                self.wins.set(self.wins.get() - 1);
+                increment(&self.inner, slot)?;
+            }
+            self.inner.write(slot, value, cas)
+        }
+    }
+
+    #[test]
+    fn replace_decides_again_until_its_write_wins() {
+        let s = Contended {
+            inner: MemoryStore::new(),
+            wins: std::cell::Cell::new(0),
+        };
+        assert_eq!(increment(&s, 1), Ok(1));
+        // The other writer wins once: the second attempt builds on its value.
+        s.wins.set(1);
+        let mut seen = Vec::new();
+        let got = s.replace(1, MAX_ATTEMPTS, |bytes| {
+            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0);
+            seen.push(n);
+            Replace::Write([n + 1], n + 1)
+        });
+        assert_eq!(got, Ok(3));
+        assert_eq!(seen, [1, 2]);
+        // Keep writes nothing.
+        assert_eq!(s.replace(1, 1, |_| Replace::<[u8; 1], _>::Keep(7)), Ok(7));
+        assert_eq!(get(&s, 1).0, Some(vec![3]));
+        // A writer that keeps winning exhausts the attempts.
+        s.wins.set(5);
+        assert_eq!(increment_within(&s, 3), Err(StoreError::Conflict));
+        assert_eq!(get(&s, 1).0, Some(vec![6]));
+        // A slot created by two racing writers: the second is refused, then builds on the
+        // first (the CAS of creation is [`CREATE_CAS`], not 0).
+        s.wins.set(1);
+        assert_eq!(increment(&s, 2), Ok(2));
+    }
+
+    fn increment_within(s: &impl Store, attempts: u32) -> Result<u8, StoreError> {
+        s.replace(1, attempts, |bytes| {
+            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0) + 1;
+            Replace::Write([n], n)
+        })
+    }
+
+    #[test]
+    fn replace_counts_exactly_under_contention() {
+        let s = std::sync::Arc::new(ProcessStore::new(4));
+        let slot = crate::table::LOG_SLOTS + 2; // a log slot: read, then written with CAS
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..500 {
+                        s.replace(slot, u32::MAX, |bytes| {
+                            let n = bytes
+                                .and_then(|b| b.try_into().ok())
+                                .map_or(0, u32::from_le_bytes);
+                            Replace::Write((n + 1).to_le_bytes(), ())
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(get(&*s, slot).0, Some(2000u32.to_le_bytes().to_vec()));
     }
 
     #[test]

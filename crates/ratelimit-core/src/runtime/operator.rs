@@ -17,11 +17,10 @@
 use super::request::{policy_carrying, Carrying};
 use super::{Compiled, Runtime};
 use crate::config::Carried;
-use crate::engine::MAX_ATTEMPTS;
 use crate::key;
 use crate::limiter::{Policy, State};
 use crate::metrics::Counter;
-use crate::store::{Store, StoreError};
+use crate::store::{Replace, Store, StoreError, MAX_ATTEMPTS};
 use crate::table::{self, Slot};
 use std::fmt;
 
@@ -311,12 +310,10 @@ impl<S: Store> Runtime<S> {
     /// Removes `key`'s entry from store slot `slot`, with compare-and-swap; whether there was
     /// one.
     fn forget(&self, slot: u64, key: LoggedKey) -> Result<bool, OperatorError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let (decoded, cas) = self
-                .store
-                .read(slot, |bytes, cas| (Slot::decode(slot, bytes), cas))?;
-            let (Ok(mut decoded), Some(cas)) = (decoded, cas) else {
-                return Ok(false); // never written, or holds nothing a request would use
+        let forgot = self.store.replace(slot, MAX_ATTEMPTS, |bytes| {
+            // Never written, or holding nothing a request would use: nothing to forget.
+            let Ok(mut decoded) = Slot::decode(slot, bytes) else {
+                return Replace::Keep(false);
             };
             let removed = match &mut decoded {
                 Slot::Bucket(entries) => entries
@@ -326,16 +323,12 @@ impl<S: Store> Runtime<S> {
                     .is_some(),
                 Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
             };
-            if !removed {
-                return Ok(false);
+            match removed {
+                true => Replace::Write(decoded.encode(), true),
+                false => Replace::Keep(false),
             }
-            match self.store.write(slot, decoded.encode().as_ref(), cas) {
-                Ok(()) => return Ok(true),
-                Err(StoreError::Conflict) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(StoreError::Conflict.into())
+        });
+        Ok(forgot?)
     }
 
     /// A key's figures under a rule, from its state (`None`: not tracked), with the limit in
