@@ -16,7 +16,7 @@ use ratelimit_core::rls;
 use ratelimit_core::runtime::{self, Next, StreamState};
 use ratelimit_core::runtime::{Background, Runtime};
 use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
-use ratelimit_core::table;
+use ratelimit_core::table::SlotKind;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -54,10 +54,10 @@ impl SharedData {
         let mut key = self.key.borrow_mut();
         key.clear();
         key.push_str(&self.prefix);
-        let (kind, n) = if slot >= table::LOG_SLOTS {
-            ("l/", slot - table::LOG_SLOTS)
-        } else {
-            ("b/", slot)
+        // Health keys share the logs' names (`l/` past every log), as shared data holds them.
+        let (kind, n) = match SlotKind::of(slot) {
+            SlotKind::Bucket => ("b/", slot),
+            SlotKind::Log | SlotKind::Health => ("l/", slot - SlotKind::Log.first()),
         };
         key.push_str(kind);
         key.push_str(itoa::Buffer::new().format(n));

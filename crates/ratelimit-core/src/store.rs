@@ -13,7 +13,7 @@
 //! with Envoy's exact semantics, for tests).
 
 use crate::error::StoreFault;
-use crate::table::BUCKET_LEN;
+use crate::table::{SlotKind, BUCKET_LEN};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -98,7 +98,7 @@ pub trait Store {
         Err(StoreError::Conflict)
     }
 
-    /// Runs `f` on the bucket in store slot `slot` (below [`crate::table::LOG_SLOTS`]) while
+    /// Runs `f` on the bucket in store slot `slot` (a [`SlotKind::Bucket`]) while
     /// this store holds it for the caller alone, if it can: `f` gets the bucket's bytes and
     /// whether the slot was ever written (if not, the bytes are all zero), and returns its
     /// result and whether it changed the bytes (it must not change them otherwise). `None` when
@@ -112,8 +112,8 @@ pub trait Store {
         None
     }
 
-    /// Runs `f` while this store holds every bucket in `slots` (below
-    /// [`crate::table::LOG_SLOTS`]) for the caller alone, as [`Store::locked`] holds one, if
+    /// Runs `f` while this store holds every bucket in `slots` (each a
+    /// [`SlotKind::Bucket`]) for the caller alone, as [`Store::locked`] holds one, if
     /// it can; `None` otherwise (the caller reads and writes with compare-and-swap).
     fn locked_many<T>(&self, _slots: &[u64], _f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
         None
@@ -287,8 +287,8 @@ pub struct ProcessStore {
 }
 
 impl ProcessStore {
-    /// A store of `buckets` buckets (slots `0..buckets`) and sliding-log slots from
-    /// [`crate::table::LOG_SLOTS`] on.
+    /// A store of `buckets` buckets (slots `0..buckets`), and values of the other
+    /// [`SlotKind`]s.
     pub fn new(buckets: u32) -> ProcessStore {
         ProcessStore {
             buckets: (0..buckets)
@@ -325,7 +325,7 @@ impl Store for ProcessStore {
         slot: u64,
         f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
     ) -> Result<T, StoreError> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             let shard = lock(self.log_shard(slot)?);
             return Ok(match shard.get(&slot) {
                 Some((v, cas)) => f(Some(v), Some(*cas)),
@@ -344,7 +344,7 @@ impl Store for ProcessStore {
     }
 
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             let mut shard = lock(self.log_shard(slot)?);
             let current = shard.get(&slot).map(|(_, c)| *c);
             if !may_write(current, cas) {
@@ -375,7 +375,7 @@ impl Store for ProcessStore {
         slot: u64,
         f: impl FnOnce(&mut [u8; BUCKET_LEN], bool) -> (T, bool),
     ) -> Option<Result<T, StoreError>> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             return None;
         }
         let Some(bucket) = self.bucket(slot) else {
@@ -397,7 +397,7 @@ impl Store for ProcessStore {
         let mut sorted: smallvec::SmallVec<[u64; HELD_INLINE]> = slots.iter().copied().collect();
         sorted.sort_unstable();
         sorted.dedup();
-        if sorted.iter().any(|&s| s >= crate::table::LOG_SLOTS) {
+        if sorted.iter().any(|&s| SlotKind::of(s) != SlotKind::Bucket) {
             return None;
         }
         let mut held = Held {
@@ -449,7 +449,7 @@ mod tests {
         let s = ProcessStore::new(4);
         let (a, b) = ([1u8; BUCKET_LEN], [2u8; BUCKET_LEN]);
         behaves_like_envoy_shared_data(&s, 3, &a, &b);
-        behaves_like_envoy_shared_data(&s, crate::table::LOG_SLOTS + 9, b"log", b"longer log");
+        behaves_like_envoy_shared_data(&s, SlotKind::Log.slot(9), b"log", b"longer log");
         // Out of range, or the wrong size: errors, never a panic.
         assert!(matches!(s.write(4, &a, 0), Err(StoreError::Unavailable(_))));
         assert!(s.read(100, |_, _| ()).is_err());
@@ -533,7 +533,7 @@ mod tests {
     #[test]
     fn replace_counts_exactly_under_contention() {
         let s = std::sync::Arc::new(ProcessStore::new(4));
-        let slot = crate::table::LOG_SLOTS + 2; // a log slot: read, then written with CAS
+        let slot = SlotKind::Log.slot(2); // a log slot: read, then written with CAS
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let s = s.clone();

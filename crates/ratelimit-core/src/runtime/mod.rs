@@ -135,7 +135,7 @@ impl<S: Store> Runtime<S> {
                     ),
                     watch: rule.elastic.map(|params| Watch {
                         params,
-                        slot: table::HEALTH_SLOTS + fingerprint % (1 << 31),
+                        slot: table::SlotKind::Health.slot(fingerprint % (1 << 31)),
                         factor: AtomicU32::new(elastic::BASE),
                         total: AtomicU64::new(0),
                         bad: AtomicU64::new(0),

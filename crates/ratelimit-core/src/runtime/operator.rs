@@ -21,7 +21,7 @@ use crate::key;
 use crate::limiter::{Policy, State};
 use crate::metrics::Counter;
 use crate::store::{Replace, Store, StoreError, MAX_ATTEMPTS};
-use crate::table::{self, Slot};
+use crate::table::{self, Slot, SlotKind};
 use std::fmt;
 
 /// A client key as the filter logs it (`key=%016x`): the table's fingerprint of its keyed hash.
@@ -198,7 +198,7 @@ impl<S: Store> Runtime<S> {
         let tag = key::rule_tag(found.compiled.fingerprint);
         let slots = if policy.uses_log() {
             let logs = u64::from(self.config.capacity.max(1));
-            table::LOG_SLOTS..table::LOG_SLOTS + logs
+            SlotKind::Log.slot(0)..SlotKind::Log.slot(logs)
         } else {
             0..u64::from(self.buckets)
         };
@@ -298,7 +298,7 @@ impl<S: Store> Runtime<S> {
         let buckets = self.buckets;
         let slot = move |hash: u64| {
             if logs {
-                table::LOG_SLOTS + hash % capacity
+                SlotKind::Log.slot(hash % capacity)
             } else {
                 u64::from(table::bucket_of(hash, buckets))
             }
