@@ -13,8 +13,8 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
-use crate::store::{Held, Replace, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
-use crate::table::{self, Placement, Slot, BUCKET_LEN};
+use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
+use crate::table::{self, Encoded, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
 
 /// Per-rule lists of one request stay on the stack up to this many rules.
@@ -553,25 +553,25 @@ fn update<T>(
         return r.map_err(Failure::from)?;
     }
     let mut attempts = 0u32;
-    let replaced = store.replace(slot, MAX_ATTEMPTS, |read| {
+    let mut copy = [0u8; BUCKET_LEN];
+    let replaced = store.replace(slot, MAX_ATTEMPTS, &mut copy, |read, bytes| {
         attempts += 1;
         // A copy of the bucket's bytes, and whether the store holds a bucket there. Bytes of
         // another length are no bucket (`present`, version 0: corrupt).
-        let mut bytes = [0u8; BUCKET_LEN];
         let present = match read {
-            None | Some([]) => false,
-            Some(b) => {
-                if b.len() == BUCKET_LEN {
-                    bytes.copy_from_slice(b);
-                }
+            Some(b) if b.len() == BUCKET_LEN => {
+                bytes.copy_from_slice(b);
                 true
             }
+            other => {
+                *bytes = [0; BUCKET_LEN];
+                !matches!(other, None | Some([]))
+            }
         };
-        match update_entry(&mut bytes, present, slot, fingerprint, now_ms, &mut f) {
-            // Placed, or a corrupt bucket made an empty one: written back.
-            r @ (Ok((_, Some(_))) | Err(Failure::Corrupt)) => Replace::Write(bytes, r),
-            r => Replace::Keep(r),
-        }
+        let r = update_entry(bytes, present, slot, fingerprint, now_ms, &mut f);
+        // Placed, or a corrupt bucket made an empty one: written back.
+        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
+        (r, written)
     });
     // Every attempt but the last lost its race; the last too if they ran out.
     *retries += match replaced {
@@ -798,23 +798,27 @@ fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
         let Some(counted) = &w.committed else {
             continue;
         };
-        let _ = store.replace(check.slot, MAX_ATTEMPTS, |bytes| {
+        let mut value = Encoded::default();
+        let _ = store.replace(check.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
             let mut slot = match Slot::decode(check.slot, bytes) {
                 Ok(slot) => slot,
                 // Made empty, so that the keys in it work again from the next request on.
-                Err(_) => {
-                    return Slot::decode(check.slot, None).map_or(Replace::Keep(()), |empty| {
-                        Replace::Write(empty.encode(), ())
-                    })
-                }
+                Err(_) => match Slot::decode(check.slot, None) {
+                    Ok(empty) => {
+                        *value = empty.encode();
+                        return ((), true);
+                    }
+                    Err(_) => return ((), false),
+                },
             };
             let Some(current) = check.current(&slot) else {
-                return Replace::Keep(()); // forgotten meanwhile: nothing to give back
+                return ((), false); // forgotten meanwhile: nothing to give back
             };
             let back = check.policy.refund(current, counted, check.cost);
             let at = back.last_ms();
             slot.put(check.fingerprint, back, at);
-            Replace::Write(slot.encode(), ())
+            *value = slot.encode();
+            ((), true)
         });
     }
 }

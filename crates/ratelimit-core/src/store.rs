@@ -25,16 +25,6 @@ pub const CREATE_CAS: u32 = u32::MAX;
 /// ([`Store::replace`], and the engine's own loops).
 pub const MAX_ATTEMPTS: u32 = 32;
 
-/// What [`Store::replace`]'s function makes of a slot's value: leave it as it is, or write a new
-/// one; with the result either way.
-#[derive(Debug)]
-pub enum Replace<B, T> {
-    /// Nothing to write.
-    Keep(T),
-    /// Write these bytes (if the slot is still as it was read).
-    Write(B, T),
-}
-
 /// How many buckets one caller holds at once without allocating ([`Held`]); the engine keeps
 /// its working lists for a request's rules on the stack up to as many (a request with many
 /// rules need not allocate them).
@@ -72,27 +62,31 @@ pub trait Store {
     /// Writes `value` if the slot's CAS still equals `cas` (0: unconditionally).
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
 
-    /// Reads `slot`, lets `f` decide on its value (`None`: never written) and writes what `f`
-    /// returns, with compare-and-swap; while another writer wins the race, reads and decides
-    /// again, up to `attempts` times (then [`StoreError::Conflict`]). `f` sees each attempt, so
-    /// it can count them. A key created here is created with [`CREATE_CAS`]: two racing
-    /// creators do not both succeed.
+    /// Reads `slot`, lets `f` decide on its value (`None`: never written) and writes the new
+    /// value `f` leaves in `value`, with compare-and-swap; while another writer wins the race,
+    /// reads and decides again, up to `attempts` times (then [`StoreError::Conflict`]). `f`
+    /// returns its result and whether to write `value` (the caller's buffer, so that a bucket's
+    /// bytes stay on its stack instead of moving through results), and sees each attempt, so it
+    /// can count them. A slot created here is created with [`CREATE_CAS`]: of two racing
+    /// creators, the second decides again on the first one's value.
     fn replace<B: AsRef<[u8]>, T>(
         &self,
         slot: u64,
         attempts: u32,
-        mut f: impl FnMut(Option<&[u8]>) -> Replace<B, T>,
+        value: &mut B,
+        mut f: impl FnMut(Option<&[u8]>, &mut B) -> (T, bool),
     ) -> Result<T, StoreError> {
         for _ in 0..attempts {
-            let (next, cas) =
-                self.read(slot, |bytes, cas| (f(bytes), cas.unwrap_or(CREATE_CAS)))?;
-            match next {
-                Replace::Keep(result) => return Ok(result),
-                Replace::Write(bytes, result) => match self.write(slot, bytes.as_ref(), cas) {
-                    Ok(()) => return Ok(result),
-                    Err(StoreError::Conflict) => continue,
-                    Err(e) => return Err(e),
-                },
+            let ((result, write), cas) = self.read(slot, |bytes, cas| {
+                (f(bytes, value), cas.unwrap_or(CREATE_CAS))
+            })?;
+            if !write {
+                return Ok(result);
+            }
+            match self.write(slot, value.as_ref(), cas) {
+                Ok(()) => return Ok(result),
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
             }
         }
         Err(StoreError::Conflict)
@@ -462,9 +456,14 @@ mod tests {
 
     /// A one-byte counter in slot `slot`, incremented through [`Store::replace`].
     fn increment(s: &impl Store, slot: u64) -> Result<u8, StoreError> {
-        s.replace(slot, MAX_ATTEMPTS, |bytes| {
+        increment_within(s, slot, MAX_ATTEMPTS)
+    }
+
+    fn increment_within(s: &impl Store, slot: u64, attempts: u32) -> Result<u8, StoreError> {
+        s.replace(slot, attempts, &mut [0], |bytes, value| {
             let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0) + 1;
-            Replace::Write([n], n)
+            *value = [n];
+            (n, true)
         })
     }
 
@@ -503,31 +502,25 @@ mod tests {
         // The other writer wins once: the second attempt builds on its value.
         s.wins.set(1);
         let mut seen = Vec::new();
-        let got = s.replace(1, MAX_ATTEMPTS, |bytes| {
+        let got = s.replace(1, MAX_ATTEMPTS, &mut [0], |bytes, value| {
             let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0);
             seen.push(n);
-            Replace::Write([n + 1], n + 1)
+            *value = [n + 1];
+            (n + 1, true)
         });
         assert_eq!(got, Ok(3));
         assert_eq!(seen, [1, 2]);
-        // Keep writes nothing.
-        assert_eq!(s.replace(1, 1, |_| Replace::<[u8; 1], _>::Keep(7)), Ok(7));
+        // Nothing to write: nothing written, whatever the buffer holds.
+        assert_eq!(s.replace(1, 1, &mut [9], |_, _| (7, false)), Ok(7));
         assert_eq!(get(&s, 1).0, Some(vec![3]));
         // A writer that keeps winning exhausts the attempts.
         s.wins.set(5);
-        assert_eq!(increment_within(&s, 3), Err(StoreError::Conflict));
+        assert_eq!(increment_within(&s, 1, 3), Err(StoreError::Conflict));
         assert_eq!(get(&s, 1).0, Some(vec![6]));
         // A slot created by two racing writers: the second is refused, then builds on the
         // first (the CAS of creation is [`CREATE_CAS`], not 0).
         s.wins.set(1);
         assert_eq!(increment(&s, 2), Ok(2));
-    }
-
-    fn increment_within(s: &impl Store, attempts: u32) -> Result<u8, StoreError> {
-        s.replace(1, attempts, |bytes| {
-            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0) + 1;
-            Replace::Write([n], n)
-        })
     }
 
     #[test]
@@ -539,11 +532,12 @@ mod tests {
                 let s = s.clone();
                 std::thread::spawn(move || {
                     for _ in 0..500 {
-                        s.replace(slot, u32::MAX, |bytes| {
+                        s.replace(slot, u32::MAX, &mut [0; 4], |bytes, value| {
                             let n = bytes
                                 .and_then(|b| b.try_into().ok())
                                 .map_or(0, u32::from_le_bytes);
-                            Replace::Write((n + 1).to_le_bytes(), ())
+                            *value = (n + 1).to_le_bytes();
+                            ((), true)
                         })
                         .unwrap();
                     }

@@ -118,6 +118,13 @@ pub enum Encoded {
     Log(Vec<u8>),
 }
 
+/// Nothing encoded yet (an empty log: no allocation), for a buffer to encode into.
+impl Default for Encoded {
+    fn default() -> Encoded {
+        Encoded::Log(Vec::new())
+    }
+}
+
 impl AsRef<[u8]> for Encoded {
     fn as_ref(&self) -> &[u8] {
         match self {

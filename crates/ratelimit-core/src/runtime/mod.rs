@@ -36,7 +36,7 @@ use crate::key::{self, Seed};
 use crate::limiter::Policy;
 use crate::metrics::{Counter, Metrics};
 use crate::rls;
-use crate::store::{Replace, Store, MAX_ATTEMPTS};
+use crate::store::{Store, MAX_ATTEMPTS};
 use crate::table;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -220,12 +220,16 @@ impl<S: Store> Runtime<S> {
             let total = w.total.swap(0, Ordering::Relaxed);
             let bad = w.bad.swap(0, Ordering::Relaxed);
             // A store that keeps failing leaves the factor as it was until a later tick.
-            let stepped = self.store.replace(w.slot, MAX_ATTEMPTS, |bytes| {
-                let mut h = bytes.and_then(Health::decode).unwrap_or_default();
-                h.add(now_ms, &w.params, total, bad);
-                h.step(now_ms, &w.params);
-                Replace::Write(h.encode(), h.factor)
-            });
+            let mut value = [0; elastic::HEALTH_LEN];
+            let stepped = self
+                .store
+                .replace(w.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                    let mut h = bytes.and_then(Health::decode).unwrap_or_default();
+                    h.add(now_ms, &w.params, total, bad);
+                    h.step(now_ms, &w.params);
+                    *value = h.encode();
+                    (h.factor, true)
+                });
             if let Ok(factor) = stepped {
                 w.factor.store(factor, Ordering::Relaxed);
             }

@@ -20,8 +20,8 @@ use crate::config::Carried;
 use crate::key;
 use crate::limiter::{Policy, State};
 use crate::metrics::Counter;
-use crate::store::{Replace, Store, StoreError, MAX_ATTEMPTS};
-use crate::table::{self, Slot, SlotKind};
+use crate::store::{Store, StoreError, MAX_ATTEMPTS};
+use crate::table::{self, Encoded, Slot, SlotKind};
 use std::fmt;
 
 /// A client key as the filter logs it (`key=%016x`): the table's fingerprint of its keyed hash.
@@ -310,24 +310,27 @@ impl<S: Store> Runtime<S> {
     /// Removes `key`'s entry from store slot `slot`, with compare-and-swap; whether there was
     /// one.
     fn forget(&self, slot: u64, key: LoggedKey) -> Result<bool, OperatorError> {
-        let forgot = self.store.replace(slot, MAX_ATTEMPTS, |bytes| {
-            // Never written, or holding nothing a request would use: nothing to forget.
-            let Ok(mut decoded) = Slot::decode(slot, bytes) else {
-                return Replace::Keep(false);
-            };
-            let removed = match &mut decoded {
-                Slot::Bucket(entries) => entries
-                    .iter_mut()
-                    .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
-                    .map(Option::take)
-                    .is_some(),
-                Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
-            };
-            match removed {
-                true => Replace::Write(decoded.encode(), true),
-                false => Replace::Keep(false),
-            }
-        });
+        let mut value = Encoded::default();
+        let forgot = self
+            .store
+            .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                // Never written, or holding nothing a request would use: nothing to forget.
+                let Ok(mut decoded) = Slot::decode(slot, bytes) else {
+                    return (false, false);
+                };
+                let removed = match &mut decoded {
+                    Slot::Bucket(entries) => entries
+                        .iter_mut()
+                        .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
+                        .map(Option::take)
+                        .is_some(),
+                    Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
+                };
+                if removed {
+                    *value = decoded.encode();
+                }
+                (removed, removed)
+            });
         Ok(forgot?)
     }
 
