@@ -22,12 +22,11 @@ use envoy_dm_abi::{
 };
 use ratelimit_core::config::{Carried, Config, FailureMode};
 use ratelimit_core::error::ServiceError;
-use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
-use ratelimit_core::rls::{self, GrpcAnswer};
-use ratelimit_core::runtime::Runtime;
+use ratelimit_core::rls;
 use ratelimit_core::runtime::{self, Next, Reply, StreamState};
+use ratelimit_core::runtime::{Background, Runtime};
 use ratelimit_core::store::ProcessStore;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -178,12 +177,6 @@ impl MetricIds {
     }
 }
 
-/// A configuration-level gRPC call in flight (async flush), main thread only.
-struct Flushing {
-    target: Target,
-    answer: GrpcAnswer,
-}
-
 /// One filter configuration: shared by every worker.
 pub struct FilterConfig {
     handle: ConfigHandle,
@@ -193,12 +186,8 @@ pub struct FilterConfig {
     ids: MetricIds,
     /// Drives [`FilterConfig::scheduled`]; stops when dropped.
     _ticker: Option<timer::Ticker>,
-    /// The period of the ticker, ms.
-    tick_ms: u32,
-    /// Async flushes in flight, by stream id (main thread).
-    flushes: Mutex<HashMap<u64, Flushing>>,
-    last_flush: AtomicU64,
-    last_publish: AtomicU64,
+    /// The periodic work and its calls in flight (main thread).
+    background: Mutex<Background>,
 }
 
 impl FilterConfig {
@@ -229,13 +218,11 @@ impl FilterConfig {
                 "the \"operator\" block is for the wasm build and is ignored here: the native build serves the operator's calls on Envoy's admin port (/ratelimit/key, /ratelimit/top, /ratelimit/reset)"
             );
         }
-        let tick_ms = [rt.flush_period(), rt.tick_period()]
-            .into_iter()
-            .flatten()
-            .fold(metrics::PUBLISH_PERIOD_MS, u32::min);
-        let ticker = handle.scheduler().map(|s: ConfigScheduler| {
-            timer::Ticker::start(s, EVENT_TICK, Duration::from_millis(u64::from(tick_ms)))
-        });
+        let background = Background::new(&rt);
+        let period = Duration::from_millis(u64::from(background.period_ms()));
+        let ticker = handle
+            .scheduler()
+            .map(|s: ConfigScheduler| timer::Ticker::start(s, EVENT_TICK, period));
         let ids = MetricIds::define(&handle);
         ids.touch(&handle, &plugin, rt.rules(), rt.capacity() as u64);
         Some(FilterConfig {
@@ -244,10 +231,7 @@ impl FilterConfig {
             plugin,
             rt,
             _ticker: ticker,
-            tick_ms,
-            flushes: Mutex::default(),
-            last_flush: AtomicU64::new(0),
-            last_publish: AtomicU64::new(0),
+            background: Mutex::new(background),
         })
     }
 
@@ -256,14 +240,19 @@ impl FilterConfig {
         if event != EVENT_TICK {
             return;
         }
-        let now = now_ms();
-        if let Some(period) = self.rt.flush_period() {
-            if now >= due(&self.last_flush, u64::from(period)) {
-                self.last_flush.store(now, Ordering::Relaxed);
-                self.flush();
-            }
+        let mut background = self.background();
+        // The ticker's period never changes: requests are held by their own schedulers.
+        let work = background.tick(&self.rt, now_ms(), false);
+        for call in work.calls {
+            let frame = rls::grpc_frame(&call.message);
+            let id = self
+                .handle
+                .start_grpc(call.cluster, rls::PATH, &frame, call.timeout_ms)
+                .ok();
+            background.started(&self.rt, call, id);
         }
-        if self.rt.tick_period().is_some() && self.rt.tick(now) {
+        drop(background);
+        if work.elastic {
             let rules = self.rt.rules();
             for (rule, percent) in self.rt.elastic_factors() {
                 if let (Some(id), Some(r)) = (self.ids.elastic, rules.get(rule)) {
@@ -271,8 +260,7 @@ impl FilterConfig {
                 }
             }
         }
-        if metrics::publish_due(self.last_publish.load(Ordering::Relaxed), now, self.tick_ms) {
-            self.last_publish.store(now, Ordering::Relaxed);
+        if work.metrics {
             self.publish();
         }
     }
@@ -302,66 +290,12 @@ impl FilterConfig {
         }
     }
 
-    /// Reports async global rules' hits, one gRPC call per key (main thread).
-    fn flush(&self) {
-        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
-        for flush in self.rt.flush() {
-            let Some(g) = self.rt.global_of(flush.target.rule) else {
-                continue;
-            };
-            let frame = rls::grpc_frame(&flush.message);
-            match self
-                .handle
-                .start_grpc(&g.cluster, rls::PATH, &frame, g.timeout_ms)
-            {
-                Ok(id) => {
-                    flushes.insert(
-                        id,
-                        Flushing {
-                            target: flush.target,
-                            answer: GrpcAnswer::default(),
-                        },
-                    );
-                }
-                Err(_) => self.rt.global_error(flush.target.rule),
-            }
-        }
-    }
-
-    fn grpc_headers<'a>(&self, id: u64, fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
-        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = flushes.get_mut(&id) {
-            f.answer.headers(fields);
-        }
-    }
-
-    fn grpc_data<'a>(&self, id: u64, chunks: impl Iterator<Item = &'a [u8]>) {
-        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = flushes.get_mut(&id) {
-            chunks.for_each(|c| f.answer.data(c));
-        }
-    }
-
-    /// A flush's answer (or its reset) is in.
-    fn grpc_done(&self, id: u64, reset: Option<u32>) {
-        let done = self
-            .flushes
+    /// The background work, locked (main thread).
+    fn background(&self) -> std::sync::MutexGuard<'_, Background> {
+        self.background
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
-        if let Some(f) = done {
-            let answer = match reset {
-                Some(reason) => Err(ServiceError::Reset(reason)),
-                None => f.answer.finish(),
-            };
-            self.rt.flushed(&f.target, answer, now_ms());
-        }
     }
-}
-
-/// When a periodic job whose last run is in `last` is next due.
-fn due(last: &AtomicU64, period_ms: u64) -> u64 {
-    last.load(Ordering::Relaxed).saturating_add(period_ms)
 }
 
 /// The wall clock, ms since the epoch (Envoy's clock is the same).
@@ -777,15 +711,16 @@ impl HttpFilterConfig for FilterConfig {
     }
 
     fn call_headers(&self, id: u64, fields: hooks::Fields<'_, '_>) {
-        self.grpc_headers(id, fields);
+        self.background().answer_headers(id, fields);
     }
 
     fn call_data(&self, id: u64, chunks: Chunks<'_, '_>) {
-        self.grpc_data(id, chunks);
+        let mut background = self.background();
+        chunks.for_each(|c| background.answer_data(id, c));
     }
 
     fn call_done(&self, id: u64, reset: Option<u32>) {
-        self.grpc_done(id, reset);
+        self.background().finished(&self.rt, id, reset, now_ms());
     }
 }
 

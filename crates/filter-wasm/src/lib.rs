@@ -10,16 +10,14 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use ratelimit_core::config::{Carried, Config};
 use ratelimit_core::error::{ServiceError, StoreFault};
-use ratelimit_core::global::Target;
 use ratelimit_core::key::{Attributes, Seed};
 use ratelimit_core::metrics::{self, Counter, Gauge};
 use ratelimit_core::rls;
-use ratelimit_core::runtime::Runtime;
 use ratelimit_core::runtime::{self, Next, StreamState};
+use ratelimit_core::runtime::{Background, Runtime};
 use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
-use ratelimit_core::table;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use ratelimit_core::table::SlotKind;
+use std::cell::RefCell;
 use std::rc::Rc;
 
 static LOGGER: abi::HostLogger = abi::HostLogger;
@@ -32,8 +30,7 @@ proxy_wasm::main! {{
         let _ = abi::log(Level::Critical, &format!("panic: {info}"));
     }));
     proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
-        Box::new(Root { id, served: None, flushes: HashMap::new(), last_publish: Cell::new(0),
-                        last_flush: Cell::new(0) })
+        Box::new(Root { id, served: None, draining: Vec::new() })
     });
 }}
 
@@ -57,10 +54,10 @@ impl SharedData {
         let mut key = self.key.borrow_mut();
         key.clear();
         key.push_str(&self.prefix);
-        let (kind, n) = if slot >= table::LOG_SLOTS {
-            ("l/", slot - table::LOG_SLOTS)
-        } else {
-            ("b/", slot)
+        // Health keys share the logs' names (`l/` past every log), as shared data holds them.
+        let (kind, n) = match SlotKind::of(slot) {
+            SlotKind::Bucket => ("b/", slot),
+            SlotKind::Log | SlotKind::Health => ("l/", slot - SlotKind::Log.first()),
         };
         key.push_str(kind);
         key.push_str(itoa::Buffer::new().format(n));
@@ -95,13 +92,12 @@ impl Store for SharedData {
     }
 }
 
-/// The tick period while requests are held: they are released within about this much of
-/// their turn.
-const RELEASE_PERIOD_MS: u32 = 1;
-
-/// A runtime, the ids of its metrics in Envoy and the plugin's name.
+/// A runtime, its background work on this VM, the ids of its metrics in Envoy and the
+/// plugin's name.
 struct Served {
     rt: Runtime<SharedData>,
+    /// Borrowed only for a moment, never across a host call that may call back.
+    background: RefCell<Background>,
     ids: MetricIds,
     plugin: String,
 }
@@ -189,7 +185,7 @@ fn property_string(path: &[u8]) -> Option<String> {
 
 /// Reads the table's hash seed from shared data, creating it if this is the first VM.
 fn shared_seed(key: &str) -> Result<Seed, String> {
-    for _ in 0..ratelimit_core::engine::MAX_ATTEMPTS {
+    for _ in 0..ratelimit_core::store::MAX_ATTEMPTS {
         let (bytes, _) =
             abi::get_shared(key).map_err(|s| format!("reading the seed: status {}", s.0))?;
         if let Some(seed) = bytes.as_deref().and_then(Seed::from_bytes) {
@@ -250,12 +246,8 @@ fn take_back(context: u32) -> Option<StreamState> {
 struct Root {
     id: u32,
     served: Option<Rc<Served>>,
-    /// Async flushes in flight: call token → where to block the key.
-    flushes: HashMap<u32, (Rc<Served>, Target)>,
-    /// When the counters were last published (ms).
-    last_publish: Cell<u64>,
-    /// When async global rules last flushed (ms).
-    last_flush: Cell<u64>,
+    /// Earlier configurations with background calls still in flight: their answers are theirs.
+    draining: Vec<Rc<Served>>,
 }
 
 impl Root {
@@ -281,15 +273,6 @@ impl Root {
             None => shared_seed(&format!("{prefix}seed"))?,
         };
         Ok((Runtime::new(config, seed, SharedData::new(prefix)), plugin))
-    }
-
-    /// The tick period when no request is held: metrics, async global flushes, elastic rules'
-    /// health.
-    fn base_tick(rt: &Runtime<SharedData>) -> u32 {
-        [rt.flush_period(), rt.tick_period()]
-            .into_iter()
-            .flatten()
-            .fold(metrics::PUBLISH_PERIOD_MS, u32::min)
     }
 
     fn publish_metrics(&self) {
@@ -321,25 +304,31 @@ impl Root {
         let _ = abi::set_effective_context(self.id);
     }
 
-    /// Reports async global rules' hits, one call per key.
-    fn flush(&mut self, served: &Rc<Served>) {
+    /// Does the background work of a tick at `now`.
+    fn background(served: &Served, now: u64) {
         let rt = &served.rt;
-        for flush in rt.flush() {
-            let Some(g) = rt.global_of(flush.target.rule) else {
-                continue;
-            };
-            match abi::grpc_call(
-                &g.cluster,
+        let held = WAITING.with(|w| !w.borrow().is_empty());
+        let mut background = served.background.borrow_mut();
+        let work = background.tick(rt, now, held);
+        if let Some(period) = work.period_ms {
+            let _ = abi::set_tick_period(period);
+        }
+        for call in work.calls {
+            let token = abi::grpc_call(
+                call.cluster,
                 rls::SERVICE,
                 rls::METHOD,
-                &flush.message,
-                g.timeout_ms,
-            ) {
-                Ok(token) => {
-                    self.flushes.insert(token, (served.clone(), flush.target));
-                }
-                Err(_) => rt.global_error(flush.target.rule),
-            }
+                &call.message,
+                call.timeout_ms,
+            );
+            background.started(rt, call, token.ok().map(u64::from));
+        }
+        drop(background);
+        if work.elastic {
+            served.ids.publish_elastic(rt);
+        }
+        if work.metrics {
+            served.ids.publish(rt);
         }
     }
 }
@@ -347,10 +336,21 @@ impl Root {
 impl Context for Root {
     /// Answers to async global flushes.
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
-        if let Some((served, target)) = self.flushes.remove(&token) {
-            let now = abi::now_ms().unwrap_or(0);
-            served.rt.flushed(&target, read_answer(status, size), now);
+        let id = u64::from(token);
+        let owner = self
+            .served
+            .iter()
+            .chain(&self.draining)
+            .find(|s| s.background.borrow().awaits(id));
+        if let Some(served) = owner {
+            let answer = read_answer(status, size);
+            served
+                .background
+                .borrow_mut()
+                .answered(&served.rt, id, answer, now_ms());
         }
+        self.draining
+            .retain(|s| s.background.borrow().in_flight() > 0);
     }
 }
 
@@ -364,18 +364,25 @@ impl RootContext for Root {
                     runtime.rules().len(),
                     runtime.capacity()
                 );
-                let tick = Root::base_tick(&runtime);
+                let background = Background::new(&runtime);
+                let tick = background.period_ms();
                 let ids = MetricIds::define(&plugin, runtime.config());
                 ids.publish_elastic(&runtime);
                 if let Ok(id) = abi::define_gauge(&metrics::name(&plugin, None, metrics::CAPACITY))
                 {
                     let _ = abi::gauge_set(id, runtime.capacity() as u64);
                 }
-                self.served = Some(Rc::new(Served {
+                let previous = self.served.replace(Rc::new(Served {
                     rt: runtime,
+                    background: RefCell::new(background),
                     ids,
                     plugin,
                 }));
+                if let Some(previous) = previous {
+                    if previous.background.borrow().in_flight() > 0 {
+                        self.draining.push(previous);
+                    }
+                }
                 if let Err(s) = abi::set_tick_period(tick) {
                     log::warn!(
                         "no tick timer (status {}): metrics will not be published",
@@ -392,35 +399,10 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let now = abi::now_ms().unwrap_or(0);
-        // The period this tick came at: 1 ms while requests were held.
-        let held = WAITING.with(|w| !w.borrow().is_empty());
+        let now = now_ms();
         self.release_due(now);
-        let Some(served) = self.served.clone() else {
-            return;
-        };
-        let tick = if held {
-            RELEASE_PERIOD_MS
-        } else {
-            Root::base_tick(&served.rt)
-        };
-        if WAITING.with(|w| w.borrow().is_empty()) {
-            let _ = abi::set_tick_period(Root::base_tick(&served.rt));
-        }
-        if let Some(period) = served.rt.flush_period() {
-            if now >= self.last_flush.get().saturating_add(u64::from(period)) {
-                self.last_flush.set(now);
-                self.flush(&served);
-            }
-        }
-        // A worker publishes the factor it has just taken from the shared health, never one it
-        // held since its last report (the gauge would flip back to a value no longer in force).
-        if served.rt.tick_period().is_some() && served.rt.tick(now) {
-            served.ids.publish_elastic(&served.rt);
-        }
-        if metrics::publish_due(self.last_publish.get(), now, tick) {
-            self.last_publish.set(now);
-            self.publish_metrics();
+        if let Some(served) = &self.served {
+            Root::background(served, now);
         }
     }
 
@@ -692,7 +674,7 @@ impl Request {
                         })
                     });
                     self.away = true;
-                    let _ = abi::set_tick_period(RELEASE_PERIOD_MS);
+                    let _ = abi::set_tick_period(served.background.borrow_mut().hold());
                     return Action::Pause;
                 }
                 Next::Continue => {

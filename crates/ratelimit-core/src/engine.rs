@@ -13,8 +13,8 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{Policy, State, Verdict};
-use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE};
-use crate::table::{self, Placement, Slot, BUCKET_LEN};
+use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
+use crate::table::{self, Encoded, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
 
 /// Per-rule lists of one request stay on the stack up to this many rules.
@@ -22,9 +22,6 @@ pub const INLINE_RULES: usize = 4;
 
 /// A per-rule list of one request.
 pub type PerRule<T> = SmallVec<[T; INLINE_RULES]>;
-
-/// CAS attempts for one rule before the store is deemed unable to decide.
-pub const MAX_ATTEMPTS: u32 = 32;
 
 /// A rule that applies to the request, with where its key lives.
 #[derive(Clone, Copy, Debug)]
@@ -444,43 +441,46 @@ fn decide_one(
         allowed,
         rules: smallvec::smallvec![out],
     };
-    for _ in 0..MAX_ATTEMPTS {
-        // Decides on the key's state as read; says whether the request is admitted, and the
-        // state to write, if any.
-        let decide = |out: &mut RuleOutcome, state: Option<&State>| {
-            let (verdict, next) = check.policy.decide(state, now_ms, check.cost);
-            out.above_base = check.above_base(&verdict, state, now_ms);
-            if check.charge_later {
-                out.verdict = Some(check.reported(verdict, state, now_ms));
-                return (verdict.allowed || check.shadow, None);
-            }
-            out.verdict = Some(verdict);
-            if !verdict.allowed && !check.shadow {
-                return (false, None); // refused: nothing is written
-            }
-            // `None`: a shadow rule that would refuse: nothing to count.
-            (true, next)
-        };
-        match update(store, check.slot, check.fingerprint, now_ms, |state| {
-            decide(&mut out, state)
-        }) {
-            Ok(Some((allowed, placement))) => {
-                out.evicted = placement == Some(Placement::Evicted);
-                out.filled = placement == Some(Placement::Filled);
-                return done(out, allowed);
-            }
-            Ok(None) => out.retries += 1,
-            Err(failure) => {
-                out.failure = Some(failure);
-                break;
-            }
+    // Decides on the key's state as read (again after each lost race); says whether the
+    // request is admitted, and the state to write, if any.
+    let mut verdict = None;
+    let mut above_base = false;
+    let decide = |state: Option<&State>| {
+        let (v, next) = check.policy.decide(state, now_ms, check.cost);
+        above_base = check.above_base(&v, state, now_ms);
+        if check.charge_later {
+            verdict = Some(check.reported(v, state, now_ms));
+            return (v.allowed || check.shadow, None);
+        }
+        verdict = Some(v);
+        if !v.allowed && !check.shadow {
+            return (false, None); // refused: nothing is written
+        }
+        // `None`: a shadow rule that would refuse: nothing to count.
+        (true, next)
+    };
+    let updated = update(
+        store,
+        check.slot,
+        check.fingerprint,
+        now_ms,
+        &mut out.retries,
+        decide,
+    );
+    match updated {
+        Ok((allowed, placement)) => {
+            out.verdict = verdict;
+            out.above_base = above_base;
+            out.evicted = placement == Some(Placement::Evicted);
+            out.filled = placement == Some(Placement::Filled);
+            done(out, allowed)
+        }
+        Err(failure) => {
+            out.above_base = above_base;
+            out.failure = Some(failure);
+            done(out, !fails_closed)
         }
     }
-    if out.failure.is_none() {
-        out.failure = Some(Failure::RetriesExhausted);
-    }
-    out.verdict = None;
-    done(out, !fails_closed)
 }
 
 /// What [`update_entry`] did: `f`'s result, and where the key's new state went (`None`: not
@@ -532,59 +532,53 @@ fn update_entry<T>(
     Ok((result, Some(placement)))
 }
 
-/// One attempt at [`update_entry`] on the bucket in store slot `slot`: under the store's hold
-/// where it can ([`Store::locked`]), else on a copy read and written back with compare-and-swap.
-/// `Ok(None)`: the copy lost a race (the bucket changed since it was read): try again.
+/// [`update_entry`] on the bucket in store slot `slot`: under the store's hold where it can
+/// ([`Store::locked`]), in one step; else on a copy read and written back by [`Store::replace`],
+/// which reads and runs `f` again while another writer wins the race. `retries` counts the races
+/// lost.
 fn update<T>(
     store: &impl Store,
     slot: u64,
     fingerprint: u64,
     now_ms: u64,
-    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
-) -> Result<Option<Updated<T>>, Failure> {
-    let mut f = Some(f);
-    let mut run = |bytes: &mut [u8; BUCKET_LEN], present: bool| match f.take() {
-        Some(f) => update_entry(bytes, present, slot, fingerprint, now_ms, f),
-        None => Err(Failure::RetriesExhausted), // not reached: one run per attempt
-    };
+    retries: &mut u32,
+    mut f: impl FnMut(Option<&State>) -> (T, Option<State>),
+) -> Result<Updated<T>, Failure> {
     let held = store.locked(slot, |bytes, present| {
-        let r = run(bytes, present);
+        let r = update_entry(bytes, present, slot, fingerprint, now_ms, &mut f);
         let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
         (r, written)
     });
     if let Some(r) = held {
-        return r.map_err(Failure::from)?.map(Some);
+        return r.map_err(Failure::from)?;
     }
-    // A copy: the bucket's bytes, whether the store holds a bucket there, the CAS to write
-    // back with. Bytes of another length are no bucket (`present`, version 0: corrupt).
-    let (mut bytes, present, cas) = store
-        .read(slot, |read, cas| {
-            let mut copy = [0u8; BUCKET_LEN];
-            let present = match read {
-                None | Some([]) => false,
-                Some(b) => {
-                    if b.len() == BUCKET_LEN {
-                        copy.copy_from_slice(b);
-                    }
-                    true
-                }
-            };
-            (copy, present, cas.unwrap_or(CREATE_CAS))
-        })
-        .map_err(Failure::from)?;
-    match run(&mut bytes, present) {
-        Err(Failure::Corrupt) => {
-            let _ = store.write(slot, &bytes, cas);
-            Err(Failure::Corrupt)
-        }
-        Err(failure) => Err(failure),
-        Ok((result, None)) => Ok(Some((result, None))),
-        Ok((result, Some(placement))) => match store.write(slot, &bytes, cas) {
-            Ok(()) => Ok(Some((result, Some(placement)))),
-            Err(StoreError::Conflict) => Ok(None),
-            Err(StoreError::Unavailable(e)) => Err(Failure::Unavailable(e)),
-        },
-    }
+    let mut attempts = 0u32;
+    let mut copy = [0u8; BUCKET_LEN];
+    let replaced = store.replace(slot, MAX_ATTEMPTS, &mut copy, |read, bytes| {
+        attempts += 1;
+        // A copy of the bucket's bytes, and whether the store holds a bucket there. Bytes of
+        // another length are no bucket (`present`, version 0: corrupt).
+        let present = match read {
+            Some(b) if b.len() == BUCKET_LEN => {
+                bytes.copy_from_slice(b);
+                true
+            }
+            other => {
+                *bytes = [0; BUCKET_LEN];
+                !matches!(other, None | Some([]))
+            }
+        };
+        let r = update_entry(bytes, present, slot, fingerprint, now_ms, &mut f);
+        // Placed, or a corrupt bucket made an empty one: written back.
+        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
+        (r, written)
+    });
+    // Every attempt but the last lost its race; the last too if they ran out.
+    *retries += match replaced {
+        Err(StoreError::Conflict) => attempts,
+        _ => attempts.saturating_sub(1),
+    };
+    replaced.map_err(Failure::from)?
 }
 
 /// [`decide`] for any number of checks of any kind.
@@ -744,36 +738,37 @@ pub fn settle(
     now_ms: u64,
 ) -> RuleOutcome {
     let mut out = RuleOutcome::default();
-    for _ in 0..MAX_ATTEMPTS {
-        let settled = update(store, slot, fingerprint, now_ms, |state| {
+    let mut verdict = None;
+    let settled = update(
+        store,
+        slot,
+        fingerprint,
+        now_ms,
+        &mut out.retries,
+        |state| {
             let next = match owed {
                 Owed::Charge(cost) => policy.charge(state, now_ms, cost).map(|(v, s)| {
-                    out.verdict = Some(v);
+                    verdict = Some(v);
                     s
                 }),
                 Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
                 Owed::Refund { cost, counted_ms } => {
                     policy.refund_at(state, counted_ms, cost).inspect(|s| {
-                        out.verdict = Some(policy.decide(Some(s), now_ms, 0).0);
+                        verdict = Some(policy.decide(Some(s), now_ms, 0).0);
                     })
                 }
             };
             ((), next) // `None`: nothing to change
-        });
-        match settled {
-            Ok(Some(((), placement))) => {
-                out.evicted = placement == Some(Placement::Evicted);
-                out.filled = placement == Some(Placement::Filled);
-                return out;
-            }
-            Ok(None) => out.retries += 1,
-            Err(failure) => {
-                out.failure = Some(failure);
-                return out;
-            }
+        },
+    );
+    match settled {
+        Ok(((), placement)) => {
+            out.verdict = verdict;
+            out.evicted = placement == Some(Placement::Evicted);
+            out.filled = placement == Some(Placement::Filled);
         }
+        Err(failure) => out.failure = Some(failure),
     }
-    out.failure = Some(Failure::RetriesExhausted);
     out
 }
 
@@ -803,23 +798,28 @@ fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
         let Some(counted) = &w.committed else {
             continue;
         };
-        for _ in 0..MAX_ATTEMPTS {
-            let Ok(mut r) = read(store, check.slot) else {
-                break;
+        let mut value = Encoded::default();
+        let _ = store.replace(check.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+            let mut slot = match Slot::decode(check.slot, bytes) {
+                Ok(slot) => slot,
+                // Made empty, so that the keys in it work again from the next request on.
+                Err(_) => match Slot::decode(check.slot, None) {
+                    Ok(empty) => {
+                        *value = empty.encode();
+                        return ((), true);
+                    }
+                    Err(_) => return ((), false),
+                },
             };
-            let Some(current) = check.current(&r.slot) else {
-                break;
+            let Some(current) = check.current(&slot) else {
+                return ((), false); // forgotten meanwhile: nothing to give back
             };
             let back = check.policy.refund(current, counted, check.cost);
             let at = back.last_ms();
-            r.slot.put(check.fingerprint, back, at);
-            if store
-                .write(check.slot, r.slot.encode().as_ref(), r.cas)
-                .is_ok()
-            {
-                break;
-            }
-        }
+            slot.put(check.fingerprint, back, at);
+            *value = slot.encode();
+            ((), true)
+        });
     }
 }
 

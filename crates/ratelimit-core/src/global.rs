@@ -11,8 +11,8 @@ use crate::error::ServiceError;
 use crate::key::Descriptor;
 use crate::limiter::{Policy, State, Verdict};
 use crate::rls;
-use crate::store::{Store, StoreError, CREATE_CAS};
-use crate::table::Slot;
+use crate::store::Store;
+use crate::table::{Encoded, Slot};
 use std::collections::HashMap;
 
 /// The most distinct keys gathered between two flushes; hits of further keys in that interval
@@ -187,18 +187,17 @@ pub fn block_ms(answer: &rls::Response, policy: &Policy, now_ms: u64) -> u64 {
 /// Writes a block for a key into its bucket (a few CAS attempts; losing them all only delays the
 /// block to the next flush).
 pub fn block(store: &impl Store, target: &Target, now_ms: u64, until_ms: u64) {
-    for _ in 0..8 {
-        let Ok(Ok((mut slot, cas))) = store.read(target.slot, |bytes, cas| {
-            Slot::decode(target.slot, bytes).map(|s| (s, cas.unwrap_or(CREATE_CAS)))
-        }) else {
-            return;
-        };
-        slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
-        match store.write(target.slot, slot.encode().as_ref(), cas) {
-            Err(StoreError::Conflict) => continue,
-            _ => return,
+    let mut value = Encoded::default();
+    let _ = store.replace(target.slot, 8, &mut value, |bytes, value| {
+        match Slot::decode(target.slot, bytes) {
+            Ok(mut slot) => {
+                slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
+                *value = slot.encode();
+                ((), true)
+            }
+            Err(_) => ((), false), // not a slot a request would read: left alone
         }
-    }
+    });
 }
 
 /// The shortest flush interval of the async rules, if there are any.

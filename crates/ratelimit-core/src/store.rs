@@ -13,13 +13,17 @@
 //! with Envoy's exact semantics, for tests).
 
 use crate::error::StoreFault;
-use crate::table::BUCKET_LEN;
+use crate::table::{SlotKind, BUCKET_LEN};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The CAS the table passes when creating a key. Envoy's counter would need 4 billion writes
 /// to hand out this value, so an existing key virtually never matches it.
 pub const CREATE_CAS: u32 = u32::MAX;
+
+/// Compare-and-swap attempts on one slot before the store is deemed unable to decide
+/// ([`Store::replace`], and the engine's own loops).
+pub const MAX_ATTEMPTS: u32 = 32;
 
 /// How many buckets one caller holds at once without allocating ([`Held`]); the engine keeps
 /// its working lists for a request's rules on the stack up to as many (a request with many
@@ -58,7 +62,37 @@ pub trait Store {
     /// Writes `value` if the slot's CAS still equals `cas` (0: unconditionally).
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError>;
 
-    /// Runs `f` on the bucket in store slot `slot` (below [`crate::table::LOG_SLOTS`]) while
+    /// Reads `slot`, lets `f` decide on its value (`None`: never written) and writes the new
+    /// value `f` leaves in `value`, with compare-and-swap; while another writer wins the race,
+    /// reads and decides again, up to `attempts` times (then [`StoreError::Conflict`]). `f`
+    /// returns its result and whether to write `value` (the caller's buffer, so that a bucket's
+    /// bytes stay on its stack instead of moving through results), and sees each attempt, so it
+    /// can count them. A slot created here is created with [`CREATE_CAS`]: of two racing
+    /// creators, the second decides again on the first one's value.
+    fn replace<B: AsRef<[u8]>, T>(
+        &self,
+        slot: u64,
+        attempts: u32,
+        value: &mut B,
+        mut f: impl FnMut(Option<&[u8]>, &mut B) -> (T, bool),
+    ) -> Result<T, StoreError> {
+        for _ in 0..attempts {
+            let ((result, write), cas) = self.read(slot, |bytes, cas| {
+                (f(bytes, value), cas.unwrap_or(CREATE_CAS))
+            })?;
+            if !write {
+                return Ok(result);
+            }
+            match self.write(slot, value.as_ref(), cas) {
+                Ok(()) => return Ok(result),
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Conflict)
+    }
+
+    /// Runs `f` on the bucket in store slot `slot` (a [`SlotKind::Bucket`]) while
     /// this store holds it for the caller alone, if it can: `f` gets the bucket's bytes and
     /// whether the slot was ever written (if not, the bytes are all zero), and returns its
     /// result and whether it changed the bytes (it must not change them otherwise). `None` when
@@ -72,8 +106,8 @@ pub trait Store {
         None
     }
 
-    /// Runs `f` while this store holds every bucket in `slots` (below
-    /// [`crate::table::LOG_SLOTS`]) for the caller alone, as [`Store::locked`] holds one, if
+    /// Runs `f` while this store holds every bucket in `slots` (each a
+    /// [`SlotKind::Bucket`]) for the caller alone, as [`Store::locked`] holds one, if
     /// it can; `None` otherwise (the caller reads and writes with compare-and-swap).
     fn locked_many<T>(&self, _slots: &[u64], _f: impl FnOnce(&mut Held<'_>) -> T) -> Option<T> {
         None
@@ -247,8 +281,8 @@ pub struct ProcessStore {
 }
 
 impl ProcessStore {
-    /// A store of `buckets` buckets (slots `0..buckets`) and sliding-log slots from
-    /// [`crate::table::LOG_SLOTS`] on.
+    /// A store of `buckets` buckets (slots `0..buckets`), and values of the other
+    /// [`SlotKind`]s.
     pub fn new(buckets: u32) -> ProcessStore {
         ProcessStore {
             buckets: (0..buckets)
@@ -285,7 +319,7 @@ impl Store for ProcessStore {
         slot: u64,
         f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
     ) -> Result<T, StoreError> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             let shard = lock(self.log_shard(slot)?);
             return Ok(match shard.get(&slot) {
                 Some((v, cas)) => f(Some(v), Some(*cas)),
@@ -304,7 +338,7 @@ impl Store for ProcessStore {
     }
 
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             let mut shard = lock(self.log_shard(slot)?);
             let current = shard.get(&slot).map(|(_, c)| *c);
             if !may_write(current, cas) {
@@ -335,7 +369,7 @@ impl Store for ProcessStore {
         slot: u64,
         f: impl FnOnce(&mut [u8; BUCKET_LEN], bool) -> (T, bool),
     ) -> Option<Result<T, StoreError>> {
-        if slot >= crate::table::LOG_SLOTS {
+        if SlotKind::of(slot) != SlotKind::Bucket {
             return None;
         }
         let Some(bucket) = self.bucket(slot) else {
@@ -357,7 +391,7 @@ impl Store for ProcessStore {
         let mut sorted: smallvec::SmallVec<[u64; HELD_INLINE]> = slots.iter().copied().collect();
         sorted.sort_unstable();
         sorted.dedup();
-        if sorted.iter().any(|&s| s >= crate::table::LOG_SLOTS) {
+        if sorted.iter().any(|&s| SlotKind::of(s) != SlotKind::Bucket) {
             return None;
         }
         let mut held = Held {
@@ -409,7 +443,7 @@ mod tests {
         let s = ProcessStore::new(4);
         let (a, b) = ([1u8; BUCKET_LEN], [2u8; BUCKET_LEN]);
         behaves_like_envoy_shared_data(&s, 3, &a, &b);
-        behaves_like_envoy_shared_data(&s, crate::table::LOG_SLOTS + 9, b"log", b"longer log");
+        behaves_like_envoy_shared_data(&s, SlotKind::Log.slot(9), b"log", b"longer log");
         // Out of range, or the wrong size: errors, never a panic.
         assert!(matches!(s.write(4, &a, 0), Err(StoreError::Unavailable(_))));
         assert!(s.read(100, |_, _| ()).is_err());
@@ -418,6 +452,100 @@ mod tests {
             Err(StoreError::Unavailable(_))
         ));
         assert_eq!(s.buckets(), 4);
+    }
+
+    /// A one-byte counter in slot `slot`, incremented through [`Store::replace`].
+    fn increment(s: &impl Store, slot: u64) -> Result<u8, StoreError> {
+        increment_within(s, slot, MAX_ATTEMPTS)
+    }
+
+    fn increment_within(s: &impl Store, slot: u64, attempts: u32) -> Result<u8, StoreError> {
+        s.replace(slot, attempts, &mut [0], |bytes, value| {
+            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0) + 1;
+            *value = [n];
+            (n, true)
+        })
+    }
+
+    /// A store in which another writer wins the next `wins` races: it increments the slot
+    /// between each of our reads and our write.
+    struct Contended {
+        inner: MemoryStore,
+        wins: std::cell::Cell<u32>,
+    }
+
+    impl Store for Contended {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, StoreError> {
+            self.inner.read(slot, f)
+        }
+
+        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if self.wins.get() > 0 {
+                self.wins.set(self.wins.get() - 1);
+                increment(&self.inner, slot)?;
+            }
+            self.inner.write(slot, value, cas)
+        }
+    }
+
+    #[test]
+    fn replace_decides_again_until_its_write_wins() {
+        let s = Contended {
+            inner: MemoryStore::new(),
+            wins: std::cell::Cell::new(0),
+        };
+        assert_eq!(increment(&s, 1), Ok(1));
+        // The other writer wins once: the second attempt builds on its value.
+        s.wins.set(1);
+        let mut seen = Vec::new();
+        let got = s.replace(1, MAX_ATTEMPTS, &mut [0], |bytes, value| {
+            let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0);
+            seen.push(n);
+            *value = [n + 1];
+            (n + 1, true)
+        });
+        assert_eq!(got, Ok(3));
+        assert_eq!(seen, [1, 2]);
+        // Nothing to write: nothing written, whatever the buffer holds.
+        assert_eq!(s.replace(1, 1, &mut [9], |_, _| (7, false)), Ok(7));
+        assert_eq!(get(&s, 1).0, Some(vec![3]));
+        // A writer that keeps winning exhausts the attempts.
+        s.wins.set(5);
+        assert_eq!(increment_within(&s, 1, 3), Err(StoreError::Conflict));
+        assert_eq!(get(&s, 1).0, Some(vec![6]));
+        // A slot created by two racing writers: the second is refused, then builds on the
+        // first (the CAS of creation is [`CREATE_CAS`], not 0).
+        s.wins.set(1);
+        assert_eq!(increment(&s, 2), Ok(2));
+    }
+
+    #[test]
+    fn replace_counts_exactly_under_contention() {
+        let s = std::sync::Arc::new(ProcessStore::new(4));
+        let slot = SlotKind::Log.slot(2); // a log slot: read, then written with CAS
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..500 {
+                        s.replace(slot, u32::MAX, &mut [0; 4], |bytes, value| {
+                            let n = bytes
+                                .and_then(|b| b.try_into().ok())
+                                .map_or(0, u32::from_le_bytes);
+                            *value = (n + 1).to_le_bytes();
+                            ((), true)
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(get(&*s, slot).0, Some(2000u32.to_le_bytes().to_vec()));
     }
 
     #[test]

@@ -30,6 +30,45 @@ pub const LOG_SLOTS: u64 = 1 << 32;
 /// sliding-log slot.
 pub const HEALTH_SLOTS: u64 = 1 << 33;
 
+/// What a store slot holds, by the range its number falls in. Stores keep buckets (fixed size,
+/// which a store may update in place) apart from the other values (read and written whole, with
+/// compare-and-swap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotKind {
+    /// A bucket of [`WAYS`] keys of the algorithms with compact states (slots below
+    /// [`LOG_SLOTS`]).
+    Bucket,
+    /// One key's sliding log ([`LOG_SLOTS`] up to [`HEALTH_SLOTS`]).
+    Log,
+    /// An elastic rule's shared health ([`HEALTH_SLOTS`] on).
+    Health,
+}
+
+impl SlotKind {
+    /// The kind of store slot `slot`.
+    pub fn of(slot: u64) -> SlotKind {
+        match slot {
+            HEALTH_SLOTS.. => SlotKind::Health,
+            LOG_SLOTS.. => SlotKind::Log,
+            _ => SlotKind::Bucket,
+        }
+    }
+
+    /// The first store slot of this kind.
+    pub fn first(self) -> u64 {
+        match self {
+            SlotKind::Bucket => 0,
+            SlotKind::Log => LOG_SLOTS,
+            SlotKind::Health => HEALTH_SLOTS,
+        }
+    }
+
+    /// The `n`th store slot of this kind (`n` below the kind's range: 2³² slots each).
+    pub fn slot(self, n: u64) -> u64 {
+        self.first() + n % LOG_SLOTS
+    }
+}
+
 const TAG_SLIDING_WINDOW: u8 = 1;
 const TAG_FIXED_WINDOW: u8 = 2;
 const TAG_GCRA: u8 = 3;
@@ -79,6 +118,13 @@ pub enum Encoded {
     Log(Vec<u8>),
 }
 
+/// Nothing encoded yet (an empty log: no allocation), for a buffer to encode into.
+impl Default for Encoded {
+    fn default() -> Encoded {
+        Encoded::Log(Vec::new())
+    }
+}
+
 impl AsRef<[u8]> for Encoded {
     fn as_ref(&self) -> &[u8] {
         match self {
@@ -100,7 +146,7 @@ pub enum Slot {
 impl Slot {
     /// Decodes the bytes of store slot `slot`; a missing or empty slot is empty.
     pub fn decode(slot: u64, bytes: Option<&[u8]>) -> Result<Slot, Corrupt> {
-        let log = slot >= LOG_SLOTS;
+        let log = SlotKind::of(slot) != SlotKind::Bucket;
         let bytes = match bytes {
             None | Some([]) if log => return Ok(Slot::Log(None)),
             None | Some([]) => return Ok(Slot::Bucket(Default::default())),
@@ -322,6 +368,20 @@ fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn each_slot_kind_has_its_own_range() {
+        for kind in [SlotKind::Bucket, SlotKind::Log, SlotKind::Health] {
+            for n in [0, 1, 12_345, u64::from(u32::MAX), u64::MAX] {
+                assert_eq!(SlotKind::of(kind.slot(n)), kind, "{kind:?} {n}");
+            }
+        }
+        assert_eq!(SlotKind::of(LOG_SLOTS - 1), SlotKind::Bucket);
+        assert_eq!(SlotKind::of(LOG_SLOTS), SlotKind::Log);
+        assert_eq!(SlotKind::of(HEALTH_SLOTS - 1), SlotKind::Log);
+        assert_eq!(SlotKind::of(HEALTH_SLOTS), SlotKind::Health);
+        assert_eq!(SlotKind::Log.slot(7), LOG_SLOTS + 7);
+    }
+
     fn st(last_ms: u64, current: u32) -> State {
         State::SlidingWindow(sliding_window::State {
             last_ms,
@@ -385,7 +445,7 @@ mod tests {
                 times,
             })
         };
-        let mut s = Slot::decode(LOG_SLOTS + 3, None).unwrap();
+        let mut s = Slot::decode(SlotKind::Log.slot(3), None).unwrap();
         assert_eq!(s.put(5, log(vec![10, 20]), 20), Placement::Filled);
         assert!(!s.has_room(7, 500));
         assert_eq!(s.put(7, log(vec![30]), 30), Placement::Full);

@@ -9,7 +9,10 @@
 //! attributes, carry out what they are told and keep the state. An operator looks at one key,
 //! lists a rule's busiest keys and resets one through [`operator`], over HTTP through
 //! [`operator_http`] (the native build's admin endpoints, the wasm build's operator route).
+//! What a configuration does between requests (async flushes, elastic factors, metrics) is
+//! another state machine, [`Background`], driven by the host's timer.
 
+pub mod background;
 mod charge;
 pub mod explain;
 pub mod operator;
@@ -17,6 +20,7 @@ pub mod operator_http;
 pub mod request;
 pub mod stream;
 
+pub use background::{Background, Call, Work};
 pub use explain::Explained;
 pub use operator::{KeyState, LoggedKey, OperatorError};
 pub use operator_http::{OperatorAnswer, OperatorCall};
@@ -32,7 +36,7 @@ use crate::key::{self, Seed};
 use crate::limiter::Policy;
 use crate::metrics::{Counter, Metrics};
 use crate::rls;
-use crate::store::{Store, StoreError, CREATE_CAS};
+use crate::store::{Store, MAX_ATTEMPTS};
 use crate::table;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -131,7 +135,7 @@ impl<S: Store> Runtime<S> {
                     ),
                     watch: rule.elastic.map(|params| Watch {
                         params,
-                        slot: table::HEALTH_SLOTS + fingerprint % (1 << 31),
+                        slot: table::SlotKind::Health.slot(fingerprint % (1 << 31)),
                         factor: AtomicU32::new(elastic::BASE),
                         total: AtomicU64::new(0),
                         bad: AtomicU64::new(0),
@@ -215,22 +219,19 @@ impl<S: Store> Runtime<S> {
         for w in self.compiled.iter().filter_map(|c| c.watch.as_ref()) {
             let total = w.total.swap(0, Ordering::Relaxed);
             let bad = w.bad.swap(0, Ordering::Relaxed);
-            for _ in 0..crate::engine::MAX_ATTEMPTS {
-                let read = self.store.read(w.slot, |bytes, cas| {
-                    (bytes.and_then(Health::decode), cas.unwrap_or(CREATE_CAS))
+            // A store that keeps failing leaves the factor as it was until a later tick.
+            let mut value = [0; elastic::HEALTH_LEN];
+            let stepped = self
+                .store
+                .replace(w.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                    let mut h = bytes.and_then(Health::decode).unwrap_or_default();
+                    h.add(now_ms, &w.params, total, bad);
+                    h.step(now_ms, &w.params);
+                    *value = h.encode();
+                    (h.factor, true)
                 });
-                let Ok((health, cas)) = read else { break };
-                let mut h = health.unwrap_or_default();
-                h.add(now_ms, &w.params, total, bad);
-                h.step(now_ms, &w.params);
-                match self.store.write(w.slot, &h.encode(), cas) {
-                    Ok(()) => {
-                        w.factor.store(h.factor, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(StoreError::Conflict) => continue,
-                    Err(StoreError::Unavailable(_)) => break,
-                }
+            if let Ok(factor) = stepped {
+                w.factor.store(factor, Ordering::Relaxed);
             }
         }
         true

@@ -17,12 +17,11 @@
 use super::request::{policy_carrying, Carrying};
 use super::{Compiled, Runtime};
 use crate::config::Carried;
-use crate::engine::MAX_ATTEMPTS;
 use crate::key;
 use crate::limiter::{Policy, State};
 use crate::metrics::Counter;
-use crate::store::{Store, StoreError};
-use crate::table::{self, Slot};
+use crate::store::{Store, StoreError, MAX_ATTEMPTS};
+use crate::table::{self, Encoded, Slot, SlotKind};
 use std::fmt;
 
 /// A client key as the filter logs it (`key=%016x`): the table's fingerprint of its keyed hash.
@@ -199,7 +198,7 @@ impl<S: Store> Runtime<S> {
         let tag = key::rule_tag(found.compiled.fingerprint);
         let slots = if policy.uses_log() {
             let logs = u64::from(self.config.capacity.max(1));
-            table::LOG_SLOTS..table::LOG_SLOTS + logs
+            SlotKind::Log.slot(0)..SlotKind::Log.slot(logs)
         } else {
             0..u64::from(self.buckets)
         };
@@ -299,7 +298,7 @@ impl<S: Store> Runtime<S> {
         let buckets = self.buckets;
         let slot = move |hash: u64| {
             if logs {
-                table::LOG_SLOTS + hash % capacity
+                SlotKind::Log.slot(hash % capacity)
             } else {
                 u64::from(table::bucket_of(hash, buckets))
             }
@@ -311,31 +310,28 @@ impl<S: Store> Runtime<S> {
     /// Removes `key`'s entry from store slot `slot`, with compare-and-swap; whether there was
     /// one.
     fn forget(&self, slot: u64, key: LoggedKey) -> Result<bool, OperatorError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let (decoded, cas) = self
-                .store
-                .read(slot, |bytes, cas| (Slot::decode(slot, bytes), cas))?;
-            let (Ok(mut decoded), Some(cas)) = (decoded, cas) else {
-                return Ok(false); // never written, or holds nothing a request would use
-            };
-            let removed = match &mut decoded {
-                Slot::Bucket(entries) => entries
-                    .iter_mut()
-                    .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
-                    .map(Option::take)
-                    .is_some(),
-                Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
-            };
-            if !removed {
-                return Ok(false);
-            }
-            match self.store.write(slot, decoded.encode().as_ref(), cas) {
-                Ok(()) => return Ok(true),
-                Err(StoreError::Conflict) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(StoreError::Conflict.into())
+        let mut value = Encoded::default();
+        let forgot = self
+            .store
+            .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                // Never written, or holding nothing a request would use: nothing to forget.
+                let Ok(mut decoded) = Slot::decode(slot, bytes) else {
+                    return (false, false);
+                };
+                let removed = match &mut decoded {
+                    Slot::Bucket(entries) => entries
+                        .iter_mut()
+                        .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
+                        .map(Option::take)
+                        .is_some(),
+                    Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
+                };
+                if removed {
+                    *value = decoded.encode();
+                }
+                (removed, removed)
+            });
+        Ok(forgot?)
     }
 
     /// A key's figures under a rule, from its state (`None`: not tracked), with the limit in

@@ -473,7 +473,7 @@ impl<S: Store> Runtime<S> {
             }
         }
         let slot = if compiled.policy.uses_log() {
-            table::LOG_SLOTS + hash % u64::from(self.config.capacity.max(1))
+            table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)))
         } else {
             u64::from(table::bucket_of(hash, self.buckets))
         };

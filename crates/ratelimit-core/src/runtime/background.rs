@@ -1,0 +1,548 @@
+//! What a configuration does between requests, as one state machine: reporting async global
+//! rules' hits to their services, taking elastic rules' factors from the shared health, and
+//! publishing the metrics, each on its own cadence from one timer.
+//!
+//! The host owns the timer and the calls; [`Background`] owns the decisions. At each tick the
+//! host hands it the time and gets [`Work`]: the calls to start, what to publish and the period
+//! to set the timer to. It starts each call and says whether it started
+//! ([`Background::started`]), and hands each answer back ([`Background::answered`], or piece by
+//! piece for a host whose answers come as a stream: [`Background::answer_headers`],
+//! [`Background::answer_data`], [`Background::finished`]); the state machine knows which call
+//! serves which purpose and what its answer means.
+
+use super::Runtime;
+use crate::global::{Answer, Target};
+use crate::metrics;
+use crate::rls::GrpcAnswer;
+use crate::store::Store;
+use std::collections::HashMap;
+
+/// The timer's period while requests are held on a host that releases them from its
+/// configuration's timer (the wasm build): they are released within about this much of their
+/// turn.
+pub const RELEASE_PERIOD_MS: u32 = 1;
+
+/// What a background call is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// Reports a key's hits of an async global rule; the answer may block the key.
+    Flush(Target),
+}
+
+/// A call the host is asked to start: one `ShouldRateLimit` to a rule's service.
+#[derive(Debug)]
+pub struct Call<'rt> {
+    /// The Envoy cluster of the service.
+    pub cluster: &'rt str,
+    /// How long to wait for the answer, ms.
+    pub timeout_ms: u32,
+    /// The encoded `RateLimitRequest` (not framed).
+    pub message: Vec<u8>,
+    purpose: Purpose,
+}
+
+/// What a tick asks of the host, in this order: start the calls, publish the elastic factors,
+/// publish the metrics, set the timer.
+#[derive(Debug, Default)]
+pub struct Work<'rt> {
+    /// Calls to start; each one's fate goes back to [`Background::started`].
+    pub calls: Vec<Call<'rt>>,
+    /// Publish [`Runtime::elastic_factors`]: they have just been taken from the shared health
+    /// (a factor held since the last report could be one no longer in force).
+    pub elastic: bool,
+    /// Publish [`Runtime::metrics`] (what was counted since the last publication).
+    pub metrics: bool,
+    /// Set the timer to this period, ms (`None`: leave it). A host whose timer cannot change
+    /// runs at [`Background::period_ms`] and is never asked to.
+    pub period_ms: Option<u32>,
+}
+
+/// A call in flight and what has come of its answer so far.
+#[derive(Debug)]
+struct InFlight {
+    purpose: Purpose,
+    answer: GrpcAnswer,
+}
+
+/// One configuration's background work (one per configuration and timer: per process in the
+/// native build, per VM in the wasm build).
+#[derive(Debug)]
+pub struct Background {
+    /// The period the timer needs when no request is held, ms.
+    base_ms: u32,
+    /// The period the timer was last set to, ms: the one the next tick comes at.
+    period_ms: u32,
+    /// When async global rules last flushed, ms.
+    last_flush_ms: u64,
+    /// When the metrics were last published, ms.
+    last_publish_ms: u64,
+    /// Calls in flight, by the host's id.
+    calls: HashMap<u64, InFlight>,
+}
+
+impl Background {
+    /// The background of `rt`: the timer is to be started at [`Background::period_ms`] (the
+    /// shortest of the metrics', the flushes' and the elastic rules' periods); the first tick
+    /// flushes and publishes.
+    pub fn new<S: Store>(rt: &Runtime<S>) -> Background {
+        let base_ms = [rt.flush_period(), rt.tick_period()]
+            .into_iter()
+            .flatten()
+            .fold(metrics::PUBLISH_PERIOD_MS, u32::min);
+        Background {
+            base_ms,
+            period_ms: base_ms,
+            last_flush_ms: 0,
+            last_publish_ms: 0,
+            calls: HashMap::new(),
+        }
+    }
+
+    /// The timer's period, ms.
+    pub fn period_ms(&self) -> u32 {
+        self.period_ms
+    }
+
+    /// A request is held until its turn, to be released from this timer: the period to set
+    /// the timer to.
+    pub fn hold(&mut self) -> u32 {
+        self.period_ms = RELEASE_PERIOD_MS;
+        self.period_ms
+    }
+
+    /// The timer fired at `now_ms`; `held`: requests are still held on this timer (after the
+    /// host released those whose turn has come).
+    pub fn tick<'rt, S: Store>(
+        &mut self,
+        rt: &'rt Runtime<S>,
+        now_ms: u64,
+        held: bool,
+    ) -> Work<'rt> {
+        // Requests still held were held at the last tick too: the timer ran fast (whichever
+        // configuration held them: the timer is the host's).
+        let came_at = match held {
+            true => RELEASE_PERIOD_MS,
+            false => self.period_ms,
+        };
+        let mut work = Work::default();
+        if !held {
+            self.period_ms = self.base_ms;
+            work.period_ms = Some(self.base_ms);
+        }
+        if let Some(period) = rt.flush_period() {
+            if now_ms >= self.last_flush_ms.saturating_add(u64::from(period)) {
+                self.last_flush_ms = now_ms;
+                work.calls = rt
+                    .flush()
+                    .into_iter()
+                    .filter_map(|flush| {
+                        let g = rt.global_of(flush.target.rule)?;
+                        Some(Call {
+                            cluster: &g.cluster,
+                            timeout_ms: g.timeout_ms,
+                            message: flush.message,
+                            purpose: Purpose::Flush(flush.target),
+                        })
+                    })
+                    .collect();
+            }
+        }
+        work.elastic = rt.tick_period().is_some() && rt.tick(now_ms);
+        if metrics::publish_due(self.last_publish_ms, now_ms, came_at) {
+            self.last_publish_ms = now_ms;
+            work.metrics = true;
+        }
+        work
+    }
+
+    /// The host started `call` as `id`, or could not (`None`: counted as the service's error).
+    pub fn started<S: Store>(&mut self, rt: &Runtime<S>, call: Call<'_>, id: Option<u64>) {
+        match (id, call.purpose) {
+            (Some(id), purpose) => {
+                self.calls.insert(
+                    id,
+                    InFlight {
+                        purpose,
+                        answer: GrpcAnswer::default(),
+                    },
+                );
+            }
+            (None, Purpose::Flush(target)) => rt.global_error(target.rule),
+        }
+    }
+
+    /// A header or trailer block of call `id`'s answer.
+    pub fn answer_headers<'a>(
+        &mut self,
+        id: u64,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            call.answer.headers(fields);
+        }
+    }
+
+    /// A piece of call `id`'s answer body (gRPC-framed).
+    pub fn answer_data(&mut self, id: u64, bytes: &[u8]) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            call.answer.data(bytes);
+        }
+    }
+
+    /// Call `id`'s answer, put together from its pieces, is complete (`reset`: the call was
+    /// reset, for this reason). Returns whether the call was this background's.
+    pub fn finished<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        id: u64,
+        reset: Option<u32>,
+        now_ms: u64,
+    ) -> bool {
+        let Some(call) = self.calls.remove(&id) else {
+            return false;
+        };
+        let answer = match reset {
+            Some(reason) => Err(crate::error::ServiceError::Reset(reason)),
+            None => call.answer.finish(),
+        };
+        settle(rt, call.purpose, answer, now_ms);
+        true
+    }
+
+    /// Call `id` was answered (or failed) at `now_ms`. Returns whether the call was this
+    /// background's.
+    pub fn answered<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        id: u64,
+        answer: Answer,
+        now_ms: u64,
+    ) -> bool {
+        let Some(call) = self.calls.remove(&id) else {
+            return false;
+        };
+        settle(rt, call.purpose, answer, now_ms);
+        true
+    }
+
+    /// Whether call `id` is this background's and still unanswered.
+    pub fn awaits(&self, id: u64) -> bool {
+        self.calls.contains_key(&id)
+    }
+
+    /// How many calls are in flight.
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+}
+
+/// What an answer does, by what its call was for.
+fn settle<S: Store>(rt: &Runtime<S>, purpose: Purpose, answer: Answer, now_ms: u64) {
+    match purpose {
+        Purpose::Flush(target) => rt.flushed(&target, answer, now_ms),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::error::ServiceError;
+    use crate::global::Target;
+    use crate::key::Seed;
+    use crate::limiter::State;
+    use crate::metrics::Counter;
+    use crate::rls;
+    use crate::store::MemoryStore;
+    use crate::table::Slot;
+
+    const ASYNC: &str = r#"{"rules": [{"name": "g", "key": ["remote_address"],
+        "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+        "global": {"cluster": "rls", "domain": "edge", "mode": "async", "flush_ms": 50,
+                   "timeout_ms": 20}}]}"#;
+    const ELASTIC: &str = r#"{"rules": [{"name": "e", "key": ["remote_address"],
+        "rate_limit": {"requests_per_unit": 10, "unit": "hour"},
+        "elastic": {"ceiling": 2.0, "floor": 0.5, "max_bad_share": 0.1,
+                    "latency_ms": 500, "window_s": 10, "ramp_s": 5}}]}"#;
+    const LOCAL: &str =
+        r#"{"rules": [{"name": "l", "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        let config = Config::parse(json.as_bytes()).unwrap();
+        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+    }
+
+    /// Where key `n` of rule 0 is blocked.
+    fn target(n: u64) -> Target {
+        Target {
+            rule: 0,
+            slot: n,
+            fingerprint: 0x1000 + n,
+        }
+    }
+
+    /// Counts `hits` of async key `n`, as an admitted request does.
+    fn hit(rt: &Runtime<MemoryStore>, n: u64, hits: u64) {
+        let entries = vec![(
+            "remote_address".to_string(),
+            format!("10.0.0.{n}").into_bytes(),
+        )];
+        rt.hits.lock().unwrap().count(n, &entries, target(n), hits);
+    }
+
+    fn blocked(rt: &Runtime<MemoryStore>, t: Target) -> bool {
+        let slot = rt
+            .store()
+            .read(t.slot, |bytes, _| Slot::decode(t.slot, bytes))
+            .unwrap()
+            .unwrap();
+        matches!(slot.find(t.fingerprint), Some(State::Blocked { .. }))
+    }
+
+    fn errors(rt: &Runtime<MemoryStore>) -> u64 {
+        let mut n = 0;
+        rt.metrics().drain(
+            |_, c, k| {
+                if c == Counter::GlobalErrors {
+                    n += k;
+                }
+            },
+            |_, _| {},
+        );
+        n
+    }
+
+    fn over_limit() -> Answer {
+        Ok(rls::Response {
+            overall_code: rls::Code::OverLimit,
+            statuses: vec![rls::DescriptorStatus {
+                reset_ms: Some(30_000),
+                ..rls::DescriptorStatus::default()
+            }],
+            headers: Vec::new(),
+        })
+    }
+
+    /// A fake host: starts every call with the next id (or none, `refuse`), and keeps them.
+    #[derive(Default)]
+    struct FakeHost {
+        next_id: u64,
+        refuse: bool,
+        started: Vec<(u64, String, u32, Vec<u8>)>,
+    }
+
+    impl FakeHost {
+        fn carry_out(&mut self, bg: &mut Background, rt: &Runtime<MemoryStore>, work: Work<'_>) {
+            for call in work.calls {
+                let id = (!self.refuse).then(|| {
+                    self.next_id += 1;
+                    self.started.push((
+                        self.next_id,
+                        call.cluster.to_string(),
+                        call.timeout_ms,
+                        call.message.clone(),
+                    ));
+                    self.next_id
+                });
+                bg.started(rt, call, id);
+            }
+        }
+    }
+
+    #[test]
+    fn the_timer_runs_at_the_shortest_period() {
+        assert_eq!(Background::new(&runtime(LOCAL)).period_ms(), 1000);
+        assert_eq!(Background::new(&runtime(ASYNC)).period_ms(), 50);
+        assert_eq!(Background::new(&runtime(ELASTIC)).period_ms(), 250);
+    }
+
+    #[test]
+    fn a_flush_is_due_once_per_period_and_sends_one_call_per_key() {
+        let rt = runtime(ASYNC);
+        let mut bg = Background::new(&rt);
+        let mut host = FakeHost::default();
+        hit(&rt, 1, 3);
+        hit(&rt, 2, 1);
+        hit(&rt, 1, 2);
+        let work = bg.tick(&rt, 10_000, false);
+        assert_eq!(work.calls.len(), 2);
+        host.carry_out(&mut bg, &rt, work);
+        assert_eq!(bg.in_flight(), 2);
+        let mut sent: Vec<_> = host.started.iter().map(|s| s.3.clone()).collect();
+        sent.sort();
+        let mut want = vec![
+            crate::global::request(
+                "edge",
+                &vec![("remote_address".to_string(), b"10.0.0.1".to_vec())],
+                5,
+            ),
+            crate::global::request(
+                "edge",
+                &vec![("remote_address".to_string(), b"10.0.0.2".to_vec())],
+                1,
+            ),
+        ];
+        want.sort();
+        assert_eq!(sent, want);
+        assert!(host
+            .started
+            .iter()
+            .all(|(_, cluster, timeout, _)| cluster == "rls" && *timeout == 20));
+        // Not due 49 ms later, even with hits to report; due at 50 ms.
+        hit(&rt, 3, 1);
+        assert!(bg.tick(&rt, 10_049, false).calls.is_empty());
+        let work = bg.tick(&rt, 10_050, false);
+        assert_eq!(work.calls.len(), 1);
+        host.carry_out(&mut bg, &rt, work);
+        // Due, with nothing to report: no call.
+        assert!(bg.tick(&rt, 10_100, false).calls.is_empty());
+        assert_eq!(bg.in_flight(), 3);
+    }
+
+    #[test]
+    fn a_call_that_cannot_start_counts_as_the_services_error() {
+        let rt = runtime(ASYNC);
+        let mut bg = Background::new(&rt);
+        let mut host = FakeHost {
+            refuse: true,
+            ..FakeHost::default()
+        };
+        hit(&rt, 1, 1);
+        let work = bg.tick(&rt, 10_000, false);
+        host.carry_out(&mut bg, &rt, work);
+        assert_eq!(bg.in_flight(), 0);
+        assert_eq!(errors(&rt), 1);
+    }
+
+    #[test]
+    fn an_answer_over_the_limit_blocks_the_key_and_an_error_is_counted() {
+        let rt = runtime(ASYNC);
+        let mut bg = Background::new(&rt);
+        let mut host = FakeHost::default();
+        hit(&rt, 1, 1);
+        hit(&rt, 2, 1);
+        let work = bg.tick(&rt, 10_000, false);
+        host.carry_out(&mut bg, &rt, work);
+        let id_of = |n: u64| {
+            let key = format!("10.0.0.{n}");
+            host.started
+                .iter()
+                .find(|s| s.3.windows(key.len()).any(|w| w == key.as_bytes()))
+                .unwrap()
+                .0
+        };
+        let (one, two) = (id_of(1), id_of(2));
+        // An id this background never started is not its own.
+        assert!(bg.awaits(one) && !bg.awaits(99));
+        assert!(!bg.answered(&rt, 99, over_limit(), 10_010));
+        assert!(bg.answered(&rt, one, over_limit(), 10_010));
+        assert!(blocked(&rt, target(1)));
+        assert!(!blocked(&rt, target(2)));
+        assert_eq!(errors(&rt), 0);
+        assert!(bg.answered(&rt, two, Err(ServiceError::Grpc(14)), 10_010));
+        assert!(!blocked(&rt, target(2)));
+        assert_eq!(errors(&rt), 1);
+        // Each answer is taken once.
+        assert!(!bg.awaits(one));
+        assert!(!bg.answered(&rt, one, over_limit(), 10_020));
+        assert_eq!(bg.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_answer_put_together_from_its_pieces() {
+        let rt = runtime(ASYNC);
+        let mut bg = Background::new(&rt);
+        let mut host = FakeHost::default();
+        hit(&rt, 1, 1);
+        hit(&rt, 2, 1);
+        let work = bg.tick(&rt, 10_000, false);
+        host.carry_out(&mut bg, &rt, work);
+        // RateLimitResponse { overall_code: OVER_LIMIT }, gRPC-framed, in two pieces.
+        let frame = rls::grpc_frame(&[0x08, 0x02]);
+        let (head, tail) = frame.split_at(3);
+        for (id, _, _, _) in &host.started {
+            bg.answer_headers(*id, [(&b":status"[..], &b"200"[..])]);
+            bg.answer_data(*id, head);
+            bg.answer_data(*id, tail);
+            bg.answer_headers(*id, [(&b"grpc-status"[..], &b"0"[..])]);
+        }
+        let (first, second) = (host.started[0].0, host.started[1].0);
+        assert!(bg.finished(&rt, first, None, 10_010));
+        assert_eq!(errors(&rt), 0);
+        // Blocked until the end of the minute's window (the service gave no reset time).
+        assert_eq!(
+            [blocked(&rt, target(1)), blocked(&rt, target(2))]
+                .iter()
+                .filter(|b| **b)
+                .count(),
+            1
+        );
+        // A reset call is the service's error, whatever came before it.
+        assert!(bg.finished(&rt, second, Some(2), 10_010));
+        assert_eq!(errors(&rt), 1);
+        assert!(!bg.finished(&rt, second, None, 10_020));
+    }
+
+    #[test]
+    fn metrics_are_published_once_a_period_at_the_tick_that_ends_it() {
+        let rt = runtime(LOCAL);
+        let mut bg = Background::new(&rt);
+        // The first tick publishes (nothing was published yet).
+        assert!(bg.tick(&rt, 10_000, false).metrics);
+        // Ticks a second apart: one a little early still publishes, one half a tick early
+        // does not.
+        assert!(!bg.tick(&rt, 10_400, false).metrics);
+        assert!(bg.tick(&rt, 10_998, false).metrics);
+        assert!(!bg.tick(&rt, 11_497, false).metrics);
+        assert!(bg.tick(&rt, 11_999, false).metrics);
+    }
+
+    #[test]
+    fn a_held_request_speeds_the_timer_up_until_none_is_held() {
+        let rt = runtime(LOCAL);
+        let mut bg = Background::new(&rt);
+        assert_eq!(bg.tick(&rt, 10_000, false).period_ms, Some(1000));
+        assert_eq!(bg.hold(), RELEASE_PERIOD_MS);
+        assert_eq!(bg.period_ms(), RELEASE_PERIOD_MS);
+        // Still held: the timer stays fast; the metrics wait for a whole period (ticks of 1 ms
+        // have no slack).
+        let work = bg.tick(&rt, 10_999, true);
+        assert_eq!(work.period_ms, None);
+        assert!(!work.metrics);
+        assert!(bg.tick(&rt, 11_000, true).metrics);
+        // Released: back to the base period.
+        assert_eq!(bg.tick(&rt, 11_001, false).period_ms, Some(1000));
+        assert_eq!(bg.period_ms(), 1000);
+        // Requests held by another configuration on the same timer: it ran fast too.
+        assert!(!bg.tick(&rt, 11_999, true).metrics);
+        assert!(bg.tick(&rt, 12_000, true).metrics);
+    }
+
+    #[test]
+    fn elastic_factors_are_published_when_taken_from_the_shared_health() {
+        let rt = runtime(ELASTIC);
+        let mut bg = Background::new(&rt);
+        // A backend failing every request: the factor drops to the floor at the first step.
+        let watch = rt.compiled[0].watch.as_ref().unwrap();
+        for _ in 0..10 {
+            watch.observe(503, 1);
+        }
+        assert!(bg.tick(&rt, 10_000, false).elastic);
+        assert_eq!(rt.elastic_factors().collect::<Vec<_>>(), [(0, 50)]);
+        // Not again before the elastic period is up.
+        assert!(!bg.tick(&rt, 10_100, false).elastic);
+        assert!(bg.tick(&rt, 10_250, false).elastic);
+        // A configuration without elastic rules has none to publish.
+        let local = runtime(LOCAL);
+        assert!(!Background::new(&local).tick(&local, 10_000, false).elastic);
+    }
+
+    #[test]
+    fn no_flush_without_async_rules() {
+        let rt = runtime(ELASTIC);
+        let mut bg = Background::new(&rt);
+        assert!(bg.tick(&rt, 10_000, false).calls.is_empty());
+        assert_eq!(bg.in_flight(), 0);
+    }
+}
