@@ -152,17 +152,19 @@ fn the_quick_start_session_is_what_the_demo_shows() {
     }
 }
 
-/// The README's sessions of the CLI's `explain` print what the CLI prints.
+/// The README's sessions of the CLI's `explain` and `check` print what the CLI prints.
 #[test]
 fn the_explain_sessions_print_what_explain_prints() {
     let mut n = 0;
     for (cmd, expected) in common::sessions(&readme()) {
-        if !cmd.starts_with("cargo run -q --bin ratelimit-config -- explain ") {
+        let cli =
+            |sub: &str| cmd.starts_with(&format!("cargo run -q --bin ratelimit-config -- {sub} "));
+        if !cli("explain") && !cli("check") {
             continue;
         }
         let got = common::cli_line(&cmd).unwrap();
         assert_eq!(got, expected, "$ {cmd}");
         n += 1;
     }
-    assert!(n >= 3, "{n} explain sessions");
+    assert!(n >= 4, "{n} explain and check sessions");
 }
