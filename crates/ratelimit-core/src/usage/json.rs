@@ -124,6 +124,34 @@ pub(super) struct Json {
 /// The longest text value kept, bytes: a longer one counts as absent.
 pub const MAX_TEXT: usize = 512;
 
+/// Sets `value` (`None`: too long) as the text of each of `slots` (a bit each); the slots that
+/// have a text after it.
+fn record(values: &mut [Vec<u8>; MAX_SLOTS], found: u16, slots: u16, value: Option<&[u8]>) -> u16 {
+    for (slot, v) in values.iter_mut().enumerate() {
+        if slots & (1 << slot) != 0 {
+            v.clear();
+            v.extend_from_slice(value.unwrap_or_default());
+        }
+    }
+    match value {
+        Some(_) => found | slots,
+        None => found & !slots,
+    }
+}
+
+/// What a one-character escape stands for (`n` for `\n`); `None` for `u` and invalid ones.
+fn simple_escape(b: u8) -> Option<u8> {
+    match b {
+        b'"' | b'\\' | b'/' => Some(b),
+        b'b' => Some(0x08),
+        b'f' => Some(0x0c),
+        b'n' => Some(b'\n'),
+        b'r' => Some(b'\r'),
+        b't' => Some(b'\t'),
+        _ => None,
+    }
+}
+
 /// The text values found: each slot's last string (unescaped) or whole number.
 #[derive(Clone, Debug, Default)]
 struct Texts {
@@ -176,21 +204,14 @@ impl Json {
             .flatten()
     }
 
-    /// Records `value` (`None`: too long) as the text of every slot at the current target.
-    fn found_text(&mut self, paths: &Paths, value: Option<&[u8]>) {
+    /// The string being kept ended: it is the text of every slot at the current target (none
+    /// if it was too long).
+    fn end_text(&mut self, paths: &Paths) {
         let slots = paths.slots_at(self.target);
-        let Some(t) = self.texts.as_deref_mut() else {
-            return;
-        };
-        for (slot, v) in t.values.iter_mut().enumerate() {
-            if slots & (1 << slot) != 0 {
-                v.clear();
-                v.extend_from_slice(value.unwrap_or_default());
-            }
-        }
-        match value {
-            Some(_) => t.found |= slots,
-            None => t.found &= !slots,
+        if let Some(t) = self.texts.as_deref_mut() {
+            let value = (!t.long).then_some(t.current.as_slice());
+            t.found = record(&mut t.values, t.found, slots, value);
+            t.current.clear();
         }
     }
 
@@ -315,25 +336,20 @@ impl Json {
                     self.key_bytes(paths, &[b]);
                 }
             },
-            State::KeyEscape => {
-                let unescaped = match b {
-                    b'"' | b'\\' | b'/' => b,
-                    b'b' => 0x08,
-                    b'f' => 0x0c,
-                    b'n' => b'\n',
-                    b'r' => b'\r',
-                    b't' => b'\t',
-                    b'u' => {
-                        self.start_hex(false);
-                        return true;
+            State::KeyEscape | State::TextEscape => {
+                let text = self.state == State::TextEscape;
+                match simple_escape(b) {
+                    _ if b == b'u' => self.start_hex(text),
+                    Some(c) if text => {
+                        self.state = State::Text;
+                        self.text_bytes(&[c]);
                     }
-                    _ => {
-                        self.state = State::Dead;
-                        return true;
+                    Some(c) => {
+                        self.state = State::Key;
+                        self.key_bytes(paths, &[c]);
                     }
-                };
-                self.state = State::Key;
-                self.key_bytes(paths, &[unescaped]);
+                    None => self.state = State::Dead,
+                }
             }
             State::KeyHex => self.hex_digit(paths, b),
             State::KeyLowBackslash if b == b'\\' => self.state = State::KeyLowU,
@@ -355,42 +371,12 @@ impl Json {
             State::StrEscape => self.state = State::Str,
             State::Text => match b {
                 b'"' => {
-                    let long = self.texts.as_deref().is_none_or(|t| t.long);
-                    let current = self
-                        .texts
-                        .as_deref_mut()
-                        .map(|t| std::mem::take(&mut t.current))
-                        .unwrap_or_default();
-                    self.found_text(paths, (!long).then_some(current.as_slice()));
-                    if let Some(t) = self.texts.as_deref_mut() {
-                        t.current = current;
-                        t.current.clear();
-                    }
+                    self.end_text(paths);
                     self.after_value();
                 }
                 b'\\' => self.state = State::TextEscape,
                 _ => self.state = State::Dead,
             },
-            State::TextEscape => {
-                let unescaped = match b {
-                    b'"' | b'\\' | b'/' => b,
-                    b'b' => 0x08,
-                    b'f' => 0x0c,
-                    b'n' => b'\n',
-                    b'r' => b'\r',
-                    b't' => b'\t',
-                    b'u' => {
-                        self.start_hex(true);
-                        return true;
-                    }
-                    _ => {
-                        self.state = State::Dead;
-                        return true;
-                    }
-                };
-                self.state = State::Text;
-                self.text_bytes(&[unescaped]);
-            }
             State::TextHex => self.hex_digit(paths, b),
             State::TextLowBackslash if b == b'\\' => self.state = State::TextLowU,
             State::TextLowU if b == b'u' => self.start_hex(true),
@@ -538,12 +524,13 @@ impl Json {
     }
 
     fn end_number(&mut self, paths: &Paths) {
-        if self.plain && self.target != NONE && self.texts.is_some() {
-            let digits = self.number.to_string();
-            self.found_text(paths, Some(digits.as_bytes()));
-        }
         if self.plain && self.target != NONE {
             let slots = paths.slots_at(self.target);
+            if let Some(t) = self.texts.as_deref_mut() {
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(self.number).as_bytes();
+                t.found = record(&mut t.values, t.found, slots, Some(digits));
+            }
             for (slot, value) in self.values.iter_mut().enumerate() {
                 if slots & (1 << slot) != 0 {
                     *value = self.number;
