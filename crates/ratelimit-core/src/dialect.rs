@@ -18,6 +18,7 @@
 
 use crate::config::{Dialect, Rule};
 use crate::headers::{self, push_u64, Report};
+use crate::limiter::calendar::civil_from_days;
 use crate::limiter::Verdict;
 
 /// What a rule's quota counts, as the APIs name their limits.
@@ -319,12 +320,12 @@ pub fn push_duration(buf: &mut String, ms: u64) {
 pub fn push_rfc3339(buf: &mut String, ms: u64) {
     let secs = headers::ceil_seconds(ms);
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, mo, d) = civil_from_days(days);
-    push_padded(buf, y, 4);
+    let (y, mo, d) = civil_from_days(i64::try_from(days).unwrap_or(i64::MAX));
+    push_padded(buf, u64::try_from(y).unwrap_or(0), 4);
     buf.push('-');
-    push_padded(buf, mo, 2);
+    push_padded(buf, u64::from(mo), 2);
     buf.push('-');
-    push_padded(buf, d, 2);
+    push_padded(buf, u64::from(d), 2);
     buf.push('T');
     push_padded(buf, rem / 3600, 2);
     buf.push(':');
@@ -342,21 +343,6 @@ fn push_padded(buf: &mut String, n: u64, width: usize) {
         buf.push('0');
     }
     buf.push_str(s);
-}
-
-/// The (year, month, day) of the `days`-th day since 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`, for days on or after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
@@ -501,7 +487,7 @@ mod tests {
             ];
             for (m, len) in lengths.iter().enumerate() {
                 for d in 1..=*len {
-                    assert_eq!(civil_from_days(day), (y, m as u64 + 1, d));
+                    assert_eq!(civil_from_days(day as i64), (y as i64, m as u32 + 1, d));
                     day += 1;
                 }
             }
