@@ -57,6 +57,8 @@ pub(crate) struct Compiled {
     /// What its quota counts, as the LLM APIs' fields name it (`None`: they have no field for
     /// it).
     pub kind: Option<crate::dialect::Kind>,
+    /// Whether the rule reads fields of the request's body (it waits for the body).
+    pub reads_body: bool,
 }
 
 /// What one worker (or process) knows of an elastic rule: the factor in force, and the
@@ -127,6 +129,7 @@ impl<S: Store> Runtime<S> {
                     fingerprint,
                     policy,
                     kind: crate::dialect::Kind::of(rule),
+                    reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(
                         &rule.name,
                         rule.quota_unit.as_deref(),

@@ -390,7 +390,7 @@ impl<S: Store> Runtime<S> {
         let full = host.held() >= MAX_HELD;
         let body_follows = host.body_follows();
         for (i, (rule, compiled)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
-            if body_follows && rule.reads_body_fields() {
+            if body_follows && compiled.reads_body {
                 // Decided once the body's fields are read, if nothing else rules it out.
                 if key::failing_before_body(&rule.matcher, host).is_none() {
                     p.deferred.push(i);
