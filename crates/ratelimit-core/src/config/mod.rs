@@ -928,27 +928,6 @@ impl Rule {
         }
     }
 
-    /// The slots of the body fields the rule reads, a bit each.
-    pub fn body_slots(&self) -> u16 {
-        let mut slots = 0u16;
-        let mut add = |f: &BodyField| {
-            slots |= u32::try_from(f.slot)
-                .ok()
-                .and_then(|s| 1u16.checked_shl(s))
-                .unwrap_or(0);
-        };
-        for m in &self.matcher.body {
-            add(&m.field);
-        }
-        for part in &self.key {
-            part.each_body_field(&mut add);
-        }
-        if let Some(f) = self.price_field() {
-            add(f);
-        }
-        slots
-    }
-
     /// Whether a missing key part counts as one shared value (`on_missing_key: shared`).
     pub fn shares_missing_key(&self) -> bool {
         self.on_missing_key == MissingKey::Shared

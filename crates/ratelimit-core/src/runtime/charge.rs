@@ -199,10 +199,7 @@ impl<S: Store> Runtime<S> {
         let mut name = String::new();
         for rule in p.deferred.iter().filter_map(|&i| self.config.rules.get(i)) {
             let mut each = |f: &config::BodyField| {
-                let bit = u32::try_from(f.slot)
-                    .ok()
-                    .and_then(|s| 1u16.checked_shl(s))
-                    .unwrap_or(0);
+                let bit = crate::usage::slot_bit(f.slot);
                 if done & bit != 0 {
                     return;
                 }

@@ -198,8 +198,7 @@ impl Json {
     /// when none was found, or it was longer than [`MAX_TEXT`].
     pub(super) fn text(&self, slot: usize) -> Option<&[u8]> {
         let t = self.texts.as_deref()?;
-        let bit = u32::try_from(slot).ok().and_then(|s| 1u16.checked_shl(s))?;
-        (t.found & bit != 0)
+        (t.found & super::slot_bit(slot) != 0)
             .then(|| t.values.get(slot).map(Vec::as_slice))
             .flatten()
     }

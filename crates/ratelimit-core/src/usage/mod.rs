@@ -36,6 +36,14 @@ pub const MAX_DEPTH: usize = 8;
 /// The most values one [`Paths`] collects.
 pub const MAX_SLOTS: usize = 16;
 
+/// A slot's bit in a set of slots (0 past [`MAX_SLOTS`], which no slot is).
+pub fn slot_bit(slot: usize) -> u16 {
+    u32::try_from(slot)
+        .ok()
+        .and_then(|s| 1u16.checked_shl(s))
+        .unwrap_or(0)
+}
+
 /// How a body is framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
