@@ -183,24 +183,8 @@ fn every_example_does_what_its_readme_says() {
     let dirs = examples();
     assert!(dirs.len() >= 7, "{dirs:?}");
     for dir in dirs {
-        // The example as written, on free ports (Envoy resolves the .wasm path from the
-        // repository root, where tests run).
-        // A stand-in backend on port 10001 gets a free port instead.
-        let backend = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let yaml = std::fs::read_to_string(dir.join("envoy.yaml"))
-            .unwrap()
-            .replace("port_value: 10000", "port_value: 0")
-            .replace("port_value: 9901", "port_value: 0")
-            .replace("port_value: 10001", &format!("port_value: {backend}"));
-        let wasm = common::wasm_path();
-        let yaml = yaml.replace(
-            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
-            &wasm.display().to_string(),
-        );
+        // The example as written, on free ports, its stand-in backend on a free one too.
+        let yaml = common::example_yaml(&dir);
         let envoy = Envoy::start_yaml(&common::for_build(&yaml));
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         let steps = sessions(&readme);

@@ -149,17 +149,7 @@ const CASES: &[Case] = &[
 
 /// The example's Envoy configuration on free ports, with `key_seed` and limited lines at info.
 fn example_yaml(dir: &Path) -> String {
-    let backend = common::free_port();
-    let yaml = std::fs::read_to_string(dir.join("envoy.yaml"))
-        .unwrap()
-        .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9901", "port_value: 0")
-        .replace("port_value: 10001", &format!("port_value: {backend}"))
-        .replace(
-            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
-            &common::wasm_path().display().to_string(),
-        );
-    seeded(&yaml)
+    seeded(&common::example_yaml(dir))
 }
 
 /// The configuration with the test's `key_seed` and `"log_limited": "info"` in front of its

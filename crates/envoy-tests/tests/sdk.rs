@@ -541,16 +541,7 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
 /// Envoy running `examples/NAME/envoy.yaml` as shipped (on free ports, its stand-in backend
 /// included), as examples.rs runs it.
 fn start_example(name: &str) -> Envoy {
-    let backend = common::free_port();
-    let yaml = std::fs::read_to_string(root().join("examples").join(name).join("envoy.yaml"))
-        .unwrap()
-        .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9901", "port_value: 0")
-        .replace("port_value: 10001", &format!("port_value: {backend}"))
-        .replace(
-            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
-            &common::wasm_path().display().to_string(),
-        );
+    let yaml = common::example_yaml(&root().join("examples").join(name));
     Envoy::start_yaml(&common::for_build(&yaml))
 }
 

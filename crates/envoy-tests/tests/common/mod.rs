@@ -853,6 +853,22 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// `examples/NAME/envoy.yaml` (given as its folder) as written, on free ports: Envoy's listener
+/// and admin on any port, its stand-in backend (port 10001) on a free one, the `.wasm` of the
+/// build under test. For the wasm build; [`for_build`] turns it into the native one.
+pub fn example_yaml(dir: &Path) -> String {
+    let backend = free_port();
+    std::fs::read_to_string(dir.join("envoy.yaml"))
+        .unwrap()
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10001", &format!("port_value: {backend}"))
+        .replace(
+            "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
+            &wasm_path().display().to_string(),
+        )
+}
+
 /// An Envoy configuration for the build under test: as written for the wasm build; for the
 /// native build, every wasm filter becomes the dynamic module with the same plugin name and
 /// configuration (as JSON, which Envoy reads as YAML).
