@@ -70,6 +70,18 @@ fn rls(port: u16, redis_port: u16, rule: &str, max: u64, seconds: u64, delay_ms:
 
 /// The test service with one limit per `(rule, max, seconds)`, each per remote address.
 fn rls_limits(port: u16, redis_port: u16, rules: &[(&str, u64, u64)], delay_ms: u64) -> Proc {
+    rls_with(port, redis_port, rules, delay_ms, false)
+}
+
+/// [`rls_limits`], answering one call at a time if `serial` (limitador's Redis storage checks,
+/// then counts, in two steps: concurrent calls near the limit can be counted past it).
+fn rls_with(
+    port: u16,
+    redis_port: u16,
+    rules: &[(&str, u64, u64)],
+    delay_ms: u64,
+    serial: bool,
+) -> Proc {
     let limits: Vec<String> = rules
         .iter()
         .map(|(rule, max, seconds)| {
@@ -86,6 +98,7 @@ fn rls_limits(port: u16, redis_port: u16, rules: &[(&str, u64, u64)], delay_ms: 
             format!("redis://127.0.0.1:{redis_port}"),
             format!("[{}]", limits.join(",")),
             delay_ms.to_string(),
+            if serial { "serial" } else { "concurrent" }.to_string(),
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -427,4 +440,162 @@ fn a_slow_service_never_delays_async_requests() {
         e.wait_stat(&common::metric(Some("g2"), "failed_open"), 1),
         Some(1)
     );
+}
+
+/// Runs `clients` clients on each proxy, each sending `path` back to back for `secs`; the
+/// requests each proxy admitted.
+fn hammer(proxies: &[Envoy], clients: usize, path: &'static str, secs: u64) -> Vec<u64> {
+    let start = Instant::now();
+    let threads: Vec<Vec<_>> = proxies
+        .iter()
+        .map(|p| {
+            (0..clients)
+                .map(|_| {
+                    let addr = p.addr;
+                    std::thread::spawn(move || {
+                        let mut c = Client::connect(addr).unwrap();
+                        let mut admitted = 0u64;
+                        while start.elapsed() < Duration::from_secs(secs) {
+                            if c.get(path).unwrap().status == 200 {
+                                admitted += 1;
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|ts| ts.into_iter().map(|t| t.join().unwrap()).sum())
+        .collect()
+}
+
+/// The sum of a rule's counter over the proxies, once every proxy has published it.
+fn fleet_stat(proxies: &[Envoy], rule: &str, name: &str) -> u64 {
+    std::thread::sleep(Duration::from_millis(1_500)); // a publication period, and a margin
+    proxies
+        .iter()
+        .map(|p| p.stat(&common::metric(Some(rule), name)).unwrap_or(0))
+        .sum()
+}
+
+/// Lease mode: three proxies of two workers each, six clients at full speed on one key: the
+/// fleet admits the limit and never more, from quota claimed in blocks (a few claims per
+/// hundred requests), while each proxy alone would admit the whole limit.
+#[test]
+fn lease_mode_never_admits_over_the_limit_across_three_proxies() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let limit = 300u64;
+    // One call at a time: the engine's own race would grant past the limit (see rls_with).
+    let _rls = rls_with(rls_port, redis_port, &[("g", limit, 60)], 0, true);
+    let config = rule_config(
+        "g",
+        limit,
+        "minute",
+        r#""mode": "lease", "flush_ms": 20, "timeout_ms": 1000"#,
+        "deny",
+    );
+    let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+    let admitted = hammer(&proxies, 2, "/", 3);
+    let total: u64 = admitted.iter().sum();
+    let claims = fleet_stat(&proxies, "g", "lease_claims");
+    let errors = fleet_stat(&proxies, "g", "global_errors");
+    let lapsed = fleet_stat(&proxies, "g", "lease_granted") - total;
+    eprintln!(
+        "lease: {total} admitted by 3 proxies ({admitted:?}) for a global limit of {limit}; \
+         {claims} claims ({:.1} per 100 admitted); {lapsed} granted and unused; {errors} errors",
+        claims as f64 * 100.0 / total as f64
+    );
+    assert!(total <= limit, "{total} admitted: over the limit");
+    // Unused grants are what proxies held when the load stopped: at most a block each (a tenth
+    // of the limit by default).
+    assert!(total >= limit - 3 * limit / 10, "{total} admitted");
+    assert!(
+        claims * 100 <= total * 15,
+        "{claims} claims for {total} admitted"
+    );
+    // Once the fleet's quota is spent, every proxy refuses at once, from what it holds.
+    for p in &proxies {
+        assert_eq!(
+            Client::connect(p.addr).unwrap().get("/").unwrap().status,
+            429
+        );
+    }
+}
+
+/// A rule charged by its answers (here the body's bytes: 3 per answer, 5 reserved and trued
+/// up) in each global mode, three proxies sharing a budget of 300: lease admits 100 answers
+/// and never more; async reports the usage, so the fleet stops near 100 instead of the 300 it
+/// would admit with each proxy alone; sync asks with the reservation as `hits_addend` and the
+/// protocol cannot give back its unused part: 60.
+#[test]
+fn usage_charged_rules_hold_a_fleet_budget_in_every_mode() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let budget = 300u64;
+    let _rls = rls_with(
+        rls_port,
+        redis_port,
+        &[
+            ("lease", budget, 60),
+            ("async", budget, 60),
+            ("sync", budget, 60),
+        ],
+        0,
+        true,
+    );
+    let run = |mode: &str, extra: &str, rate_limited: bool| {
+        let config = format!(
+            r#"{{"rules": [{{"name": "{mode}", "key": ["remote_address"],
+                "rate_limit": {{"requests_per_unit": {budget}, "unit": "minute"}},
+                "cost": {{"response": "body_bytes", "true_up": true, "reserve": 5}},
+                "global": {{"cluster": "ratelimit", "domain": "edge", "mode": "{mode}",
+                            "timeout_ms": 1000{extra}}}}}]}}"#
+        );
+        let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+        let admitted: u64 = if rate_limited {
+            // Async: 20 requests a second per proxy, so that the async bound is small.
+            let start = Instant::now();
+            let threads: Vec<_> = proxies
+                .iter()
+                .map(|p| {
+                    let addr = p.addr;
+                    std::thread::spawn(move || {
+                        let mut c = Client::connect(addr).unwrap();
+                        let mut n = 0;
+                        for i in 0..120u64 {
+                            let due = start + Duration::from_millis(i * 50);
+                            if let Some(w) = due.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(w);
+                            }
+                            n += u64::from(c.get("/").unwrap().status == 200);
+                        }
+                        n
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        } else {
+            hammer(&proxies, 2, "/", 3).iter().sum()
+        };
+        let charged = fleet_stat(&proxies, mode, "usage_charged");
+        eprintln!("{mode}: {admitted} answers admitted, {charged} units charged, budget {budget}");
+        (admitted, charged)
+    };
+    let (admitted, charged) = run("lease", r#", "flush_ms": 20"#, false);
+    assert!(admitted * 3 <= budget, "lease: {admitted} answers of 3");
+    assert!(admitted >= 80, "lease: {admitted}");
+    assert_eq!(charged, admitted * 3);
+    let (admitted, _) = run("async", r#", "flush_ms": 20"#, true);
+    // Alone, each proxy would admit 100: 300 in all. Reported, the fleet stops near 100 (the
+    // async bound: 3 proxies × 20 requests/s × (2 flushes + a round trip) ≈ 5 more).
+    assert!(
+        (95..=120).contains(&admitted),
+        "async: {admitted} answers of 3 units for {budget}"
+    );
+    let (admitted, _) = run("sync", "", false);
+    assert_eq!(admitted, budget / 5, "sync counts each reservation whole");
 }

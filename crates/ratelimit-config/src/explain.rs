@@ -436,6 +436,7 @@ fn mode(m: GlobalMode) -> &'static str {
     match m {
         GlobalMode::Sync => "sync",
         GlobalMode::Async => "async",
+        GlobalMode::Lease => "lease",
     }
 }
 

@@ -104,6 +104,10 @@ pub fn summary(c: &Config) -> String {
                 g.timeout_ms,
                 match g.mode {
                     GlobalMode::Async => format!(", flush every {} ms", g.flush_ms),
+                    GlobalMode::Lease => format!(
+                        ", blocks of at most {}, claims ahead every {} ms",
+                        g.max_block, g.flush_ms
+                    ),
                     GlobalMode::Sync => String::new(),
                 }
             ));
@@ -117,6 +121,7 @@ pub fn global_mode(mode: GlobalMode) -> &'static str {
     match mode {
         GlobalMode::Sync => "sync",
         GlobalMode::Async => "async",
+        GlobalMode::Lease => "lease",
     }
 }
 

@@ -12,7 +12,7 @@
 
 use crate::config::FailureMode;
 use crate::error::StoreFault;
-use crate::limiter::{Policy, State, Verdict};
+use crate::limiter::{lease, Policy, State, Verdict};
 use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
 use crate::table::{self, Encoded, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
@@ -581,6 +581,28 @@ fn update<T>(
     replaced.map_err(Failure::from)?
 }
 
+/// Updates one key's lease ([`crate::limiter::lease`]) in its bucket: `f` gets the lease
+/// (`None`: none yet) and returns its result and the new lease (`None`: unchanged). `None` when
+/// the store could not update it.
+pub(crate) fn update_lease<T>(
+    store: &impl Store,
+    slot: u64,
+    fingerprint: u64,
+    now_ms: u64,
+    mut f: impl FnMut(Option<&lease::State>) -> (T, Option<lease::State>),
+) -> Option<T> {
+    let mut retries = 0;
+    let updated = update(store, slot, fingerprint, now_ms, &mut retries, |state| {
+        let lease = match state {
+            Some(State::Lease(s)) => Some(s),
+            _ => None,
+        };
+        let (result, next) = f(lease);
+        (result, next.map(State::Lease))
+    });
+    updated.ok().map(|(result, _)| result)
+}
+
 /// [`decide`] for any number of checks of any kind.
 fn decide_general(
     store: &impl Store,
@@ -752,11 +774,11 @@ pub fn settle(
                     s
                 }),
                 Owed::GiveBack { taken_ms } => policy.give_back(state, taken_ms, now_ms),
-                Owed::Refund { cost, counted_ms } => {
-                    policy.refund_at(state, counted_ms, cost).inspect(|s| {
+                Owed::Refund { cost, counted_ms } => policy
+                    .refund_at(state, counted_ms, now_ms, cost)
+                    .inspect(|s| {
                         verdict = Some(policy.decide(Some(s), now_ms, 0).0);
-                    })
-                }
+                    }),
             };
             ((), next) // `None`: nothing to change
         },

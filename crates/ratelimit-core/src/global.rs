@@ -30,6 +30,64 @@ pub struct Question {
     pub cost: u64,
     /// The encoded `RateLimitRequest`.
     pub message: Vec<u8>,
+    /// A lease rule's claim (`None`: a sync rule's question).
+    pub claim: Option<Claim>,
+    /// Asked again by a later question (a claim of what the service said remained).
+    pub retried: bool,
+}
+
+/// A lease rule's claim of a block: where its grant goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// Where the key's lease is.
+    pub target: Target,
+    /// The block claimed (`hits_addend`).
+    pub block: u64,
+    /// When the claim was sent, ms: the grant lasts the service's reset from then.
+    pub sent_ms: u64,
+    /// A claim of what the service said remained, after it refused a block (no further one).
+    pub last: bool,
+}
+
+/// When quota the service granted at `answer` to a claim sent at `sent_ms` lapses: the
+/// service's reset counted from the claim (its window ends no earlier), else the end of the
+/// rule's window holding `sent_ms` (a clock-aligned window, as envoyproxy/ratelimit counts).
+pub fn lease_expiry(answer: &rls::Response, policy: &Policy, sent_ms: u64) -> u64 {
+    let end = policy.window_at(sent_ms).map_or(sent_ms, |(_, end)| end);
+    match answer.statuses.first().and_then(|s| s.reset_ms) {
+        Some(ms) if ms > 0 => sent_ms.saturating_add(ms),
+        _ => end,
+    }
+}
+
+/// Claims ahead of need of lease rules, gathered between two ticks (one per key).
+#[derive(Debug, Default)]
+pub struct Ahead {
+    keys: HashMap<u64, (Descriptor, Claim)>,
+}
+
+impl Ahead {
+    /// Adds a claim for key `hash`; `false` when too many keys wait already (the claim is
+    /// not made: the key's lease is told so).
+    pub fn add(&mut self, hash: u64, entries: &Descriptor, claim: Claim) -> bool {
+        if self.keys.len() >= MAX_ASYNC_KEYS && !self.keys.contains_key(&hash) {
+            return false;
+        }
+        self.keys.insert(hash, (entries.clone(), claim));
+        true
+    }
+
+    /// The claims to send now, each with its `RateLimitRequest`; none left.
+    pub fn drain(&mut self, rules: &[Rule], now_ms: u64) -> Vec<(Vec<u8>, Claim)> {
+        self.keys
+            .drain()
+            .filter_map(|(_, (entries, mut claim))| {
+                let g = rules.get(claim.target.rule)?.global.as_ref()?;
+                claim.sent_ms = now_ms;
+                Some((request(&g.domain, &entries, claim.block), claim))
+            })
+            .collect()
+    }
 }
 
 /// A service's answer, or why there is none.
@@ -134,8 +192,9 @@ pub struct Hits {
 }
 
 impl Hits {
-    /// Adds an admitted request's cost to its key's hits.
-    pub fn count(&mut self, hash: u64, entries: &Descriptor, target: Target, cost: u64) {
+    /// Adds an admitted request's cost (or a settled usage) to its key's hits; `false` when
+    /// too many keys wait already (the hits are not reported).
+    pub fn count(&mut self, hash: u64, entries: &Descriptor, target: Target, cost: u64) -> bool {
         if let Some(h) = self.keys.get_mut(&hash) {
             h.hits = h.hits.saturating_add(cost);
         } else if self.keys.len() < MAX_ASYNC_KEYS {
@@ -145,7 +204,10 @@ impl Hits {
                 target,
             };
             self.keys.insert(hash, hit);
+        } else {
+            return false;
         }
+        true
     }
 
     /// One call per key (services read one `hits_addend` per request), and no hits left.
@@ -157,6 +219,7 @@ impl Hits {
                 Some(Flush {
                     message: request(&g.domain, &h.entries, h.hits),
                     target: h.target,
+                    hits: h.hits,
                 })
             })
             .collect()
@@ -170,6 +233,8 @@ pub struct Flush {
     pub message: Vec<u8>,
     /// Where to block the key if the service says it is over its limit.
     pub target: Target,
+    /// The hits reported.
+    pub hits: u64,
 }
 
 /// How long a key the service found over its limit stays blocked: the service's reset time,
@@ -200,13 +265,15 @@ pub fn block(store: &impl Store, target: &Target, now_ms: u64, until_ms: u64) {
     });
 }
 
-/// The shortest flush interval of the async rules, if there are any.
+/// The shortest flush interval of the global rules that report or claim in the background
+/// (async and lease rules, and sync rules charged by their responses), if there are any.
 pub fn flush_period(rules: &[Rule]) -> Option<u32> {
     rules
         .iter()
-        .filter_map(|r| r.global.as_ref())
-        .filter(|g| g.mode == GlobalMode::Async)
-        .map(|g| g.flush_ms)
+        .filter_map(|r| {
+            let g = r.global.as_ref()?;
+            (g.mode != GlobalMode::Sync || r.charge().is_some()).then_some(g.flush_ms)
+        })
         .min()
 }
 

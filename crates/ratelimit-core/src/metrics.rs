@@ -72,11 +72,25 @@ pub enum Counter {
     KeyMissing,
     /// Requests naming a model the rule has no price for, refused (`price.default: "refuse"`).
     ModelUnpriced,
+    /// Claims of quota a lease rule sent to its service (by requests, and ahead of need).
+    LeaseClaims,
+    /// Quota a lease rule's service granted, in the rule's units.
+    LeaseGranted,
+    /// Claims a lease rule's service refused.
+    LeaseRefused,
+    /// Quota a lease rule held and never used: it lapsed when the service's window turned.
+    LeaseLapsed,
+    /// Units of usage a global rule reported to its service after the answers (charged by
+    /// its responses).
+    UsageReported,
+    /// Units (hits, or usage) a global rule could not report to its service (the call failed,
+    /// or too many keys waited): the service never counted them.
+    ReportsLost,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 22] = [
+    pub const ALL: [Counter; 28] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -99,6 +113,12 @@ impl Counter {
         Counter::LimitCapped,
         Counter::KeyMissing,
         Counter::ModelUnpriced,
+        Counter::LeaseClaims,
+        Counter::LeaseGranted,
+        Counter::LeaseRefused,
+        Counter::LeaseLapsed,
+        Counter::UsageReported,
+        Counter::ReportsLost,
     ];
 
     /// The name in the metric names.
@@ -126,6 +146,12 @@ impl Counter {
             Counter::LimitCapped => "limit_capped",
             Counter::KeyMissing => "key_missing",
             Counter::ModelUnpriced => "model_unpriced",
+            Counter::LeaseClaims => "lease_claims",
+            Counter::LeaseGranted => "lease_granted",
+            Counter::LeaseRefused => "lease_refused",
+            Counter::LeaseLapsed => "lease_lapsed",
+            Counter::UsageReported => "usage_reported",
+            Counter::ReportsLost => "reports_lost",
         }
     }
 }

@@ -292,6 +292,56 @@ fn decode_status(buf: &[u8]) -> Result<DescriptorStatus, DecodeError> {
     Ok(s)
 }
 
+/// A `RateLimitRequest` as decoded: what a service reads of it (for the fleet model and the
+/// tests, which play the service).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// The domain.
+    pub domain: String,
+    /// Each descriptor's entries (key, value).
+    pub descriptors: Vec<Vec<(String, Vec<u8>)>>,
+    /// `hits_addend`, 1 when absent (as services read it).
+    pub hits: u64,
+}
+
+/// Decodes a `RateLimitRequest`.
+pub fn decode_request(buf: &[u8]) -> Result<Request, DecodeError> {
+    let mut r = Request {
+        hits: 1,
+        ..Request::default()
+    };
+    fields(buf, |n, f| {
+        match (n, f) {
+            (1, Field::Bytes(d)) => r.domain = String::from_utf8_lossy(d).into_owned(),
+            (2, Field::Bytes(d)) => {
+                let mut entries = Vec::new();
+                fields(d, |n, f| {
+                    if let (1, Field::Bytes(e)) = (n, f) {
+                        let (mut key, mut value) = (String::new(), Vec::new());
+                        fields(e, |n, f| {
+                            match (n, f) {
+                                (1, Field::Bytes(k)) => {
+                                    key = String::from_utf8_lossy(k).into_owned()
+                                }
+                                (2, Field::Bytes(v)) => value = v.to_vec(),
+                                _ => {}
+                            }
+                            Ok(())
+                        })?;
+                        entries.push((key, value));
+                    }
+                    Ok(())
+                })?;
+                r.descriptors.push(entries);
+            }
+            (3, Field::Varint(h)) => r.hits = h.max(1),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(r)
+}
+
 /// Decodes a `RateLimitResponse`.
 pub fn decode_response(buf: &[u8]) -> Result<Response, DecodeError> {
     let mut r = Response::default();

@@ -10,7 +10,7 @@
 //! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 
-use crate::limiter::{fixed_window, gcra, in_flight, sliding_log, sliding_window, State};
+use crate::limiter::{fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, State};
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
@@ -74,6 +74,7 @@ const TAG_FIXED_WINDOW: u8 = 2;
 const TAG_GCRA: u8 = 3;
 const TAG_BLOCKED: u8 = 4;
 const TAG_IN_FLIGHT: u8 = 5;
+const TAG_LEASE: u8 = 6;
 
 /// The number of buckets for a configured capacity (rounded up).
 pub fn buckets_for(capacity: u32) -> u32 {
@@ -295,6 +296,10 @@ fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
             .get(..in_flight::STATE_LEN)
             .and_then(in_flight::State::decode)
             .map(State::InFlight),
+        TAG_LEASE => state
+            .get(..lease::STATE_LEN)
+            .and_then(lease::State::decode)
+            .map(State::Lease),
         _ => None,
     };
     state.ok_or(Corrupt)
@@ -322,7 +327,7 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
         }
         if f == fp && found.is_none() {
             found = Some((i, decode_state(tagged)?));
-        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_IN_FLIGHT))) {
+        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_LEASE))) {
             return Err(Corrupt);
         }
     }
@@ -356,6 +361,7 @@ fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
         State::Gcra(s) => (TAG_GCRA, &s.encode()),
         State::Blocked { until_ms } => (TAG_BLOCKED, &until_ms.to_le_bytes()),
         State::InFlight(s) => (TAG_IN_FLIGHT, &s.encode()),
+        State::Lease(s) => (TAG_LEASE, &s.encode()),
         State::SlidingLog(_) => return,
     };
     *tag = t;

@@ -1,10 +1,13 @@
-//! `rls-server LISTEN REDIS_URL LIMITS_JSON [DELAY_MS]`: Envoy's rate limit service
+//! `rls-server LISTEN REDIS_URL LIMITS_JSON [DELAY_MS [serial]]`: Envoy's rate limit service
 //! (`envoy.service.ratelimit.v3.RateLimitService`) on the limitador engine with Redis storage,
 //! mapping requests the way Kuadrant's Limitador server does: the domain is the namespace, the
 //! descriptors are bound as `descriptors[i].<entry key>`, `hits_addend` (at least 1) is the delta.
 //!
 //! LIMITS_JSON: `[{"namespace", "max_value", "seconds", "conditions": [CEL], "variables": [CEL],
-//! "name"}]`. DELAY_MS delays every answer (to test a slow service). Test support only.
+//! "name"}]`. DELAY_MS delays every answer (to test a slow service). `serial` answers one call
+//! at a time: limitador 0.14's Redis storage checks a counter, then updates it in a second
+//! step, so concurrent calls near the limit can all pass the check and be counted past it;
+//! serialized, the engine never grants beyond the limit. Test support only.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -25,6 +28,8 @@ use tonic::{Request, Response, Status};
 struct Service {
     limiter: AsyncRateLimiter,
     delay: Duration,
+    /// Held across each check and update when calls are serialized.
+    serial: Option<tokio::sync::Mutex<()>>,
 }
 
 fn unit(seconds: u64) -> (u32, Unit) {
@@ -68,6 +73,10 @@ impl RateLimitService for Service {
         let mut ctx = Context::default();
         ctx.list_binding("descriptors".to_string(), values);
         let hits = u64::from(req.hits_addend.max(1));
+        let _one_at_a_time = match &self.serial {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        };
         let mut result = self
             .limiter
             .check_rate_limited_and_update(&namespace, &ctx, hits)
@@ -161,10 +170,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         limiter.add_limit(limit);
     }
     let delay = Duration::from_millis(args.get(4).and_then(|d| d.parse().ok()).unwrap_or(0));
+    let serial = (args.get(5).map(String::as_str) == Some("serial")).then(|| tokio::sync::Mutex::new(()));
     let addr = args[1].parse()?;
     eprintln!("rls-server listening on {addr}");
     tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(Service { limiter, delay }))
+        .add_service(RateLimitServiceServer::new(Service {
+            limiter,
+            delay,
+            serial,
+        }))
         .serve(addr)
         .await?;
     Ok(())

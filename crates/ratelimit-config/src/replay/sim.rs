@@ -164,7 +164,13 @@ impl Outcome {
             | Counter::Abandoned
             | Counter::ElasticAllowed
             | Counter::RetryAfterSeconds
-            | Counter::OperatorResets => return,
+            | Counter::OperatorResets
+            | Counter::LeaseClaims
+            | Counter::LeaseGranted
+            | Counter::LeaseRefused
+            | Counter::LeaseLapsed
+            | Counter::UsageReported
+            | Counter::ReportsLost => return,
         };
         *field += n;
     }

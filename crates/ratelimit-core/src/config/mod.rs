@@ -449,8 +449,12 @@ pub struct Global {
     pub mode: GlobalMode,
     /// How long to wait for the service, ms.
     pub timeout_ms: u32,
-    /// Async mode: how often each worker reports its hits, ms.
+    /// Async mode: how often each worker reports its hits, ms; lease mode: how often claims
+    /// ahead of need go out; both, and a sync rule charged by its responses: how often usage
+    /// is reported.
     pub flush_ms: u32,
+    /// Lease mode: the largest block claimed at once (by default a tenth of the limit).
+    pub max_block: u64,
 }
 
 /// How a global rule uses its service.
@@ -460,6 +464,25 @@ pub enum GlobalMode {
     Sync,
     /// Local-first: decided at once from this proxy's view, hits reported in batches.
     Async,
+    /// Quota claimed from the service in blocks ahead of need, admitted locally from what is
+    /// held: never over the service's limit, at local speed.
+    Lease,
+}
+
+impl GlobalMode {
+    /// The name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            GlobalMode::Sync => "sync",
+            GlobalMode::Async => "async",
+            GlobalMode::Lease => "lease",
+        }
+    }
+
+    /// Whether the service decides the rule's limit (the local algorithm is not used).
+    pub fn service_decides(self) -> bool {
+        matches!(self, GlobalMode::Sync | GlobalMode::Lease)
+    }
 }
 
 /// Default wait for a rate limit service, ms.
@@ -946,6 +969,13 @@ impl Rule {
         };
         let limit = u64::from(quota.requests_per_unit);
         let window_ms = quota.window_ms();
+        if let Some(g) = self.global.as_ref().filter(|g| g.mode == GlobalMode::Lease) {
+            return Policy::Lease {
+                limit,
+                windows: quota.windows(),
+                max_block: g.max_block,
+            };
+        }
         match algorithm {
             Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },
             Algorithm::FixedWindow => Policy::FixedWindow {

@@ -515,27 +515,32 @@ impl Validator {
                     &p,
                     "an \"in_flight\" rule cannot be global (the rate limit service protocol counts requests, it cannot give them back)",
                 ),
-                (_, Some(Cost::Response(_))) => self.error(
-                    &p,
-                    "a rule charged by its responses cannot be global (the rate limit service protocol counts at the request)",
-                ),
                 _ => {}
             }
-            if g.mode == GlobalMode::Sync {
+            if g.mode.service_decides() {
                 // The service decides a sync rule: local algorithm settings would be silently
                 // ignored.
                 for field in ["algorithm", "burst", "on_limit", "max_delay_ms"] {
                     if map.contains_key(field) {
                         self.error(
                             &join(path, field),
-                            "not used by a rule with \"global\" mode \"sync\" (the service decides)",
+                            format!(
+                                "not used by a rule with \"global\" mode {:?} (the service decides)",
+                                g.mode.name()
+                            ),
                         );
                     }
                 }
             }
         }
-        let sync = matches!(&global, Some(Some(g)) if g.mode == GlobalMode::Sync);
+        let sync = matches!(&global, Some(Some(g)) if g.mode.service_decides());
         let limit = self.calendar(limit, map.get("rate_limit"), sync, path);
+        let mut global = global;
+        if let (Some(Some(g)), Some(Limit::Rate { quota, .. })) = (&mut global, &limit) {
+            if g.mode == GlobalMode::Lease && g.max_block == 0 {
+                g.max_block = u64::from(quota.requests_per_unit / 10).max(1);
+            }
+        }
         Some(Rule {
             name: name?,
             matcher: matcher?,
@@ -842,7 +847,14 @@ impl Validator {
         let map = self.object(
             v,
             path,
-            &["cluster", "domain", "mode", "timeout_ms", "flush_ms"],
+            &[
+                "cluster",
+                "domain",
+                "mode",
+                "timeout_ms",
+                "flush_ms",
+                "max_block",
+            ],
         )?;
         let mut text = |field: &str| match map.get(field) {
             Some(t) => match self.string(t, &join(path, field)) {
@@ -864,7 +876,11 @@ impl Validator {
                 m,
                 &join(path, "mode"),
                 "mode",
-                &[("sync", GlobalMode::Sync), ("async", GlobalMode::Async)],
+                &[
+                    ("sync", GlobalMode::Sync),
+                    ("async", GlobalMode::Async),
+                    ("lease", GlobalMode::Lease),
+                ],
             ),
             None => Some(GlobalMode::Sync),
         };
@@ -879,16 +895,28 @@ impl Validator {
         if mode == Some(GlobalMode::Sync) && map.contains_key("flush_ms") {
             self.error(
                 &join(path, "flush_ms"),
-                "only used with \"mode\": \"async\"",
+                "only used with \"mode\": \"async\" or \"lease\"",
             );
             return None;
         }
+        let max_block = match map.get("max_block") {
+            Some(_) if mode != Some(GlobalMode::Lease) => {
+                self.error(
+                    &join(path, "max_block"),
+                    "only used with \"mode\": \"lease\"",
+                );
+                return None;
+            }
+            Some(n) => Some(self.integer(n, &join(path, "max_block"), 1, u64::from(u32::MAX))?),
+            None => Some(0), // a tenth of the limit, set with the rule's limit
+        };
         Some(Global {
             cluster: cluster?,
             domain: domain?,
             mode: mode?,
             timeout_ms: timeout_ms?,
             flush_ms: flush_ms?,
+            max_block: max_block?,
         })
     }
 

@@ -8,6 +8,7 @@ pub(crate) mod codec;
 pub mod fixed_window;
 pub mod gcra;
 pub mod in_flight;
+pub mod lease;
 pub mod sliding_log;
 pub mod sliding_window;
 
@@ -70,6 +71,15 @@ pub enum Policy {
         /// How long a slot never given back stays taken (at least), ms.
         lease_ms: u64,
     },
+    /// Quota leased from a rate limit service ([`lease`]): the service's limit, reported.
+    Lease {
+        /// The limit, as configured (the service's own decides).
+        limit: u64,
+        /// The rule's windows, as configured (for the fields; the service's reset decides).
+        windows: Windows,
+        /// The largest block claimed at once.
+        max_block: u64,
+    },
 }
 
 /// A key's stored state, for whichever algorithm its rule uses.
@@ -85,6 +95,8 @@ pub enum State {
     SlidingLog(sliding_log::State),
     /// See [`in_flight`].
     InFlight(in_flight::State),
+    /// See [`lease`].
+    Lease(lease::State),
     /// A global rule's service said the key is over its limit until this time (ms): every
     /// request is refused until then, whatever the local counts say; afterwards the key starts
     /// afresh.
@@ -103,6 +115,7 @@ impl State {
             State::Gcra(s) => s.weight(now_ms),
             State::SlidingLog(s) => s.weight(now_ms),
             State::InFlight(s) => s.weight(now_ms),
+            State::Lease(s) => s.weight(now_ms),
             // A blocked key is kept over any other: it is what the whole fleet decided.
             State::Blocked { until_ms } => (now_ms < *until_ms).then_some(u64::from(u32::MAX)),
         }
@@ -116,6 +129,7 @@ impl State {
             State::Gcra(s) => s.tat_ms,
             State::SlidingLog(s) => s.times.last().copied().unwrap_or(0),
             State::InFlight(s) => s.gen_ms,
+            State::Lease(s) => s.expires_ms,
             State::Blocked { until_ms } => *until_ms,
         }
     }
@@ -128,7 +142,9 @@ impl Policy {
         match *self {
             Policy::SlidingWindow { limit, window_ms }
             | Policy::SlidingLog { limit, window_ms } => (limit, window_ms),
-            Policy::FixedWindow { limit, windows } => (limit, windows.longest_ms()),
+            Policy::FixedWindow { limit, windows } | Policy::Lease { limit, windows, .. } => {
+                (limit, windows.longest_ms())
+            }
             Policy::Gcra(p) => (p.limit, p.window_ms),
             Policy::InFlight { max, .. } => (max, 0),
         }
@@ -139,7 +155,9 @@ impl Policy {
     /// epoch; `None` for a policy without a window (requests in flight).
     pub fn window_at(&self, now_ms: u64) -> Option<(u64, u64)> {
         match *self {
-            Policy::FixedWindow { windows, .. } => Some(windows.bounds(now_ms)),
+            Policy::FixedWindow { windows, .. } | Policy::Lease { windows, .. } => {
+                Some(windows.bounds(now_ms))
+            }
             Policy::InFlight { .. } => None,
             p => Some(Windows::every(p.limit_and_window().1).bounds(now_ms)),
         }
@@ -171,6 +189,7 @@ impl Policy {
                 max: scale(max),
                 lease_ms,
             },
+            p @ Policy::Lease { .. } => p, // the service's limit is not scaled here
         }
     }
 
@@ -185,6 +204,13 @@ impl Policy {
             Policy::InFlight { lease_ms, .. } => Policy::InFlight {
                 max: limit,
                 lease_ms,
+            },
+            Policy::Lease {
+                windows, max_block, ..
+            } => Policy::Lease {
+                limit,
+                windows,
+                max_block,
             },
         }
     }
@@ -271,6 +297,14 @@ impl Policy {
                 let (v, n) = in_flight::decide(s, now_ms, max, lease_ms, cost);
                 (v, n.map(State::InFlight))
             }
+            Policy::Lease { limit, windows, .. } => {
+                let s = match state {
+                    Some(State::Lease(s)) => Some(*s),
+                    _ => None,
+                };
+                let (v, n) = lease::decide(s, now_ms, limit, windows, cost);
+                (v, n.map(State::Lease))
+            }
         }
     }
 
@@ -314,6 +348,17 @@ impl Policy {
                 let (v, n) = gcra::charge(s, now_ms, &params, cost);
                 Some((v, State::Gcra(n)))
             }
+            (Policy::Lease { .. }, s) => {
+                let s = match s {
+                    Some(State::Lease(s)) => Some(*s),
+                    _ => None,
+                };
+                let next = lease::charge(s, now_ms, cost);
+                Some((
+                    self.decide(Some(&State::Lease(next)), now_ms, 0).0,
+                    State::Lease(next),
+                ))
+            }
             (Policy::SlidingLog { .. } | Policy::InFlight { .. }, _) => None,
         }
     }
@@ -332,9 +377,18 @@ impl Policy {
     /// Takes back `cost` counted at `counted_ms` (the unused part of a reservation) from the
     /// key's state: what still counts of it, in the windows or the bucket, is given back.
     /// `None` if there is nothing to change (the key was forgotten, or the policy counts no
-    /// reservations).
-    pub fn refund_at(&self, state: Option<&State>, counted_ms: u64, cost: u64) -> Option<State> {
+    /// reservations). A lease gets it back unless it lapsed before `now_ms`.
+    pub fn refund_at(
+        &self,
+        state: Option<&State>,
+        counted_ms: u64,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<State> {
         match (self, state?) {
+            (Policy::Lease { .. }, State::Lease(s)) => {
+                lease::refund(Some(*s), now_ms, cost).map(State::Lease)
+            }
             (Policy::SlidingWindow { .. }, State::SlidingWindow(s)) => {
                 let counted = sliding_window::State {
                     last_ms: counted_ms,
@@ -374,6 +428,12 @@ impl Policy {
             (State::InFlight(s), State::InFlight(c)) => {
                 State::InFlight(in_flight::give_back(s, c.gen_ms, s.gen_ms))
             }
+            (State::Lease(s), State::Lease(_)) => State::Lease(lease::State {
+                held: s
+                    .held
+                    .saturating_add(i64::try_from(cost).unwrap_or(i64::MAX)),
+                ..s
+            }),
             (other, _) => other,
         }
     }

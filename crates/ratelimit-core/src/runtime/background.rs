@@ -11,7 +11,7 @@
 //! serves which purpose and what its answer means.
 
 use super::Runtime;
-use crate::global::{Answer, Target};
+use crate::global::{Answer, Claim, Target};
 use crate::metrics;
 use crate::rls::GrpcAnswer;
 use crate::store::Store;
@@ -25,8 +25,11 @@ pub const RELEASE_PERIOD_MS: u32 = 1;
 /// What a background call is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Purpose {
-    /// Reports a key's hits of an async global rule; the answer may block the key.
-    Flush(Target),
+    /// Reports a key's hits of an async global rule (or the usage of a global rule charged by
+    /// its responses); the answer may block the key.
+    Flush(Target, u64),
+    /// Claims a block for a lease rule's key ahead of need.
+    Claim(Claim),
 }
 
 /// A call the host is asked to start: one `ShouldRateLimit` to a rule's service.
@@ -132,16 +135,26 @@ impl Background {
         if let Some(period) = rt.flush_period() {
             if now_ms >= self.last_flush_ms.saturating_add(u64::from(period)) {
                 self.last_flush_ms = now_ms;
-                work.calls = rt
-                    .flush()
+                let flushes = rt.flush().into_iter().map(|flush| {
+                    (
+                        flush.target.rule,
+                        flush.message,
+                        Purpose::Flush(flush.target, flush.hits),
+                    )
+                });
+                let claims = rt
+                    .claims_ahead(now_ms)
                     .into_iter()
-                    .filter_map(|flush| {
-                        let g = rt.global_of(flush.target.rule)?;
+                    .map(|(message, claim)| (claim.target.rule, message, Purpose::Claim(claim)));
+                work.calls = flushes
+                    .chain(claims)
+                    .filter_map(|(rule, message, purpose)| {
+                        let g = rt.global_of(rule)?;
                         Some(Call {
                             cluster: &g.cluster,
                             timeout_ms: g.timeout_ms,
-                            message: flush.message,
-                            purpose: Purpose::Flush(flush.target),
+                            message,
+                            purpose,
                         })
                     })
                     .collect();
@@ -167,7 +180,7 @@ impl Background {
                     },
                 );
             }
-            (None, Purpose::Flush(target)) => rt.global_error(target.rule),
+            (None, purpose) => settle(rt, purpose, Err(crate::error::ServiceError::NoAnswer), 0),
         }
     }
 
@@ -239,7 +252,8 @@ impl Background {
 /// What an answer does, by what its call was for.
 fn settle<S: Store>(rt: &Runtime<S>, purpose: Purpose, answer: Answer, now_ms: u64) {
     match purpose {
-        Purpose::Flush(target) => rt.flushed(&target, answer, now_ms),
+        Purpose::Flush(target, hits) => rt.flushed(&target, hits, answer, now_ms),
+        Purpose::Claim(claim) => rt.ahead_answered(&claim, answer, now_ms),
     }
 }
 

@@ -400,7 +400,7 @@ impl<S: Store> Runtime<S> {
         mut known: impl FnMut(&Self, &Debt, &Admitted) -> Option<Option<u64>>,
     ) {
         let mut i = 0;
-        while let Some(debt) = a.owed.get(i).copied() {
+        while let Some(debt) = a.owed.get(i).cloned() {
             let usage = match debt.kind {
                 DebtKind::Slot(_) => None,
                 _ => known(self, &debt, a),
@@ -445,6 +445,12 @@ impl<S: Store> Runtime<S> {
         let t = self.true_up(debt.rule, reserved, used, a.admitted_ms);
         self.metrics.add(debt.rule, Counter::UsageCharged, t.used);
         report(&rule.name, t.used);
+        if let Some(r) = &debt.report {
+            self.report_usage(r, t.used);
+            if !r.local {
+                return; // the service alone counts the key
+            }
+        }
         let Some(owed) = t.owed else {
             return;
         };

@@ -15,6 +15,7 @@
 pub mod background;
 mod charge;
 pub mod explain;
+mod lease;
 pub mod operator;
 pub mod operator_http;
 pub mod request;
@@ -99,6 +100,11 @@ pub struct Runtime<S> {
     pub(crate) metrics: Metrics,
     /// Hits of async global rules since the last flush.
     pub(crate) hits: Mutex<Hits>,
+    /// Claims ahead of need of lease rules, sent at the next tick.
+    pub(crate) ahead: Mutex<global::Ahead>,
+    /// Whether a request's checks may turn into questions ([`Runtime::promote`]): lease rules,
+    /// or sync rules whose reservations are sized from the body.
+    pub(crate) promotes: bool,
     /// When a failure was last logged (ms), to log at most one a second.
     pub(crate) last_failure_log: AtomicU64,
     /// When a refused call of the operator route was last logged (ms), to log at most one a
@@ -146,6 +152,12 @@ impl<S: Store> Runtime<S> {
                 }
             })
             .collect();
+        let promotes = config.rules.iter().any(|r| {
+            r.global.as_ref().is_some_and(|g| {
+                g.mode == crate::config::GlobalMode::Lease
+                    || r.charge().is_some_and(|c| c.sized.is_some())
+            })
+        });
         Runtime {
             metrics: Metrics::new(config.rules.len()),
             buckets: table::buckets_for(config.capacity),
@@ -154,6 +166,8 @@ impl<S: Store> Runtime<S> {
             seed,
             store,
             hits: Mutex::default(),
+            ahead: Mutex::default(),
+            promotes,
             last_failure_log: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),
@@ -259,7 +273,7 @@ impl<S: Store> Runtime<S> {
 
     /// A flush's answer: counts an error, or blocks the key if the service says it is over its
     /// limit (shadow rules never block).
-    pub fn flushed(&self, target: &Target, answer: Answer, now_ms: u64) {
+    pub fn flushed(&self, target: &Target, hits: u64, answer: Answer, now_ms: u64) {
         let (Some(rule), Some(compiled)) = (
             self.config.rules.get(target.rule),
             self.compiled.get(target.rule),
@@ -270,6 +284,7 @@ impl<S: Store> Runtime<S> {
             Ok(a) => a,
             Err(_) => {
                 self.metrics.add(target.rule, Counter::GlobalErrors, 1);
+                self.metrics.add(target.rule, Counter::ReportsLost, hits);
                 return;
             }
         };
@@ -278,6 +293,12 @@ impl<S: Store> Runtime<S> {
         }
         let wait = global::block_ms(&answer, &compiled.policy, now_ms);
         global::block(&self.store, target, now_ms, now_ms.saturating_add(wait));
+    }
+
+    /// Whether a request's checks may turn into questions to the services (lease rules, or sync
+    /// rules whose reservations are sized from the body).
+    pub fn promotes(&self) -> bool {
+        self.promotes
     }
 
     /// The service of a global rule, by the rule's index.

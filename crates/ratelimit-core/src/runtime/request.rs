@@ -172,7 +172,7 @@ impl BodyScan {
 }
 
 /// What an admitted request owes one rule's key.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Debt {
     pub(super) rule: usize,
     pub(super) slot: u64,
@@ -183,6 +183,21 @@ pub(super) struct Debt {
     pub(super) kind: DebtKind,
     /// The prices a rule charged in money charges it at.
     pub(super) priced: Priced,
+    /// A global rule's usage goes to its service too (boxed: most rules are local).
+    pub(super) report: Option<Box<ServiceReport>>,
+}
+
+/// How a global rule charged by its responses reports the usage to its service: in the next
+/// flush, as async rules report their hits.
+#[derive(Clone, Debug)]
+pub(super) struct ServiceReport {
+    pub(super) hash: u64,
+    pub(super) entries: Descriptor,
+    pub(super) target: Target,
+    /// What the service was told already (a sync rule's reservation, its `hits_addend`).
+    pub(super) told: u64,
+    /// Whether the key is counted here too (async), or by the service alone (sync).
+    pub(super) local: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,8 +248,10 @@ impl Reply {
 pub struct Pending {
     pub(super) checks: PerRule<Check>,
     pub(super) applied: PerRule<Applied>,
-    questions: Vec<Question>,
-    answers: Vec<Option<Answer>>,
+    pub(super) questions: Vec<Question>,
+    pub(super) answers: Vec<Option<Answer>>,
+    /// What each question's rule made of the request (as `applied` for the checks).
+    pub(super) asked: Vec<Applied>,
     /// The checks whose cost is sized from the request's body, not sized yet.
     pub(super) sized: SmallVec<[usize; 1]>,
     /// The rules that read fields of the request's body, waiting for them (rule indexes).
@@ -365,13 +382,13 @@ pub(crate) fn policy_carrying(
 }
 
 /// A rule that applies to the request, besides its [`Check`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Applied {
     pub(super) rule: usize,
     /// The keyed hash of the client key.
-    hash: u64,
+    pub(super) hash: u64,
     /// The descriptor to report hits with (async global rules).
-    descriptor: Option<Descriptor>,
+    pub(super) descriptor: Option<Descriptor>,
     /// The prices a rule charged in money charges the request at.
     pub(super) priced: Priced,
 }
@@ -408,7 +425,7 @@ impl<S: Store> Runtime<S> {
             p.content_length = host
                 .header("content-length")
                 .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
-        } else if p.questions.is_empty() {
+        } else if p.questions.is_empty() && !self.promotes {
             return Start::Decided(self.finish(host, &p));
         }
         Start::Ask(p)
@@ -461,14 +478,33 @@ impl<S: Store> Runtime<S> {
             None => None,
         };
         if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
-            if g.mode == GlobalMode::Sync {
-                p.questions.push(Question {
+            let question = match g.mode {
+                // A reservation sized from the body is asked once sized ([`Runtime::promote`]).
+                GlobalMode::Sync
+                    if !(body_follows && rule.charge().is_some_and(|c| c.sized.is_some())) =>
+                {
+                    Some(Question {
+                        rule: i,
+                        hash,
+                        cost,
+                        message: global::request(&g.domain, entries, cost),
+                        claim: None,
+                        retried: false,
+                    })
+                }
+                GlobalMode::Sync => None,
+                // Decided here from the lease, or promoted to a claim ([`Runtime::promote`]).
+                GlobalMode::Async | GlobalMode::Lease => None,
+            };
+            if let Some(q) = question {
+                p.questions.push(q);
+                p.answers.push(None);
+                p.asked.push(Applied {
                     rule: i,
                     hash,
-                    cost,
-                    message: global::request(&g.domain, entries, cost),
+                    descriptor,
+                    priced,
                 });
-                p.answers.push(None);
                 return Ok(());
             }
         }
@@ -613,17 +649,43 @@ impl<S: Store> Runtime<S> {
         let mut service = Vec::new();
         let mut refused = false;
         let mut held = Held::default();
-        for (q, answer) in p.questions.iter().zip(&p.answers) {
+        // Questions whose rules admitted the request (their debts are made once it is).
+        let mut asked_ok: SmallVec<[usize; 2]> = SmallVec::new();
+        for (n, (q, answer)) in p.questions.iter().zip(&p.answers).enumerate() {
             let (Some(rule), Some(compiled)) =
                 (self.config.rules.get(q.rule), self.compiled.get(q.rule))
             else {
                 continue;
             };
+            if q.retried {
+                continue;
+            }
+            if let Some(claim) = &q.claim {
+                match self.claimed(q, claim, answer.as_ref(), now) {
+                    Ok(super::lease::Claimed::Granted(v)) => {
+                        held.rules.push((q.rule, false));
+                        asked_ok.push(n);
+                        reported.push((q.rule, v));
+                    }
+                    Ok(super::lease::Claimed::Refused(v)) => {
+                        refused |= !rule.shadow;
+                        self.refusal(host, q.rule, q.hash, &v, q.cost, rule.shadow);
+                        reported.push((q.rule, v));
+                    }
+                    Err(e) => {
+                        self.metrics.add(q.rule, Counter::GlobalErrors, 1);
+                        self.failed(host, q.rule, now, &e);
+                        refused |= self.config.failure_mode == FailureMode::Deny && !rule.shadow;
+                    }
+                }
+                continue;
+            }
             match global::verdict(answer.as_ref(), &compiled.policy, now) {
                 Ok((v, headers)) => {
                     service.extend(headers);
                     if v.allowed {
                         held.rules.push((q.rule, false));
+                        asked_ok.push(n);
                     } else {
                         refused |= !rule.shadow;
                         self.refusal(host, q.rule, q.hash, &v, q.cost, rule.shadow);
@@ -670,6 +732,7 @@ impl<S: Store> Runtime<S> {
                             policy: check.base.unwrap_or(check.policy),
                             kind: DebtKind::Usage, // nothing was counted
                             priced: a.priced,
+                            report: self.service_report(a, check, 0),
                         });
                     }
                 } else if allowed {
@@ -701,6 +764,7 @@ impl<S: Store> Runtime<S> {
                             policy: check.base.unwrap_or(check.policy),
                             kind,
                             priced: a.priced,
+                            report: self.service_report(a, check, 0),
                         };
                         match kind {
                             DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
@@ -710,7 +774,8 @@ impl<S: Store> Runtime<S> {
                         owed.push(debt);
                     }
                     if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
-                        if g.mode == GlobalMode::Async {
+                        // A rule charged by its responses reports its usage once known.
+                        if g.mode == GlobalMode::Async && rule.charge().is_none() {
                             let target = Target {
                                 rule: a.rule,
                                 slot: check.slot,
@@ -724,6 +789,21 @@ impl<S: Store> Runtime<S> {
                     }
                 }
                 reported.push((a.rule, v));
+            }
+        }
+        for &n in &asked_ok {
+            let (Some(q), Some(a)) = (p.questions.get(n), p.asked.get(n)) else {
+                continue;
+            };
+            if !allowed {
+                if let Some(claim) = &q.claim {
+                    self.give_back_claim(claim, q.cost, now);
+                }
+            } else if let Some(debt) = self.asked_debt(q, a) {
+                if let DebtKind::Reserved(cost) = debt.kind {
+                    self.hold_reservation(&debt, cost);
+                }
+                owed.push(debt);
             }
         }
         let response = self.config.response;
@@ -1570,7 +1650,12 @@ mod tests {
         assert_eq!(flushes[0].message, global::request("edge", &entries, 3));
         assert!(rt.flush().is_empty());
         // The fleet is over the limit: this proxy blocks the key until the service's reset.
-        rt.flushed(&flushes[0].target, ok(Code::OverLimit, 0), host.now);
+        rt.flushed(
+            &flushes[0].target,
+            flushes[0].hits,
+            ok(Code::OverLimit, 0),
+            host.now,
+        );
         let Decision::Reply(r) = decided(&rt, &mut host) else {
             panic!("not blocked")
         };
@@ -1578,7 +1663,12 @@ mod tests {
         host.now += 30_000;
         assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
         // Errors are counted, nothing else.
-        rt.flushed(&flushes[0].target, Err(ServiceError::Reset(1)), host.now);
+        rt.flushed(
+            &flushes[0].target,
+            flushes[0].hits,
+            Err(ServiceError::Reset(1)),
+            host.now,
+        );
         assert!(counts(&rt).contains(&(0, Counter::GlobalErrors, 1)));
     }
 

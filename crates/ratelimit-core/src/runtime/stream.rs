@@ -175,8 +175,11 @@ impl StreamState {
         &mut self,
         rt: &Runtime<S>,
         host: &mut impl Host,
-        pending: Pending,
+        mut pending: Pending,
     ) -> Next {
+        if rt.promotes() {
+            rt.promote(&mut pending, host.now_ms());
+        }
         if !pending.asks() {
             let decision = rt.finish(host, &pending);
             return self.decided(decision);
@@ -347,6 +350,9 @@ impl StreamState {
         }
         if !a.pending.complete() {
             return Next::Wait;
+        }
+        if rt.promotes() && rt.reclaim(&mut a.pending, host.now_ms()) {
+            return self.ask(rt, host);
         }
         let Phase::Asking(a) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
             return Next::Wait;

@@ -1,0 +1,489 @@
+//! Quota leased from a rate limit service (`global.mode: "lease"`): what one proxy holds of a
+//! key's fleet-wide limit, shared by every worker of the proxy.
+//!
+//! The proxy claims quota from the service in blocks (a `ShouldRateLimit` whose `hits_addend`
+//! is the block); a block the service grants is added to what the key holds here, and requests
+//! are admitted from it locally, at local speed. Every admission is covered by a grant, so the
+//! fleet never admits more than the service's limit; quota held and unused when the service's
+//! window turns lapses (under-admission, bounded by the blocks held).
+//!
+//! A grant lasts until the service's reset (`duration_until_reset`) counted from when the claim
+//! was sent, never later than the service's own window end. Blocks follow the key's rate here:
+//! a block is a power of two, doubled when the last one ran low within [`FAST_MS`] of being
+//! claimed and halved when it lasted more than [`SLOW_MS`], and never above the rule's cap.
+
+use super::codec::Reader;
+use super::{calendar::Windows, Verdict};
+
+/// A block that ran low sooner than this after its claim doubles the next one, ms.
+pub const FAST_MS: u64 = 1_000;
+/// A block that lasted longer than this before running low halves the next one, ms.
+pub const SLOW_MS: u64 = 8_000;
+/// How long a refused request is told to wait when this proxy holds too little and the service
+/// has not refused the key (a claim is due), ms.
+pub const SHORT_WAIT_MS: u64 = 1_000;
+/// A claim ahead of need still unanswered after this long is given up (its proxy or VM may be
+/// gone): another may start, ms.
+pub const STALE_CLAIM_MS: u64 = 10_000;
+/// A key's first block is 2^this (4), capped: a key seldom used claims a few requests at once,
+/// not one per request.
+pub const FIRST_SHIFT: u8 = 2;
+/// The largest block exponent (2⁴⁰).
+const MAX_SHIFT: u8 = 40;
+/// The bound of what a key holds, either way (stored in 5 bytes).
+const HELD_BOUND: i64 = (1 << 39) - 1;
+
+/// What one proxy holds of a key's quota: 22 bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Quota held and not used; below 0, usage charged beyond the grants (paid from the next).
+    pub held: i64,
+    /// When what is held lapses (the service's window ends no earlier), ms since the epoch.
+    pub expires_ms: u64,
+    /// When the last claim was sent, ms since the epoch (0: never).
+    pub claim_ms: u64,
+    /// A claim ahead of need is in flight (started at `claim_ms`).
+    pub claiming: bool,
+    /// The service has no quota left until `expires_ms`: no claim before then.
+    pub refused: bool,
+    /// The next block is `2^shift`, capped.
+    pub shift: u8,
+    /// What the service said remained after its last answer.
+    pub remaining: u32,
+}
+
+/// The encoded length of [`State`].
+pub const STATE_LEN: usize = 22;
+
+/// What a key's lease makes of a request, before anything is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek {
+    /// What is held covers the request; `low`: it runs low, a claim ahead of need is due.
+    Covered {
+        /// The held quota falls under half a block with this request.
+        low: bool,
+    },
+    /// The service has no quota left for the key until the lease's end.
+    Refused,
+    /// Too little is held: the request must claim.
+    Claim,
+}
+
+fn put_le(out: &mut [u8], at: &mut usize, v: u64, n: usize) {
+    if let Some(dst) = out.get_mut(*at..*at + n) {
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = (v >> (8 * i)) as u8;
+        }
+    }
+    *at += n;
+}
+
+fn get_le(r: &mut Reader<'_>, n: usize) -> Option<u64> {
+    let (bytes, rest) = (r.0.get(..n)?, r.0.get(n..)?);
+    r.0 = rest;
+    Some(
+        bytes
+            .iter()
+            .enumerate()
+            .fold(0, |v, (i, &b)| v | u64::from(b) << (8 * i)),
+    )
+}
+
+impl State {
+    /// Fixed-width little-endian encoding: held (5 bytes, two's complement), expiry and claim
+    /// times (6 bytes each), flags and shift (1), the service's remaining (4).
+    pub fn encode(&self) -> [u8; STATE_LEN] {
+        let mut out = [0u8; STATE_LEN];
+        let mut at = 0;
+        let held = self.held.clamp(-HELD_BOUND, HELD_BOUND);
+        put_le(&mut out, &mut at, held as u64 & 0xff_ffff_ffff, 5);
+        put_le(&mut out, &mut at, self.expires_ms, 6);
+        put_le(&mut out, &mut at, self.claim_ms, 6);
+        let flags = u64::from(self.shift.min(MAX_SHIFT))
+            | u64::from(self.claiming) << 6
+            | u64::from(self.refused) << 7;
+        put_le(&mut out, &mut at, flags, 1);
+        put_le(&mut out, &mut at, u64::from(self.remaining), 4);
+        out
+    }
+
+    /// Decodes [`State::encode`]'s output; `None` for the wrong length.
+    pub fn decode(bytes: &[u8]) -> Option<State> {
+        let mut r = Reader(bytes);
+        let raw = get_le(&mut r, 5)?;
+        // Sign-extend the 40-bit two's complement.
+        let held = ((raw << 24) as i64) >> 24;
+        let expires_ms = get_le(&mut r, 6)?;
+        let claim_ms = get_le(&mut r, 6)?;
+        let flags = get_le(&mut r, 1)?;
+        let remaining = u32::try_from(get_le(&mut r, 4)?).ok()?;
+        r.end()?;
+        Some(State {
+            held,
+            expires_ms,
+            claim_ms,
+            claiming: flags & 0x40 != 0,
+            refused: flags & 0x80 != 0,
+            shift: (flags & 0x3f) as u8,
+            remaining,
+        })
+    }
+
+    /// The state as it stands at `now_ms`: past its expiry, nothing is held (a debt is kept: it
+    /// is usage the service never counted) and the service's refusal is over.
+    pub fn at(mut self, now_ms: u64) -> State {
+        if now_ms >= self.expires_ms {
+            self.held = self.held.min(0);
+            self.refused = false;
+        }
+        self
+    }
+
+    /// Quota held at `now_ms` that lapses if not used (what is held, if it has expired).
+    pub fn lapsing(&self, now_ms: u64) -> u64 {
+        if now_ms >= self.expires_ms {
+            u64::try_from(self.held).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// Requests this entry still remembers at `now_ms` (`None`: it no longer matters): what it
+    /// holds while it holds it, a refusal while it lasts, a debt or a claim in flight.
+    pub fn weight(&self, now_ms: u64) -> Option<u64> {
+        let s = self.at(now_ms);
+        if s.held > 0 || s.refused {
+            return Some(u64::try_from(s.held).unwrap_or(0).max(1));
+        }
+        (s.held < 0 || s.claiming).then_some(1)
+    }
+
+    /// The block the next claim asks for, at most `cap` (at least 1).
+    pub fn block(&self, cap: u64) -> u64 {
+        (1u64 << self.shift.min(MAX_SHIFT)).min(cap).max(1)
+    }
+
+    /// The block to claim next at `now_ms`: [`State::block`], and no more than the service
+    /// said remained while its window lasts (others only take from it meanwhile).
+    pub fn claim_block(&self, cap: u64, now_ms: u64) -> u64 {
+        let b = self.block(cap);
+        if now_ms < self.expires_ms && self.remaining > 0 {
+            b.min(u64::from(self.remaining))
+        } else {
+            b
+        }
+    }
+
+    /// What the lease makes of a request of `cost` at `now_ms`, blocks at most `cap`.
+    pub fn peek(state: Option<&State>, now_ms: u64, cost: u64, cap: u64) -> Peek {
+        let s = state.copied().unwrap_or_default().at(now_ms);
+        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+        if s.held >= cost {
+            let after = s.held - cost;
+            let half = i64::try_from(s.block(cap) / 2).unwrap_or(i64::MAX);
+            let claiming = s.claiming && now_ms < s.claim_ms.saturating_add(STALE_CLAIM_MS);
+            return Peek::Covered {
+                low: after < half.max(1) && !s.refused && !claiming,
+            };
+        }
+        if s.refused {
+            return Peek::Refused;
+        }
+        Peek::Claim
+    }
+
+    /// A claim starts at `now_ms` (`ahead`: ahead of need, in the background; else by a
+    /// request that waits for it): the block follows how soon the last one was claimed. A key's
+    /// first block is [`FIRST_SHIFT`]'s. Returns the new state and the block to claim.
+    pub fn start_claim(self, now_ms: u64, cap: u64, ahead: bool) -> (State, u64) {
+        let mut s = self;
+        let since = now_ms.saturating_sub(s.claim_ms);
+        if s.claim_ms == 0 {
+            s.shift = FIRST_SHIFT;
+        } else if since < FAST_MS && s.block(cap) < cap {
+            s.shift = (s.shift + 1).min(MAX_SHIFT);
+        } else if since > SLOW_MS {
+            s.shift = s.shift.saturating_sub(1);
+        }
+        s.claiming |= ahead;
+        s.claim_ms = now_ms;
+        (s, s.claim_block(cap, now_ms))
+    }
+
+    /// The service granted `block` (of which `taken` goes at once to the request that claimed
+    /// it) in a window ending at `expires_ms`, leaving `remaining`. Returns the new state and
+    /// the quota that lapsed (held past its expiry, now replaced).
+    pub fn granted(
+        state: Option<&State>,
+        now_ms: u64,
+        grant: Grant,
+        background: bool,
+    ) -> (State, u64) {
+        let old = state.copied().unwrap_or_default();
+        let lapsed = old.lapsing(now_ms);
+        let mut s = old.at(now_ms);
+        // Quota of two grants lapses at the earlier end: one never outlives its window.
+        s.expires_ms = if old.held > 0 && now_ms < old.expires_ms {
+            old.expires_ms.min(grant.expires_ms)
+        } else {
+            grant.expires_ms
+        };
+        let add = i64::try_from(grant.block.saturating_sub(grant.taken)).unwrap_or(HELD_BOUND);
+        s.held = s.held.saturating_add(add).min(HELD_BOUND);
+        s.refused = false;
+        s.remaining = grant.remaining;
+        if background {
+            s.claiming = false;
+        }
+        (s, lapsed)
+    }
+
+    /// The service refused a claim: none left (`remaining` 0) until `until_ms`, or less than
+    /// the block (a claim of what remains is due).
+    pub fn refused_claim(
+        state: Option<&State>,
+        now_ms: u64,
+        until_ms: u64,
+        remaining: u32,
+        background: bool,
+    ) -> State {
+        let old = state.copied().unwrap_or_default();
+        let mut s = old.at(now_ms);
+        if remaining == 0 {
+            s.refused = true;
+            s.expires_ms = if s.held > 0 && now_ms < old.expires_ms {
+                old.expires_ms.min(until_ms)
+            } else {
+                until_ms
+            };
+        }
+        s.remaining = remaining;
+        if background {
+            s.claiming = false;
+        }
+        s
+    }
+
+    /// A claim ahead of need came to nothing (no answer): another may start.
+    pub fn claim_failed(self) -> State {
+        State {
+            claiming: false,
+            ..self
+        }
+    }
+}
+
+/// A block the service granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The block granted.
+    pub block: u64,
+    /// What the request that claimed it takes at once.
+    pub taken: u64,
+    /// When the service's window ends at the earliest, ms since the epoch.
+    pub expires_ms: u64,
+    /// What the service said remained.
+    pub remaining: u32,
+}
+
+/// The verdict for a request of `cost` at `now_ms` under a lease, with the new state if it is
+/// admitted. The quota reported is what this proxy holds plus what the service last said
+/// remained.
+pub fn decide(
+    state: Option<State>,
+    now_ms: u64,
+    limit: u64,
+    windows: Windows,
+    cost: u64,
+) -> (Verdict, Option<State>) {
+    let s = state.unwrap_or_default().at(now_ms);
+    let (start, end) = windows.bounds(now_ms);
+    let to_end = s.expires_ms.saturating_sub(now_ms);
+    let icost = i64::try_from(cost).unwrap_or(i64::MAX);
+    let left = |held: i64| u64::try_from(held).unwrap_or(0) + u64::from(s.remaining);
+    let mut v = Verdict {
+        allowed: true,
+        limit,
+        window_s: (end - start) / 1000,
+        remaining: left(s.held),
+        reset_ms: to_end,
+        retry_after_ms: 0,
+        delay_ms: 0,
+    };
+    if s.held >= icost {
+        let next = State {
+            held: s.held - icost,
+            ..s
+        };
+        v.remaining = left(next.held);
+        return (v, (cost > 0).then_some(next));
+    }
+    v.allowed = false;
+    v.retry_after_ms = if s.refused {
+        to_end.max(1)
+    } else {
+        SHORT_WAIT_MS
+    };
+    (v, None)
+}
+
+/// Charges `cost` used beyond what was taken: from what is held, into a debt if need be.
+pub fn charge(state: Option<State>, now_ms: u64, cost: u64) -> State {
+    let mut s = state.unwrap_or_default().at(now_ms);
+    s.held = s
+        .held
+        .saturating_sub(i64::try_from(cost).unwrap_or(HELD_BOUND))
+        .max(-HELD_BOUND);
+    s
+}
+
+/// Gives `cost` back to what is held, unless it has lapsed meanwhile (`None`: nothing to change).
+pub fn refund(state: Option<State>, now_ms: u64, cost: u64) -> Option<State> {
+    let s = state?;
+    if now_ms >= s.expires_ms {
+        return None;
+    }
+    Some(State {
+        held: s
+            .held
+            .saturating_add(i64::try_from(cost).unwrap_or(HELD_BOUND))
+            .min(HELD_BOUND),
+        ..s
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const MINUTE: Windows = Windows::every(60_000);
+
+    fn grant(block: u64, taken: u64, expires_ms: u64) -> Grant {
+        Grant {
+            block,
+            taken,
+            expires_ms,
+            remaining: 100,
+        }
+    }
+
+    #[test]
+    fn states_round_trip_with_debts_and_flags() {
+        let s = State {
+            held: -12_345,
+            expires_ms: 1_790_000_000_123,
+            claim_ms: 1_790_000_000_001,
+            claiming: true,
+            refused: true,
+            shift: 17,
+            remaining: 4_000_000_000,
+        };
+        assert_eq!(State::decode(&s.encode()), Some(s));
+        let big = State {
+            held: 1 << 45,
+            ..State::default()
+        };
+        assert_eq!(State::decode(&big.encode()).unwrap().held, HELD_BOUND);
+        assert_eq!(State::decode(&[0; 21]), None);
+    }
+
+    #[test]
+    fn admits_from_what_is_held_and_never_beyond() {
+        let (s, lapsed) = State::granted(None, 1_000, grant(10, 1, 60_000), false);
+        assert_eq!((s.held, lapsed), (9, 0));
+        let mut state = Some(s);
+        let mut admitted = 1;
+        for t in 0..20 {
+            let (v, next) = decide(state, 2_000 + t, 100, MINUTE, 1);
+            if v.allowed {
+                admitted += 1;
+                state = next;
+            } else {
+                assert_eq!(
+                    v.retry_after_ms, SHORT_WAIT_MS,
+                    "not refused by the service"
+                );
+            }
+        }
+        assert_eq!(admitted, 10, "the block, and no more");
+        // Past the lease's end what was held lapses.
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
+        assert_eq!(s.lapsing(60_000), 10);
+        assert!(!decide(Some(s), 60_000, 100, MINUTE, 1).0.allowed);
+    }
+
+    #[test]
+    fn two_grants_lapse_at_the_earlier_end() {
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
+        let s = State::granted(Some(&s), 2_000, grant(10, 0, 61_000), false).0;
+        assert_eq!((s.held, s.expires_ms), (20, 60_000));
+        // A grant after the old one lapsed: the new window's end, the old quota gone.
+        let (s, lapsed) = State::granted(Some(&s), 60_500, grant(4, 1, 120_000), false);
+        assert_eq!((s.held, s.expires_ms, lapsed), (3, 120_000, 20));
+    }
+
+    #[test]
+    fn a_refusal_lasts_until_the_services_reset() {
+        let s = State::refused_claim(None, 1_000, 30_000, 0, true);
+        assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Refused);
+        let (v, _) = decide(Some(s), 2_000, 100, MINUTE, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 28_000));
+        assert_eq!(State::peek(Some(&s), 30_000, 1, 64), Peek::Claim);
+        // Some left: no refusal, a claim of what remains is due.
+        let s = State::refused_claim(None, 1_000, 30_000, 3, true);
+        assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Claim);
+    }
+
+    #[test]
+    fn blocks_follow_the_rate_within_the_cap() {
+        let mut s = State::default();
+        let (next, block) = s.start_claim(10_000, 64, true);
+        assert_eq!((block, next.claiming), (4, true));
+        assert_eq!(
+            s.start_claim(10_000, 2, false),
+            (
+                State {
+                    claim_ms: 10_000,
+                    shift: 2,
+                    ..s
+                },
+                2
+            )
+        );
+        s = State::granted(Some(&next), 10_010, grant(4, 0, 60_000), true).0;
+        assert!(!s.claiming);
+        // Ran low fast: doubling up to the cap.
+        let mut t = 10_100;
+        let mut blocks = Vec::new();
+        for _ in 0..9 {
+            let (n, b) = s.start_claim(t, 64, true);
+            blocks.push(b);
+            s = n.claim_failed();
+            t += 100;
+        }
+        assert_eq!(blocks, [8, 16, 32, 64, 64, 64, 64, 64, 64]);
+        // Slow: halving.
+        let (_, b) = s.start_claim(t + 9_000, 64, true);
+        assert_eq!(b, 32);
+        // The 4 granted are held; taking 3 runs low: a claim ahead is due.
+        assert_eq!(State::peek(Some(&s), t, 3, 64), Peek::Covered { low: true });
+        assert_eq!(State::peek(Some(&s), t, 5, 64), Peek::Claim);
+    }
+
+    #[test]
+    fn usage_beyond_the_grants_is_a_debt_paid_from_the_next() {
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
+        let s = charge(Some(s), 2_000, 15);
+        assert_eq!(s.held, -5);
+        assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Claim);
+        let s = State::granted(Some(&s), 2_100, grant(8, 1, 60_000), false).0;
+        assert_eq!(s.held, 2);
+        assert_eq!(refund(Some(s), 3_000, 4).unwrap().held, 6);
+        assert_eq!(
+            refund(Some(s), 60_000, 4),
+            None,
+            "lapsed: nothing to give back"
+        );
+    }
+}

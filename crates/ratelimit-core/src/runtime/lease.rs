@@ -1,0 +1,568 @@
+//! Lease rules (`global.mode: "lease"`) on the request path and in the background: what a
+//! request's lease check becomes when this proxy holds too little (a claim the request waits
+//! for), a claim ahead of need when the key runs low (sent by [`super::Background`]), and what
+//! the service's answers do to the key's lease ([`crate::limiter::lease`]).
+
+use super::request::{Applied, Debt, DebtKind, Pending, ServiceReport};
+use super::Runtime;
+use crate::config::GlobalMode;
+use crate::engine::{self, Check};
+use crate::error::ServiceError;
+use crate::global::{self, Answer, Claim, Question, Target};
+use crate::key::Descriptor;
+use crate::limiter::lease::{self, Grant, Peek};
+use crate::limiter::{Policy, Verdict};
+use crate::metrics::Counter;
+use crate::rls;
+use crate::store::Store;
+use std::sync::PoisonError;
+
+/// What a lease claim's answer did for the request that claimed.
+pub(super) enum Claimed {
+    /// Granted: the request took its cost from the block.
+    Granted(Verdict),
+    /// Refused by the service.
+    Refused(Verdict),
+}
+
+impl<S: Store> Runtime<S> {
+    /// Before a request is decided: each lease check whose key holds too little here becomes
+    /// a claim the request waits for, and a sync rule's check (one whose reservation waited
+    /// for the body to be sized) becomes its question. A key running low gets a claim ahead of
+    /// need. Returns whether there are questions to ask.
+    pub fn promote(&self, p: &mut Pending, now_ms: u64) -> bool {
+        let mut i = 0;
+        while let (Some(check), Some(applied)) = (p.checks.get(i), p.applied.get(i)) {
+            let rule = applied.rule;
+            let Some(g) = self.config.rules.get(rule).and_then(|r| r.global.as_ref()) else {
+                i += 1;
+                continue;
+            };
+            let entries = applied.descriptor.as_ref();
+            let claim = match (g.mode, &check.policy, entries) {
+                (GlobalMode::Sync, _, Some(_)) => None,
+                (GlobalMode::Lease, Policy::Lease { max_block, .. }, Some(entries)) => {
+                    let target = Target {
+                        rule,
+                        slot: check.slot,
+                        fingerprint: check.fingerprint,
+                    };
+                    match self.lease_peek(
+                        target,
+                        check.cost,
+                        *max_block,
+                        now_ms,
+                        (applied.hash, entries),
+                    ) {
+                        Some(block) => Some(Claim {
+                            target,
+                            block,
+                            sent_ms: now_ms,
+                            last: false,
+                        }),
+                        None => {
+                            i += 1;
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            };
+            let check = p.checks.remove(i);
+            let applied = p.applied.remove(i);
+            let Some(entries) = applied.descriptor.as_ref() else {
+                continue;
+            };
+            let hits = claim.map_or(check.cost, |c| c.block);
+            if claim.is_some() {
+                self.metrics.add(rule, Counter::LeaseClaims, 1);
+            }
+            p.questions.push(Question {
+                rule,
+                hash: applied.hash,
+                cost: if check.charge_later { 0 } else { check.cost },
+                message: global::request(&g.domain, entries, hits),
+                claim,
+                retried: false,
+            });
+            p.answers.push(None);
+            p.asked.push(applied);
+        }
+        !p.questions.is_empty()
+    }
+
+    /// A lease's view of a request of `cost`: `Some(block)` to claim now, `None` when what is
+    /// held decides (covered, or refused by the service). A key running low gets a claim ahead
+    /// of need, sent at the next tick.
+    fn lease_peek(
+        &self,
+        target: Target,
+        cost: u64,
+        cap: u64,
+        now_ms: u64,
+        (hash, entries): (u64, &Descriptor),
+    ) -> Option<u64> {
+        let peeked = engine::update_lease(
+            &self.store,
+            target.slot,
+            target.fingerprint,
+            now_ms,
+            |state| match lease::State::peek(state, now_ms, cost, cap) {
+                Peek::Covered { low: true } => {
+                    let s = state.copied().unwrap_or_default().at(now_ms);
+                    let (next, block) = s.start_claim(now_ms, cap, true);
+                    ((Peek::Covered { low: true }, block), Some(next))
+                }
+                Peek::Claim => {
+                    let s = state.copied().unwrap_or_default().at(now_ms);
+                    let (next, block) = s.start_claim(now_ms, cap, false);
+                    ((Peek::Claim, block.max(cost)), Some(next))
+                }
+                peek => ((peek, 0), None),
+            },
+        );
+        match peeked {
+            Some((Peek::Covered { low: true }, block)) => {
+                let claim = Claim {
+                    target,
+                    block,
+                    sent_ms: now_ms,
+                    last: false,
+                };
+                let queued = self
+                    .ahead
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .add(hash, entries, claim);
+                if !queued {
+                    self.claim_lost(&claim, now_ms);
+                }
+                None
+            }
+            Some((Peek::Claim, block)) => Some(block),
+            // Refused, covered, or a store that cannot tell: the lease check decides.
+            _ => None,
+        }
+    }
+
+    /// After every question is answered: a lease claim the service refused while saying that
+    /// enough remains for the request is made again for what remains (once). Returns whether
+    /// there are questions to ask again.
+    pub fn reclaim(&self, p: &mut Pending, now_ms: u64) -> bool {
+        let mut again = false;
+        for i in 0..p.questions.len() {
+            let (Some(q), Some(Some(Ok(answer))), Some(applied)) =
+                (p.questions.get(i), p.answers.get(i), p.asked.get(i))
+            else {
+                continue;
+            };
+            let Some(claim) = q.claim.filter(|c| !c.last && !q.retried) else {
+                continue;
+            };
+            let remaining = u64::from(answer.statuses.first().map_or(0, |s| s.limit_remaining));
+            let need = q.cost.max(1);
+            if answer.overall_code != rls::Code::OverLimit || remaining < need {
+                continue;
+            }
+            let (Some(g), Some(entries)) = (
+                self.config
+                    .rules
+                    .get(q.rule)
+                    .and_then(|r| r.global.as_ref()),
+                applied.descriptor.as_ref(),
+            ) else {
+                continue;
+            };
+            let again_q = Question {
+                rule: q.rule,
+                hash: q.hash,
+                cost: q.cost,
+                message: global::request(&g.domain, entries, remaining),
+                claim: Some(Claim {
+                    block: remaining,
+                    sent_ms: now_ms,
+                    last: true,
+                    ..claim
+                }),
+                retried: false,
+            };
+            let applied: Applied = applied.clone();
+            let rule = q.rule;
+            if let Some(old) = p.questions.get_mut(i) {
+                old.retried = true; // answered again by the new question
+            }
+            self.metrics.add(rule, Counter::LeaseClaims, 1);
+            p.questions.push(again_q);
+            p.answers.push(None);
+            p.asked.push(applied);
+            again = true;
+        }
+        again
+    }
+
+    /// What the answer to a request's lease claim does: the grant goes to the key's lease,
+    /// less the request's own cost.
+    pub(super) fn claimed(
+        &self,
+        q: &Question,
+        claim: &Claim,
+        answer: Option<&Answer>,
+        now_ms: u64,
+    ) -> Result<Claimed, ServiceError> {
+        let (Some(rule), Some(compiled)) =
+            (self.config.rules.get(q.rule), self.compiled.get(q.rule))
+        else {
+            return Err(ServiceError::NotGlobal);
+        };
+        let policy = compiled.policy;
+        let answer = match answer {
+            Some(Ok(a)) => a,
+            Some(Err(e)) => return Err(e.clone()),
+            None => return Err(ServiceError::NoAnswer),
+        };
+        let taken = match rule.charge() {
+            Some(c) if !c.true_up => 0,
+            _ => q.cost,
+        };
+        let s = self.answer_lease(claim, answer, taken, now_ms, false)?;
+        let (limit, windows) = match policy {
+            Policy::Lease { limit, windows, .. } => (limit, windows),
+            _ => return Err(ServiceError::NotGlobal),
+        };
+        let (mut v, _) = lease::decide(Some(s), now_ms, limit, windows, 0);
+        if answer.overall_code == rls::Code::Ok {
+            return Ok(Claimed::Granted(v));
+        }
+        v.allowed = false;
+        v.retry_after_ms = match s.refused {
+            true => s.expires_ms.saturating_sub(now_ms).max(1),
+            false => lease::SHORT_WAIT_MS,
+        };
+        Ok(Claimed::Refused(v))
+    }
+
+    /// Writes what the service answered to `claim` into the key's lease (`taken`: what the
+    /// claiming request takes at once of a grant); counts it. The lease after it.
+    fn answer_lease(
+        &self,
+        claim: &Claim,
+        answer: &rls::Response,
+        taken: u64,
+        now_ms: u64,
+        background: bool,
+    ) -> Result<lease::State, ServiceError> {
+        let t = claim.target;
+        let policy = self
+            .compiled
+            .get(t.rule)
+            .map(|c| c.policy)
+            .ok_or(ServiceError::NotGlobal)?;
+        let expires_ms = global::lease_expiry(answer, &policy, claim.sent_ms);
+        let remaining = answer.statuses.first().map_or(0, |s| s.limit_remaining);
+        let granted = match answer.overall_code {
+            rls::Code::Ok => true,
+            rls::Code::OverLimit => false,
+            rls::Code::Unknown => return Err(ServiceError::Unknown),
+        };
+        let updated = engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+            if granted {
+                let grant = Grant {
+                    block: claim.block,
+                    taken,
+                    expires_ms,
+                    remaining,
+                };
+                let (s, lapsed) = lease::State::granted(state, now_ms, grant, background);
+                ((s, lapsed), Some(s))
+            } else {
+                let s =
+                    lease::State::refused_claim(state, now_ms, expires_ms, remaining, background);
+                ((s, 0), Some(s))
+            }
+        });
+        let Some((s, lapsed)) = updated else {
+            return Err(ServiceError::NoAnswer);
+        };
+        if granted {
+            self.metrics.add(t.rule, Counter::LeaseGranted, claim.block);
+        } else {
+            self.metrics.add(t.rule, Counter::LeaseRefused, 1);
+        }
+        self.metrics.add(t.rule, Counter::LeaseLapsed, lapsed);
+        Ok(s)
+    }
+
+    /// A request refused by another rule gives back what it took of a lease's grant.
+    pub(super) fn give_back_claim(&self, claim: &Claim, taken: u64, now_ms: u64) {
+        if taken == 0 {
+            return;
+        }
+        let t = claim.target;
+        engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+            ((), lease::refund(state.copied(), now_ms, taken))
+        });
+    }
+
+    /// The claims ahead of need to send now.
+    pub(crate) fn claims_ahead(&self, now_ms: u64) -> Vec<(Vec<u8>, Claim)> {
+        let claims = self
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(&self.config.rules, now_ms);
+        for (_, c) in &claims {
+            self.metrics.add(c.target.rule, Counter::LeaseClaims, 1);
+        }
+        claims
+    }
+
+    /// The answer to a claim ahead of need: a grant is added to the key's lease; after a
+    /// refusal saying some remains, the next claim asks no more than what remains.
+    pub(crate) fn ahead_answered(&self, claim: &Claim, answer: Answer, now_ms: u64) {
+        let answer = match answer {
+            Ok(a) => a,
+            Err(_) => {
+                self.metrics
+                    .add(claim.target.rule, Counter::GlobalErrors, 1);
+                self.claim_lost(claim, now_ms);
+                return;
+            }
+        };
+        match self.answer_lease(claim, &answer, 0, now_ms, true) {
+            Ok(_) => {}
+            Err(_) => {
+                self.metrics
+                    .add(claim.target.rule, Counter::GlobalErrors, 1);
+                self.claim_lost(claim, now_ms);
+            }
+        }
+    }
+
+    /// A claim ahead of need came to nothing: another may start.
+    pub(crate) fn claim_lost(&self, claim: &Claim, now_ms: u64) {
+        let t = claim.target;
+        engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+            ((), state.map(|s| s.claim_failed()))
+        });
+    }
+}
+
+impl<S: Store> Runtime<S> {
+    /// How a global rule charged by its responses reports its usage to its service (`None`
+    /// for the other rules, and for a lease rule: its usage settles on its lease). `told`: what
+    /// the service counted already.
+    pub(super) fn service_report(
+        &self,
+        a: &Applied,
+        check: &Check,
+        told: u64,
+    ) -> Option<Box<ServiceReport>> {
+        let rule = self.config.rules.get(a.rule)?;
+        let g = rule.global.as_ref()?;
+        rule.charge()?;
+        if g.mode == GlobalMode::Lease {
+            return None;
+        }
+        Some(Box::new(ServiceReport {
+            hash: a.hash,
+            entries: a.descriptor.clone()?,
+            target: Target {
+                rule: a.rule,
+                slot: check.slot,
+                fingerprint: check.fingerprint,
+            },
+            told,
+            local: g.mode == GlobalMode::Async,
+        }))
+    }
+
+    /// What a request admitted by a service's answer owes its rule, if it is charged by its
+    /// responses: a lease rule's usage settles on its lease; a sync rule's usage beyond what
+    /// the question counted goes to the service in the next flush.
+    pub(super) fn asked_debt(&self, q: &Question, a: &Applied) -> Option<Debt> {
+        let rule = self.config.rules.get(q.rule)?;
+        let charge = rule.charge()?;
+        let policy = self.compiled.get(q.rule)?.policy;
+        let kind = match charge.true_up {
+            true => DebtKind::Reserved(q.cost),
+            false => DebtKind::Usage,
+        };
+        let (slot, fingerprint, report) = match &q.claim {
+            Some(claim) => (claim.target.slot, claim.target.fingerprint, None),
+            None => (
+                0,
+                0,
+                Some(Box::new(ServiceReport {
+                    hash: a.hash,
+                    entries: a.descriptor.clone()?,
+                    target: Target {
+                        rule: q.rule,
+                        slot: 0,
+                        fingerprint: 0,
+                    },
+                    told: q.cost,
+                    local: false,
+                })),
+            ),
+        };
+        Some(Debt {
+            rule: q.rule,
+            slot,
+            fingerprint,
+            policy,
+            kind,
+            priced: a.priced,
+            report,
+        })
+    }
+
+    /// Queues `used` (less what the service counted already) for the next flush of `report`'s
+    /// rule.
+    pub(super) fn report_usage(&self, report: &ServiceReport, used: u64) {
+        let units = used.saturating_sub(report.told);
+        if units == 0 {
+            return;
+        }
+        let queued = self
+            .hits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .count(report.hash, &report.entries, report.target, units);
+        let counter = match queued {
+            true => Counter::UsageReported,
+            false => Counter::ReportsLost,
+        };
+        self.metrics.add(report.target.rule, counter, units);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+mod tests {
+    use crate::config::Config;
+    use crate::key::Seed;
+    use crate::metrics::Counter;
+    use crate::rls::{self, Code, DescriptorStatus};
+    use crate::runtime::{Background, Next, Runtime, StreamState};
+    use crate::store::MemoryStore;
+    use crate::testkit::FakeHost;
+
+    const LEASE: &str = r#"{"rules": [{"name": "g", "key": ["remote_address"],
+        "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+        "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10}}]}"#;
+
+    fn runtime(json: &str) -> Runtime<MemoryStore> {
+        Runtime::new(
+            Config::parse(json.as_bytes()).unwrap(),
+            Seed([3, 4]),
+            MemoryStore::new(),
+        )
+    }
+
+    fn answer(code: Code, remaining: u32) -> rls::Response {
+        rls::Response {
+            overall_code: code,
+            statuses: vec![DescriptorStatus {
+                code,
+                requests_per_unit: Some(100),
+                unit_seconds: Some(60),
+                limit_remaining: remaining,
+                reset_ms: Some(30_000),
+            }],
+            headers: Vec::new(),
+        }
+    }
+
+    fn claims(rt: &Runtime<MemoryStore>) -> u64 {
+        let mut n = 0;
+        rt.metrics().drain(
+            |_, c, k| {
+                if c == Counter::LeaseClaims {
+                    n += k;
+                }
+            },
+            |_, _| {},
+        );
+        n
+    }
+
+    /// One request at `now`, each claim it makes answered by `answer`: the last claim's
+    /// block, if it claimed, and whether it was admitted.
+    fn request(
+        rt: &Runtime<MemoryStore>,
+        now: u64,
+        answer: impl Fn(u64) -> rls::Response,
+    ) -> (Option<u64>, bool) {
+        let mut h = FakeHost::new("10.0.0.1", "/");
+        h.now = now;
+        let mut st = StreamState::default();
+        let mut next = st.request_headers(rt, &mut h);
+        let mut claimed = None;
+        for id in 1.. {
+            match next {
+                Next::Continue => return (claimed, true),
+                Next::Reply(_) => return (claimed, false),
+                Next::Call { message, .. } => {
+                    let hits = rls::decode_request(&message).unwrap().hits;
+                    claimed = Some(hits);
+                    assert!(matches!(st.started(rt, &mut h, Ok(id)), Next::Wait));
+                    next = st.call_answer(rt, &mut h, id, Ok(answer(hits)));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn a_granted_block_admits_locally_and_a_low_key_claims_ahead() {
+        let rt = runtime(LEASE);
+        let mut bg = Background::new(&rt);
+        // The first request claims a block and takes its cost from it.
+        let (hits, ok) = request(&rt, 1_000, |_| answer(Code::Ok, 90));
+        let first = hits.expect("a claim");
+        assert!(ok && first >= 1, "{first}");
+        // The rest of the block is admitted with no call.
+        for t in 1..first {
+            let (hits, ok) = request(&rt, 1_000 + t, |_| panic!("claimed"));
+            assert_eq!((hits, ok), (None, true));
+        }
+        assert_eq!(claims(&rt), 1);
+        // Running low queued a claim ahead of need: the next tick sends it.
+        let work = bg.tick(&rt, 2_000, false);
+        assert_eq!(work.calls.len(), 1, "a claim ahead");
+        let call = work.calls.into_iter().next().unwrap();
+        let block = rls::decode_request(&call.message).unwrap().hits;
+        assert!(block >= 2, "the block grows with the rate: {block}");
+        bg.started(&rt, call, Some(9));
+        assert!(bg.answered(&rt, 9, Ok(answer(Code::Ok, 80)), 2_010));
+        for t in 0..block {
+            let (hits, ok) = request(&rt, 2_100 + t, |_| panic!("claimed"));
+            assert_eq!((hits, ok), (None, true), "request {t} of the block");
+        }
+    }
+
+    #[test]
+    fn a_refused_claim_of_a_block_claims_what_remains_then_refuses_locally() {
+        let rt = runtime(LEASE);
+        let (hits, ok) = request(&rt, 1_000, |hits| {
+            if hits > 1 {
+                answer(Code::OverLimit, 1)
+            } else {
+                answer(Code::Ok, 0)
+            }
+        });
+        assert_eq!((hits, ok), (Some(1), true), "claimed what remained");
+        // None left: refused by the service once, then locally until its reset.
+        let (hits, ok) = request(&rt, 1_100, |_| answer(Code::OverLimit, 0));
+        assert!(hits.is_some() && !ok);
+        let (hits, ok) = request(&rt, 1_200, |_| panic!("claimed"));
+        assert_eq!((hits, ok), (None, false));
+        // After the service's reset, a claim again.
+        let (hits, ok) = request(&rt, 1_100 + 30_000, |_| answer(Code::Ok, 50));
+        assert!(hits.is_some() && ok);
+    }
+}
