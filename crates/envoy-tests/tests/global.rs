@@ -599,3 +599,105 @@ fn usage_charged_rules_hold_a_fleet_budget_in_every_mode() {
     let (admitted, _) = run("sync", "", false);
     assert_eq!(admitted, budget / 5, "sync counts each reservation whole");
 }
+
+/// Lease mode's faults, one key (client address) each, blocks of at most 4, limit 20:
+/// - the service down: what a proxy holds is still admitted, then `failure_mode` decides, at
+///   once (no request waits for a service that refuses connections);
+/// - the service slow: a request that must claim waits `timeout_ms`, no longer;
+/// - a proxy gone with a block: the fleet loses that block (under-admission), never more;
+/// - the store restarted: a key the service refused stays refused until the service's reset
+///   (no claim before then); other keys claim afresh from counters starting over.
+#[test]
+fn lease_faults_are_bounded_and_follow_failure_mode() {
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let mut redis_proc = Some(redis(redis_port));
+    let limit = 20u64;
+    let mut rls_proc = Some(rls_with(rls_port, redis_port, &[("g", limit, 60)], 0, true));
+    let config = |failure_mode: &str| {
+        rule_config(
+            "g",
+            limit,
+            "minute",
+            r#""mode": "lease", "max_block": 4, "flush_ms": 20, "timeout_ms": 300"#,
+            failure_mode,
+        )
+    };
+    let (open, closed) = (
+        envoy(&config("allow"), rls_port),
+        envoy(&config("deny"), rls_port),
+    );
+    let status = |e: &Envoy, from: &str| {
+        Client::connect_from(e.addr, from)
+            .unwrap()
+            .get("/")
+            .unwrap()
+            .status
+    };
+
+    // A proxy gone with its block: 127.0.0.3 claims 4 on one proxy, which then stops; the
+    // other admits the 16 left, and no more.
+    {
+        let gone = envoy(&config("deny"), rls_port);
+        assert_eq!(status(&gone, "127.0.0.3"), 200);
+        assert_eq!(
+            gone.wait_stat(&common::metric(Some("g"), "lease_granted"), 4),
+            Some(4)
+        );
+    }
+    let admitted = (0..30)
+        .filter(|_| status(&closed, "127.0.0.3") == 200)
+        .count();
+    assert_eq!(
+        admitted as u64,
+        limit - 4,
+        "the block the gone proxy held is lost"
+    );
+
+    // The store restarted (counters lost): 127.0.0.3, refused by the service, stays refused
+    // until the service's reset; a key never refused claims afresh.
+    redis_proc.take();
+    redis_proc = Some(redis(redis_port));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(status(&closed, "127.0.0.3"), 429);
+    assert_eq!(status(&closed, "127.0.0.4"), 200);
+
+    // The service down: 127.0.0.5 holds 3 of its first block on each proxy; those are
+    // admitted, then failure_mode decides, at once.
+    for p in [&open, &closed] {
+        assert_eq!(status(p, "127.0.0.5"), 200);
+    }
+    std::thread::sleep(Duration::from_millis(100)); // claims ahead, if any, answered
+    rls_proc.take();
+    for p in [&open, &closed] {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(status(p, "127.0.0.5"));
+        }
+        assert_eq!(statuses, [200, 200, 200], "held quota outlives the service");
+    }
+    let t = Instant::now();
+    assert_eq!(status(&open, "127.0.0.5"), 200, "fail open");
+    assert_eq!(status(&closed, "127.0.0.5"), 429, "fail closed");
+    assert!(
+        t.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(open.wait_stat(&common::metric(Some("g"), "failed_open"), 1) >= Some(1));
+    assert!(closed.wait_stat(&common::metric(Some("g"), "failed_closed"), 1) >= Some(1));
+
+    // The service slow (every answer 2 s): a request that must claim waits its timeout.
+    let _slow = rls_with(rls_port, redis_port, &[("g", limit, 60)], 2_000, true);
+    let t = Instant::now();
+    assert_eq!(
+        status(&open, "127.0.0.6"),
+        200,
+        "fail open after the timeout"
+    );
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(280) && waited < Duration::from_millis(1_500),
+        "{waited:?}"
+    );
+    drop(redis_proc);
+}

@@ -488,14 +488,18 @@ impl Filter {
     ) -> HeadersStatus {
         loop {
             next = match next {
-                Next::Call { rule, message } => {
+                Next::Call {
+                    rule,
+                    message,
+                    timeout_ms,
+                } => {
                     let started = match c.rt.global_of(rule) {
                         Some(g) => s
                             .start_grpc(
                                 &g.cluster,
                                 rls::PATH,
                                 &rls::grpc_frame(&message),
-                                g.timeout_ms,
+                                timeout_ms,
                             )
                             .map_err(|code| ServiceError::NotSent {
                                 cluster: g.cluster.clone(),

@@ -645,14 +645,18 @@ impl Request {
         let rt = &served.rt;
         loop {
             next = match next {
-                Next::Call { rule, message } => {
+                Next::Call {
+                    rule,
+                    message,
+                    timeout_ms,
+                } => {
                     let started = match rt.global_of(rule) {
                         Some(g) => abi::grpc_call(
                             &g.cluster,
                             rls::SERVICE,
                             rls::METHOD,
                             &message,
-                            g.timeout_ms,
+                            timeout_ms,
                         )
                         .map(u64::from)
                         .map_err(|s| ServiceError::NotSent {

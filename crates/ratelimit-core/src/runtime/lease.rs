@@ -149,9 +149,10 @@ impl<S: Store> Runtime<S> {
     }
 
     /// After every question is answered: a lease claim the service refused while saying that
-    /// enough remains for the request is made again for what remains (once). Returns whether
-    /// there are questions to ask again.
-    pub fn reclaim(&self, p: &mut Pending, now_ms: u64) -> bool {
+    /// enough remains for the request is made again for what remains (once, and only while the
+    /// rule's `timeout_ms` since the first call at `since_ms` is not spent: the refusal stands
+    /// otherwise). Returns whether there are questions to ask again.
+    pub fn reclaim(&self, p: &mut Pending, since_ms: u64, now_ms: u64) -> bool {
         let mut again = false;
         for i in 0..p.questions.len() {
             let (Some(q), Some(Some(Ok(answer))), Some(applied)) =
@@ -176,6 +177,9 @@ impl<S: Store> Runtime<S> {
             ) else {
                 continue;
             };
+            if now_ms.saturating_sub(since_ms) >= u64::from(g.timeout_ms) {
+                continue;
+            }
             let again_q = Question {
                 rule: q.rule,
                 hash: q.hash,
@@ -564,5 +568,30 @@ mod tests {
         // After the service's reset, a claim again.
         let (hits, ok) = request(&rt, 1_100 + 30_000, |_| answer(Code::Ok, 50));
         assert!(hits.is_some() && ok);
+    }
+
+    #[test]
+    fn no_request_waits_past_its_timeout_in_all() {
+        // timeout_ms 20 (the default): the first claim's answer comes after 15 ms; the claim
+        // of what remains gets the 5 ms left; after 20 ms, the refusal stands.
+        for (answered_at, again) in [(15u64, Some(5u32)), (20, None)] {
+            let rt =
+                runtime(&LEASE.replace(r#""flush_ms": 10"#, r#""flush_ms": 10, "max_block": 8"#));
+            let mut h = FakeHost::new("10.0.0.1", "/");
+            h.now = 1_000;
+            let mut st = StreamState::default();
+            let Next::Call { timeout_ms, .. } = st.request_headers(&rt, &mut h) else {
+                panic!("no claim")
+            };
+            assert_eq!(timeout_ms, 20);
+            st.started(&rt, &mut h, Ok(1));
+            h.now += answered_at;
+            let next = st.call_answer(&rt, &mut h, 1, Ok(answer(Code::OverLimit, 2)));
+            match (next, again) {
+                (Next::Call { timeout_ms, .. }, Some(left)) => assert_eq!(timeout_ms, left),
+                (Next::Reply(r), None) => assert_eq!(r.status, 429),
+                (other, _) => panic!("{other:?} after {answered_at} ms"),
+            }
+        }
     }
 }

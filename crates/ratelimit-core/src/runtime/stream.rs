@@ -71,13 +71,17 @@ pub enum Next {
     /// Keep the request stopped and wait for the next event.
     Wait,
     /// Start a call to the rate limit service of `rule` ([`Runtime::global_of`] gives its
-    /// cluster and timeout) with the `message` (a `RateLimitRequest`, not framed), then report
-    /// how starting it went with [`StreamState::started`].
+    /// cluster) with the `message` (a `RateLimitRequest`, not framed) and this timeout, then
+    /// report how starting it went with [`StreamState::started`].
     Call {
         /// The global rule asking.
         rule: usize,
         /// The request message.
         message: Vec<u8>,
+        /// How long to wait for the answer, ms: the rule's `timeout_ms`, less what the request
+        /// waited already for an earlier call (a lease claim made again), so that no request
+        /// waits longer than `timeout_ms` in all.
+        timeout_ms: u32,
     },
     /// Hold the request until `until_ms` (ms since the epoch), then call
     /// [`StreamState::release`].
@@ -126,6 +130,8 @@ struct Asking {
     starting: Option<usize>,
     /// The next question to start a call for.
     next: usize,
+    /// When the first call started, ms.
+    since_ms: u64,
 }
 
 /// A call in flight.
@@ -189,6 +195,7 @@ impl StreamState {
             calls: Vec::new(),
             starting: None,
             next: 0,
+            since_ms: host.now_ms(),
         }));
         self.ask(rt, host)
     }
@@ -336,22 +343,32 @@ impl StreamState {
         }
         while let Some((q, rule, message)) = a.pending.take_question(a.next) {
             a.next += 1;
-            if rt.global_of(rule).is_none() {
+            let Some(g) = rt.global_of(rule) else {
                 a.pending.answer(q, Err(ServiceError::NotGlobal));
                 continue;
-            }
+            };
+            let waited = host.now_ms().saturating_sub(a.since_ms);
+            let timeout_ms = u64::from(g.timeout_ms).saturating_sub(waited);
+            let Ok(timeout_ms @ 1..) = u32::try_from(timeout_ms) else {
+                a.pending.answer(q, Err(ServiceError::NoAnswer));
+                continue;
+            };
             a.starting = Some(q);
             a.calls.push(Call {
                 id: None,
                 question: q,
                 answer: GrpcAnswer::default(),
             });
-            return Next::Call { rule, message };
+            return Next::Call {
+                rule,
+                message,
+                timeout_ms,
+            };
         }
         if !a.pending.complete() {
             return Next::Wait;
         }
-        if rt.promotes() && rt.reclaim(&mut a.pending, host.now_ms()) {
+        if rt.promotes() && rt.reclaim(&mut a.pending, a.since_ms, host.now_ms()) {
             return self.ask(rt, host);
         }
         let Phase::Asking(a) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
@@ -635,7 +652,7 @@ mod tests {
 
     /// Starts a stream of a sync rule: the one call it asks for.
     fn asking(rt: &Runtime<MemoryStore>, st: &mut StreamState, h: &mut FakeHost) {
-        let Next::Call { rule, message } = st.request_headers(rt, h) else {
+        let Next::Call { rule, message, .. } = st.request_headers(rt, h) else {
             panic!("no call")
         };
         assert_eq!(rule, 0);
