@@ -9,8 +9,9 @@
 //!
 //! A grant lasts until the service's reset (`duration_until_reset`) counted from when the claim
 //! was sent, never later than the service's own window end. Blocks follow the key's rate here:
-//! a block is a power of two, doubled when the last one ran low within [`FAST_MS`] of being
-//! claimed and halved when it lasted more than [`SLOW_MS`], and never above the rule's cap.
+//! a block is a power of two of requests (of what the request at hand costs: one, or its
+//! tokens), doubled when the last claim was made within [`FAST_MS`] and halved when it was made
+//! more than [`SLOW_MS`] before, and never above the rule's cap.
 
 use super::codec::Reader;
 use super::{calendar::Windows, Verdict};
@@ -25,8 +26,8 @@ pub const SHORT_WAIT_MS: u64 = 1_000;
 /// A claim ahead of need still unanswered after this long is given up (its proxy or VM may be
 /// gone): another may start, ms.
 pub const STALE_CLAIM_MS: u64 = 10_000;
-/// A key's first block is 2^this (4), capped: a key seldom used claims a few requests at once,
-/// not one per request.
+/// A key's first block is 2^this (4) requests' worth, capped: a key seldom used claims a few
+/// requests at once, not one per request.
 pub const FIRST_SHIFT: u8 = 2;
 /// The largest block exponent (2⁴⁰).
 const MAX_SHIFT: u8 = 40;
@@ -158,15 +159,19 @@ impl State {
         (s.held < 0 || s.claiming).then_some(1)
     }
 
-    /// The block the next claim asks for, at most `cap` (at least 1).
-    pub fn block(&self, cap: u64) -> u64 {
-        (1u64 << self.shift.min(MAX_SHIFT)).min(cap).max(1)
+    /// The block the next claim asks for: `2^shift` requests of `unit` (what the request at
+    /// hand costs), at most `cap` (at least 1).
+    pub fn block(&self, cap: u64, unit: u64) -> u64 {
+        unit.max(1)
+            .saturating_mul(1u64 << self.shift.min(MAX_SHIFT))
+            .min(cap)
+            .max(1)
     }
 
     /// The block to claim next at `now_ms`: [`State::block`], and no more than the service
     /// said remained while its window lasts (others only take from it meanwhile).
-    pub fn claim_block(&self, cap: u64, now_ms: u64) -> u64 {
-        let b = self.block(cap);
+    pub fn claim_block(&self, cap: u64, unit: u64, now_ms: u64) -> u64 {
+        let b = self.block(cap, unit);
         if now_ms < self.expires_ms && self.remaining > 0 {
             b.min(u64::from(self.remaining))
         } else {
@@ -177,10 +182,10 @@ impl State {
     /// What the lease makes of a request of `cost` at `now_ms`, blocks at most `cap`.
     pub fn peek(state: Option<&State>, now_ms: u64, cost: u64, cap: u64) -> Peek {
         let s = state.copied().unwrap_or_default().at(now_ms);
+        let half = i64::try_from(s.block(cap, cost) / 2).unwrap_or(i64::MAX);
         let cost = i64::try_from(cost).unwrap_or(i64::MAX);
         if s.held >= cost {
             let after = s.held - cost;
-            let half = i64::try_from(s.block(cap) / 2).unwrap_or(i64::MAX);
             let claiming = s.claiming && now_ms < s.claim_ms.saturating_add(STALE_CLAIM_MS);
             return Peek::Covered {
                 low: after < half.max(1) && !s.refused && !claiming,
@@ -193,21 +198,22 @@ impl State {
     }
 
     /// A claim starts at `now_ms` (`ahead`: ahead of need, in the background; else by a
-    /// request that waits for it): the block follows how soon the last one was claimed. A key's
-    /// first block is [`FIRST_SHIFT`]'s. Returns the new state and the block to claim.
-    pub fn start_claim(self, now_ms: u64, cap: u64, ahead: bool) -> (State, u64) {
+    /// request that waits for it), blocks at most `cap` of requests costing `unit`: the block
+    /// follows how soon the last one was claimed. A key's first block is [`FIRST_SHIFT`]'s.
+    /// Returns the new state and the block to claim.
+    pub fn start_claim(self, now_ms: u64, (cap, unit): (u64, u64), ahead: bool) -> (State, u64) {
         let mut s = self;
         let since = now_ms.saturating_sub(s.claim_ms);
         if s.claim_ms == 0 {
             s.shift = FIRST_SHIFT;
-        } else if since < FAST_MS && s.block(cap) < cap {
+        } else if since < FAST_MS && s.block(cap, unit) < cap {
             s.shift = (s.shift + 1).min(MAX_SHIFT);
         } else if since > SLOW_MS {
             s.shift = s.shift.saturating_sub(1);
         }
         s.claiming |= ahead;
         s.claim_ms = now_ms;
-        (s, s.claim_block(cap, now_ms))
+        (s, s.claim_block(cap, unit, now_ms))
     }
 
     /// The service granted `block` (of which `taken` goes at once to the request that claimed
@@ -438,10 +444,10 @@ mod tests {
     #[test]
     fn blocks_follow_the_rate_within_the_cap() {
         let mut s = State::default();
-        let (next, block) = s.start_claim(10_000, 64, true);
+        let (next, block) = s.start_claim(10_000, (64, 1), true);
         assert_eq!((block, next.claiming), (4, true));
         assert_eq!(
-            s.start_claim(10_000, 2, false),
+            s.start_claim(10_000, (2, 1), false),
             (
                 State {
                     claim_ms: 10_000,
@@ -457,15 +463,18 @@ mod tests {
         let mut t = 10_100;
         let mut blocks = Vec::new();
         for _ in 0..9 {
-            let (n, b) = s.start_claim(t, 64, true);
+            let (n, b) = s.start_claim(t, (64, 1), true);
             blocks.push(b);
             s = n.claim_failed();
             t += 100;
         }
         assert_eq!(blocks, [8, 16, 32, 64, 64, 64, 64, 64, 64]);
         // Slow: halving.
-        let (_, b) = s.start_claim(t + 9_000, 64, true);
+        let (_, b) = s.start_claim(t + 9_000, (64, 1), true);
         assert_eq!(b, 32);
+        // Blocks count requests of what the request at hand costs: 4 of 1,000 tokens first.
+        let (_, b) = State::default().start_claim(10_000, (1_000_000, 1_000), false);
+        assert_eq!(b, 4_000);
         // The 4 granted are held; taking 3 runs low: a claim ahead is due.
         assert_eq!(State::peek(Some(&s), t, 3, 64), Peek::Covered { low: true });
         assert_eq!(State::peek(Some(&s), t, 5, 64), Peek::Claim);

@@ -113,12 +113,12 @@ impl<S: Store> Runtime<S> {
             |state| match lease::State::peek(state, now_ms, cost, cap) {
                 Peek::Covered { low: true } => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
-                    let (next, block) = s.start_claim(now_ms, cap, true);
+                    let (next, block) = s.start_claim(now_ms, (cap, cost), true);
                     ((Peek::Covered { low: true }, block), Some(next))
                 }
                 Peek::Claim => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
-                    let (next, block) = s.start_claim(now_ms, cap, false);
+                    let (next, block) = s.start_claim(now_ms, (cap, cost), false);
                     ((Peek::Claim, block.max(cost)), Some(next))
                 }
                 peek => ((peek, 0), None),
