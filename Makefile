@@ -30,7 +30,7 @@ ENVOY ?= $(CURDIR)/$(ENVOYS)/$(ENVOY_VERSION)/bin/envoy
 endif
 export ENVOY
 
-.PHONY: build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
+.PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
 	envoy envoys target clean bench bench-tools oci
 
@@ -108,6 +108,16 @@ rls-server:
 	bash crates/envoy-tests/rls-server/prepare.sh
 	cargo build --release --manifest-path crates/envoy-tests/rls-server/Cargo.toml
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+# The rate limit service an example's global rules count against (examples/llm-gateway): the
+# test one (the limitador engine) on 127.0.0.1:8081 over a Redis on 127.0.0.1:6379, with the
+# example's limits.json. Ctrl-C stops both.
+EXAMPLE ?= llm-gateway
+rls-example: rls-server
+	@redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no >/dev/null & \
+	trap 'kill $$!' EXIT INT TERM; sleep 0.5; \
+	crates/envoy-tests/rls-server/target/release/rls-server 127.0.0.1:8081 redis://127.0.0.1:6379 \
+		"$$(cat examples/$(EXAMPLE)/limits.json)" 0 serial
 
 # Prometheus and promtool (Debian's package) for the dashboard and alert rules' test
 # (envoy-tests' prometheus.rs).

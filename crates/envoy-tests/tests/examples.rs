@@ -184,7 +184,7 @@ fn every_example_does_what_its_readme_says() {
     assert!(dirs.len() >= 7, "{dirs:?}");
     for dir in dirs {
         // The example as written, on free ports, its stand-in backend on a free one too.
-        let yaml = common::example_yaml(&dir);
+        let (yaml, _services) = common::example(&dir);
         let envoy = Envoy::start_yaml(&common::for_build(&yaml));
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         let steps = sessions(&readme);

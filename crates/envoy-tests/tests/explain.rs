@@ -147,9 +147,11 @@ const CASES: &[Case] = &[
     },
 ];
 
-/// The example's Envoy configuration on free ports, with `key_seed` and limited lines at info.
-fn example_yaml(dir: &Path) -> String {
-    seeded(&common::example_yaml(dir))
+/// The example's Envoy configuration on free ports, with `key_seed` and limited lines at info;
+/// the guards keep the example's rate limit service running, if it has one.
+fn example_yaml(dir: &Path) -> (String, Vec<common::Proc>) {
+    let (yaml, services) = common::example(dir);
+    (seeded(&yaml), services)
 }
 
 /// The configuration with the test's `key_seed` and `"log_limited": "info"` in front of its
@@ -246,7 +248,7 @@ fn explain_says_what_the_filter_does_to_each_example() {
     let mut examples = 0;
     for case in CASES {
         let dir = root.join("examples").join(case.example);
-        let yaml = example_yaml(&dir);
+        let (yaml, _services) = example_yaml(&dir);
         let config = scratch.join(format!("{}.yaml", case.example));
         std::fs::write(&config, &yaml).unwrap();
         let explained = explain(&config, case);

@@ -540,9 +540,10 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
 
 /// Envoy running `examples/NAME/envoy.yaml` as shipped (on free ports, its stand-in backend
 /// included), as examples.rs runs it.
-fn start_example(name: &str) -> Envoy {
-    let yaml = common::example_yaml(&root().join("examples").join(name));
-    Envoy::start_yaml(&common::for_build(&yaml))
+/// The guards keep the example's rate limit service running, if it has one.
+fn start_example(name: &str) -> (Envoy, Vec<common::Proc>) {
+    let (yaml, services) = common::example(&root().join("examples").join(name));
+    (Envoy::start_yaml(&common::for_build(&yaml)), services)
 }
 
 /// The shipped LLM examples, with each API's official SDK as the client: the SDK's calls use up
@@ -571,7 +572,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
             "anthropic-ratelimit-tokens-remaining",
         ),
     ] {
-        let envoy = start_example(example);
+        let (envoy, _services) = start_example(example);
         // The SDK accepts gzip, and its stand-in API compresses for a client that does, as the
         // real one does: the example has the backend answer in identity and compresses for
         // the client after the filter has read the usage. Each call of a mode reserves the
@@ -635,7 +636,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
     // The gateway example: the SDK's third gpt-4o-mini call in a minute is its model's third,
     // refused by the per-model rule, with OpenAI's fields and a wait the SDK can use (a token
     // comes back every 30 s).
-    let envoy = start_example("llm-gateway");
+    let (envoy, _services) = start_example("llm-gateway");
     let out = run(&envoy, "openai", "alice", "json", "exhaust", &[]);
     assert_eq!(out["passed"], 2, "{out}");
     let e = &out["error"];
@@ -669,7 +670,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
             "authentication_error",
         ),
     ] {
-        let envoy = start_example(example);
+        let (envoy, _services) = start_example(example);
         let extra = ["--authorization".to_string(), "Basic c2stc2Rr".to_string()];
         let out = run(&envoy, sdk, "sk-sdk", "json", "refused", &extra);
         let e = &out["error"];

@@ -869,6 +869,90 @@ pub fn example_yaml(dir: &Path) -> String {
         )
 }
 
+/// Waits (≤ 10 s) until something listens on `port`.
+#[allow(dead_code)]
+pub fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A Redis on `port`, in memory only.
+#[allow(dead_code)]
+pub fn redis(port: u16) -> Proc {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server; .ci/run does)");
+    wait_port(port);
+    Proc(child)
+}
+
+fn rls_server_bin() -> PathBuf {
+    std::env::var("RLS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("crates/envoy-tests/rls-server/target/release/rls-server"))
+}
+
+/// The test rate limit service (the limitador engine over the Redis on `redis_port`) on
+/// `port`, with Limitador's `limits` (JSON), each answer `delay_ms` late, one call at a time if
+/// `serial`.
+#[allow(dead_code)]
+pub fn rls_server(port: u16, redis_port: u16, limits: &str, delay_ms: u64, serial: bool) -> Proc {
+    let child = Command::new(rls_server_bin())
+        .args([
+            format!("127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{redis_port}"),
+            limits.to_string(),
+            delay_ms.to_string(),
+            if serial { "serial" } else { "concurrent" }.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the test RLS server (make integration builds it)");
+    wait_port(port);
+    Proc(child)
+}
+
+/// An example as [`example_yaml`] gives it, with what it needs running: for an example with a
+/// `limits.json` (its global rules' limits, in Limitador's terms), a Redis and the test rate
+/// limit service, on free ports (the example's `ratelimit` cluster, port 8081, pointed at it).
+/// The processes stop when the guards are dropped.
+#[allow(dead_code)]
+pub fn example(dir: &Path) -> (String, Vec<Proc>) {
+    let yaml = example_yaml(dir);
+    let Ok(limits) = std::fs::read_to_string(dir.join("limits.json")) else {
+        return (yaml, Vec::new());
+    };
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let store = redis(redis_port);
+    let service = rls_server(rls_port, redis_port, &limits, 0, true);
+    let yaml = yaml.replace("port_value: 8081", &format!("port_value: {rls_port}"));
+    (yaml, vec![store, service])
+}
+
 /// An Envoy configuration for the build under test: as written for the wasm build; for the
 /// native build, every wasm filter becomes the dynamic module with the same plugin name and
 /// configuration (as JSON, which Envoy reads as YAML).
