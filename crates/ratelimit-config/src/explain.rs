@@ -3,7 +3,7 @@
 //! filter logs it, the cost and the limit in force; or the condition or key part that keeps it
 //! from applying.
 
-use ratelimit_core::config::{Carried, Config, GlobalMode, Priced, Rates, Resolved, Rule};
+use ratelimit_core::config::{Carried, Config, Priced, Rates, Resolved, Rule};
 use ratelimit_core::key::{self, Attributes, Meta, PlainRequest, Seed};
 use ratelimit_core::limiter::Policy;
 use ratelimit_core::runtime::explain::{
@@ -421,7 +421,7 @@ fn limit_line(e: &Explained<'_>, a: &Applies<'_>) -> String {
         let _ = write!(
             out,
             ", global {} (cluster {}, domain {})",
-            mode(g.mode),
+            g.mode.name(),
             g.cluster,
             g.domain
         );
@@ -432,13 +432,6 @@ fn limit_line(e: &Explained<'_>, a: &Applies<'_>) -> String {
     out
 }
 
-fn mode(m: GlobalMode) -> &'static str {
-    match m {
-        GlobalMode::Sync => "sync",
-        GlobalMode::Async => "async",
-        GlobalMode::Lease => "lease",
-    }
-}
 
 /// The report for one configuration as JSON objects, one per rule.
 pub fn json(name: &str, config: &Config, options: &Options) -> Vec<Json> {
@@ -559,7 +552,7 @@ fn applies_json(
     o.insert("shadow".into(), e.rule.shadow.into());
     o.insert(
         "global".into(),
-        e.rule.global.as_ref().map(|g| mode(g.mode)).into(),
+        e.rule.global.as_ref().map(|g| g.mode.name()).into(),
     );
     o.insert("elastic".into(), e.rule.elastic.is_some().into());
 }

@@ -118,11 +118,7 @@ pub fn summary(c: &Config) -> String {
 
 /// A global rule's mode, as configured.
 pub fn global_mode(mode: GlobalMode) -> &'static str {
-    match mode {
-        GlobalMode::Sync => "sync",
-        GlobalMode::Async => "async",
-        GlobalMode::Lease => "lease",
-    }
+    mode.name()
 }
 
 /// A rule's key parts: `[remote_address, header:x-api-key]`.
