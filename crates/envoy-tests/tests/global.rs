@@ -639,8 +639,8 @@ fn lease_faults_are_bounded_and_follow_failure_mode() {
     assert!(open.wait_stat(&common::metric(Some("g"), "failed_open"), 1) >= Some(1));
     assert!(closed.wait_stat(&common::metric(Some("g"), "failed_closed"), 1) >= Some(1));
 
-    // The service slow (every answer 2 s): a request that must claim waits its timeout.
-    let _slow = rls_with(rls_port, redis_port, &[("g", limit, 60)], 2_000, true);
+    // The service slow (every answer 5 s): a request that must claim waits its timeout.
+    let _slow = rls_with(rls_port, redis_port, &[("g", limit, 60)], 5_000, true);
     let t = Instant::now();
     assert_eq!(
         status(&open, "127.0.0.6"),
@@ -649,8 +649,85 @@ fn lease_faults_are_bounded_and_follow_failure_mode() {
     );
     let waited = t.elapsed();
     assert!(
-        waited >= Duration::from_millis(280) && waited < Duration::from_millis(1_500),
+        waited >= Duration::from_millis(280) && waited < Duration::from_millis(2_500),
         "{waited:?}"
     );
     drop(redis_proc);
+}
+
+/// A token budget per API key in lease mode, three proxies in front of one LLM API streaming
+/// its answers (OpenAI chat, `stream_options.include_usage`: the usage in the last event),
+/// each request reserving its `max_completion_tokens` and a token per 4 bytes of its body,
+/// trued up to the 50 tokens each answer reports: the fleet charges exactly what the answers
+/// used, and never more than the budget.
+#[test]
+fn streamed_llm_answers_hold_a_token_budget_across_three_proxies() {
+    use common::llm::{Api, LlmClient, LlmUpstream, Mode};
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    let budget = 2_000u64;
+    let limits = format!(
+        r#"[{{"namespace": "llm", "name": "tokens", "max_value": {budget}, "seconds": 60,
+             "conditions": ["descriptors[0].rule == 'tokens'"],
+             "variables": ["descriptors[0]['header:x-api-key']"]}}]"#
+    );
+    let _rls = rls_server(rls_port, redis_port, &limits, 0, true);
+    let config = format!(
+        r#"{{"rules": [{{"name": "tokens", "key": ["header:x-api-key"],
+            "rate_limit": {{"requests_per_unit": {budget}, "unit": "minute"}},
+            "cost": {{"response": "openai", "true_up": true,
+                      "reserve": {{"from": "openai", "input": "bytes/4", "default": 200}}}},
+            "global": {{"cluster": "ratelimit", "domain": "llm", "mode": "lease",
+                        "flush_ms": 20, "timeout_ms": 1000}}}}]}}"#
+    );
+    let up = LlmUpstream::start();
+    let listener = common::Listener {
+        upstream: Some(up.addr),
+        ..common::Listener::default()
+    };
+    let yaml = format!(
+        "{}{}",
+        common::bootstrap_with(&config, &listener),
+        rls_cluster(rls_port, "1s")
+    );
+    let proxies: Vec<Envoy> = (0..3).map(|_| Envoy::start_yaml(&yaml)).collect();
+    let body = Api::Chat.request_body(Mode::Sse, true, 100);
+    let start = Instant::now();
+    let threads: Vec<_> = proxies
+        .iter()
+        .flat_map(|p| [p.addr, p.addr])
+        .map(|addr| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut c = LlmClient::connect(addr).unwrap();
+                let mut answered = 0u64;
+                while start.elapsed() < Duration::from_secs(3) {
+                    let headers = [
+                        ("x-api-key", "k1"),
+                        ("content-type", "application/json"),
+                        ("x-test-input-tokens", "20"),
+                        ("x-test-output-tokens", "30"),
+                    ];
+                    // A refusal closes the connection (its body was not read): a new one.
+                    match c.post("/v1/chat/completions", &headers, body.as_bytes()) {
+                        Ok(r) if r.status == 200 => answered += 1,
+                        _ => c = LlmClient::connect(addr).unwrap(),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    let answered: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let charged = fleet_stat(&proxies, "tokens", "usage_charged");
+    eprintln!(
+        "lease, streamed answers: {answered} answered of 50 tokens, {charged} charged, budget {budget}"
+    );
+    assert_eq!(charged, answered * 50, "each answer charged what it used");
+    assert!(
+        charged <= budget,
+        "{charged} tokens charged for a budget of {budget}"
+    );
+    // The last requests reserve 116 tokens each: up to 3 proxies' last blocks lapse unused.
+    assert!(answered >= 30, "{answered} answered");
 }

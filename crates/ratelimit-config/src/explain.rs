@@ -432,7 +432,6 @@ fn limit_line(e: &Explained<'_>, a: &Applies<'_>) -> String {
     out
 }
 
-
 /// The report for one configuration as JSON objects, one per rule.
 pub fn json(name: &str, config: &Config, options: &Options) -> Vec<Json> {
     let (rt, seed) = runtime(config, options);
