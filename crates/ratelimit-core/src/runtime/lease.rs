@@ -594,4 +594,33 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_configuration_update_keeps_what_is_held() {
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let parse = |json: &str| Config::parse(json.as_bytes()).unwrap();
+        let old = Runtime::new(parse(LEASE), Seed([3, 4]), store.clone());
+        let mut h = FakeHost::new("10.0.0.1", "/");
+        h.now = 1_000;
+        let mut st = StreamState::default();
+        let Next::Call { message, .. } = st.request_headers(&old, &mut h) else {
+            panic!("no claim")
+        };
+        let block = rls::decode_request(&message).unwrap().hits;
+        st.started(&old, &mut h, Ok(1));
+        st.call_answer(&old, &mut h, 1, Ok(answer(Code::Ok, 90)));
+        // The new configuration (other blocks, another timeout) admits from the same lease.
+        let new = Runtime::new(
+            parse(&LEASE.replace(
+                r#""flush_ms": 10"#,
+                r#""flush_ms": 50, "max_block": 2, "timeout_ms": 80"#,
+            )),
+            Seed([3, 4]),
+            store,
+        );
+        for _ in 1..block {
+            let mut st = StreamState::default();
+            assert!(matches!(st.request_headers(&new, &mut h), Next::Continue));
+        }
+    }
 }
