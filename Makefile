@@ -32,7 +32,7 @@ export ENVOY
 
 .PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
-	envoy envoys target clean bench bench-tools oci
+	envoy envoys target clean bench bench-tools oci fleet
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -93,7 +93,7 @@ run-native: build-native envoy
 		--disable-hot-restart --component-log-level dynamic_modules:debug
 
 # Every test that needs no Envoy: the core's unit, property and accuracy tests, the CLI's, the
-# ABI's (`cargo test --workspace` alone runs the same).
+# ABI's, the fleet model's (`cargo test --workspace` alone runs the same).
 unit:
 	cargo test --workspace
 
@@ -218,6 +218,12 @@ bench-tools: build build-native envoy rls-server
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
+
+# The fleet model (crates/fleet-sim): 3 to 100 proxies over the core's own decision code, each
+# global mode, flush interval and block size; prints the tables of BENCHMARKS.md's "Fleet
+# model" and writes every run's figures to bench/fleet.json (about 15 s of CPU).
+fleet:
+	cargo run --release -q -p fleet-sim -- --json bench/fleet.json
 
 clean:
 	cargo clean

@@ -1,0 +1,20 @@
+//! A fleet model beyond one machine: 3 to 100 proxies and their shared rate limit service,
+//! simulated on a virtual clock over the core's own decision code ([`fleet`]), to measure
+//! what each global mode admits beyond the limit, refuses below it, and asks of the service,
+//! for each flush interval and block size ([`sweep`]).
+//!
+//! - [`traffic`]: which key each request is for (one hot key, uniform, Zipf) and when it comes.
+//! - [`service`]: the rate limit service, as the limitador engine counts, but atomic.
+//! - [`fleet`]: the proxies (each a `Runtime` driven through `StreamState` and `Background`,
+//!   as the hosts drive them), the calls, the clock.
+//! - [`tally`]: what was admitted, window by window of the service, against an exact limiter.
+//! - [`sweep`]: the default sweep, its markdown table and JSON.
+
+pub mod fleet;
+pub mod service;
+pub mod sweep;
+pub mod tally;
+pub mod traffic;
+
+pub use fleet::{run, Error, Load, Mode, Outcome, Scenario};
+pub use traffic::Traffic;

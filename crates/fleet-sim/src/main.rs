@@ -1,0 +1,139 @@
+//! `fleet-sim`: the fleet model's sweep (markdown tables on stdout) and its comparison with the
+//! measured Envoy runs. `--quick`: the small sweep; `--json FILE`: every run's figures;
+//! `--threads N` (default 2); `--rate R`: the fleet's requests a second (default 200; the
+//! limits follow it, at half the demand); `--proxies 3,10,...`; `--latency 1,10` (the
+//! service's round trips, ms); `--seconds S` (how long requests come, default 150).
+
+use fleet_sim::sweep::{self, Sweep};
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "usage: fleet-sim [--quick] [--json FILE] [--threads N] [--rate R] \
+                     [--proxies N,N,...] [--latency MS,MS,...] [--seconds S]";
+
+struct Args {
+    quick: bool,
+    json: Option<String>,
+    threads: usize,
+    rate: Option<f64>,
+    proxies: Option<Vec<usize>>,
+    latencies_ms: Option<Vec<u64>>,
+    seconds: Option<u64>,
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+    let v = v.ok_or(format!("{flag} needs a value"))?;
+    v.parse().map_err(|_| format!("{flag} {v}: not a number"))
+}
+
+fn list<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<Vec<T>, String> {
+    let v = v.ok_or(format!("{flag} needs a list"))?;
+    v.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("{flag} {v}: not a list of numbers"))
+        })
+        .collect()
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        quick: false,
+        json: None,
+        threads: 2,
+        rate: None,
+        proxies: None,
+        latencies_ms: None,
+        seconds: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => a.quick = true,
+            "--json" => a.json = Some(it.next().ok_or("--json needs a file")?),
+            "--threads" => a.threads = number("--threads", it.next())?,
+            "--rate" => a.rate = Some(number("--rate", it.next())?),
+            "--seconds" => a.seconds = Some(number("--seconds", it.next())?),
+            "--proxies" => a.proxies = Some(list("--proxies", it.next())?),
+            "--latency" => a.latencies_ms = Some(list("--latency", it.next())?),
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other} (try --help)")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let mut sweep = match (args.quick, args.rate) {
+        (true, _) => Sweep::quick(),
+        (false, Some(rate)) if rate > 0.0 => Sweep::at_rate(rate),
+        (false, _) => Sweep::standard(),
+    };
+    if let Some(p) = args.proxies {
+        sweep.proxies = p;
+    }
+    if let Some(l) = args.latencies_ms {
+        sweep.latencies_ms = l;
+    }
+    if let Some(s) = args.seconds {
+        sweep.duration_ms = s * 1000;
+    }
+    let rows = match sweep::run_all(&sweep.scenarios(), args.threads) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("fleet-sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let comparisons = sweep::comparisons();
+    let scenarios = sweep::comparison_runs(&comparisons);
+    let compared = match sweep::run_all(&scenarios, args.threads) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("fleet-sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", sweep::markdown(&sweep, &rows));
+    let per_seed = sweep::COMPARISON_SEEDS as usize;
+    let runs: Vec<_> = comparisons
+        .into_iter()
+        .zip(compared.chunks(per_seed))
+        .map(|(c, rows)| (c, rows.iter().map(|r| r.outcome.clone()).collect()))
+        .collect();
+    print!("{}", sweep::comparison_markdown(&runs));
+    if let Some(path) = args.json {
+        // One run a line: the file diffs run by run.
+        let lines = |rows: &[sweep::Row]| -> String {
+            let each: Vec<String> = rows
+                .iter()
+                .map(|r| format!("    {}", sweep::row_json(r)))
+                .collect();
+            each.join(",\n")
+        };
+        let text = format!(
+            "{{\n  \"runs\": [\n{}\n  ],\n  \"comparisons\": [\n{}\n  ]\n}}\n",
+            lines(&rows),
+            lines(&compared)
+        );
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("fleet-sim: {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!(
+        "{} runs in {:.1} s",
+        rows.len() + compared.len(),
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
