@@ -582,25 +582,43 @@ fn update<T>(
 }
 
 /// Updates one key's lease ([`crate::limiter::lease`]) in its bucket: `f` gets the lease
-/// (`None`: none yet) and returns its result and the new lease (`None`: unchanged). `None` when
-/// the store could not update it.
+/// (`None`: none yet) and returns its result and the new lease (`None`: unchanged). The result
+/// (`None` when the store could not update the lease), and what the store did (conflicts met,
+/// an entry filled or a live key evicted for a new lease), for the rule's counts.
 pub(crate) fn update_lease<T>(
     store: &impl Store,
     slot: u64,
     fingerprint: u64,
     now_ms: u64,
     mut f: impl FnMut(Option<&lease::State>) -> (T, Option<lease::State>),
-) -> Option<T> {
-    let mut retries = 0;
-    let updated = update(store, slot, fingerprint, now_ms, &mut retries, |state| {
-        let lease = match state {
-            Some(State::Lease(s)) => Some(s),
-            _ => None,
-        };
-        let (result, next) = f(lease);
-        (result, next.map(State::Lease))
-    });
-    updated.ok().map(|(result, _)| result)
+) -> (Option<T>, RuleOutcome) {
+    let mut out = RuleOutcome::default();
+    let updated = update(
+        store,
+        slot,
+        fingerprint,
+        now_ms,
+        &mut out.retries,
+        |state| {
+            let lease = match state {
+                Some(State::Lease(s)) => Some(s),
+                _ => None,
+            };
+            let (result, next) = f(lease);
+            (result, next.map(State::Lease))
+        },
+    );
+    match updated {
+        Ok((result, placement)) => {
+            out.evicted = placement == Some(Placement::Evicted);
+            out.filled = placement == Some(Placement::Filled);
+            (Some(result), out)
+        }
+        Err(failure) => {
+            out.failure = Some(failure);
+            (None, out)
+        }
+    }
 }
 
 /// [`decide`] for any number of checks of any kind.

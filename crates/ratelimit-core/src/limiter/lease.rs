@@ -217,16 +217,10 @@ impl State {
     }
 
     /// The service granted `block` (of which `taken` goes at once to the request that claimed
-    /// it) in a window ending at `expires_ms`, leaving `remaining`. Returns the new state and
-    /// the quota that lapsed (held past its expiry, now replaced).
-    pub fn granted(
-        state: Option<&State>,
-        now_ms: u64,
-        grant: Grant,
-        background: bool,
-    ) -> (State, u64) {
+    /// it) in a window ending at `expires_ms`, leaving `remaining`: the new state (quota held
+    /// past its expiry is replaced: it lapsed).
+    pub fn granted(state: Option<&State>, now_ms: u64, grant: Grant, background: bool) -> State {
         let old = state.copied().unwrap_or_default();
-        let lapsed = old.lapsing(now_ms);
         let mut s = old.at(now_ms);
         // Quota of two grants lapses at the earlier end: one never outlives its window.
         s.expires_ms = if old.held > 0 && now_ms < old.expires_ms {
@@ -241,7 +235,7 @@ impl State {
         if background {
             s.claiming = false;
         }
-        (s, lapsed)
+        s
     }
 
     /// The service refused a claim: none left (`remaining` 0) until `until_ms`, or less than
@@ -396,8 +390,8 @@ mod tests {
 
     #[test]
     fn admits_from_what_is_held_and_never_beyond() {
-        let (s, lapsed) = State::granted(None, 1_000, grant(10, 1, 60_000), false);
-        assert_eq!((s.held, lapsed), (9, 0));
+        let s = State::granted(None, 1_000, grant(10, 1, 60_000), false);
+        assert_eq!(s.held, 9);
         let mut state = Some(s);
         let mut admitted = 1;
         for t in 0..20 {
@@ -414,19 +408,20 @@ mod tests {
         }
         assert_eq!(admitted, 10, "the block, and no more");
         // Past the lease's end what was held lapses.
-        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
         assert_eq!(s.lapsing(60_000), 10);
         assert!(!decide(Some(s), 60_000, 100, MINUTE, 1).0.allowed);
     }
 
     #[test]
     fn two_grants_lapse_at_the_earlier_end() {
-        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
-        let s = State::granted(Some(&s), 2_000, grant(10, 0, 61_000), false).0;
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
+        let s = State::granted(Some(&s), 2_000, grant(10, 0, 61_000), false);
         assert_eq!((s.held, s.expires_ms), (20, 60_000));
         // A grant after the old one lapsed: the new window's end, the old quota gone.
-        let (s, lapsed) = State::granted(Some(&s), 60_500, grant(4, 1, 120_000), false);
-        assert_eq!((s.held, s.expires_ms, lapsed), (3, 120_000, 20));
+        assert_eq!(s.lapsing(60_500), 20);
+        let s = State::granted(Some(&s), 60_500, grant(4, 1, 120_000), false);
+        assert_eq!((s.held, s.expires_ms, s.lapsing(60_500)), (3, 120_000, 0));
     }
 
     #[test]
@@ -457,7 +452,7 @@ mod tests {
                 2
             )
         );
-        s = State::granted(Some(&next), 10_010, grant(4, 0, 60_000), true).0;
+        s = State::granted(Some(&next), 10_010, grant(4, 0, 60_000), true);
         assert!(!s.claiming);
         // Ran low fast: doubling up to the cap.
         let mut t = 10_100;
@@ -482,11 +477,11 @@ mod tests {
 
     #[test]
     fn usage_beyond_the_grants_is_a_debt_paid_from_the_next() {
-        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false).0;
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
         let s = charge(Some(s), 2_000, 15);
         assert_eq!(s.held, -5);
         assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Claim);
-        let s = State::granted(Some(&s), 2_100, grant(8, 1, 60_000), false).0;
+        let s = State::granted(Some(&s), 2_100, grant(8, 1, 60_000), false);
         assert_eq!(s.held, 2);
         assert_eq!(refund(Some(s), 3_000, 4).unwrap().held, 6);
         assert_eq!(

@@ -105,12 +105,8 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         (hash, entries): (u64, &Descriptor),
     ) -> Option<u64> {
-        let peeked = engine::update_lease(
-            &self.store,
-            target.slot,
-            target.fingerprint,
-            now_ms,
-            |state| match lease::State::peek(state, now_ms, cost, cap) {
+        let peeked = self.update_lease(target, now_ms, |state| {
+            match lease::State::peek(state, now_ms, cost, cap) {
                 Peek::Covered { low: true } => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
                     let (next, block) = s.start_claim(now_ms, (cap, cost), true);
@@ -122,8 +118,8 @@ impl<S: Store> Runtime<S> {
                     ((Peek::Claim, block.max(cost)), Some(next))
                 }
                 peek => ((peek, 0), None),
-            },
-        );
+            }
+        });
         match peeked {
             Some((Peek::Covered { low: true }, block)) => {
                 let claim = Claim {
@@ -271,7 +267,7 @@ impl<S: Store> Runtime<S> {
             rls::Code::OverLimit => false,
             rls::Code::Unknown => return Err(ServiceError::Unknown),
         };
-        let updated = engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+        let updated = self.update_lease(t, now_ms, |state| {
             if granted {
                 let grant = Grant {
                     block: claim.block,
@@ -279,15 +275,15 @@ impl<S: Store> Runtime<S> {
                     expires_ms,
                     remaining,
                 };
-                let (s, lapsed) = lease::State::granted(state, now_ms, grant, background);
-                ((s, lapsed), Some(s))
+                let s = lease::State::granted(state, now_ms, grant, background);
+                (s, Some(s))
             } else {
                 let s =
                     lease::State::refused_claim(state, now_ms, expires_ms, remaining, background);
-                ((s, 0), Some(s))
+                (s, Some(s))
             }
         });
-        let Some((s, lapsed)) = updated else {
+        let Some(s) = updated else {
             return Err(ServiceError::NoAnswer);
         };
         if granted {
@@ -295,7 +291,6 @@ impl<S: Store> Runtime<S> {
         } else {
             self.metrics.add(t.rule, Counter::LeaseRefused, 1);
         }
-        self.metrics.add(t.rule, Counter::LeaseLapsed, lapsed);
         Ok(s)
     }
 
@@ -304,8 +299,7 @@ impl<S: Store> Runtime<S> {
         if taken == 0 {
             return;
         }
-        let t = claim.target;
-        engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+        self.update_lease(claim.target, now_ms, |state| {
             ((), lease::refund(state.copied(), now_ms, taken))
         });
     }
@@ -345,10 +339,45 @@ impl<S: Store> Runtime<S> {
         }
     }
 
+    /// [`engine::update_lease`] on `target`'s lease, counted for its rule: the store's work, as
+    /// a request's decision counts it (a key's lease is first written here, when it first
+    /// claims), and the quota held past its expiry that the new lease no longer holds (lapsed:
+    /// whichever update comes first after the service's window turned drops it). `None` when
+    /// the store could not update the lease.
+    fn update_lease<T>(
+        &self,
+        target: Target,
+        now_ms: u64,
+        mut f: impl FnMut(Option<&lease::State>) -> (T, Option<lease::State>),
+    ) -> Option<T> {
+        let mut lapsed = 0;
+        let (result, out) = engine::update_lease(
+            &self.store,
+            target.slot,
+            target.fingerprint,
+            now_ms,
+            |state| {
+                let (result, next) = f(state);
+                // Of the attempt that was written (the last).
+                lapsed = match (state, &next) {
+                    (Some(old), Some(new)) => {
+                        old.lapsing(now_ms).saturating_sub(new.lapsing(now_ms))
+                    }
+                    _ => 0,
+                };
+                (result, next)
+            },
+        );
+        self.store_work(target.rule, &out);
+        if result.is_some() {
+            self.metrics.add(target.rule, Counter::LeaseLapsed, lapsed);
+        }
+        result
+    }
+
     /// A claim ahead of need came to nothing: another may start.
     pub(crate) fn claim_lost(&self, claim: &Claim, now_ms: u64) {
-        let t = claim.target;
-        engine::update_lease(&self.store, t.slot, t.fingerprint, now_ms, |state| {
+        self.update_lease(claim.target, now_ms, |state| {
             ((), state.map(|s| s.claim_failed()))
         });
     }
@@ -448,7 +477,7 @@ impl<S: Store> Runtime<S> {
 mod tests {
     use crate::config::Config;
     use crate::key::Seed;
-    use crate::metrics::Counter;
+    use crate::metrics::{Counter, Gauge};
     use crate::rls::{self, Code, DescriptorStatus};
     use crate::runtime::{Background, Next, Runtime, StreamState};
     use crate::store::MemoryStore;
@@ -547,6 +576,33 @@ mod tests {
             let (hits, ok) = request(&rt, 2_100 + t, |_| panic!("claimed"));
             assert_eq!((hits, ok), (None, true), "request {t} of the block");
         }
+    }
+
+    #[test]
+    fn a_lease_takes_an_entry_of_the_table_like_any_key() {
+        // The first claim writes the key's lease: the tracked keys count it.
+        let rt = runtime(LEASE);
+        let (hits, ok) = request(&rt, 1_000, |_| answer(Code::Ok, 90));
+        assert!(hits.is_some() && ok);
+        let mut gauges = Vec::new();
+        rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
+        assert_eq!(gauges, [(Gauge::TrackedKeys, 1)]);
+    }
+
+    #[test]
+    fn quota_held_when_the_window_turns_lapses_at_the_next_claim() {
+        // A block of 4, one used; the service's window (30 s) turns; the next request claims
+        // afresh, and the 3 held lapse.
+        let rt = runtime(LEASE);
+        assert_eq!(
+            request(&rt, 1_000, |_| answer(Code::Ok, 96)),
+            (Some(4), true)
+        );
+        let (hits, ok) = request(&rt, 40_000, |_| answer(Code::Ok, 96));
+        assert!(hits.is_some() && ok);
+        let mut counts = Vec::new();
+        rt.metrics().drain(|_, c, n| counts.push((c, n)), |_, _| {});
+        assert!(counts.contains(&(Counter::LeaseLapsed, 3)), "{counts:?}");
     }
 
     #[test]
