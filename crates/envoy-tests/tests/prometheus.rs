@@ -3,7 +3,8 @@
 //! target and the intervals replaced) and scrapes a real Envoy with the build under test every
 //! second, while the test drives traffic that gives every panel something to show (allowed and
 //! limited requests, a shadow rule, tokens charged, slots in flight, held requests, a failing
-//! rate limit service, an elastic rule dropping to its floor, evicted keys). Then every query of
+//! rate limit service, an elastic rule dropping to its floor, evicted keys, and global rules on a
+//! live service: a lease claimed and refused, usage reported). Then every query of
 //! the dashboard (panels and template variables) and every alert expression, read from the files
 //! themselves, runs through Prometheus's HTTP API and must return the series the traffic made.
 //! `promtool` checks both files.
@@ -17,7 +18,10 @@
 mod common;
 
 use common::upstream::Upstream;
-use common::{bootstrap_with, free_port, now_ms, rls_cluster, Build, Client, Envoy, Listener};
+use common::{
+    bootstrap_with, free_port, now_ms, redis, rls_cluster, rls_cluster_named, rls_server, Build,
+    Client, Envoy, Listener,
+};
 use ratelimit_config::manifest::yaml_documents;
 use ratelimit_core::metrics::{self, Counter, Gauge, ELASTIC_FACTOR};
 use serde_json::{json, Value};
@@ -260,12 +264,54 @@ const PLUGIN: &str = r#"{"capacity": 256, "failure_mode": "allow", "key_seed": "
   {"name": "per-key", "match": {"path_prefix": "/flood"}, "key": ["header:x-key"],
    "rate_limit": {"requests_per_unit": 1000, "unit": "hour"}},
   {"name": "logged", "match": {"path_prefix": "/logged"}, "algorithm": "sliding_log",
-   "key": ["header:x-user"], "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}
+   "key": ["header:x-user"], "rate_limit": {"requests_per_unit": 5, "unit": "hour"}},
+  {"name": "leased", "match": {"path_prefix": "/leased"}, "key": ["remote_address"],
+   "rate_limit": {"requests_per_unit": 20, "unit": "minute"},
+   "global": {"cluster": "live", "domain": "edge", "mode": "lease", "max_block": 4,
+              "flush_ms": 20, "timeout_ms": 1000}},
+  {"name": "lapsing", "match": {"path_prefix": "/lapsing"}, "key": ["remote_address"],
+   "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+   "global": {"cluster": "live", "domain": "edge", "mode": "lease", "flush_ms": 20,
+              "timeout_ms": 1000}},
+  {"name": "reported", "match": {"path_prefix": "/reported"}, "key": ["remote_address"],
+   "rate_limit": {"requests_per_unit": 1000000, "unit": "hour"},
+   "cost": {"response": "header:x-usage-tokens", "default": 50},
+   "global": {"cluster": "live", "domain": "edge", "mode": "async", "flush_ms": 20,
+              "timeout_ms": 1000}},
+  {"name": "lost", "match": {"path_prefix": "/lost"}, "key": ["remote_address"],
+   "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
+   "global": {"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 20,
+              "timeout_ms": 200}}
 ]}"#;
 
-const RULES: [&str; 9] = [
+const RULES: [&str; 13] = [
     "strict", "trial", "tokens", "slots", "paced", "remote", "elastic", "per-key", "logged",
+    "leased", "lapsing", "reported", "lost",
 ];
+
+/// The live service's limits (Limitador's, per client address): the lease rules' 20 a minute
+/// and 100 a second, and room for every token the reporting rule reports.
+const LIMITS: &str = r#"[
+  {"namespace": "edge", "name": "leased", "max_value": 20, "seconds": 60,
+   "conditions": ["descriptors[0].rule == 'leased'"], "variables": ["descriptors[0].remote_address"]},
+  {"namespace": "edge", "name": "lapsing", "max_value": 100, "seconds": 1,
+   "conditions": ["descriptors[0].rule == 'lapsing'"], "variables": ["descriptors[0].remote_address"]},
+  {"namespace": "edge", "name": "reported", "max_value": 1000000, "seconds": 3600,
+   "conditions": ["descriptors[0].rule == 'reported'"], "variables": ["descriptors[0].remote_address"]}
+]"#;
+/// The lease rule's limit, and the requests sent to it (past the limit: claims are refused).
+const LEASED_LIMIT: u64 = 20;
+const LEASED_SENT: u64 = 30;
+/// What the second lease rule claims and lets lapse: a first block of 4, of which a request
+/// takes 1; after the service's window of a second, the next request claims 4 again, and the 3
+/// held lapse.
+const LAPSING_GRANTED: u64 = 8;
+const LAPSED: u64 = 3;
+/// The lease rules, as the panels list them.
+const LEASE_RULES: [&str; 2] = ["lapsing", "leased"];
+/// Tokens the reporting rule's answers report; hits of the rule whose service is down.
+const REPORTED: [&str; 3] = ["10", "20", "30"];
+const LOST_HITS: u64 = 5;
 
 /// The window the test substitutes for `$__rate_interval` and `$__range`: longer than the test,
 /// so every rate covers all its traffic (and the zero every counter starts from).
@@ -275,14 +321,17 @@ const CAPACITY: f64 = 256.0;
 /// Keys of the sliding_log rule: each takes a slot of its own, not a bucket entry.
 const LOGGED_KEYS: u64 = 3;
 
-/// The bootstrap: the filter in front of a test upstream, and a `ratelimit` cluster where
-/// nothing listens (the global rule's service is down).
-fn bootstrap(upstream: SocketAddr) -> String {
+/// The bootstrap: the filter in front of a test upstream, a `ratelimit` cluster where nothing
+/// listens (the service of the rules "remote" and "lost" is down), and a `live` one: the test
+/// rate limit service on `rls_port`.
+fn bootstrap(upstream: SocketAddr, rls_port: u16) -> String {
     let listener = Listener {
         upstream: Some(upstream),
         ..Listener::default()
     };
-    bootstrap_with(PLUGIN, &listener) + &rls_cluster(free_port(), "0.25s")
+    bootstrap_with(PLUGIN, &listener)
+        + &rls_cluster(free_port(), "0.25s")
+        + &rls_cluster_named("live", rls_port, "1s")
 }
 
 /// What the traffic of [`drive`] counted, where the test knows it exactly.
@@ -292,6 +341,9 @@ struct Sent {
     trial_allowed: u64,
     trial_shadow: u64,
     tokens_charged: u64,
+    /// Requests the lease rule admitted (the rest it refused).
+    leased_allowed: u64,
+    tokens_reported: u64,
 }
 
 /// One request; the upstream answers with an empty body, so in one write (a body in a second
@@ -401,6 +453,36 @@ fn drive(envoy: &Envoy) -> Sent {
         assert_eq!(send(&mut c, "/logged", &[("x-user", &user)]).status, 200);
     }
 
+    // The lease rule (20 a minute on the live service, blocks of at most 4): its requests claim
+    // blocks, and past the limit the service refuses a claim and the rest are refused here.
+    // Sent before the flood, which then evicts none of these keys: a lease's entry weighs what
+    // it holds, at least 1, and stays until the lease's end, after every flood key.
+    let leased_allowed = (0..LEASED_SENT)
+        .map(|_| send(&mut c, "/leased", &[]).status)
+        .filter(|&s| {
+            assert!(s == 200 || s == 429, "{s}");
+            s == 200
+        })
+        .count() as u64;
+    assert!(
+        (1..=LEASED_LIMIT).contains(&leased_allowed),
+        "{leased_allowed} admitted"
+    );
+    // A lease of a second: one request, then another once the service's window has turned.
+    assert_eq!(send(&mut c, "/lapsing", &[]).status, 200);
+    let turned = Instant::now() + Duration::from_millis(1100);
+    // Meanwhile, usage reported to the live service after the answers, and hits of an async
+    // rule whose service is down: its reports are lost.
+    for usage in REPORTED {
+        let r = send(&mut c, "/reported", &[("x-usage", usage)]);
+        assert_eq!(r.status, 200);
+    }
+    for _ in 0..LOST_HITS {
+        assert_eq!(send(&mut c, "/lost", &[]).status, 200);
+    }
+    std::thread::sleep(turned.saturating_duration_since(Instant::now()));
+    assert_eq!(send(&mut c, "/lapsing", &[]).status, 200);
+
     // A flood of new keys through a 256-key table: live keys are evicted.
     for i in 0..FLOOD_KEYS {
         let key = format!("k{i}");
@@ -415,6 +497,8 @@ fn drive(envoy: &Envoy) -> Sent {
         trial_allowed: 4,
         trial_shadow: 399,
         tokens_charged: 550,
+        leased_allowed,
+        tokens_reported: REPORTED.iter().map(|u| u.parse::<u64>().unwrap()).sum(),
     }
 }
 
@@ -557,7 +641,11 @@ fn rule_list() -> Vec<Value> {
 fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
     let started = Instant::now();
     let upstream = Upstream::start();
-    let envoy = Envoy::start_yaml(&bootstrap(upstream.addr));
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    // One call at a time, so that the service never grants past the limit.
+    let _rls = rls_server(rls_port, redis_port, LIMITS, 0, true);
+    let envoy = Envoy::start_yaml(&bootstrap(upstream.addr, rls_port));
     let prom = Prometheus::start(envoy.admin);
     // Prometheus has scraped every series at 0 before the traffic (through the relabelling, in
     // the native build), so every rate below counts all of it.
@@ -584,6 +672,18 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
     prom.wait_value(&at("global_errors", "remote"), 1.0);
     prom.wait_value(&at("limited", "slots"), 1.0);
     prom.wait_value(&at("allowed", "per-key"), FLOOD_KEYS as f64);
+    prom.wait_value(&at("allowed", "leased"), sent.leased_allowed as f64);
+    prom.wait_value(
+        &at("limited", "leased"),
+        (LEASED_SENT - sent.leased_allowed) as f64,
+    );
+    prom.wait_value(
+        &at("usage_reported", "reported"),
+        sent.tokens_reported as f64,
+    );
+    prom.wait_value(&at("reports_lost", "lost"), LOST_HITS as f64);
+    prom.wait_value(&at("lease_lapsed", "lapsing"), LAPSED as f64);
+    prom.wait_value(&at("lease_granted", "lapsing"), LAPSING_GRANTED as f64);
     prom.wait_value(&at(ELASTIC_FACTOR, "elastic"), 50.0);
     prom.wait_value(r#"wasm_ratelimit_in_flight{plugin="test"}"#, 0.0);
     prom.wait_value(r#"wasm_ratelimit_tracked_keys{plugin="test"}"#, CAPACITY);
@@ -621,6 +721,29 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         evicted,
         "only the flood's keys are evicted"
     );
+    // The first lease, as Prometheus holds it: the service granted at most its limit, and at
+    // least what was admitted (the rest is held); it refused a claim; blocks of at most 4. No
+    // window of the service turned: nothing lapsed.
+    let lease = |name: &str| prom.value(&at(name, "leased")).unwrap();
+    let (claims, granted, refused) = (
+        lease("lease_claims"),
+        lease("lease_granted"),
+        lease("lease_refused"),
+    );
+    assert!(
+        (sent.leased_allowed as f64..=LEASED_LIMIT as f64).contains(&granted),
+        "granted {granted}"
+    );
+    assert!(refused >= 1.0, "refused {refused}");
+    assert!(
+        claims >= refused + (granted / 4.0).ceil(),
+        "{claims} claims"
+    );
+    assert_eq!(lease("lease_lapsed"), 0.0);
+    // Every call of the reporting rule was answered; every one of the other rule's failed.
+    assert_eq!(prom.value(&at("reports_lost", "reported")), Some(0.0));
+    let lost_errors = prom.value(&at("global_errors", "lost")).unwrap();
+    assert!(lost_errors >= 1.0, "{lost_errors}");
     let native = common::build() == Build::Native;
     let panics = prom.value(r#"wasm_ratelimit_panics{plugin="test"}"#);
     assert_eq!(panics, native.then_some(0.0), "panics: native build only");
@@ -812,11 +935,21 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 );
                 true
             }
-            ("Undecided requests and service errors /s", "A")
-            | ("Undecided requests and service errors /s", "C") => {
+            ("Undecided requests and service errors /s", "A") => {
                 assert_rate(&what, rules["remote"], 1);
                 assert!(
                     rules.iter().all(|(r, &v)| r == "remote" || v == 0.0),
+                    "{what}: {rules:?}"
+                );
+                true
+            }
+            ("Undecided requests and service errors /s", "C") => {
+                assert_rate(&what, rules["remote"], 1);
+                assert_rate(&what, rules["lost"], lost_errors as u64);
+                assert!(
+                    rules
+                        .iter()
+                        .all(|(r, &v)| r == "remote" || r == "lost" || v == 0.0),
                     "{what}: {rules:?}"
                 );
                 true
@@ -826,8 +959,13 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 true
             }
             ("Usage charged, refunded and beyond reservations /s", "A") => {
-                assert_eq!(rules.keys().collect::<Vec<_>>(), ["tokens"], "{what}");
+                assert_eq!(
+                    rules.keys().collect::<Vec<_>>(),
+                    ["reported", "tokens"],
+                    "{what}"
+                );
                 assert_rate(&what, rules["tokens"], sent.tokens_charged);
+                assert_rate(&what, rules["reported"], sent.tokens_reported);
                 true
             }
             ("Usage charged, refunded and beyond reservations /s", "B") => {
@@ -863,8 +1001,14 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                     .filter(|(_, v)| !v.is_nan())
                     .map(|(r, _)| r)
                     .collect();
-                assert_eq!(waited, ["elastic", "slots", "strict"], "{what}: {rules:?}");
+                assert_eq!(
+                    waited,
+                    ["elastic", "leased", "slots", "strict"],
+                    "{what}: {rules:?}"
+                );
                 assert_eq!(rules["elastic"], 1.0, "{what}: a window of a second");
+                // Until the service's window of a minute ends, or a second for a claim.
+                assert!((1.0..=60.0).contains(&rules["leased"]), "{what}: {rules:?}");
                 assert!(
                     (720.0..=4320.0).contains(&rules["strict"]),
                     "{what}: {rules:?}"
@@ -890,6 +1034,58 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 assert_rate(&what, rules["elastic"], elastic_allowed as u64);
                 true
             }
+            // Lease rules only, the others not drawn.
+            ("Lease claims and refusals /s", "A") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                assert_rate(&what, rules["leased"], claims as u64);
+                assert_rate(&what, rules["lapsing"], 2);
+                true
+            }
+            ("Lease claims and refusals /s", "B") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                assert_rate(&what, rules["leased"], refused as u64);
+                assert_eq!(rules["lapsing"], 0.0, "{what}");
+                true
+            }
+            ("Quota granted and lapsed /s", "A") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                assert_rate(&what, rules["leased"], granted as u64);
+                assert_rate(&what, rules["lapsing"], LAPSING_GRANTED);
+                true
+            }
+            ("Quota granted and lapsed /s", "B") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                assert_eq!(rules["leased"], 0.0, "{what}");
+                assert_rate(&what, rules["lapsing"], LAPSED);
+                true
+            }
+            ("Lapsed share of quota granted", "A") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                assert_eq!(rules["leased"], 0.0, "{what}");
+                assert_close(
+                    &what,
+                    rules["lapsing"],
+                    LAPSED as f64 / LAPSING_GRANTED as f64,
+                );
+                true
+            }
+            ("Service calls per 100 admitted requests (lease rules)", "A") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), LEASE_RULES, "{what}");
+                let want = 100.0 * claims / sent.leased_allowed as f64;
+                assert_close(&what, rules["leased"], want);
+                assert_close(&what, rules["lapsing"], 100.0);
+                true
+            }
+            ("Usage reported and reports lost /s", "A") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), ["reported"], "{what}");
+                assert_rate(&what, rules["reported"], sent.tokens_reported);
+                true
+            }
+            ("Usage reported and reports lost /s", "B") => {
+                assert_eq!(rules.keys().collect::<Vec<_>>(), ["lost"], "{what}");
+                assert_rate(&what, rules["lost"], LOST_HITS);
+                true
+            }
             _ => false,
         };
         if known {
@@ -899,7 +1095,7 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         }
     }
     // Every panel query the checks above name is still on the dashboard.
-    assert_eq!(checked.len(), 31, "panel queries checked: {checked:?}");
+    assert_eq!(checked.len(), 39, "panel queries checked: {checked:?}");
 
     // --- The alerts ---
     let rules = rule_list();
@@ -913,7 +1109,8 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         ("WasmRateLimitLimitedShareJump", vec![]),
         ("WasmRateLimitFailedOpen", vec!["remote"]),
         ("WasmRateLimitFailedClosed", vec![]),
-        ("WasmRateLimitGlobalErrors", vec!["remote"]),
+        ("WasmRateLimitGlobalErrors", vec!["lost", "remote"]),
+        ("WasmRateLimitReportsLost", vec!["lost"]),
         ("WasmRateLimitLiveKeysEvicted", vec!["per-key"]),
         ("WasmRateLimitPanics", vec![]),
         ("WasmRateLimitElasticLimitDown", vec!["elastic"]),
@@ -954,20 +1151,25 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
             );
         }
         let series = prom.query(expr);
-        let got: Vec<&str> = series
+        let mut got: Vec<&str> = series
             .iter()
             .map(|s| {
                 assert_eq!(s.label("plugin"), Some("test"), "{what}: {s:?}");
                 s.label("rule").unwrap_or("")
             })
             .collect();
+        got.sort_unstable();
         assert_eq!(got, expected[name], "{what}: {series:?}");
+        let value = by_rule(&series);
         match name {
-            "WasmRateLimitLimitedShareHigh" => assert_close(&what, series[0].value, strict_share),
-            "WasmRateLimitElasticLimitDown" => assert_eq!(series[0].value, 50.0, "{what}"),
-            "WasmRateLimitFailedOpen" | "WasmRateLimitGlobalErrors" => {
-                assert_rate(&what, series[0].value / WINDOW_S, 1)
+            "WasmRateLimitLimitedShareHigh" => assert_close(&what, value["strict"], strict_share),
+            "WasmRateLimitElasticLimitDown" => assert_eq!(value["elastic"], 50.0, "{what}"),
+            "WasmRateLimitFailedOpen" => assert_rate(&what, value["remote"] / WINDOW_S, 1),
+            "WasmRateLimitGlobalErrors" => {
+                assert_rate(&what, value["remote"] / WINDOW_S, 1);
+                assert_rate(&what, value["lost"] / WINDOW_S, lost_errors as u64);
             }
+            "WasmRateLimitReportsLost" => assert_rate(&what, value["lost"] / WINDOW_S, LOST_HITS),
             _ => {}
         }
     }
@@ -1013,9 +1215,11 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!(
-        "prometheus: {} dashboard queries and {} alerts checked in {:.1} s",
+        "prometheus: {} dashboard queries and {} alerts checked in {:.1} s; the lease: {} \
+         admitted, {claims} claims ({refused} refused), {granted} granted",
         all.len(),
         rules.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        sent.leased_allowed
     );
 }

@@ -1000,8 +1000,13 @@ fn to_native(v: &mut serde_json::Value) {
 /// lines of a `clusters:` list.
 #[allow(dead_code)]
 pub fn rls_cluster(port: u16, connect_timeout: &str) -> String {
+    rls_cluster_named("ratelimit", port, connect_timeout)
+}
+
+/// [`rls_cluster`] named `name`.
+pub fn rls_cluster_named(name: &str, port: u16, connect_timeout: &str) -> String {
     format!(
-        "  - name: ratelimit
+        "  - name: {name}
     type: STATIC
     connect_timeout: {connect_timeout}
     typed_extension_protocol_options:
@@ -1010,7 +1015,7 @@ pub fn rls_cluster(port: u16, connect_timeout: &str) -> String {
         explicit_http_config:
           http2_protocol_options: {{}}
     load_assignment:
-      cluster_name: ratelimit
+      cluster_name: {name}
       endpoints:
       - lb_endpoints:
         - endpoint:
