@@ -781,10 +781,15 @@ impl<S: Store> Runtime<S> {
                                 slot: check.slot,
                                 fingerprint: check.fingerprint,
                             };
-                            self.hits
+                            let queued = self
+                                .hits
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .count(a.hash, entries, target, check.cost);
+                            if !queued {
+                                // Too many keys wait for this flush: the service never sees these.
+                                self.metrics.add(a.rule, Counter::ReportsLost, check.cost);
+                            }
                         }
                     }
                 }
@@ -1670,6 +1675,21 @@ mod tests {
             host.now,
         );
         assert!(counts(&rt).contains(&(0, Counter::GlobalErrors, 1)));
+    }
+
+    #[test]
+    fn hits_of_keys_past_what_a_flush_holds_are_counted_lost() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "g", "key": ["header:x-k"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "async"}}]}"#,
+        );
+        for k in 0..=global::MAX_ASYNC_KEYS {
+            let mut host = FakeHost::new("10.0.0.1", "/").header("x-k", &k.to_string());
+            assert!(matches!(decided(&rt, &mut host), Decision::Continue(_)));
+        }
+        assert!(counts(&rt).contains(&(0, Counter::ReportsLost, 1)));
+        assert_eq!(rt.flush().len(), global::MAX_ASYNC_KEYS);
     }
 
     #[test]
