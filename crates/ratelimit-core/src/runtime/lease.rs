@@ -3,7 +3,7 @@
 //! for), a claim ahead of need when the key runs low (sent by [`super::Background`]), and what
 //! the service's answers do to the key's lease ([`crate::limiter::lease`]).
 
-use super::request::{Applied, Debt, DebtKind, Pending, ServiceReport};
+use super::request::{Applied, Claimed, Debt, DebtKind, Pending, ServiceReport};
 use super::Runtime;
 use crate::config::GlobalMode;
 use crate::engine::{self, Check};
@@ -11,19 +11,11 @@ use crate::error::ServiceError;
 use crate::global::{self, Answer, Claim, Question, Target};
 use crate::key::Descriptor;
 use crate::limiter::lease::{self, Grant, Peek};
-use crate::limiter::{Policy, Verdict};
+use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::rls;
 use crate::store::Store;
 use std::sync::PoisonError;
-
-/// What a lease claim's answer did for the request that claimed.
-pub(super) enum Claimed {
-    /// Granted: the request took its cost from the block.
-    Granted(Verdict),
-    /// Refused by the service.
-    Refused(Verdict),
-}
 
 impl<S: Store> Runtime<S> {
     /// Before a request is decided: each lease check whose key holds too little here becomes

@@ -187,6 +187,14 @@ pub(super) struct Debt {
     pub(super) report: Option<Box<ServiceReport>>,
 }
 
+/// What a lease claim's answer did for the request that claimed ([`Runtime::promote`]).
+pub(super) enum Claimed {
+    /// Granted: the request took its cost from the block.
+    Granted(Verdict),
+    /// Refused by the service.
+    Refused(Verdict),
+}
+
 /// How a global rule charged by its responses reports the usage to its service: in the next
 /// flush, as async rules report their hits.
 #[derive(Clone, Debug)]
@@ -662,12 +670,12 @@ impl<S: Store> Runtime<S> {
             }
             if let Some(claim) = &q.claim {
                 match self.claimed(q, claim, answer.as_ref(), now) {
-                    Ok(super::lease::Claimed::Granted(v)) => {
+                    Ok(Claimed::Granted(v)) => {
                         held.rules.push((q.rule, false));
                         asked_ok.push(n);
                         reported.push((q.rule, v));
                     }
-                    Ok(super::lease::Claimed::Refused(v)) => {
+                    Ok(Claimed::Refused(v)) => {
                         refused |= !rule.shadow;
                         self.refusal(host, q.rule, q.hash, &v, q.cost, rule.shadow);
                         reported.push((q.rule, v));
