@@ -196,7 +196,6 @@ impl<S: Store> Runtime<S> {
     /// field, however many rules read it).
     fn report_fields(&self, p: &Pending, scanner: &Scanner, host: &mut impl Host) {
         let mut done = 0u16;
-        let mut name = String::new();
         for rule in p.deferred.iter().filter_map(|&i| self.config.rules.get(i)) {
             let mut each = |f: &config::BodyField| {
                 let bit = crate::usage::slot_bit(f.slot);
@@ -204,11 +203,10 @@ impl<S: Store> Runtime<S> {
                     return;
                 }
                 done |= bit;
-                if let Some(value) = scanner.text(f.slot) {
-                    name.clear();
-                    name.push_str("body.");
-                    name.push_str(&f.path.join("."));
-                    host.body_field_read(&name, value);
+                if let (Some(value), Some(name)) =
+                    (scanner.text(f.slot), self.logged_fields.get(f.slot))
+                {
+                    host.body_field_read(name, value);
                 }
             };
             rule.matcher.body.iter().for_each(|m| each(&m.field));
