@@ -161,7 +161,9 @@ impl<S: Store> Runtime<S> {
             return Read::More;
         }
         if fields {
-            self.report_fields(&r.pending, &r.scanner, host);
+            if self.config.log_body_fields {
+                self.report_fields(&r.pending, &r.scanner, host);
+            }
             let mut with = WithBody {
                 host,
                 scanner: &r.scanner,
@@ -997,6 +999,14 @@ mod tests {
         let mut st = StreamState::default();
         request(&rt, &mut st, &mut h, br#"{"model": "o3"}"#, 100);
         assert_eq!(h.fields_read, [("body.model".to_string(), b"o3".to_vec())]);
+        // `log_body_fields: false`: keyed the same, nothing handed to the access log.
+        let rt = runtime(&PER_MODEL.replacen('{', r#"{"log_body_fields": false, "#, 1));
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        let mut st = StreamState::default();
+        let (next, _) = request(&rt, &mut st, &mut h, body, 7);
+        assert!(matches!(next, Next::Continue));
+        assert!(h.fields_read.is_empty(), "{:?}", h.fields_read);
     }
 
     #[test]
