@@ -338,6 +338,18 @@ impl Json {
                         return;
                     }
                 }
+                // A key's plain bytes, up to its end or an escape, are compared at once.
+                State::Key => {
+                    let at = rest
+                        .iter()
+                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                        .unwrap_or(rest.len());
+                    if at > 0 {
+                        self.key_bytes(paths, rest.get(..at).unwrap_or_default());
+                        i += at;
+                        continue;
+                    }
+                }
                 State::Dead => return,
                 // Indentation comes in runs.
                 State::Value
@@ -359,6 +371,13 @@ impl Json {
             let Some(&b) = bytes.get(i) else { return };
             if self.step(paths, b) {
                 i += 1;
+                // A separator is usually followed by one space: taken with it.
+                if matches!(b, b':' | b',')
+                    && matches!(self.state, State::Value | State::KeyNext)
+                    && bytes.get(i) == Some(&b' ')
+                {
+                    i += 1;
+                }
             }
         }
     }
@@ -620,10 +639,9 @@ impl Json {
 
     /// Compares the next bytes of a key (unescaped); no key can match any more: skip it.
     fn key_bytes(&mut self, paths: &Paths, bytes: &[u8]) {
-        for &b in bytes {
-            self.edges = paths.narrow(self.edges, self.key_pos, b);
-            self.key_pos = self.key_pos.saturating_add(1);
-        }
+        self.edges = paths.narrow(self.edges, self.key_pos, bytes);
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        self.key_pos = self.key_pos.saturating_add(len);
         self.state = if self.edges.0 < self.edges.1 {
             State::Key
         } else {
