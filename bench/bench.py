@@ -102,9 +102,10 @@ def rule(name, key, n=NEVER, unit="minute"):
     return {"name": name, "key": key, "rate_limit": {"requests_per_unit": n, "unit": unit}}
 
 
-def ours(rules, capacity=None, build="wasm", response=None):
-    """This filter with `rules`, in the wasm build or the native one (the dynamic module)."""
-    cfg = {"rules": rules}
+def ours(rules, capacity=None, build="wasm", response=None, settings=None):
+    """This filter with `rules`, in the wasm build or the native one (the dynamic module);
+    `settings`: more top-level fields of its configuration."""
+    cfg = {"rules": rules, **(settings or {})}
     if capacity:
         cfg["capacity"] = capacity
     if response:
@@ -313,7 +314,8 @@ def paired(runs, a, b):
     }
 
 
-def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, post=None):
+def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, post=None,
+                 objects=None):
     """Envoy's instructions per request for each (name, filters) spec, counted by callgrind:
     each Envoy runs under valgrind, is warmed up with as many requests, then counts the
     instructions of all its threads while one client sends `requests` requests one after the
@@ -323,7 +325,9 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
     at once (valgrind runs one thread at a time). `count_calls`: names of functions whose calls
     per request are counted too (then returns the counts and, per variant, those calls and
     the filter's usage metrics per request sent). `post`: (headers, body) of a POST each
-    request is, instead of a GET."""
+    request is, instead of a GET. `objects`: parts of the paths of shared objects (the native
+    module's) whose own instructions per request are counted too (then returns them as
+    `calls` are, under `object NAME`)."""
     import concurrent.futures
     import http.client
 
@@ -363,6 +367,8 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
             text = dump.read_text(errors="replace")
             total = next(int(line.split()[1]) for line in text.splitlines()
                          if line.startswith("totals:"))
+            for o in objects or ():
+                calls[name][f"object {o}"] = object_total(text, o) / requests
             if count_calls is not None:
                 for fn in count_calls:
                     calls[name][fn] = callgrind_calls(text, fn) / requests
@@ -388,7 +394,32 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
     calls = {name: {} for name, *_ in specs}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         counts = dict(pool.map(one, specs))
-    return (counts, calls) if count_calls else counts
+    return (counts, calls) if count_calls or objects else counts
+
+
+def object_total(text, part):
+    """The instructions of the code in the shared objects whose path contains `part` (their
+    functions' own counts, not what they called), in a callgrind dump: Envoy's binary is
+    stripped, so this is how its share and a module's are told apart. Object names are
+    compressed (`ob=(id) name` the first time, in `ob=` or `cob=`; `ob=(id)` after); the cost
+    line after `calls=` is the call's inclusive cost, not the caller's own."""
+    names, current, total, call_cost = {}, None, 0, False
+    for line in text.splitlines():
+        if line.startswith(("ob=", "cob=")):
+            m = re.match(r"c?ob=(?:\((\d+)\))?\s*(.*)", line)
+            if m.group(2):
+                names[m.group(1)] = m.group(2)
+            if line.startswith("ob="):
+                current = names.get(m.group(1), m.group(2))
+        elif line.startswith("calls="):
+            call_cost = True
+        elif line[:1].isdigit() or line[:1] in ("+", "-", "*"):
+            if call_cost:
+                call_cost = False
+            elif current and part in current:
+                fields = line.split()
+                total += int(fields[1]) if len(fields) > 1 else 0
+    return total
 
 
 def callgrind_inclusive(dump, fn):
@@ -456,11 +487,13 @@ def main():
     ap.add_argument("--instructions-only", action="store_true",
                     help="count the main variants' instructions per request, print, write nothing")
     ap.add_argument("--requests", type=int, default=2000,
-                    help="requests counted per variant with --instructions-only or --tokens")
+                    help="requests counted per variant with --instructions-only, --tokens or --bodies")
     ap.add_argument("--bodies", action="store_true",
                     help="count the instructions per request of a rule keyed on the request "
                     "body's model against the same rule keyed on a header, for a 2 KB chat "
-                    "request, both builds; print, write bench/results-bodies.json")
+                    "request, both builds (and the body rule with log_body_fields false), the "
+                    "native module's own instructions apart, --rounds rounds interleaved; "
+                    "print, write bench/results-bodies.json")
     ap.add_argument("--tokens", action="store_true",
                     help="count the instructions per request of rules charged from response "
                     "bodies (JSON, event stream) against the header and no rule, both builds; "
@@ -771,35 +804,77 @@ BUFFER = """          - name: envoy.filters.http.buffer
 
 def bodies(args, work):
     """Instructions per request of a rule keyed on `body:model` against the same rule keyed on
-    a header carrying the same value, for a 2 KB POST; both builds, and no filter. Prints the
-    table and the instructions per request-body byte; writes bench/results-bodies.json."""
+    a header carrying the same value, for a 2 KB POST; both builds, and no filter; the body
+    rule also with `log_body_fields: false`. `--rounds` rounds, the variants interleaved in
+    each; the native module's own instructions counted apart. Prints the table and the
+    instructions per request-body byte; writes bench/results-bodies.json."""
     header_rule = rule("per-key-model", ["header:x-api-key", "header:x-model"])
     body_rule = rule("per-key-model", ["header:x-api-key", "body:model"])
+    unlogged = {"log_body_fields": False}
     specs = [("no-filter-post", BUFFER)]
     for b in ("native", "wasm"):
         specs += [(f"{b}-post-header", ours([header_rule], build=b) + BUFFER),
-                  (f"{b}-post-body", ours([body_rule], build=b) + BUFFER)]
+                  (f"{b}-post-body", ours([body_rule], build=b) + BUFFER),
+                  (f"{b}-post-body-unlogged",
+                   ours([body_rule], build=b, settings=unlogged) + BUFFER)]
     if args.only:
         keep = args.only.split(",")
         specs = [sp for sp in specs if sp[0] in keep]
     headers, body = chat_request()
-    counts = instructions(args.envoy, specs, work, requests=args.requests, post=(headers, body))
-    r = {"instructions": counts, "body_bytes": len(body), "requests": args.requests}
+    rounds = []
+    for i in range(args.rounds):
+        print(f"round {i + 1} of {args.rounds}", flush=True)
+        rw = work / f"round-{i}"
+        rw.mkdir()
+        (rw / "modules").symlink_to(work / "modules")
+        counts, seen = instructions(args.envoy, specs, rw, requests=args.requests,
+                                    post=(headers, body), objects=[MODULE])
+        rounds.append({"instructions": counts,
+                       "module": {n: c[f"object {MODULE}"] for n, c in seen.items()}})
+    median = lambda key, n: statistics.median(r[key][n] for r in rounds)
+    names = [sp[0] for sp in specs]
+    r = {"instructions": {n: median("instructions", n) for n in names},
+         "module": {n: median("module", n) for n in names if n.startswith("native")},
+         "rounds": rounds, "body_bytes": len(body), "requests": args.requests}
     (BENCH / "results-bodies.json").write_text(json.dumps(r, indent=2) + "\n")
     print(bodies_report(r))
 
 
+# The native module's shared object, as callgrind names it.
+MODULE = "libwasm_ratelimit"
+
+
 def bodies_report(r):
-    """The body variants' table, as markdown."""
+    """The body variants' tables, as markdown: Envoy's instructions per request (medians of the
+    rounds), and the native module's own."""
     ins, size = r["instructions"], r["body_bytes"]
-    lines = ["| build | no filter | keyed on a header | keyed on `body:model` | body − header | per body byte |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| build | no filter | keyed on a header | keyed on `body:model` | body − header | per body byte | `log_body_fields: false` | body − header | per body byte |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for b in ("native", "wasm"):
         h, bd = ins.get(f"{b}-post-header"), ins.get(f"{b}-post-body")
+        un = ins.get(f"{b}-post-body-unlogged")
         if h is None or bd is None:
             continue
-        lines.append(f"| {b} | {ins.get('no-filter-post', 0):,.0f} | {h:,.0f} | {bd:,.0f} | "
-                     f"{bd - h:+,.0f} | {(bd - h) / size:.2f} |")
+        row = (f"| {b} | {ins.get('no-filter-post', 0):,.0f} | {h:,.0f} | {bd:,.0f} | "
+               f"{bd - h:+,.0f} | {(bd - h) / size:.2f} |")
+        row += (f" {un:,.0f} | {un - h:+,.0f} | {(un - h) / size:.2f} |" if un is not None
+                else " | | |")
+        lines.append(row)
+    mod = r.get("module", {})
+    h, bd, un = (mod.get(f"native-post-{v}") for v in ("header", "body", "body-unlogged"))
+    if h is not None and bd is not None:
+        lines += ["", "| the native module's own instructions | keyed on a header | keyed on `body:model` | body − header | per body byte | `log_body_fields: false` | body − header | per body byte |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| per request | {h:,.0f} | {bd:,.0f} | {bd - h:+,.0f} | {(bd - h) / size:.2f} | "
+                  + (f"{un:,.0f} | {un - h:+,.0f} | {(un - h) / size:.2f} |" if un is not None
+                     else " | | |")]
+    spread = []
+    for n in r["instructions"]:
+        xs = [x["instructions"][n] for x in r.get("rounds", [])]
+        if len(xs) > 1:
+            spread.append(f"{n} {min(xs):,.0f}–{max(xs):,.0f}")
+    if spread:
+        lines += ["", "Range over the rounds: " + "; ".join(spread) + "."]
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
   --header NAME=V    one more request header.
   --authorization V  send `Authorization: V` instead of the SDK's bearer token (a client whose
                      credentials are of another scheme).
+  --model NAME       the model the call names (gpt-4o-mini or claude-sonnet-4-5 by default).
 
   STEP exhaust: plain calls without retries, one after another, until the SDK raises an error:
   how many passed, and the error (as for refused).
@@ -42,6 +43,7 @@ def main():
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--authorization")
     parser.add_argument("--header", action="append", default=[])
+    parser.add_argument("--model")
     args = parser.parse_args()
     sdk, base_url, api_key, mode, step = (
         args.sdk,
@@ -88,7 +90,7 @@ def main():
             ),
         )
         kwargs = {
-            "model": "gpt-4o-mini",
+            "model": args.model or "gpt-4o-mini",
             "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 64,
             "extra_headers": extra,
@@ -118,7 +120,7 @@ def main():
             ),
         )
         kwargs = {
-            "model": "claude-sonnet-4-5",
+            "model": args.model or "claude-sonnet-4-5",
             "max_tokens": 64,
             "messages": [{"role": "user", "content": "Say hello."}],
             "extra_headers": extra,

@@ -538,6 +538,43 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
     );
 }
 
+/// A model a `refuse` price table does not list: the openai SDK raises `BadRequestError` (a 400,
+/// not retried) carrying the filter's message, and the filter counts `model_unpriced`.
+#[test]
+fn a_model_without_a_price_is_the_openai_sdks_bad_request() {
+    let config = r#"{"rules": [
+  {"name": "team-usd", "key": ["bearer"],
+   "rate_limit": {"requests_per_unit": 50000000, "unit": "hour"},
+   "cost": {"response": {"price": {"usage": "openai", "model": "body:model", "per": "1M tokens",
+     "models": {"gpt-4o-mini": {"input": 150000, "output": 600000}}, "default": "refuse"}}}}],
+ "response": {"dialect": "openai"}}"#;
+    let up = LlmUpstream::start();
+    let listener = Listener {
+        upstream: Some(up.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml(&bootstrap_with(config, &listener));
+    let priced = run(&envoy, "openai", "sk-priced", "json", "refused", &[]);
+    assert_eq!(priced["error"], Value::Null, "{priced}");
+    let extra = ["--model".to_string(), "gpt-9-unlisted".to_string()];
+    let out = run(&envoy, "openai", "sk-priced", "json", "refused", &extra);
+    let e = &out["error"];
+    assert_eq!(e["class"], "BadRequestError", "{out}");
+    assert_eq!(e["status"], 400, "{out}");
+    assert_eq!(
+        e["body"]["message"],
+        "Rule \"team-usd\" has no price for the model this request names; use a model it prices.",
+        "{out}"
+    );
+    assert_eq!(e["body"]["code"], "model_not_found", "{out}");
+    assert!(e["headers"].get("retry-after").is_none(), "{out}");
+    // Refused before the backend: only the priced call reached it.
+    assert_eq!(up.received(), 1);
+    assert_eq!(out["attempts"].as_array().map(Vec::len), Some(1), "{out}");
+    let unpriced = envoy.wait_stat(&common::metric(Some("team-usd"), "model_unpriced"), 1);
+    assert_eq!(unpriced, Some(1));
+}
+
 /// Envoy running `examples/NAME/envoy.yaml` as shipped (on free ports, its stand-in backend
 /// included), as examples.rs runs it.
 /// The guards keep the example's rate limit service running, if it has one.

@@ -442,8 +442,17 @@ impl runtime::Host for NativeHost<'_, '_> {
     }
 
     fn body_field_read(&mut self, name: &str, value: &[u8]) {
+        let value = match std::str::from_utf8(value) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(value),
+        };
         self.stream
-            .set_metadata_string(METADATA_NAMESPACE, name, &String::from_utf8_lossy(value));
+            .set_metadata_string(METADATA_NAMESPACE, name, &value);
+    }
+
+    // Envoy answers for a request's headers and addresses in its body's hooks too.
+    fn reads_attributes_later(&self) -> bool {
+        true
     }
 }
 

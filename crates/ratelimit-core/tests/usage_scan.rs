@@ -288,6 +288,26 @@ fn paths_do_not_enter_arrays() {
     assert_eq!(json_value("n", &too_deep), None);
 }
 
+/// A string no path leads into ends at the first quote after an even run of backslashes,
+/// however the body is split (the scanner searches for quotes alone, then counts the
+/// backslashes before one): keys and values with escaped quotes and backslash runs.
+#[test]
+fn skipped_strings_end_at_their_unescaped_quote() {
+    let p = paths(&[("n", 0)]);
+    let body = br#"{"s\\\"k\\": "a\\\\\"b\\\\", "t\"": ["\\\"", "x\\"], "n": 5, "u": "\"n\": 6"}"#;
+    assert!(serde_json::from_slice::<serde_json::Value>(body).is_ok());
+    for at in 0..=body.len() {
+        for end in at..=body.len() {
+            let pieces = [&body[..at], &body[at..end], &body[end..]];
+            assert_eq!(
+                scan(&p, Format::Json, pieces),
+                [Some(5)],
+                "split at {at}, {end}"
+            );
+        }
+    }
+}
+
 #[test]
 fn last_value_wins_and_alternatives_share_a_slot() {
     let p = paths(OPENAI);

@@ -41,6 +41,9 @@ pub struct Config {
     /// How many request body bytes are read for the fields of `body:` key parts and
     /// `match.body` (`max_body`).
     pub max_body: u32,
+    /// Whether the body fields that rules read are handed to the access log
+    /// (`log_body_fields`, default true): [`crate::runtime::Host::body_field_read`].
+    pub log_body_fields: bool,
     /// The wasm build's operator route, if configured (`None`, the default: no route at all).
     /// The native build ignores it: its admin port serves the same calls.
     pub operator: Option<OperatorRoute>,

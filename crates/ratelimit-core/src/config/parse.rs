@@ -197,6 +197,7 @@ impl Validator {
                 "key_seed",
                 "operator",
                 "max_body",
+                "log_body_fields",
             ],
         )?;
         let shadow = match map.get("shadow") {
@@ -268,6 +269,10 @@ impl Validator {
                 .and_then(|n| u32::try_from(n).ok()),
             None => Some(DEFAULT_BODY_HELD),
         };
+        let log_body_fields = match map.get("log_body_fields") {
+            Some(b) => self.boolean(b, "log_body_fields"),
+            None => Some(true),
+        };
         shadow?;
         let mut config = Config {
             rules: rules?,
@@ -279,6 +284,7 @@ impl Validator {
             usage_paths: Paths::default(),
             request_paths: Paths::default(),
             max_body: max_body?,
+            log_body_fields: log_body_fields?,
             operator: operator?,
         };
         if let Err(why) = body::assign(&mut config) {

@@ -161,7 +161,9 @@ impl<S: Store> Runtime<S> {
             return Read::More;
         }
         if fields {
-            self.report_fields(&r.pending, &r.scanner, host);
+            if self.config.log_body_fields {
+                self.report_fields(&r.pending, &r.scanner, host);
+            }
             let mut with = WithBody {
                 host,
                 scanner: &r.scanner,
@@ -196,7 +198,6 @@ impl<S: Store> Runtime<S> {
     /// field, however many rules read it).
     fn report_fields(&self, p: &Pending, scanner: &Scanner, host: &mut impl Host) {
         let mut done = 0u16;
-        let mut name = String::new();
         for rule in p.deferred.iter().filter_map(|&i| self.config.rules.get(i)) {
             let mut each = |f: &config::BodyField| {
                 let bit = crate::usage::slot_bit(f.slot);
@@ -204,11 +205,10 @@ impl<S: Store> Runtime<S> {
                     return;
                 }
                 done |= bit;
-                if let Some(value) = scanner.text(f.slot) {
-                    name.clear();
-                    name.push_str("body.");
-                    name.push_str(&f.path.join("."));
-                    host.body_field_read(&name, value);
+                if let (Some(value), Some(name)) =
+                    (scanner.text(f.slot), self.logged_fields.get(f.slot))
+                {
+                    host.body_field_read(name, value);
                 }
             };
             rule.matcher.body.iter().for_each(|m| each(&m.field));
@@ -999,6 +999,14 @@ mod tests {
         let mut st = StreamState::default();
         request(&rt, &mut st, &mut h, br#"{"model": "o3"}"#, 100);
         assert_eq!(h.fields_read, [("body.model".to_string(), b"o3".to_vec())]);
+        // `log_body_fields: false`: keyed the same, nothing handed to the access log.
+        let rt = runtime(&PER_MODEL.replacen('{', r#"{"log_body_fields": false, "#, 1));
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        let mut st = StreamState::default();
+        let (next, _) = request(&rt, &mut st, &mut h, body, 7);
+        assert!(matches!(next, Next::Continue));
+        assert!(h.fields_read.is_empty(), "{:?}", h.fields_read);
     }
 
     #[test]

@@ -118,6 +118,31 @@ pub struct Runtime<S> {
     /// one whose stream were never settled would stay (its key's refusals told 1 s): both
     /// hosts settle each stream when it ends ([`StreamState::complete`]), however it ends.
     pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
+    /// The name each request body field that rules read is handed to the access log under
+    /// (`body.PATH`), by its slot in the configuration's `request_paths`: built once, not for
+    /// every request.
+    pub(crate) logged_fields: Vec<String>,
+}
+
+/// [`Runtime::logged_fields`]: the access-log name of each body field that rules' keys and
+/// matches read, by slot (empty for a slot only costs and reservations read).
+fn logged_fields(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for rule in &config.rules {
+        let mut name = |f: &crate::config::BodyField| {
+            if names.len() <= f.slot {
+                names.resize(f.slot + 1, String::new());
+            }
+            if let Some(n) = names.get_mut(f.slot) {
+                if n.is_empty() {
+                    *n = format!("body.{}", f.path.join("."));
+                }
+            }
+        };
+        rule.matcher.body.iter().for_each(|m| name(&m.field));
+        rule.key.iter().for_each(|k| k.each_body_field(&mut name));
+    }
+    names
 }
 
 impl<S: Store> Runtime<S> {
@@ -158,7 +183,9 @@ impl<S: Store> Runtime<S> {
                     || r.charge().is_some_and(|c| c.sized.is_some())
             })
         });
+        let logged_fields = logged_fields(&config);
         Runtime {
+            logged_fields,
             metrics: Metrics::new(config.rules.len()),
             buckets: table::buckets_for(config.capacity),
             compiled,

@@ -53,6 +53,12 @@ pub trait Host: Attributes {
     /// read: `name` is `body.PATH` (`body.model`). The host hands it to the access log (the
     /// native build as dynamic metadata, the wasm build as filter state), for replay.
     fn body_field_read(&mut self, _name: &str, _value: &[u8]) {}
+    /// Whether the request's attributes (headers, addresses) can still be read in its body's
+    /// hooks: then the rules waiting for body fields read them once, when the body is in,
+    /// instead of ahead in the headers' hook as well ([`Runtime::read_ahead`]).
+    fn reads_attributes_later(&self) -> bool {
+        false
+    }
 }
 
 /// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
@@ -430,9 +436,12 @@ impl<S: Store> Runtime<S> {
             return Start::Decided(Decision::Continue(None));
         }
         if p.reads_body() {
-            p.content_length = host
-                .header("content-length")
-                .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
+            // Only a reservation sized by the body estimates from its length.
+            if !p.sized.is_empty() {
+                p.content_length = host
+                    .header("content-length")
+                    .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
+            }
         } else if p.questions.is_empty() && !self.promotes {
             return Start::Decided(self.finish(host, &p));
         }

@@ -168,7 +168,9 @@ impl StreamState {
         match rt.start(host) {
             Start::Decided(decision) => self.decided(decision),
             Start::Ask(pending) if pending.reads_body() => {
-                rt.read_ahead(&pending, host);
+                if !host.reads_attributes_later() {
+                    rt.read_ahead(&pending, host);
+                }
                 self.phase = Phase::Reading(Box::new(Reading::new(pending)));
                 Next::Wait
             }

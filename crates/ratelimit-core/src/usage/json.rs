@@ -4,7 +4,8 @@
 
 use super::paths::{NodeId, Paths, NONE, ROOT};
 use super::{MAX_DEPTH, MAX_SLOTS};
-use memchr::memchr2;
+use memchr::{memchr, memchr2};
+use smallvec::SmallVec;
 
 /// Containers nest at most this deep (serde_json's limit, so that both read the same
 /// documents as valid).
@@ -75,6 +76,23 @@ enum State {
     Dead,
 }
 
+/// Where a string that `rest` is inside of (its first byte not escaped) ends: its closing
+/// '"'. `Err(escaped)` when it does not end in `rest`; `escaped`: its last byte is a backslash
+/// whose escape follows. A quote ends the string when an even number of backslashes comes
+/// right before it: one search for quotes is cheaper than one for quotes and backslashes.
+fn string_end(rest: &[u8]) -> Result<usize, bool> {
+    let mut from = 0;
+    let backslashes = |before: &[u8]| before.iter().rev().take_while(|&&b| b == b'\\').count();
+    while let Some(at) = rest.get(from..).and_then(|r| memchr(b'"', r)) {
+        let quote = from + at;
+        if backslashes(rest.get(..quote).unwrap_or_default()) % 2 == 0 {
+            return Ok(quote);
+        }
+        from = quote + 1;
+    }
+    Err(backslashes(rest) % 2 == 1)
+}
+
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -124,14 +142,20 @@ pub(super) struct Json {
 /// The longest text value kept, bytes: a longer one counts as absent.
 pub const MAX_TEXT: usize = 512;
 
+/// A text value kept: a model's name or a user id fits inline (no allocation per request).
+type Text = SmallVec<[u8; 32]>;
+
 /// Sets `value` (`None`: too long) as the text of each of `slots` (a bit each); the slots that
 /// have a text after it.
-fn record(values: &mut [Vec<u8>; MAX_SLOTS], found: u16, slots: u16, value: Option<&[u8]>) -> u16 {
-    for (slot, v) in values.iter_mut().enumerate() {
-        if slots & (1 << slot) != 0 {
+fn record(values: &mut [Text; MAX_SLOTS], found: u16, slots: u16, value: Option<&[u8]>) -> u16 {
+    let mut left = slots;
+    while left != 0 {
+        // Only the slots' own bits: usually one of sixteen.
+        if let Some(v) = values.get_mut(left.trailing_zeros() as usize) {
             v.clear();
             v.extend_from_slice(value.unwrap_or_default());
         }
+        left &= left - 1;
     }
     match value {
         Some(_) => found | slots,
@@ -156,10 +180,11 @@ fn simple_escape(b: u8) -> Option<u8> {
 #[derive(Clone, Debug, Default)]
 struct Texts {
     /// Each slot's last value.
-    values: [Vec<u8>; MAX_SLOTS],
+    values: [Text; MAX_SLOTS],
     /// The slots that have one, a bit each.
     found: u16,
-    /// The string being read.
+    /// The string being read, when it comes in several pieces or has escapes (otherwise it is
+    /// kept straight from the piece it is in).
     current: Vec<u8>,
     /// Whether it grew past [`MAX_TEXT`].
     long: bool,
@@ -199,7 +224,7 @@ impl Json {
     pub(super) fn text(&self, slot: usize) -> Option<&[u8]> {
         let t = self.texts.as_deref()?;
         (t.found & super::slot_bit(slot) != 0)
-            .then(|| t.values.get(slot).map(Vec::as_slice))
+            .then(|| t.values.get(slot).map(Text::as_slice))
             .flatten()
     }
 
@@ -211,6 +236,20 @@ impl Json {
             let value = (!t.long).then_some(t.current.as_slice());
             t.found = record(&mut t.values, t.found, slots, value);
             t.current.clear();
+        }
+    }
+
+    /// The string being kept ended within one piece, without escapes: `run` is all of it.
+    /// Whether it was taken (not when earlier bytes of it are in `current`).
+    fn end_text_in(&mut self, paths: &Paths, run: &[u8]) -> bool {
+        let slots = paths.slots_at(self.target);
+        match self.texts.as_deref_mut() {
+            Some(t) if t.current.is_empty() && !t.long => {
+                let value = (run.len() <= MAX_TEXT).then_some(run);
+                t.found = record(&mut t.values, t.found, slots, value);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -259,9 +298,27 @@ impl Json {
         while let Some(rest) = bytes.get(i..) {
             match self.state {
                 // Only '"' and '\' matter in a string no path can be inside.
-                State::Str | State::SkipKey => match memchr2(b'"', b'\\', rest) {
-                    Some(at) => i += at,
-                    None => return,
+                State::Str | State::SkipKey => match string_end(rest) {
+                    Ok(at) => {
+                        // Its closing quote, taken here.
+                        i += at + 1;
+                        if self.state == State::Str {
+                            self.after_value();
+                        } else {
+                            self.target = NONE;
+                            self.state = State::Colon;
+                        }
+                        continue;
+                    }
+                    Err(escaped) => {
+                        if escaped {
+                            self.state = match self.state {
+                                State::Str => State::StrEscape,
+                                _ => State::SkipKeyEscape,
+                            };
+                        }
+                        return;
+                    }
                 },
                 State::Text => {
                     let at = memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
@@ -270,10 +327,27 @@ impl Json {
                         self.state = State::Dead; // raw control characters are invalid
                         return;
                     }
+                    if rest.get(at) == Some(&b'"') && self.end_text_in(paths, run) {
+                        self.after_value();
+                        i += at + 1;
+                        continue;
+                    }
                     self.text_bytes(run);
                     i += at;
                     if at == rest.len() {
                         return;
+                    }
+                }
+                // A key's plain bytes, up to its end or an escape, are compared at once.
+                State::Key => {
+                    let at = rest
+                        .iter()
+                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                        .unwrap_or(rest.len());
+                    if at > 0 {
+                        self.key_bytes(paths, rest.get(..at).unwrap_or_default());
+                        i += at;
+                        continue;
                     }
                 }
                 State::Dead => return,
@@ -297,6 +371,13 @@ impl Json {
             let Some(&b) = bytes.get(i) else { return };
             if self.step(paths, b) {
                 i += 1;
+                // A separator is usually followed by one space: taken with it.
+                if matches!(b, b':' | b',')
+                    && matches!(self.state, State::Value | State::KeyNext)
+                    && bytes.get(i) == Some(&b' ')
+                {
+                    i += 1;
+                }
             }
         }
     }
@@ -558,10 +639,9 @@ impl Json {
 
     /// Compares the next bytes of a key (unescaped); no key can match any more: skip it.
     fn key_bytes(&mut self, paths: &Paths, bytes: &[u8]) {
-        for &b in bytes {
-            self.edges = paths.narrow(self.edges, self.key_pos, b);
-            self.key_pos = self.key_pos.saturating_add(1);
-        }
+        self.edges = paths.narrow(self.edges, self.key_pos, bytes);
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        self.key_pos = self.key_pos.saturating_add(len);
         self.state = if self.edges.0 < self.edges.1 {
             State::Key
         } else {

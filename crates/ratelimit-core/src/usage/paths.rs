@@ -17,7 +17,7 @@ pub struct Paths {
     /// Node 0 is the root.
     nodes: Vec<Node>,
     /// Each node's children are a run of edges sorted by key, so the children whose keys start
-    /// with the bytes of a key read so far are a range that narrows byte by byte.
+    /// with the bytes of a key read so far are a range that narrows as they come.
     edges: Vec<Edge>,
     slots: usize,
     /// `None` when some path could be written in a way no needle finds.
@@ -170,16 +170,17 @@ impl Paths {
     }
 
     /// Of the edges `lo..hi`, whose keys all start with the same `pos` bytes, those whose
-    /// byte `pos` is `b` (empty when none is).
-    pub(super) fn narrow(&self, (lo, hi): (u16, u16), pos: u32, b: u8) -> (u16, u16) {
+    /// next bytes are `bytes` (empty when none's are): a key's bytes compared a run at a time.
+    pub(super) fn narrow(&self, (lo, hi): (u16, u16), pos: u32, bytes: &[u8]) -> (u16, u16) {
         let at = usize::try_from(pos).unwrap_or(usize::MAX);
+        let end = at.saturating_add(bytes.len());
         let edges = self
             .edges
             .get(usize::from(lo)..usize::from(hi))
             .unwrap_or_default();
         let mut found: Option<(u16, u16)> = None;
         for (i, edge) in (lo..).zip(edges) {
-            if edge.key.get(at) == Some(&b) {
+            if edge.key.get(at..end) == Some(bytes) {
                 found = Some((found.map_or(i, |f| f.0), i + 1));
             } else if found.is_some() {
                 // Sorted: the keys with byte `b` there are all together.
