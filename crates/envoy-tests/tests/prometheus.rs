@@ -277,7 +277,7 @@ const PLUGIN: &str = r#"{"capacity": 256, "failure_mode": "allow", "key_seed": "
    "rate_limit": {"requests_per_unit": 1000000, "unit": "hour"},
    "cost": {"response": "header:x-usage-tokens", "default": 50},
    "global": {"cluster": "live", "domain": "edge", "mode": "async", "flush_ms": 20,
-              "timeout_ms": 1000}},
+              "timeout_ms": 5000}},
   {"name": "lost", "match": {"path_prefix": "/lost"}, "key": ["remote_address"],
    "rate_limit": {"requests_per_unit": 1000, "unit": "minute"},
    "global": {"cluster": "ratelimit", "domain": "edge", "mode": "async", "flush_ms": 20,
