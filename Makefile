@@ -32,7 +32,7 @@ export ENVOY
 
 .PHONY: build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
-	envoy envoys target clean bench bench-tools oci
+	envoy envoys target clean bench bench-fleet bench-tools oci
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -208,6 +208,11 @@ bench-tools: build build-native envoy rls-server
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
+
+# The fleet of `make bench`'s global section alone (issue 24): three Envoys of two workers,
+# every global mode, into bench/results.json and BENCHMARKS.md (about 20 minutes).
+bench-fleet: bench-tools
+	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)
 
 clean:
 	cargo clean
