@@ -32,7 +32,7 @@ export ENVOY
 
 .PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
-	envoy envoys target clean bench bench-tools oci fleet
+	envoy envoys target clean bench bench-fleet bench-tools oci fleet
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -224,6 +224,11 @@ bench: bench-tools
 # model" and writes every run's figures to bench/fleet.json (about 15 s of CPU).
 fleet:
 	cargo run --release -q -p fleet-sim -- --json bench/fleet.json
+
+# The fleet of `make bench`'s global section alone (issue 24): three Envoys of two workers,
+# every global mode, into bench/results.json and BENCHMARKS.md (about 20 minutes).
+bench-fleet: bench-tools
+	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)
 
 clean:
 	cargo clean

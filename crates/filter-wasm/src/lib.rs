@@ -17,7 +17,7 @@ use ratelimit_core::runtime::{self, Next, StreamState};
 use ratelimit_core::runtime::{Background, Runtime};
 use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
 use ratelimit_core::table::SlotKind;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 static LOGGER: abi::HostLogger = abi::HostLogger;
@@ -40,6 +40,29 @@ struct SharedData {
     prefix: String,
     /// The key being built, reused so the hot path does not allocate.
     key: RefCell<String>,
+    /// While a request's headers are decided ([`SharedData::one_hook`]): the last slot read
+    /// and what it held, so that a slot read twice in the hook (a lease rule's peek, then its
+    /// decision) costs one `get_shared_data`. Any write forgets it: a compare-and-swap with a
+    /// CAS read here fails if another worker wrote since, and the retry reads afresh.
+    last: RefCell<Option<LastRead>>,
+    caching: Cell<bool>,
+}
+
+/// A slot's value and CAS as read from shared data.
+struct LastRead {
+    slot: u64,
+    value: Option<Vec<u8>>,
+    cas: Option<u32>,
+}
+
+/// Ends [`SharedData::one_hook`] when dropped.
+struct OneHook<'a>(&'a SharedData);
+
+impl Drop for OneHook<'_> {
+    fn drop(&mut self) {
+        self.0.caching.set(false);
+        self.0.last.borrow_mut().take();
+    }
 }
 
 impl SharedData {
@@ -47,7 +70,15 @@ impl SharedData {
         SharedData {
             key: RefCell::new(String::with_capacity(prefix.len() + 24)),
             prefix,
+            last: RefCell::new(None),
+            caching: Cell::new(false),
         }
+    }
+
+    /// Remembers the last read until the guard is dropped (the end of one host callback).
+    fn one_hook(&self) -> OneHook<'_> {
+        self.caching.set(true);
+        OneHook(self)
     }
 
     fn with_key<T>(&self, slot: u64, f: impl FnOnce(&str) -> T) -> T {
@@ -71,16 +102,29 @@ impl Store for SharedData {
         slot: u64,
         f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
     ) -> Result<T, StoreError> {
-        let (value, cas) = self.with_key(slot, abi::get_shared).map_err(|s| {
-            StoreError::Unavailable(StoreFault::Host {
-                call: "get_shared_data",
-                status: s.0,
-            })
-        })?;
-        Ok(f(value.as_deref(), cas))
+        // Taken out while `f` runs: nothing borrowed across it.
+        let last = self.last.borrow_mut().take();
+        let read = match last {
+            Some(last) if last.slot == slot => last,
+            _ => {
+                let (value, cas) = self.with_key(slot, abi::get_shared).map_err(|s| {
+                    StoreError::Unavailable(StoreFault::Host {
+                        call: "get_shared_data",
+                        status: s.0,
+                    })
+                })?;
+                LastRead { slot, value, cas }
+            }
+        };
+        let result = f(read.value.as_deref(), read.cas);
+        if self.caching.get() {
+            *self.last.borrow_mut() = Some(read);
+        }
+        Ok(result)
     }
 
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        self.last.borrow_mut().take();
         match self.with_key(slot, |key| abi::set_shared(key, value, cas)) {
             Ok(()) => Ok(()),
             Err(abi::CAS_MISMATCH) => Err(StoreError::Conflict),
@@ -762,7 +806,10 @@ impl HttpContext for Request {
         if let Some(answer) = served.rt.operator_route(&mut host, &served.plugin) {
             return operator_reply(&answer);
         }
-        let next = self.state.request_headers(&served.rt, &mut host);
+        let next = {
+            let _once = served.rt.store().one_hook();
+            self.state.request_headers(&served.rt, &mut host)
+        };
         if self.state.reads_request_body() {
             // proxy-wasm cannot stop the headers and still see the body (a paused request's
             // body is held from the filter too): the headers go on, the body is held until
