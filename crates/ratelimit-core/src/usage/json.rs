@@ -17,10 +17,8 @@ const NOT_SKIPPING: u8 = u8::MAX;
 /// What the tokenizer expects next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// A value: after ':', after ',' in an array, or a document's first (depth 0).
+    /// A value: after ':', or a document's first (depth 0).
     Value,
-    /// After '[': a value or ']'.
-    ArrayFirst,
     /// After '{': a key or '}'.
     ObjectFirst,
     /// After ',' in an object: a key.
@@ -386,7 +384,6 @@ impl Json {
                 State::Dead => return,
                 // Indentation comes in runs.
                 State::Value
-                | State::ArrayFirst
                 | State::ObjectFirst
                 | State::KeyNext
                 | State::Colon
@@ -420,20 +417,15 @@ impl Json {
     fn step(&mut self, paths: &Paths, b: u8) -> bool {
         let space = is_space(b);
         match self.state {
-            State::Value | State::ArrayFirst if space => {}
-            State::ArrayFirst if b == b']' => self.close(false),
-            State::Value | State::ArrayFirst => self.start_value(b),
+            State::Value if space => {}
+            State::Value => self.start_value(b),
             State::ObjectFirst | State::KeyNext | State::Colon | State::After if space => {}
             State::ObjectFirst if b == b'}' => self.close(true),
             State::ObjectFirst | State::KeyNext if b == b'"' => self.start_key(paths),
             State::Colon if b == b':' => self.state = State::Value,
+            // In an object (arrays are skipped).
             State::After => match b {
-                b',' if self.in_array() => {
-                    self.target = NONE;
-                    self.state = State::Value;
-                }
                 b',' => self.state = State::KeyNext,
-                b']' => self.close(false),
                 b'}' => self.close(true),
                 _ => self.state = State::Dead,
             },
@@ -624,10 +616,9 @@ impl Json {
         if self.depth < self.skip_to && (array || self.target == NONE) {
             self.skip_to = self.depth;
         }
+        // (So the containers read token by token are objects.)
         self.state = if self.depth >= self.skip_to {
             State::Skip
-        } else if array {
-            State::ArrayFirst
         } else {
             State::ObjectFirst
         };
