@@ -594,3 +594,42 @@ b"}"#,
     s.feed(&p, br#"{"model": "a"}"#);
     assert_eq!(s.text(0), None);
 }
+
+/// Containers no path leads into (arrays, objects at no path) are skipped whole, following only
+/// their brackets and strings: a wanted field after one, or beside one inside a wanted object,
+/// is found under every split, whatever brackets, escaped quotes and backslash runs their
+/// strings hold; their brackets still have to match.
+#[test]
+fn fields_after_skipped_containers_are_found_under_any_split() {
+    let fields = &[("model", 0), ("metadata.user_id", 1), ("metadata.tier", 2)];
+    let t = |s: &str| Some(s.as_bytes().to_vec());
+    let body = br#"{"messages": [{"role": "user", "content": "]}[{ \"model\": \"no\" \\\\\"]"},
+        {"content": [{"type": "text", "text": "\\\\"}, "}", "\\\"{", [[], {}]]}, "a\\"],
+        "model": "gpt-4o", "tools": {"model": "no", "x": [{"model": "no"}], "y": "\\"},
+        "metadata": {"n": {"user_id": "no", "z": ["}"]}, "user_id": "u-\"1\\",
+            "l": [{"user_id": "no"}], "tier": {"a": "]"}, "tier": "gold", "o": {}},
+        "stop": ["]", "\"", "\\"], "m": [], "model\\": "no"}"#;
+    assert!(serde_json::from_slice::<serde_json::Value>(body).is_ok());
+    assert_eq!(texts(fields, body), [t("gpt-4o"), t("u-\"1\\"), t("gold")]);
+    // A repeated key after a skipped container still wins; mismatched brackets inside one make
+    // the document invalid, as they did before skipping.
+    assert_eq!(
+        texts(
+            fields,
+            br#"{"model": "a", "m": [{"x": "]"}], "model": "b"}"#
+        )[0],
+        t("b")
+    );
+    for bad in [
+        &br#"{"m": [{"x": 1]], "model": "a"}"#[..],
+        br#"{"m": {"x": [1}}, "model": "a"}"#,
+        br#"{"m": [[["]"]], "model": "a"}"#,
+    ] {
+        assert_eq!(
+            texts(fields, bad)[0],
+            None,
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}

@@ -185,13 +185,33 @@ impl StreamState {
         host: &mut impl Host,
         mut pending: Pending,
     ) -> Next {
+        match Self::unasked(rt, host, &mut pending) {
+            Some(decision) => self.decided(decision),
+            None => self.ask_services(rt, host, pending),
+        }
+    }
+
+    /// The decision, if no sync global rule asks its service (after promoting the lease
+    /// rules); `None`: the services are to be asked. Takes `pending` where it lies (a
+    /// request's held in its body's reading state: moving it out costs a copy of it).
+    fn unasked<S: Store>(
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        pending: &mut Pending,
+    ) -> Option<Decision> {
         if rt.promotes() {
-            rt.promote(&mut pending, host.now_ms());
+            rt.promote(pending, host.now_ms());
         }
-        if !pending.asks() {
-            let decision = rt.finish(host, &pending);
-            return self.decided(decision);
-        }
+        (!pending.asks()).then(|| rt.finish(host, pending))
+    }
+
+    /// Asks the services of sync global rules for `pending`.
+    fn ask_services<S: Store>(
+        &mut self,
+        rt: &Runtime<S>,
+        host: &mut impl Host,
+        pending: Pending,
+    ) -> Next {
         self.phase = Phase::Asking(Box::new(Asking {
             pending,
             calls: Vec::new(),
@@ -229,10 +249,14 @@ impl StreamState {
             Read::More => Next::Wait,
             Read::Refused(reply) => self.decided(Decision::Reply(*reply)),
             Read::Ready => {
-                let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Admitted) else {
+                let Phase::Reading(mut r) = std::mem::replace(&mut self.phase, Phase::Admitted)
+                else {
                     return Next::Continue;
                 };
-                self.asking(rt, host, r.pending)
+                match Self::unasked(rt, host, &mut r.pending) {
+                    Some(decision) => self.decided(decision),
+                    None => self.ask_services(rt, host, r.pending),
+                }
             }
         }
     }

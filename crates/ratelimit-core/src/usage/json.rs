@@ -11,13 +11,14 @@ use smallvec::SmallVec;
 /// documents as valid).
 const MAX_NESTING: u8 = 127;
 
+/// [`Json::skip_to`] when no container is being skipped: above every depth.
+const NOT_SKIPPING: u8 = u8::MAX;
+
 /// What the tokenizer expects next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// A value: after ':', after ',' in an array, or a document's first (depth 0).
+    /// A value: after ':', or a document's first (depth 0).
     Value,
-    /// After '[': a value or ']'.
-    ArrayFirst,
     /// After '{': a key or '}'.
     ObjectFirst,
     /// After ',' in an object: a key.
@@ -72,6 +73,9 @@ enum State {
     Literal,
     /// After a value in a container: ',' or the container's end.
     After,
+    /// Inside a container no path leads into (an array, or an object at no path), outside its
+    /// strings: only brackets and quotes are looked at until it closes.
+    Skip,
     /// The document is invalid: the rest of it is ignored.
     Dead,
 }
@@ -81,6 +85,14 @@ enum State {
 /// whose escape follows. A quote ends the string when an even number of backslashes comes
 /// right before it: one search for quotes is cheaper than one for quotes and backslashes.
 fn string_end(rest: &[u8]) -> Result<usize, bool> {
+    // Most strings a document's structure holds (keys, roles) are short: a look at their first
+    // bytes is cheaper than a call to `memchr`.
+    let head = rest.get(..SHORT).unwrap_or(rest);
+    match head.iter().position(|&b| b == b'"' || b == b'\\') {
+        Some(at) if head.get(at) == Some(&b'"') => return Ok(at),
+        None if head.len() == rest.len() => return Err(false),
+        _ => {}
+    }
     let mut from = 0;
     let backslashes = |before: &[u8]| before.iter().rev().take_while(|&&b| b == b'\\').count();
     while let Some(at) = rest.get(from..).and_then(|r| memchr(b'"', r)) {
@@ -92,6 +104,9 @@ fn string_end(rest: &[u8]) -> Result<usize, bool> {
     }
     Err(backslashes(rest) % 2 == 1)
 }
+
+/// The bytes of a string [`string_end`] looks at one by one before it calls `memchr`.
+const SHORT: usize = 16;
 
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -122,6 +137,9 @@ pub(super) struct Json {
     state: State,
     /// Open containers.
     depth: u8,
+    /// While a container no path leads into is skipped ([`State::Skip`]), the depth around
+    /// it (that of the container it is in); [`NOT_SKIPPING`] otherwise.
+    skip_to: u8,
     /// Containers at depths `1..=live` are objects a path leads to; `nodes[d - 1]` is the
     /// node of the one at depth `d`. Its keys are compared only at depth `live`.
     live: u8,
@@ -203,6 +221,7 @@ impl Json {
             found: 0,
             state: State::Value,
             depth: 0,
+            skip_to: NOT_SKIPPING,
             live: 0,
             nodes: [NONE; MAX_DEPTH + 1],
             target: ROOT,
@@ -288,6 +307,7 @@ impl Json {
     fn reset(&mut self) {
         self.state = State::Value;
         self.depth = 0;
+        self.skip_to = NOT_SKIPPING;
         self.live = 0;
         self.target = ROOT;
     }
@@ -350,10 +370,20 @@ impl Json {
                         continue;
                     }
                 }
+                // Only brackets and quotes matter in a container no path leads into: the
+                // bytes between them are passed over at once.
+                State::Skip => {
+                    match rest
+                        .iter()
+                        .position(|&b| matches!(b, b'"' | b'[' | b']' | b'{' | b'}'))
+                    {
+                        Some(at) => i += at,
+                        None => return,
+                    }
+                }
                 State::Dead => return,
                 // Indentation comes in runs.
                 State::Value
-                | State::ArrayFirst
                 | State::ObjectFirst
                 | State::KeyNext
                 | State::Colon
@@ -387,20 +417,15 @@ impl Json {
     fn step(&mut self, paths: &Paths, b: u8) -> bool {
         let space = is_space(b);
         match self.state {
-            State::Value | State::ArrayFirst if space => {}
-            State::ArrayFirst if b == b']' => self.close(false),
-            State::Value | State::ArrayFirst => self.start_value(b),
+            State::Value if space => {}
+            State::Value => self.start_value(b),
             State::ObjectFirst | State::KeyNext | State::Colon | State::After if space => {}
             State::ObjectFirst if b == b'}' => self.close(true),
             State::ObjectFirst | State::KeyNext if b == b'"' => self.start_key(paths),
             State::Colon if b == b':' => self.state = State::Value,
+            // In an object (arrays are skipped).
             State::After => match b {
-                b',' if self.in_array() => {
-                    self.target = NONE;
-                    self.state = State::Value;
-                }
                 b',' => self.state = State::KeyNext,
-                b']' => self.close(false),
                 b'}' => self.close(true),
                 _ => self.state = State::Dead,
             },
@@ -449,6 +474,14 @@ impl Json {
                 _ => {}
             },
             State::StrEscape => self.state = State::Str,
+            State::Skip => match b {
+                b'"' => self.state = State::Str,
+                b'[' => self.open(true),
+                b'{' => self.open(false),
+                b']' => self.close(false),
+                b'}' => self.close(true),
+                _ => {}
+            },
             State::Text => match b {
                 b'"' => {
                     self.end_text(paths);
@@ -575,12 +608,21 @@ impl Json {
         let bit = 1u128 << self.depth;
         if array {
             self.arrays |= bit;
-            self.target = NONE;
-            self.state = State::ArrayFirst;
         } else {
             self.arrays &= !bit;
-            self.state = State::ObjectFirst;
         }
+        // Paths do not enter arrays, nor objects no path leads to: those are skipped whole
+        // (their brackets still checked), whatever they hold.
+        if self.depth < self.skip_to && (array || self.target == NONE) {
+            self.skip_to = self.depth;
+        }
+        // (So the containers read token by token are objects.)
+        self.state = if self.depth >= self.skip_to {
+            State::Skip
+        } else {
+            State::ObjectFirst
+        };
+        self.target = NONE;
         self.depth += 1;
     }
 
@@ -591,6 +633,9 @@ impl Json {
         }
         self.depth -= 1;
         self.live = self.live.min(self.depth);
+        if self.depth == self.skip_to {
+            self.skip_to = NOT_SKIPPING;
+        }
         self.after_value();
     }
 
@@ -598,6 +643,8 @@ impl Json {
         if self.depth == 0 {
             // The next document of a sequence.
             self.reset();
+        } else if self.depth > self.skip_to {
+            self.state = State::Skip;
         } else {
             self.state = State::After;
         }

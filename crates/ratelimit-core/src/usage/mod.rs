@@ -21,7 +21,9 @@
 //!   it): what the upstream reported is charged;
 //! - invalid JSON ends its document (for SSE, until the event ends; for JSON, the rest of the
 //!   body), but the values found before the error stay. Inside strings and keys that cannot
-//!   match, escapes and control characters are not checked, only skipped over;
+//!   match, escapes and control characters are not checked, only skipped over; inside arrays
+//!   and objects no path leads into (skipped whole), only brackets and strings are followed:
+//!   the brackets must match, the rest is not checked;
 //! - JSON nested deeper than 127 levels is invalid, as for `serde_json`.
 
 mod json;
