@@ -218,6 +218,7 @@ bench-tools: build build-native envoy rls-server
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
+	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)
 
 # The fleet model (crates/fleet-sim): 3 to 100 proxies over the core's own decision code, each
 # global mode, flush interval and block size; prints the tables of BENCHMARKS.md's "Fleet

@@ -1015,6 +1015,100 @@ def memory_per_key(args, lua, work, build):
             "bytes_per_key": (full - base) / capacity, "growth_after_full": later - full}
 
 
+# The fleet's section (bench/fleet.py measures it): here, so that the page is written by one
+# module and fleet.py imports this one, not the other way round.
+FLEET_KEYS = 1_000
+FLEET_FLUSH_MS = 100
+
+
+FLEET_LABELS = {
+    "local": "local only",
+    "sync": "sync (service one call at a time)",
+    "sync-concurrent": "sync (service concurrent)",
+    "async": f"async (flush {FLEET_FLUSH_MS} ms)",
+    "lease": "lease (service one call at a time)",
+    "lease-concurrent": "lease (service concurrent)",
+}
+
+
+def fleet_report_lines(f):
+    """The BENCHMARKS.md section for `measure`'s results."""
+    if not f:
+        return []
+    s = f["summary"]
+    lines = [
+        "## A fleet: three proxies, each global mode (issue 24)",
+        "",
+        f"{f['proxies']} Envoys × {f['workers']} workers (not pinned) share the test RLS server "
+        "(limitador 0.14 over Redis, on this machine); each Envoy is driven by its own wrk "
+        f"(1 thread, {f['connections']} connections) at full speed for {f['seconds']} s. One "
+        "rule keyed on `x-user`: **hot**, every request on one key, limit "
+        f"{f['hot_limit']:,} a minute; **hot, open**: the same at {f['open_limit']:,} a minute, "
+        "not reached in a run (lease blocks capped at a tenth of it); **"
+        f"{f['keys']:,} keys**, wrk cycling `x-user` over "
+        f"{f['keys']:,} values, limit {f['key_limit']} a minute each. Every build, pattern and "
+        f"mode once per round, {f['rounds']} rounds"
+        + (f" (more for some: `--more {'`, `--more '.join(f['more'])}`; the admitted column lists every run)"
+           if f.get("more") else "") + ", fresh Envoys and wiped counters per run. "
+        "× local: throughput against local-only in the same round (median, and the range); "
+        "from CPU: the same ratio from the Envoys' CPU time per request (local's / the "
+        "mode's), which other tenants of the machine disturb less. "
+        "Calls: requests Envoy sent to the service (`cluster.ratelimit.upstream_rq_total`) per "
+        "100 requests. Allowed: the limit, or for the keys each key's limit or what it was "
+        "offered if less, summed; over/under: the most any round admitted above / below it. "
+        "\"One call at a time\" is rls-server's `serial`: limitador's Redis storage checks, "
+        "then counts, in two steps, so concurrent calls near the limit are all granted. "
+        "Measured by `make bench` (after bench.py's sections), or alone by `make bench-fleet` "
+        f"(`python3 bench/fleet.py --rounds {f['rounds']} --seconds {f['seconds']}`: into "
+        "bench/results.json and this page); [`bench/fleet.py`](bench/fleet.py).",
+        "",
+        "| build | keys | mode | requests/s | × local (range) | × local from CPU | calls / 100 req | admitted (per round) | allowed | over | under |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for name, x in s.items():
+        build, pattern, mode = name.split("/")
+        ratio, cpu = "1.00", "1.00"
+        if mode != "local" and x["x_local"]:
+            lo, hi = x["x_local_range"]
+            ratio, cpu = f"{x['x_local']:.2f} ({lo:.2f}–{hi:.2f})", f"{x['x_local_cpu']:.2f}"
+        allowed = sorted({min(x["allowed"]), max(x["allowed"])})
+        keys = {"hot": "hot", "open": "hot, open", "keys": f"{FLEET_KEYS:,}"}[pattern]
+        lines.append(
+            f"| {build} | {keys} | {FLEET_LABELS[mode]} | {x['rps']:,.0f} | {ratio} | {cpu} | "
+            f"{x['calls_per_100']:.3f} | {', '.join(f'{a:,}' for a in x['admitted'])} | "
+            f"{'–'.join(f'{a:,}' for a in allowed)} | {max(x['over_max'], 0):,} | "
+            f"{max(x['under_max'], 0):,} |")
+    lines += [""] + fleet_target_lines(s, f)
+    return lines
+
+
+def fleet_target_lines(s, f):
+    """Issue 24's targets for lease on the hot key, and async and sync beside them."""
+    out = ["Against the targets (hot key, the service answering one call at a time):", ""]
+    for build in ("native", "wasm"):
+        lease, async_, sync = (s.get(f"{build}/hot/{m}") for m in ("lease", "async", "sync"))
+        if not (lease and async_ and sync):
+            continue
+        most = max(lease["admitted"])
+        out.append(
+            f"- {build}: lease admitted at most {most:,} of {f['hot_limit']:,} "
+            f"({'never over' if most <= f['hot_limit'] else 'OVER'} the limit, "
+            f"{len(lease['admitted'])} runs), {lease['x_local']:.2f}× local-only "
+            f"({lease['x_local_cpu']:.2f}× from CPU; target ≥ 0.95×), "
+            f"{lease['calls_per_100']:.3f} service calls per 100 requests (target ≤ 2; "
+            f"{lease['claims_per_100_admitted']:.1f} claims per 100 admitted). Async "
+            f"{async_['x_local']:.2f}× ({async_['x_local_cpu']:.2f}× from CPU), admitted "
+            f"{min(async_['admitted']):,}–{max(async_['admitted']):,}; sync "
+            f"{sync['x_local']:.2f}× ({sync['x_local_cpu']:.2f}× from CPU), admitted "
+            f"{min(sync['admitted']):,}–{max(sync['admitted']):,}.")
+        o = s.get(f"{build}/open/lease")
+        if o:
+            out[-1] += (f" Below the limit (hot, open): lease {o['x_local']:.2f}× "
+                        f"({o['x_local_cpu']:.2f}× from CPU), {o['calls_per_100']:.3f} calls "
+                        "per 100 requests.")
+    return out + [""]
+
+
 def global_section(args, lua, work, rounds):
     """Global rules against a local-only rule, and async over-admission, with the test RLS
     server (limitador over Redis) that `make bench` builds. Skipped if it is not there."""
@@ -1070,11 +1164,13 @@ def global_section(args, lua, work, rounds):
                           for f in ("p50_us", "p99_us", "p999_us")}
                    for name, runs in lat_runs.items()}
 
-        # Three proxies of two workers at full speed, every mode, a hot key and 1,000 keys:
-        # throughput against local-only, service calls, over- and under-admission.
-        import fleet
+        # The fleet (three proxies, every mode) is measured by bench/fleet.py, which `make
+        # bench` runs next: its last figures are kept.
+        old = {}
+        if (BENCH / "results.json").exists():
+            old = json.loads((BENCH / "results.json").read_text()).get("global") or {}
         return {"throughput": throughput, "latency": latency, "latency_rate": rate,
-                "fleet": fleet.measure(args.envoy, work, rounds, lua=lua)}
+                "fleet": old.get("fleet")}
     finally:
         for p in procs:
             p.terminate()
@@ -1345,8 +1441,7 @@ def global_report(g):
         f"{o['limit']:,} a minute: {o['admitted']:,} admitted, {o['over']:,} over the limit; the "
         f"documented bound, offered rate × (2 × flush + 10 ms), is {o['bound']:,.0f}.",
         ]
-    import fleet
-    return lines + [""] + fleet.report_lines(g.get("fleet"))
+    return lines + [""] + fleet_report_lines(g.get("fleet"))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ every mode); lease claims are the filter's `lease_claims`. Admitted requests are
 what the limit allows: the hot key's limit, or for 1,000 keys each key's limit or what it was
 offered, whichever is less.
 
-`make bench` runs it within bench.py's global section; alone, `python3 bench/fleet.py` (or
+`make bench` runs it after bench.py; alone, `python3 bench/fleet.py` (or
 `make bench-fleet`) measures, stores the figures in bench/results.json's `global.fleet`, and
 rewrites BENCHMARKS.md from bench/results.json.
 """
@@ -271,94 +271,6 @@ def summarize(runs):
     return out
 
 
-LABELS = {
-    "local": "local only",
-    "sync": "sync (service one call at a time)",
-    "sync-concurrent": "sync (service concurrent)",
-    "async": f"async (flush {FLUSH_MS} ms)",
-    "lease": "lease (service one call at a time)",
-    "lease-concurrent": "lease (service concurrent)",
-}
-
-
-def report_lines(f):
-    """The BENCHMARKS.md section for `measure`'s results."""
-    if not f:
-        return []
-    s = f["summary"]
-    lines = [
-        "## A fleet: three proxies, each global mode (issue 24)",
-        "",
-        f"{f['proxies']} Envoys × {f['workers']} workers (not pinned) share the test RLS server "
-        "(limitador 0.14 over Redis, on this machine); each Envoy is driven by its own wrk "
-        f"(1 thread, {f['connections']} connections) at full speed for {f['seconds']} s. One "
-        "rule keyed on `x-user`: **hot**, every request on one key, limit "
-        f"{f['hot_limit']:,} a minute; **hot, open**: the same at {f['open_limit']:,} a minute, "
-        "not reached in a run (lease blocks capped at a tenth of it); **"
-        f"{f['keys']:,} keys**, wrk cycling `x-user` over "
-        f"{f['keys']:,} values, limit {f['key_limit']} a minute each. Every build, pattern and "
-        f"mode once per round, {f['rounds']} rounds"
-        + (f" (more for some: `--more {'`, `--more '.join(f['more'])}`; the admitted column lists every run)"
-           if f.get("more") else "") + ", fresh Envoys and wiped counters per run. "
-        "× local: throughput against local-only in the same round (median, and the range); "
-        "from CPU: the same ratio from the Envoys' CPU time per request (local's / the "
-        "mode's), which other tenants of the machine disturb less. "
-        "Calls: requests Envoy sent to the service (`cluster.ratelimit.upstream_rq_total`) per "
-        "100 requests. Allowed: the limit, or for the keys each key's limit or what it was "
-        "offered if less, summed; over/under: the most any round admitted above / below it. "
-        "\"One call at a time\" is rls-server's `serial`: limitador's Redis storage checks, "
-        "then counts, in two steps, so concurrent calls near the limit are all granted. "
-        "Measured by `make bench` (its global section), or alone by `make bench-fleet` "
-        f"(`python3 bench/fleet.py --rounds {f['rounds']} --seconds {f['seconds']}`: into "
-        "bench/results.json and this page); [`bench/fleet.py`](bench/fleet.py).",
-        "",
-        "| build | keys | mode | requests/s | × local (range) | × local from CPU | calls / 100 req | admitted (per round) | allowed | over | under |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
-    ]
-    for name, x in s.items():
-        build, pattern, mode = name.split("/")
-        ratio, cpu = "1.00", "1.00"
-        if mode != "local" and x["x_local"]:
-            lo, hi = x["x_local_range"]
-            ratio, cpu = f"{x['x_local']:.2f} ({lo:.2f}–{hi:.2f})", f"{x['x_local_cpu']:.2f}"
-        allowed = sorted({min(x["allowed"]), max(x["allowed"])})
-        keys = {"hot": "hot", "open": "hot, open", "keys": f"{KEYS:,}"}[pattern]
-        lines.append(
-            f"| {build} | {keys} | {LABELS[mode]} | {x['rps']:,.0f} | {ratio} | {cpu} | "
-            f"{x['calls_per_100']:.3f} | {', '.join(f'{a:,}' for a in x['admitted'])} | "
-            f"{'–'.join(f'{a:,}' for a in allowed)} | {max(x['over_max'], 0):,} | "
-            f"{max(x['under_max'], 0):,} |")
-    lines += [""] + target_lines(s, f)
-    return lines
-
-
-def target_lines(s, f):
-    """Issue 24's targets for lease on the hot key, and async and sync beside them."""
-    out = ["Against the targets (hot key, the service answering one call at a time):", ""]
-    for build in ("native", "wasm"):
-        lease, async_, sync = (s.get(f"{build}/hot/{m}") for m in ("lease", "async", "sync"))
-        if not (lease and async_ and sync):
-            continue
-        most = max(lease["admitted"])
-        out.append(
-            f"- {build}: lease admitted at most {most:,} of {f['hot_limit']:,} "
-            f"({'never over' if most <= f['hot_limit'] else 'OVER'} the limit, "
-            f"{len(lease['admitted'])} runs), {lease['x_local']:.2f}× local-only "
-            f"({lease['x_local_cpu']:.2f}× from CPU; target ≥ 0.95×), "
-            f"{lease['calls_per_100']:.3f} service calls per 100 requests (target ≤ 2; "
-            f"{lease['claims_per_100_admitted']:.1f} claims per 100 admitted). Async "
-            f"{async_['x_local']:.2f}× ({async_['x_local_cpu']:.2f}× from CPU), admitted "
-            f"{min(async_['admitted']):,}–{max(async_['admitted']):,}; sync "
-            f"{sync['x_local']:.2f}× ({sync['x_local_cpu']:.2f}× from CPU), admitted "
-            f"{min(sync['admitted']):,}–{max(sync['admitted']):,}.")
-        o = s.get(f"{build}/open/lease")
-        if o:
-            out[-1] += (f" Below the limit (hot, open): lease {o['x_local']:.2f}× "
-                        f"({o['x_local_cpu']:.2f}× from CPU), {o['calls_per_100']:.3f} calls "
-                        "per 100 requests.")
-    return out + [""]
-
-
 def instructions(envoy_bin, builds=("native", "wasm"), requests=2000):
     """Envoy's instructions per request (callgrind, bench.instructions: one Envoy, one worker,
     one client on one key) for a rule local-only, async and lease: admitted (a limit never
@@ -432,13 +344,13 @@ def main():
             print(f"{name:22} {n:10,.0f} instructions/request  {n / base - 1:+.1%}")
         return
     if args.report_only:
-        print("\n".join(report_lines(json.loads(results.read_text())["global"]["fleet"])))
+        print("\n".join(bench.fleet_report_lines(json.loads(results.read_text())["global"]["fleet"])))
         return
     work = Path(tempfile.mkdtemp(prefix="wasm-ratelimit-fleet-"))
     f = measure(args.envoy, work, args.rounds, args.seconds, args.connections,
                 tuple(args.builds.split(",")), tuple(args.modes.split(",")),
                 tuple(args.patterns.split(",")))
-    print("\n".join(report_lines(f)))
+    print("\n".join(bench.fleet_report_lines(f)))
     if args.out:
         Path(args.out).write_text(json.dumps(f, indent=2) + "\n")
         return
