@@ -1015,6 +1015,16 @@ def memory_per_key(args, lua, work, build):
             "bytes_per_key": (full - base) / capacity, "growth_after_full": later - full}
 
 
+def stop(procs):
+    """Stops the processes a section started (killed if one does not end within 5 s)."""
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 # The fleet's section (bench/fleet.py measures it): here, so that the page is written by one
 # module and fleet.py imports this one, not the other way round.
 FLEET_KEYS = 1_000
@@ -1172,12 +1182,7 @@ def global_section(args, lua, work, rounds):
         return {"throughput": throughput, "latency": latency, "latency_rate": rate,
                 "fleet": old.get("fleet")}
     finally:
-        for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 def report(r):

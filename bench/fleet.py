@@ -39,8 +39,8 @@ PROXIES, WORKERS = 3, 2
 HOT_LIMIT = 1_000  # a minute, the hot key's (the issue's measurement)
 OPEN_LIMIT = 60_000_000  # a minute, the hot key's where the limit is not reached in a run
 KEY_LIMIT = 20  # a minute, each of the 1,000 keys'
-KEYS = 1_000
-FLUSH_MS = 100
+KEYS = bench.FLEET_KEYS
+FLUSH_MS = bench.FLEET_FLUSH_MS
 PATTERNS = {"hot": 1, "open": 1, "keys": KEYS}
 # mode name: (rule's `global` fields or None, RLS server answering one call at a time)
 MODES = {
@@ -228,12 +228,7 @@ def measure(envoy_bin, work, rounds, seconds=4, connections=8, builds=("native",
                               f"{r['allowed']:6}, {r['calls']:6} calls, p50 {r['p50_us']} µs, p99 {r['p99_us']} µs",
                               flush=True)
     finally:
-        for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        bench.stop(procs)
     return {"proxies": PROXIES, "workers": WORKERS, "seconds": seconds,
             "connections": connections, "flush_ms": FLUSH_MS, "hot_limit": HOT_LIMIT,
             "open_limit": OPEN_LIMIT,
@@ -310,8 +305,7 @@ def instructions(envoy_bin, builds=("native", "wasm"), requests=2000):
     try:
         return bench.instructions(envoy_bin, specs, work, requests=requests)
     finally:
-        for p in procs:
-            p.terminate()
+        bench.stop(procs)
 
 
 def main():
