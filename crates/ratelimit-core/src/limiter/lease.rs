@@ -264,6 +264,17 @@ impl State {
         s
     }
 
+    /// `cost` taken from what is held goes back to it (a request refused by another rule).
+    pub fn give_back(self, cost: u64) -> State {
+        State {
+            held: self
+                .held
+                .saturating_add(i64::try_from(cost).unwrap_or(HELD_BOUND))
+                .min(HELD_BOUND),
+            ..self
+        }
+    }
+
     /// A claim ahead of need came to nothing (no answer): another may start.
     pub fn claim_failed(self) -> State {
         State {
@@ -340,16 +351,7 @@ pub fn charge(state: Option<State>, now_ms: u64, cost: u64) -> State {
 /// Gives `cost` back to what is held, unless it has lapsed meanwhile (`None`: nothing to change).
 pub fn refund(state: Option<State>, now_ms: u64, cost: u64) -> Option<State> {
     let s = state?;
-    if now_ms >= s.expires_ms {
-        return None;
-    }
-    Some(State {
-        held: s
-            .held
-            .saturating_add(i64::try_from(cost).unwrap_or(HELD_BOUND))
-            .min(HELD_BOUND),
-        ..s
-    })
+    (now_ms < s.expires_ms).then(|| s.give_back(cost))
 }
 
 #[cfg(test)]

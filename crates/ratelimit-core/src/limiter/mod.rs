@@ -428,12 +428,7 @@ impl Policy {
             (State::InFlight(s), State::InFlight(c)) => {
                 State::InFlight(in_flight::give_back(s, c.gen_ms, s.gen_ms))
             }
-            (State::Lease(s), State::Lease(_)) => State::Lease(lease::State {
-                held: s
-                    .held
-                    .saturating_add(i64::try_from(cost).unwrap_or(i64::MAX)),
-                ..s
-            }),
+            (State::Lease(s), State::Lease(_)) => State::Lease(s.give_back(cost)),
             (other, _) => other,
         }
     }

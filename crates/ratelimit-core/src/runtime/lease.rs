@@ -204,22 +204,19 @@ impl<S: Store> Runtime<S> {
         answer: Option<&Answer>,
         now_ms: u64,
     ) -> Result<Claimed, ServiceError> {
-        let (Some(rule), Some(compiled)) =
-            (self.config.rules.get(q.rule), self.compiled.get(q.rule))
-        else {
-            return Err(ServiceError::NotGlobal);
-        };
-        let policy = compiled.policy;
+        let policy = self
+            .compiled
+            .get(q.rule)
+            .map(|c| c.policy)
+            .ok_or(ServiceError::NotGlobal)?;
         let answer = match answer {
             Some(Ok(a)) => a,
             Some(Err(e)) => return Err(e.clone()),
             None => return Err(ServiceError::NoAnswer),
         };
-        let taken = match rule.charge() {
-            Some(c) if !c.true_up => 0,
-            _ => q.cost,
-        };
-        let s = self.answer_lease(claim, answer, taken, now_ms, false)?;
+        // The question's cost is what the request takes of a grant (0 for a rule charged
+        // only once its answer tells: Runtime::promote).
+        let s = self.answer_lease(claim, answer, q.cost, now_ms, false)?;
         let (limit, windows) = match policy {
             Policy::Lease { limit, windows, .. } => (limit, windows),
             _ => return Err(ServiceError::NotGlobal),
