@@ -238,7 +238,7 @@ pub fn markdown(sweep: &Sweep, rows: &[Row]) -> String {
                 out,
                 "**{}**, limit {} a {} per key, round trip {latency_ms} ms: over % / under % / calls per 100 requests\n",
                 describe(&p.traffic),
-                thousands(p.limit),
+                ratelimit_config::replay::report::thousands(p.limit),
                 unit(sweep.window_s)
             );
             let sizes: Vec<String> = sweep
@@ -276,19 +276,6 @@ pub fn markdown(sweep: &Sweep, rows: &[Row]) -> String {
             }
             out.push('\n');
         }
-    }
-    out
-}
-
-/// `6000` as `6,000`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
     }
     out
 }
