@@ -193,20 +193,31 @@ pub struct Hits {
 
 impl Hits {
     /// Adds an admitted request's cost (or a settled usage) to its key's hits; `false` when
-    /// too many keys wait already (the hits are not reported).
-    pub fn count(&mut self, hash: u64, entries: &Descriptor, target: Target, cost: u64) -> bool {
+    /// too many keys wait already, or the key's first hits have no descriptor (the hits are
+    /// not reported). `entries` is called for a key's first hits only.
+    pub fn count(
+        &mut self,
+        hash: u64,
+        entries: impl FnOnce() -> Option<Descriptor>,
+        target: Target,
+        cost: u64,
+    ) -> bool {
         if let Some(h) = self.keys.get_mut(&hash) {
             h.hits = h.hits.saturating_add(cost);
-        } else if self.keys.len() < MAX_ASYNC_KEYS {
-            let hit = Hit {
-                entries: entries.clone(),
-                hits: cost,
-                target,
-            };
-            self.keys.insert(hash, hit);
-        } else {
+            return true;
+        }
+        if self.keys.len() >= MAX_ASYNC_KEYS {
             return false;
         }
+        let Some(entries) = entries() else {
+            return false;
+        };
+        let hit = Hit {
+            entries,
+            hits: cost,
+            target,
+        };
+        self.keys.insert(hash, hit);
         true
     }
 
@@ -353,14 +364,32 @@ mod tests {
             fingerprint: 5,
         };
         let mut hits = Hits::default();
-        hits.count(1, &entries, target, 2);
-        hits.count(1, &entries, target, 3);
+        let mut built = 0;
+        for cost in [2, 3] {
+            hits.count(
+                1,
+                || {
+                    built += 1;
+                    Some(entries.clone())
+                },
+                target,
+                cost,
+            );
+        }
+        assert_eq!(
+            built, 1,
+            "a key's descriptor is built for its first hits only"
+        );
+        assert!(
+            !hits.count(2, || None, target, 1),
+            "no descriptor, no report"
+        );
         let flushes = hits.drain(&rule);
         assert_eq!(flushes.len(), 1);
         assert_eq!(flushes[0].message, request("edge", &entries, 5));
         assert!(hits.drain(&rule).is_empty());
         for k in 0..MAX_ASYNC_KEYS as u64 + 5 {
-            hits.count(k, &entries, target, 1);
+            hits.count(k, || Some(entries.clone()), target, 1);
         }
         assert_eq!(hits.drain(&rule).len(), MAX_ASYNC_KEYS);
     }

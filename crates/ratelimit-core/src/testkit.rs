@@ -24,6 +24,8 @@ pub struct FakeHost {
     pub body_follows: bool,
     /// The body fields handed to the access log ([`Host::body_field_read`]).
     pub fields_read: Vec<(String, Vec<u8>)>,
+    /// How many times the source address was read.
+    pub address_reads: usize,
 }
 
 impl FakeHost {
@@ -42,6 +44,7 @@ impl FakeHost {
             logs: Vec::new(),
             body_follows: false,
             fields_read: Vec::new(),
+            address_reads: 0,
         }
     }
 
@@ -72,6 +75,7 @@ impl FakeHost {
 
 impl Attributes for FakeHost {
     fn source_address(&mut self) -> Option<&str> {
+        self.address_reads += 1;
         self.req.source_address()
     }
     fn path(&mut self) -> Option<&str> {

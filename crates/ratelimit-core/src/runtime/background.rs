@@ -302,7 +302,10 @@ mod tests {
             "remote_address".to_string(),
             format!("10.0.0.{n}").into_bytes(),
         )];
-        rt.hits.lock().unwrap().count(n, &entries, target(n), hits);
+        rt.hits
+            .lock()
+            .unwrap()
+            .count(n, || Some(entries.clone()), target(n), hits);
     }
 
     fn blocked(rt: &Runtime<MemoryStore>, t: Target) -> bool {

@@ -3,13 +3,13 @@
 //! for), a claim ahead of need when the key runs low (sent by [`super::Background`]), and what
 //! the service's answers do to the key's lease ([`crate::limiter::lease`]).
 
-use super::request::{Applied, Claimed, Debt, DebtKind, Pending, ServiceReport};
+use super::request::{Applied, Claimed, Debt, DebtKind, Host, Pending, ServiceReport};
 use super::Runtime;
 use crate::config::GlobalMode;
 use crate::engine::{self, Check};
 use crate::error::ServiceError;
 use crate::global::{self, Answer, Claim, Question, Target};
-use crate::key::Descriptor;
+use crate::key::Attributes;
 use crate::limiter::lease::{self, Grant, Peek};
 use crate::limiter::Policy;
 use crate::metrics::Counter;
@@ -21,31 +21,28 @@ impl<S: Store> Runtime<S> {
     /// Before a request is decided: each lease check whose key holds too little here becomes
     /// a claim the request waits for, and a sync rule's check (one whose reservation waited
     /// for the body to be sized) becomes its question. A key running low gets a claim ahead of
-    /// need. Returns whether there are questions to ask.
-    pub fn promote(&self, p: &mut Pending, now_ms: u64) -> bool {
+    /// need. Returns whether there are questions to ask. `host` reads the request for the
+    /// descriptors of those calls (only they build one).
+    pub fn promote(&self, p: &mut Pending, host: &mut impl Host) -> bool {
+        let now_ms = host.now_ms();
         let mut i = 0;
-        while let (Some(check), Some(applied)) = (p.checks.get(i), p.applied.get(i)) {
+        while let (Some(check), Some(applied)) = (p.checks.get(i), p.applied.get_mut(i)) {
             let rule = applied.rule;
             let Some(g) = self.config.rules.get(rule).and_then(|r| r.global.as_ref()) else {
                 i += 1;
                 continue;
             };
-            let entries = applied.descriptor.as_ref();
-            let claim = match (g.mode, &check.policy, entries) {
-                (GlobalMode::Sync, _, Some(_)) => None,
-                (GlobalMode::Lease, Policy::Lease { max_block, .. }, Some(entries)) => {
+            let claim = match (g.mode, &check.policy) {
+                (GlobalMode::Sync, _) => None,
+                (GlobalMode::Lease, Policy::Lease { max_block, .. }) => {
                     let target = Target {
                         rule,
                         slot: check.slot,
                         fingerprint: check.fingerprint,
                     };
-                    match self.lease_peek(
-                        target,
-                        check.cost,
-                        *max_block,
-                        now_ms,
-                        (applied.hash, entries),
-                    ) {
+                    let peeked =
+                        self.lease_peek(target, check.cost, *max_block, now_ms, applied, host);
+                    match peeked {
                         Some(block) => Some(Claim {
                             target,
                             block,
@@ -63,12 +60,18 @@ impl<S: Store> Runtime<S> {
                     continue;
                 }
             };
-            let check = p.checks.remove(i);
-            let applied = p.applied.remove(i);
-            let Some(entries) = applied.descriptor.as_ref() else {
+            let Some(entries) = self.describe(applied, host) else {
+                // No descriptor: decided here (a claim started comes to nothing).
+                if let Some(c) = &claim {
+                    self.claim_lost(c, now_ms);
+                }
+                i += 1;
                 continue;
             };
             let hits = claim.map_or(check.cost, |c| c.block);
+            let message = global::request(&g.domain, entries, hits);
+            let check = p.checks.remove(i);
+            let applied = p.applied.remove(i);
             if claim.is_some() {
                 self.metrics.add(rule, Counter::LeaseClaims, 1);
             }
@@ -76,7 +79,7 @@ impl<S: Store> Runtime<S> {
                 rule,
                 hash: applied.hash,
                 cost: if check.charge_later { 0 } else { check.cost },
-                message: global::request(&g.domain, entries, hits),
+                message,
                 claim,
                 retried: false,
             });
@@ -88,14 +91,15 @@ impl<S: Store> Runtime<S> {
 
     /// A lease's view of a request of `cost`: `Some(block)` to claim now, `None` when what is
     /// held decides (covered, or refused by the service). A key running low gets a claim ahead
-    /// of need, sent at the next tick.
+    /// of need, sent at the next tick (its descriptor built for it).
     fn lease_peek(
         &self,
         target: Target,
         cost: u64,
         cap: u64,
         now_ms: u64,
-        (hash, entries): (u64, &Descriptor),
+        applied: &mut Applied,
+        host: &mut impl Attributes,
     ) -> Option<u64> {
         let peeked = self.update_lease(target, now_ms, |state| {
             match lease::State::peek(state, now_ms, cost, cap) {
@@ -120,11 +124,15 @@ impl<S: Store> Runtime<S> {
                     sent_ms: now_ms,
                     last: false,
                 };
-                let queued = self
-                    .ahead
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .add(hash, entries, claim);
+                let hash = applied.hash;
+                let queued = match self.describe(applied, host) {
+                    Some(entries) => self
+                        .ahead
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .add(hash, entries, claim),
+                    None => false,
+                };
                 if !queued {
                     self.claim_lost(&claim, now_ms);
                 }
@@ -381,6 +389,7 @@ impl<S: Store> Runtime<S> {
         a: &Applied,
         check: &Check,
         told: u64,
+        host: &mut impl Attributes,
     ) -> Option<Box<ServiceReport>> {
         let rule = self.config.rules.get(a.rule)?;
         let g = rule.global.as_ref()?;
@@ -390,7 +399,7 @@ impl<S: Store> Runtime<S> {
         }
         Some(Box::new(ServiceReport {
             hash: a.hash,
-            entries: a.descriptor.clone()?,
+            entries: self.described(a, host)?,
             target: Target {
                 rule: a.rule,
                 slot: check.slot,
@@ -452,7 +461,12 @@ impl<S: Store> Runtime<S> {
             .hits
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .count(report.hash, &report.entries, report.target, units);
+            .count(
+                report.hash,
+                || Some(report.entries.clone()),
+                report.target,
+                units,
+            );
         let counter = match queued {
             true => Counter::UsageReported,
             false => Counter::ReportsLost,
@@ -519,9 +533,19 @@ mod tests {
         answer: impl Fn(u64) -> rls::Response,
     ) -> (Option<u64>, bool) {
         let mut h = FakeHost::new("10.0.0.1", "/");
+        request_from(rt, &mut h, now, answer)
+    }
+
+    /// [`request`] from `h`.
+    fn request_from(
+        rt: &Runtime<MemoryStore>,
+        h: &mut FakeHost,
+        now: u64,
+        answer: impl Fn(u64) -> rls::Response,
+    ) -> (Option<u64>, bool) {
         h.now = now;
         let mut st = StreamState::default();
-        let mut next = st.request_headers(rt, &mut h);
+        let mut next = st.request_headers(rt, h);
         let mut claimed = None;
         for id in 1.. {
             match next {
@@ -530,8 +554,8 @@ mod tests {
                 Next::Call { message, .. } => {
                     let hits = rls::decode_request(&message).unwrap().hits;
                     claimed = Some(hits);
-                    assert!(matches!(st.started(rt, &mut h, Ok(id)), Next::Wait));
-                    next = st.call_answer(rt, &mut h, id, Ok(answer(hits)));
+                    assert!(matches!(st.started(rt, h, Ok(id)), Next::Wait));
+                    next = st.call_answer(rt, h, id, Ok(answer(hits)));
                 }
                 other => panic!("{other:?}"),
             }
@@ -565,6 +589,34 @@ mod tests {
             let (hits, ok) = request(&rt, 2_100 + t, |_| panic!("claimed"));
             assert_eq!((hits, ok), (None, true), "request {t} of the block");
         }
+    }
+
+    #[test]
+    fn only_a_claim_builds_a_descriptor() {
+        // The key is read once per request; a claim reads it again for its descriptor (now or
+        // ahead of need); a request admitted from what is held builds none.
+        let rt = runtime(LEASE);
+        let reads = |now, answered: bool| {
+            let mut h = FakeHost::new("10.0.0.1", "/");
+            let (hits, ok) = request_from(&rt, &mut h, now, |_| answer(Code::Ok, 90));
+            assert!(ok && hits.is_some() == answered);
+            h.address_reads
+        };
+        assert_eq!(reads(1_000, true), 2, "claims");
+        let held = (1..4).map(|t| reads(1_000 + t, false)).collect::<Vec<_>>();
+        assert!(held.contains(&1), "admitted from the block: {held:?}");
+        assert!(held.contains(&2), "ran low, claims ahead: {held:?}");
+        let mut bg = Background::new(&rt);
+        let work = bg.tick(&rt, 2_000, false);
+        let call = work.calls.first().expect("a claim ahead");
+        let entries = rls::decode_request(&call.message).unwrap().descriptors;
+        assert_eq!(
+            entries,
+            [vec![
+                ("rule".to_string(), b"g".to_vec()),
+                ("remote_address".to_string(), b"10.0.0.1".to_vec())
+            ]]
+        );
     }
 
     #[test]

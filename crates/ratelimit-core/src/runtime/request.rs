@@ -401,10 +401,55 @@ pub(super) struct Applied {
     pub(super) rule: usize,
     /// The keyed hash of the client key.
     pub(super) hash: u64,
-    /// The descriptor to report hits with (async global rules).
+    /// A global rule's descriptor for its service: built with a sync rule's question, else
+    /// the first time a call needs it ([`Runtime::describe`]; `None` until then).
     pub(super) descriptor: Option<Descriptor>,
     /// The prices a rule charged in money charges the request at.
     pub(super) priced: Priced,
+}
+
+impl<S: Store> Runtime<S> {
+    /// `a`'s descriptor, built from the request the first time one of its rule's calls needs
+    /// it: most requests of an async or lease rule make none (`None`: the rule is not global,
+    /// or the request lacks a key part its descriptor needs).
+    pub(super) fn describe<'a>(
+        &self,
+        a: &'a mut Applied,
+        host: &mut impl Attributes,
+    ) -> Option<&'a Descriptor> {
+        if a.descriptor.is_none() {
+            a.descriptor = self.described(a, host);
+        }
+        a.descriptor.as_ref()
+    }
+
+    /// `a`'s descriptor: a copy of the one built, else built now.
+    pub(super) fn described(&self, a: &Applied, host: &mut impl Attributes) -> Option<Descriptor> {
+        if let Some(d) = &a.descriptor {
+            return Some(d.clone());
+        }
+        let rule = self.config.rules.get(a.rule)?;
+        rule.global.as_ref()?;
+        key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
+    }
+
+    /// Builds the descriptors the rest of the request may need while `host` can still read
+    /// the request: before it waits for its body or for its calls (a host may not show the
+    /// request's attributes then). A lease rule's is built when it claims
+    /// ([`Runtime::promote`]), which is always before.
+    pub(super) fn describe_all(&self, p: &mut Pending, host: &mut impl Attributes) {
+        for a in p.applied.iter_mut().chain(p.asked.iter_mut()) {
+            let lease = self
+                .config
+                .rules
+                .get(a.rule)
+                .and_then(|r| r.global.as_ref())
+                .is_none_or(|g| g.mode == GlobalMode::Lease);
+            if !lease {
+                self.describe(a, host);
+            }
+        }
+    }
 }
 
 impl<S: Store> Runtime<S> {
@@ -488,33 +533,25 @@ impl<S: Store> Runtime<S> {
             },
         };
         carried.count(&self.metrics, i);
-        let descriptor = match &rule.global {
-            Some(_) => {
-                key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
-            }
-            None => None,
-        };
-        if let (Some(g), Some(entries)) = (&rule.global, &descriptor) {
-            let question = match g.mode {
-                // A reservation sized from the body is asked once sized ([`Runtime::promote`]).
-                GlobalMode::Sync
-                    if !(body_follows && rule.charge().is_some_and(|c| c.sized.is_some())) =>
-                {
-                    Some(Question {
-                        rule: i,
-                        hash,
-                        cost,
-                        message: global::request(&g.domain, entries, cost),
-                        claim: None,
-                        retried: false,
-                    })
-                }
-                GlobalMode::Sync => None,
-                // Decided here from the lease, or promoted to a claim ([`Runtime::promote`]).
-                GlobalMode::Async | GlobalMode::Lease => None,
-            };
-            if let Some(q) = question {
-                p.questions.push(q);
+        // A sync rule asks now (one whose reservation is sized from the body, once sized:
+        // [`Runtime::promote`]); async and lease rules decide here, and build their
+        // descriptor only when a call needs it ([`Runtime::describe`]).
+        let asks = rule.global.as_ref().filter(|g| {
+            g.mode == GlobalMode::Sync
+                && !(body_follows && rule.charge().is_some_and(|c| c.sized.is_some()))
+        });
+        if let Some(g) = asks {
+            let descriptor =
+                key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host);
+            if let Some(entries) = &descriptor {
+                p.questions.push(Question {
+                    rule: i,
+                    hash,
+                    cost,
+                    message: global::request(&g.domain, entries, cost),
+                    claim: None,
+                    retried: false,
+                });
                 p.answers.push(None);
                 p.asked.push(Applied {
                     rule: i,
@@ -559,7 +596,7 @@ impl<S: Store> Runtime<S> {
         p.applied.push(Applied {
             rule: i,
             hash,
-            descriptor,
+            descriptor: None,
             priced,
         });
         Ok(())
@@ -749,7 +786,7 @@ impl<S: Store> Runtime<S> {
                             policy: check.base.unwrap_or(check.policy),
                             kind: DebtKind::Usage, // nothing was counted
                             priced: a.priced,
-                            report: self.service_report(a, check, 0),
+                            report: self.service_report(a, check, 0, host),
                         });
                     }
                 } else if allowed {
@@ -781,7 +818,7 @@ impl<S: Store> Runtime<S> {
                             policy: check.base.unwrap_or(check.policy),
                             kind,
                             priced: a.priced,
-                            report: self.service_report(a, check, 0),
+                            report: self.service_report(a, check, 0, host),
                         };
                         match kind {
                             DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
@@ -790,23 +827,26 @@ impl<S: Store> Runtime<S> {
                         }
                         owed.push(debt);
                     }
-                    if let (Some(g), Some(entries)) = (&rule.global, &a.descriptor) {
-                        // A rule charged by its responses reports its usage once known.
-                        if g.mode == GlobalMode::Async && rule.charge().is_none() {
-                            let target = Target {
-                                rule: a.rule,
-                                slot: check.slot,
-                                fingerprint: check.fingerprint,
-                            };
-                            let queued = self
-                                .hits
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .count(a.hash, entries, target, check.cost);
-                            if !queued {
-                                // Too many keys wait for this flush: the service never sees these.
-                                self.metrics.add(a.rule, Counter::ReportsLost, check.cost);
-                            }
+                    // A rule charged by its responses reports its usage once known.
+                    let reports = rule
+                        .global
+                        .as_ref()
+                        .is_some_and(|g| g.mode == GlobalMode::Async && rule.charge().is_none());
+                    if reports {
+                        let target = Target {
+                            rule: a.rule,
+                            slot: check.slot,
+                            fingerprint: check.fingerprint,
+                        };
+                        // The descriptor is built for the first hits of a key in a flush only.
+                        let queued = self
+                            .hits
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .count(a.hash, || self.described(a, host), target, check.cost);
+                        if !queued {
+                            // Too many keys wait for this flush: the service never sees these.
+                            self.metrics.add(a.rule, Counter::ReportsLost, check.cost);
                         }
                     }
                 }

@@ -167,10 +167,12 @@ impl StreamState {
         }
         match rt.start(host) {
             Start::Decided(decision) => self.decided(decision),
-            Start::Ask(pending) if pending.reads_body() => {
+            Start::Ask(mut pending) if pending.reads_body() => {
                 if !host.reads_attributes_later() {
                     rt.read_ahead(&pending, host);
                 }
+                // Decided late (the wasm build), the request is no longer readable.
+                rt.describe_all(&mut pending, host);
                 self.phase = Phase::Reading(Box::new(Reading::new(pending)));
                 Next::Wait
             }
@@ -200,7 +202,7 @@ impl StreamState {
         pending: &mut Pending,
     ) -> Option<Decision> {
         if rt.promotes() {
-            rt.promote(pending, host.now_ms());
+            rt.promote(pending, host);
         }
         (!pending.asks()).then(|| rt.finish(host, pending))
     }
@@ -210,8 +212,10 @@ impl StreamState {
         &mut self,
         rt: &Runtime<S>,
         host: &mut impl Host,
-        pending: Pending,
+        mut pending: Pending,
     ) -> Next {
+        // The answers come in other hooks, where a host may not read the request.
+        rt.describe_all(&mut pending, host);
         self.phase = Phase::Asking(Box::new(Asking {
             pending,
             calls: Vec::new(),
