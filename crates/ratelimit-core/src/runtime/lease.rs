@@ -3,7 +3,7 @@
 //! for), a claim ahead of need when the key runs low (sent by [`super::Background`]), and what
 //! the service's answers do to the key's lease ([`crate::limiter::lease`]).
 
-use super::request::{Applied, Claimed, Debt, DebtKind, Host, Pending, ServiceReport};
+use super::request::{Applied, Claimed, Debt, DebtKind, Pending, ServiceReport};
 use super::Runtime;
 use crate::config::GlobalMode;
 use crate::engine::{self, Check};
@@ -22,9 +22,8 @@ impl<S: Store> Runtime<S> {
     /// a claim the request waits for, and a sync rule's check (one whose reservation waited
     /// for the body to be sized) becomes its question. A key running low gets a claim ahead of
     /// need. Returns whether there are questions to ask. `host` reads the request for the
-    /// descriptors of those calls (only they build one).
-    pub fn promote(&self, p: &mut Pending, host: &mut impl Host) -> bool {
-        let now_ms = host.now_ms();
+    /// descriptors of those calls (only they build one); `now_ms`: the clock.
+    pub fn promote(&self, p: &mut Pending, host: &mut impl Attributes, now_ms: u64) -> bool {
         let mut i = 0;
         while let (Some(check), Some(applied)) = (p.checks.get(i), p.applied.get_mut(i)) {
             let rule = applied.rule;

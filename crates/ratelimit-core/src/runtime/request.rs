@@ -694,6 +694,11 @@ impl<S: Store> Runtime<S> {
     pub fn finish(&self, host: &mut impl Host, p: &Pending) -> Decision {
         // A failing clock reads as 0, which the algorithms clamp to each key's last time.
         let now = host.now_ms();
+        self.finish_at(host, p, now)
+    }
+
+    /// [`Runtime::finish`] at `now` (ms), the clock as read for the request's hook.
+    pub(super) fn finish_at(&self, host: &mut impl Host, p: &Pending, now: u64) -> Decision {
         // The verdicts, kept whole for the response's fields (no copy).
         let mut reported: Verdicts = SmallVec::new();
         let n = p.checks.len() + p.questions.len();

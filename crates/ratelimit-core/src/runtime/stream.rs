@@ -201,10 +201,12 @@ impl StreamState {
         host: &mut impl Host,
         pending: &mut Pending,
     ) -> Option<Decision> {
+        // One clock read for both steps (a call into the host, in the wasm build).
+        let now = host.now_ms();
         if rt.promotes() {
-            rt.promote(pending, host);
+            rt.promote(pending, host, now);
         }
-        (!pending.asks()).then(|| rt.finish(host, pending))
+        (!pending.asks()).then(|| rt.finish_at(host, pending, now))
     }
 
     /// Asks the services of sync global rules for `pending`.
