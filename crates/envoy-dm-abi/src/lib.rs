@@ -497,13 +497,19 @@ impl Stream<'_> {
     /// Sets a string in the stream's dynamic metadata (`namespace`, `key`), replacing any value
     /// there.
     pub fn set_metadata_string(&self, namespace: &str, key: &str, value: &str) {
+        self.set_metadata_utf8(namespace, key, value.as_bytes());
+    }
+
+    /// [`Stream::set_metadata_string`] for a value whose bytes the caller knows are UTF-8
+    /// (ASCII, say) without making a `&str` of them, which checks them again.
+    pub fn set_metadata_utf8(&self, namespace: &str, key: &str, value: &[u8]) {
         // SAFETY: `ptr` is live; namespace, key and value are copied during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
                 self.ptr,
                 ModuleBuffer::of(namespace.as_bytes()),
                 ModuleBuffer::of(key.as_bytes()),
-                ModuleBuffer::of(value.as_bytes()),
+                ModuleBuffer::of(value),
             )
         }
     }

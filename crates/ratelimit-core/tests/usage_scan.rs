@@ -11,6 +11,7 @@
 //! valgrind --tool=callgrind --toggle-collect='*feed_all*' target/release/deps/usage_scan-* \
 //!   --ignored --exact instructions_openai_stream   # or instructions_openai_json
 //! ```
+//! (`instructions_chat_request`, a request body read for a field: `--toggle-collect='*read_model*'`.)
 //! then instructions (the `Collected` line) / the bytes the test prints. Measured when written
 //! (x86_64, AVX2): the 200-event stream 121,893 / 61,109 = 1.99 instructions per byte (the
 //! 198 events without usage skipped by the prefilter); the 4 KB JSON answer 23,451 / 4,148 =
@@ -518,6 +519,33 @@ fn instructions_openai_json() {
     println!("{} bytes", body.len());
 }
 
+/// What callgrind counts of a request body's scan for its fields (`--toggle-collect='*read_model*'`):
+/// as the filter reads a rule's `body:model`, the body in one piece, then its end.
+#[inline(never)]
+fn read_model(paths: &Paths, body: &[u8]) -> Option<usize> {
+    let mut scanner = Scanner::with_texts(Format::Json);
+    scanner.feed(paths, body);
+    scanner.finish(paths);
+    scanner.text(0).map(<[u8]>::len)
+}
+
+#[test]
+#[ignore = "run under callgrind, see the file's doc"]
+fn instructions_chat_request() {
+    // bench.py's chat request: 2,048 bytes, the model after the messages.
+    let head = r#"{"messages": [{"role": "user", "content": ""#;
+    let tail = r#""}], "max_tokens": 300, "model": "gpt-4o-mini"}"#;
+    let pad = "How does a token bucket work? ".repeat(80);
+    let body = format!("{head}{}{tail}", &pad[..2048 - head.len() - tail.len()]);
+    assert_eq!(body.len(), 2048);
+    let p = paths(&[("model", 0)]);
+    assert_eq!(
+        black_box(read_model(black_box(&p), body.as_bytes())),
+        Some(11)
+    );
+    println!("{} bytes", body.len());
+}
+
 /// The text values of `body` at `list`'s paths, fed whole, split in two at every position,
 /// and a byte at a time: every split gives the same values, which are returned.
 fn texts(list: &[(&str, usize)], body: &[u8]) -> Vec<Option<Vec<u8>>> {
@@ -593,6 +621,24 @@ b"}"#,
     let mut s = Scanner::new(Format::Json);
     s.feed(&p, br#"{"model": "a"}"#);
     assert_eq!(s.text(0), None);
+}
+
+/// Each slot keeps its own last text, whichever order the slots' fields come in and however
+/// many slots there are (more than the few kept without an allocation): a value too long, then
+/// a short one, leaves the short one; a text then a number leaves the number's digits.
+#[test]
+fn each_slot_keeps_its_last_text_in_any_order() {
+    let fields = &[("a", 0), ("b", 1), ("c", 2), ("d", 3), ("e", 4), ("x.a", 4)];
+    let t = |s: &str| Some(s.as_bytes().to_vec());
+    let long = "m".repeat(ratelimit_core::usage::MAX_TEXT + 1);
+    let body = format!(
+        r#"{{"e": "e1", "d": "{long}", "c": "c1", "b": "b1", "a": "a1", "c": 7, "d": "d2",
+            "x": {{"a": "xa"}}, "b": "{long}"}}"#
+    );
+    assert_eq!(
+        texts(fields, body.as_bytes()),
+        [t("a1"), None, t("7"), t("d2"), t("xa")]
+    );
 }
 
 /// Containers no path leads into (arrays, objects at no path) are skipped whole, following only

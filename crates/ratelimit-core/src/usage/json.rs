@@ -88,7 +88,7 @@ fn string_end(rest: &[u8]) -> Result<usize, bool> {
     // Most strings a document's structure holds (keys, roles) are short: a look at their first
     // bytes is cheaper than a call to `memchr`.
     let head = rest.get(..SHORT).unwrap_or(rest);
-    match head.iter().position(|&b| b == b'"' || b == b'\\') {
+    match find(head, |w| equal(w, b'"') | equal(w, b'\\')) {
         Some(at) if head.get(at) == Some(&b'"') => return Ok(at),
         None if head.len() == rest.len() => return Err(false),
         _ => {}
@@ -105,8 +105,69 @@ fn string_end(rest: &[u8]) -> Result<usize, bool> {
     Err(backslashes(rest) % 2 == 1)
 }
 
-/// The bytes of a string [`string_end`] looks at one by one before it calls `memchr`.
+/// The bytes of a string [`string_end`] looks at (eight at a time) before it calls `memchr`.
 const SHORT: usize = 16;
+
+/// A byte in each of a word's eight.
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each of a word's eight bytes.
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` below `n` (`n` at most 0x80), exact up to the first such
+/// byte (a borrow may flag bytes after it): all [`find`] reads.
+fn below(w: u64, n: u8) -> u64 {
+    w.wrapping_sub(ONES * u64::from(n)) & !w & HIGHS
+}
+
+/// The high bit of each byte of `w` that is `b`, exact up to the first.
+fn equal(w: u64, b: u8) -> u64 {
+    below(w ^ (ONES * u64::from(b)), 1)
+}
+
+/// Bytes that end a run of a string's plain bytes: '"', '\\', a raw control character.
+fn string_stops(w: u64) -> u64 {
+    equal(w, b'"') | equal(w, b'\\') | below(w, 0x20)
+}
+
+/// The first byte of `bytes` that `stops` flags (of a word's eight bytes, as [`below`] does),
+/// eight bytes at a time while eight are left: structure's runs (keys, short strings, the
+/// bytes between brackets) are a few bytes to a few dozen, too short for a call to `memchr`.
+fn find(bytes: &[u8], stops: impl Fn(u64) -> u64) -> Option<usize> {
+    let mut words = bytes.chunks_exact(8);
+    let mut at = 0;
+    for eight in words.by_ref() {
+        if let &[a, b, c, d, e, f, g, h] = eight {
+            let hits = stops(u64::from_le_bytes([a, b, c, d, e, f, g, h]));
+            if hits != 0 {
+                return Some(at + (hits.trailing_zeros() / 8) as usize);
+            }
+        }
+        at += 8;
+    }
+    // The last few bytes (fewer than eight) as a word of their own, the bytes past them not
+    // looked at.
+    let tail = words.remainder();
+    let w = tail.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b));
+    let bits = u32::try_from(tail.len() * 8).unwrap_or(u32::MAX);
+    let hits = stops(w) & 1u64.checked_shl(bits).map_or(u64::MAX, |bit| bit - 1);
+    (hits != 0).then(|| at + (hits.trailing_zeros() / 8) as usize)
+}
+
+/// Where the run of a kept string's plain bytes that starts `rest` ends: at its first '"',
+/// '\\' or raw control character (invalid), or at the end of `rest`.
+fn text_end(rest: &[u8]) -> usize {
+    // A model's name or a user id is short: looked at before `memchr2` is called.
+    let head = rest.get(..SHORT).unwrap_or(rest);
+    if let Some(at) = find(head, string_stops) {
+        return at;
+    }
+    let tail = rest.get(head.len()..).unwrap_or_default();
+    let at = memchr2(b'"', b'\\', tail).unwrap_or(tail.len());
+    let control = tail
+        .get(..at)
+        .and_then(|run| run.iter().position(|&b| b < 0x20));
+    head.len() + control.unwrap_or(at)
+}
 
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -165,20 +226,25 @@ type Text = SmallVec<[u8; 32]>;
 
 /// Sets `value` (`None`: too long) as the text of each of `slots` (a bit each); the slots that
 /// have a text after it.
-fn record(values: &mut [Text; MAX_SLOTS], found: u16, slots: u16, value: Option<&[u8]>) -> u16 {
+fn record(values: &mut Values, found: u16, slots: u16, value: Option<&[u8]>) -> u16 {
+    let Some(value) = value else {
+        // A slot's text is read only while its bit is set.
+        return found & !slots;
+    };
     let mut left = slots;
     while left != 0 {
         // Only the slots' own bits: usually one of sixteen.
-        if let Some(v) = values.get_mut(left.trailing_zeros() as usize) {
-            v.clear();
-            v.extend_from_slice(value.unwrap_or_default());
+        let slot = left.trailing_zeros() as u8;
+        match values.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, text)) => {
+                text.clear();
+                text.extend_from_slice(value);
+            }
+            None => values.push((slot, Text::from_slice(value))),
         }
         left &= left - 1;
     }
-    match value {
-        Some(_) => found | slots,
-        None => found & !slots,
-    }
+    found | slots
 }
 
 /// What a one-character escape stands for (`n` for `\n`); `None` for `u` and invalid ones.
@@ -194,11 +260,16 @@ fn simple_escape(b: u8) -> Option<u8> {
     }
 }
 
+/// The slots that had a text value, each with its last: (slot, text). Usually one or two (a
+/// request's model, its user): a list that starts empty costs nothing to make and to drop,
+/// where an array of every slot's text costs its sixteen each time.
+type Values = SmallVec<[(u8, Text); 2]>;
+
 /// The text values found: each slot's last string (unescaped) or whole number.
 #[derive(Clone, Debug, Default)]
 struct Texts {
-    /// Each slot's last value.
-    values: [Text; MAX_SLOTS],
+    /// Each slot's last value (a slot appears once).
+    values: Values,
     /// The slots that have one, a bit each.
     found: u16,
     /// The string being read, when it comes in several pieces or has escapes (otherwise it is
@@ -242,9 +313,13 @@ impl Json {
     /// when none was found, or it was longer than [`MAX_TEXT`].
     pub(super) fn text(&self, slot: usize) -> Option<&[u8]> {
         let t = self.texts.as_deref()?;
-        (t.found & super::slot_bit(slot) != 0)
-            .then(|| t.values.get(slot).map(Text::as_slice))
-            .flatten()
+        if t.found & super::slot_bit(slot) == 0 {
+            return None;
+        }
+        t.values
+            .iter()
+            .find(|(s, _)| usize::from(*s) == slot)
+            .map(|(_, text)| text.as_slice())
     }
 
     /// The string being kept ended: it is the text of every slot at the current target (none
@@ -326,7 +401,7 @@ impl Json {
                             self.after_value();
                         } else {
                             self.target = NONE;
-                            self.state = State::Colon;
+                            i += self.colon(bytes.get(i..).unwrap_or_default());
                         }
                         continue;
                     }
@@ -341,9 +416,9 @@ impl Json {
                     }
                 },
                 State::Text => {
-                    let at = memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+                    let at = text_end(rest);
                     let run = rest.get(..at).unwrap_or_default();
-                    if run.iter().any(|&b| b < 0x20) {
+                    if rest.get(at).is_some_and(|&b| b < 0x20) {
                         self.state = State::Dead; // raw control characters are invalid
                         return;
                     }
@@ -360,23 +435,34 @@ impl Json {
                 }
                 // A key's plain bytes, up to its end or an escape, are compared at once.
                 State::Key => {
-                    let at = rest
-                        .iter()
-                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                        .unwrap_or(rest.len());
+                    let at = find(rest, string_stops).unwrap_or(rest.len());
                     if at > 0 {
                         self.key_bytes(paths, rest.get(..at).unwrap_or_default());
                         i += at;
-                        continue;
+                    }
+                    match rest.get(at) {
+                        // The key ends (still matching): the node it names, if any.
+                        Some(b'"') if self.state == State::Key => {
+                            self.target = paths.exact(self.edges, self.key_pos);
+                            i += 1;
+                            i += self.colon(bytes.get(i..).unwrap_or_default());
+                            continue;
+                        }
+                        None => return,
+                        Some(_) if at > 0 => continue,
+                        // An escape or a control character: a step.
+                        Some(_) => {}
                     }
                 }
                 // Only brackets and quotes matter in a container no path leads into: the
                 // bytes between them are passed over at once.
                 State::Skip => {
-                    match rest
-                        .iter()
-                        .position(|&b| matches!(b, b'"' | b'[' | b']' | b'{' | b'}'))
-                    {
+                    // '[' and ']' are '{' and '}' but for a bit.
+                    let brackets = |w: u64| {
+                        let folded = w | (ONES * 0x20);
+                        equal(w, b'"') | equal(folded, b'{') | equal(folded, b'}')
+                    };
+                    match find(rest, brackets) {
                         Some(at) => i += at,
                         None => return,
                     }
@@ -410,6 +496,18 @@ impl Json {
                 }
             }
         }
+    }
+
+    /// A key ended (its closing quote taken): its ':' and the one space usually after it are
+    /// taken at once when `rest` starts with them. The bytes taken.
+    fn colon(&mut self, rest: &[u8]) -> usize {
+        let (state, taken) = match rest {
+            [b':', b' ', ..] => (State::Value, 2),
+            [b':', ..] => (State::Value, 1),
+            _ => (State::Colon, 0),
+        };
+        self.state = state;
+        taken
     }
 
     /// Takes one byte; false when it belongs to what comes next (the byte after a number),
@@ -746,6 +844,62 @@ impl Json {
                 self.key_bytes(paths, c.encode_utf8(&mut utf8).as_bytes());
             }
             None => self.state = State::Dead,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `find` eight bytes at a time agrees with a byte-by-byte search, wherever the first stop
+    /// is (in a word, past the last whole word, none), whatever stops or bytes that are one
+    /// bit from a stop (a borrow's neighbours) come after it.
+    #[test]
+    fn find_agrees_with_a_search_byte_by_byte() {
+        let brackets = |w: u64| {
+            let folded = w | (ONES * 0x20);
+            equal(w, b'"') | equal(folded, b'{') | equal(folded, b'}')
+        };
+        type Kind<'a> = (&'a dyn Fn(u64) -> u64, &'a dyn Fn(u8) -> bool);
+        let kinds: [Kind; 2] = [
+            (&string_stops, &|b| b == b'"' || b == b'\\' || b < 0x20),
+            (&brackets, &|b| {
+                matches!(b, b'"' | b'[' | b']' | b'{' | b'}')
+            }),
+        ];
+        let fill = [
+            b'a',
+            b'!',
+            b'#',
+            b'Z',
+            b'\\' + 1,
+            b'z',
+            0x20,
+            0x7f,
+            0x80,
+            0xff,
+            b'|',
+        ];
+        let stops = [b'"', b'\\', 0, 0x1f, b'\n', b'[', b']', b'{', b'}'];
+        for (words, one) in kinds {
+            for len in 0..27 {
+                for at in 0..=len {
+                    for (n, &stop) in stops.iter().enumerate() {
+                        let mut bytes: Vec<u8> =
+                            (0..len).map(|i| fill[(i + n) % fill.len()]).collect();
+                        if at < len {
+                            bytes[at] = stop;
+                            // Stops and near-stops after it.
+                            for (j, b) in bytes.iter_mut().enumerate().skip(at + 1) {
+                                *b = [stop, 0, b'"' ^ 1, b'{', 0x21][j % 5];
+                            }
+                        }
+                        let want = bytes.iter().position(|&b| one(b));
+                        assert_eq!(find(&bytes, words), want, "{bytes:?}");
+                    }
+                }
+            }
         }
     }
 }
