@@ -497,12 +497,21 @@ impl Stream<'_> {
     /// Sets a string in the stream's dynamic metadata (`namespace`, `key`), replacing any value
     /// there.
     pub fn set_metadata_string(&self, namespace: &str, key: &str, value: &str) {
-        self.set_metadata_utf8(namespace, key, value.as_bytes());
+        self.set_metadata_text(namespace, key, value.as_bytes());
     }
 
-    /// [`Stream::set_metadata_string`] for a value whose bytes the caller knows are UTF-8
-    /// (ASCII, say) without making a `&str` of them, which checks them again.
-    pub fn set_metadata_utf8(&self, namespace: &str, key: &str, value: &[u8]) {
+    /// [`Stream::set_metadata_string`] for a value given as bytes, if they are ASCII (a check
+    /// cheaper than making a `&str` of them); `false`, and nothing set, otherwise.
+    pub fn set_metadata_ascii(&self, namespace: &str, key: &str, value: &[u8]) -> bool {
+        if !value.is_ascii() {
+            return false;
+        }
+        self.set_metadata_text(namespace, key, value);
+        true
+    }
+
+    /// Sets `value`, UTF-8 as both callers know.
+    fn set_metadata_text(&self, namespace: &str, key: &str, value: &[u8]) {
         // SAFETY: `ptr` is live; namespace, key and value are copied during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_dynamic_metadata_string(

@@ -444,9 +444,10 @@ impl runtime::Host for NativeHost<'_, '_> {
     fn body_field_read(&mut self, name: &str, value: &[u8]) {
         // Most values (a model's name) are ASCII, which is UTF-8: a cheaper check than
         // `from_utf8`'s for a short value.
-        if value.is_ascii() {
-            self.stream
-                .set_metadata_utf8(METADATA_NAMESPACE, name, value);
+        if self
+            .stream
+            .set_metadata_ascii(METADATA_NAMESPACE, name, value)
+        {
             return;
         }
         let value = match std::str::from_utf8(value) {
