@@ -1078,16 +1078,41 @@ mod tests {
         assert_eq!(current(stored(&store, 0, 5)), 1);
     }
 
-    /// Many threads, one key: the admitted count equals the limit exactly, and CAS conflicts
-    /// (including racing creations of the slot) really happened. The threads do nothing but
-    /// hammer one slot, far harsher than Envoy workers that spend ~20 µs per request elsewhere,
-    /// so a few requests may exhaust their attempts; with failure_mode deny they are refused,
-    /// and the count must still come out exact.
+    /// A [`MemoryStore`] whose reader gives up its CPU after every eighth read: another thread
+    /// reads the same version before the first writes, so compare-and-swap conflicts happen
+    /// however the scheduler runs the threads (on two busy cores they may otherwise run one
+    /// by one), and still seldom enough that a request's attempts are not all lost to them.
+    #[derive(Default)]
+    struct Yielding(MemoryStore, AtomicU32);
+
+    impl Store for Yielding {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, crate::store::StoreError> {
+            let read = self.0.read(slot, f);
+            if self.1.fetch_add(1, Ordering::Relaxed) % 8 == 0 {
+                std::thread::yield_now();
+            }
+            read
+        }
+        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), crate::store::StoreError> {
+            self.0.write(slot, value, cas)
+        }
+    }
+
+    /// Many threads, one key, started together: the admitted count equals the limit exactly,
+    /// and CAS conflicts (including racing creations of the slot) really happened. The threads
+    /// do nothing but hammer one slot, far harsher than Envoy workers that spend ~20 µs per
+    /// request elsewhere, so a few requests may exhaust their attempts; with failure_mode deny
+    /// they are refused, and the count must still come out exact.
     #[test]
     fn exact_under_thread_contention() {
         let (mut total_retries, mut total_failures) = (0, 0);
         for round in 0..20 {
-            let store = Arc::new(MemoryStore::new());
+            let store = Arc::new(Yielding::default());
+            let start = Arc::new(std::sync::Barrier::new(4));
             let limit = 1_000;
             let checks = [check(7, 9, limit, HOUR)];
             let admitted = Arc::new(AtomicU32::new(0));
@@ -1095,13 +1120,15 @@ mod tests {
             let failures = Arc::new(AtomicU32::new(0));
             let threads: Vec<_> = (0..4)
                 .map(|_| {
-                    let (store, admitted, retries, failures) = (
+                    let (store, admitted, retries, failures, start) = (
                         store.clone(),
                         admitted.clone(),
                         retries.clone(),
                         failures.clone(),
+                        start.clone(),
                     );
                     std::thread::spawn(move || {
+                        start.wait();
                         for _ in 0..600 {
                             let o = decide(&*store, &checks, 5_000, FailureMode::Deny);
                             admitted.fetch_add(o.allowed as u32, Ordering::Relaxed);
