@@ -334,7 +334,7 @@ def main():
         counts = instructions(args.envoy, tuple(args.builds.split(",")))
         for name, n in counts.items():
             build, mode = name.split("-", 1)
-            base = counts[f"{build}-local-429" if "4" in mode or "-" in mode else f"{build}-local"]
+            base = counts[f"{build}-local-429" if "-" in mode else f"{build}-local"]
             print(f"{name:22} {n:10,.0f} instructions/request  {n / base - 1:+.1%}")
         return
     if args.report_only:

@@ -450,12 +450,8 @@ impl runtime::Host for NativeHost<'_, '_> {
         {
             return;
         }
-        let value = match std::str::from_utf8(value) {
-            Ok(text) => std::borrow::Cow::Borrowed(text),
-            Err(_) => String::from_utf8_lossy(value),
-        };
         self.stream
-            .set_metadata_string(METADATA_NAMESPACE, name, &value);
+            .set_metadata_string(METADATA_NAMESPACE, name, &String::from_utf8_lossy(value));
     }
 
     // Envoy answers for a request's headers and addresses in its body's hooks too.

@@ -541,9 +541,13 @@ impl<S: Store> Runtime<S> {
                 && !(body_follows && rule.charge().is_some_and(|c| c.sized.is_some()))
         });
         if let Some(g) = asks {
-            let descriptor =
-                key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host);
-            if let Some(entries) = &descriptor {
+            let mut applied = Applied {
+                rule: i,
+                hash,
+                descriptor: None,
+                priced,
+            };
+            if let Some(entries) = self.describe(&mut applied, host) {
                 p.questions.push(Question {
                     rule: i,
                     hash,
@@ -553,12 +557,7 @@ impl<S: Store> Runtime<S> {
                     retried: false,
                 });
                 p.answers.push(None);
-                p.asked.push(Applied {
-                    rule: i,
-                    hash,
-                    descriptor,
-                    priced,
-                });
+                p.asked.push(applied);
                 return Ok(());
             }
         }

@@ -168,62 +168,47 @@ impl StreamState {
         match rt.start(host) {
             Start::Decided(decision) => self.decided(decision),
             Start::Ask(mut pending) if pending.reads_body() => {
+                // A host that cannot read the request later reads now what the rest of it
+                // may need (one that can holds the request until its body is in: it is never
+                // decided late).
                 if !host.reads_attributes_later() {
                     rt.read_ahead(&pending, host);
+                    rt.describe_all(&mut pending, host);
                 }
-                // Decided late (the wasm build), the request is no longer readable.
-                rt.describe_all(&mut pending, host);
                 self.phase = Phase::Reading(Box::new(Reading::new(pending)));
                 Next::Wait
             }
-            Start::Ask(pending) => self.asking(rt, host, pending),
+            Start::Ask(mut pending) => self.asking(rt, host, &mut pending),
         }
     }
 
-    /// Asks the services of sync global rules, or decides if none asks.
+    /// Decides, or asks the services of sync global rules first (after promoting the lease
+    /// rules). Takes `pending` where it lies (a request's held in its body's reading state:
+    /// moving it out costs a copy of it) and moves it only to ask.
     fn asking<S: Store>(
         &mut self,
         rt: &Runtime<S>,
         host: &mut impl Host,
-        mut pending: Pending,
-    ) -> Next {
-        match Self::unasked(rt, host, &mut pending) {
-            Some(decision) => self.decided(decision),
-            None => self.ask_services(rt, host, pending),
-        }
-    }
-
-    /// The decision, if no sync global rule asks its service (after promoting the lease
-    /// rules); `None`: the services are to be asked. Takes `pending` where it lies (a
-    /// request's held in its body's reading state: moving it out costs a copy of it).
-    fn unasked<S: Store>(
-        rt: &Runtime<S>,
-        host: &mut impl Host,
         pending: &mut Pending,
-    ) -> Option<Decision> {
+    ) -> Next {
         // One clock read for both steps (a call into the host, in the wasm build).
         let now = host.now_ms();
         if rt.promotes() {
             rt.promote(pending, host, now);
         }
-        (!pending.asks()).then(|| rt.finish_at(host, pending, now))
-    }
-
-    /// Asks the services of sync global rules for `pending`.
-    fn ask_services<S: Store>(
-        &mut self,
-        rt: &Runtime<S>,
-        host: &mut impl Host,
-        mut pending: Pending,
-    ) -> Next {
+        if !pending.asks() {
+            let decision = rt.finish_at(host, pending, now);
+            return self.decided(decision);
+        }
         // The answers come in other hooks, where a host may not read the request.
-        rt.describe_all(&mut pending, host);
+        rt.describe_all(pending, host);
+        let pending = std::mem::take(pending);
         self.phase = Phase::Asking(Box::new(Asking {
             pending,
             calls: Vec::new(),
             starting: None,
             next: 0,
-            since_ms: host.now_ms(),
+            since_ms: now,
         }));
         self.ask(rt, host)
     }
@@ -259,10 +244,7 @@ impl StreamState {
                 else {
                     return Next::Continue;
                 };
-                match Self::unasked(rt, host, &mut r.pending) {
-                    Some(decision) => self.decided(decision),
-                    None => self.ask_services(rt, host, r.pending),
-                }
+                self.asking(rt, host, &mut r.pending)
             }
         }
     }

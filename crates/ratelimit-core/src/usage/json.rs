@@ -129,6 +129,13 @@ fn string_stops(w: u64) -> u64 {
     equal(w, b'"') | equal(w, b'\\') | below(w, 0x20)
 }
 
+/// Bytes a skipped container is followed by: '"', and the brackets ('[' and ']' are '{' and
+/// '}' but for a bit).
+fn skip_stops(w: u64) -> u64 {
+    let folded = w | (ONES * 0x20);
+    equal(w, b'"') | equal(folded, b'{') | equal(folded, b'}')
+}
+
 /// The first byte of `bytes` that `stops` flags (of a word's eight bytes, as [`below`] does),
 /// eight bytes at a time while eight are left: structure's runs (keys, short strings, the
 /// bytes between brackets) are a few bytes to a few dozen, too short for a call to `memchr`.
@@ -456,17 +463,10 @@ impl Json {
                 }
                 // Only brackets and quotes matter in a container no path leads into: the
                 // bytes between them are passed over at once.
-                State::Skip => {
-                    // '[' and ']' are '{' and '}' but for a bit.
-                    let brackets = |w: u64| {
-                        let folded = w | (ONES * 0x20);
-                        equal(w, b'"') | equal(folded, b'{') | equal(folded, b'}')
-                    };
-                    match find(rest, brackets) {
-                        Some(at) => i += at,
-                        None => return,
-                    }
-                }
+                State::Skip => match find(rest, skip_stops) {
+                    Some(at) => i += at,
+                    None => return,
+                },
                 State::Dead => return,
                 // Indentation comes in runs.
                 State::Value
@@ -857,14 +857,10 @@ mod tests {
     /// bit from a stop (a borrow's neighbours) come after it.
     #[test]
     fn find_agrees_with_a_search_byte_by_byte() {
-        let brackets = |w: u64| {
-            let folded = w | (ONES * 0x20);
-            equal(w, b'"') | equal(folded, b'{') | equal(folded, b'}')
-        };
         type Kind<'a> = (&'a dyn Fn(u64) -> u64, &'a dyn Fn(u8) -> bool);
         let kinds: [Kind; 2] = [
             (&string_stops, &|b| b == b'"' || b == b'\\' || b < 0x20),
-            (&brackets, &|b| {
+            (&skip_stops, &|b| {
                 matches!(b, b'"' | b'[' | b']' | b'{' | b'}')
             }),
         ];
