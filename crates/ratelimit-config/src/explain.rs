@@ -41,6 +41,13 @@ the report:
   --raw-keys                also show each key's raw parts (they may hold an API key)
   --json                    one JSON object per rule, one per line";
 
+/// Whether `text` is a client address as Envoy gives `source.address`: an IP address, or one
+/// with a port (`10.0.0.7:5000`, `[2001:db8::7]:5000`). A typo must not explain another request.
+fn is_address(text: &str) -> bool {
+    use std::net::{IpAddr, SocketAddr};
+    text.parse::<IpAddr>().is_ok() || text.parse::<SocketAddr>().is_ok()
+}
+
 /// What the command line asks for.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -78,7 +85,16 @@ impl Options {
                 "--method" => request.plain.method = Some(flags.value(flag, inline)?),
                 "--path" => request.plain.path = Some(flags.value(flag, inline)?),
                 "--authority" => request.plain.authority = Some(flags.value(flag, inline)?),
-                "--source" => request.plain.source_address = Some(flags.value(flag, inline)?),
+                "--source" => {
+                    let v = flags.value(flag, inline)?;
+                    if !is_address(&v) {
+                        return Err(format!(
+                            "--source {v}: expected an IP address, with or without a port \
+                             (10.0.0.7, 10.0.0.7:5000, 2001:db8::7, [2001:db8::7]:5000)"
+                        ));
+                    }
+                    request.plain.source_address = Some(v);
+                }
                 "--header" => {
                     let v = flags.value(flag, inline)?;
                     let (name, val) = v

@@ -309,6 +309,13 @@ fn usage_errors_exit_2() {
         &["examples/per-ip/envoy.yaml", "--bogus"],
         &["examples/per-ip/envoy.yaml", "--path"],
         &["examples/per-ip/envoy.yaml", "examples/login/envoy.yaml"],
+        &["examples/per-ip/envoy.yaml", "--source", "not-an-address"],
+        &["examples/per-ip/envoy.yaml", "--source", "10.0.0.300"],
+        &[
+            "examples/per-ip/envoy.yaml",
+            "--source",
+            "2001:db8::7:5000x",
+        ],
     ] {
         let (code, _, err) = explain(args);
         assert_eq!(code, 2, "{args:?}");
@@ -319,6 +326,21 @@ fn usage_errors_exit_2() {
     }
     let (code, _, err) = explain(&["/nonexistent/config.json"]);
     assert_eq!(code, 2, "{err}");
+    // A typo in --source names itself instead of explaining another client's request.
+    let (_, _, err) = explain(&["examples/per-ip/envoy.yaml", "--source", "not-an-address"]);
+    assert!(
+        err.contains("--source not-an-address: expected an IP address"),
+        "{err}"
+    );
+    for good in [
+        "10.0.0.7",
+        "10.0.0.7:5000",
+        "2001:db8::7",
+        "[2001:db8::7]:5000",
+    ] {
+        let (code, _, err) = explain(&["examples/per-ip/envoy.yaml", "--source", good]);
+        assert_eq!(code, 0, "{good}: {err}");
+    }
 }
 
 #[test]
