@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Keeps schema/plugin-config.schema.json in step with the filter: every configuration the
-filter accepts (fixtures, examples, README snippets, Istio manifests) validates against the
+filter accepts (fixtures, examples, the JSON configurations of the README, the book's pages
+and the examples' READMEs, Istio manifests) validates against the
 schema, and every bad fixture the filter refuses is refused by the schema too, except the few
 rules a JSON Schema cannot express (listed below with the reason). Run by `make test` in the
 project virtualenv (jsonschema, PyYAML)."""
@@ -14,6 +15,8 @@ import jsonschema
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs/gen"))
+from check_links import expand  # noqa: E402  (the docs' {{#include}} expansion)
 SCHEMA = json.loads((ROOT / "schema/plugin-config.schema.json").read_text())
 jsonschema.Draft202012Validator.check_schema(SCHEMA)
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -50,8 +53,12 @@ def accepted_configs():
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "WasmPlugin":
                 yield f"{path.relative_to(ROOT)} {doc['metadata']['name']}", doc["spec"]["pluginConfig"]
-    for path in [ROOT / "README.md"] + sorted(ROOT.glob("examples/*/README.md")):
-        for block in re.findall(r"```json\n(.*?)```", path.read_text(), re.S):
+    pages = [ROOT / "README.md"] + sorted((ROOT / "docs/src").rglob("*.md")) + sorted(
+        ROOT.glob("examples/*/README.md"))
+    for path in pages:
+        # The book's pages with their {{#include}}s expanded, as mdBook shows them.
+        text = expand(path, path.read_text())
+        for block in re.findall(r"^ *```json\n(.*?)```", text, re.S | re.M):
             cfg = json.loads(block)
             if "rules" in cfg:
                 yield f"{path.relative_to(ROOT)} json block", cfg

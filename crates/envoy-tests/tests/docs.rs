@@ -1,6 +1,28 @@
-//! The README's snippets work as written: every JSON configuration is valid, every YAML block
-//! parses, the Envoy filter snippet runs in a real Envoy, and the quick-start session of the
-//! demo (`envoy.yaml`) shows what the README shows, and so do its `explain` sessions.
+//! The documentation works as written: README.md, every page of the book (docs/src/**/*.md)
+//! and every example's README, with their `{{#include}}`s expanded.
+//!
+//! - Every ```` ```console ```` block is a session, replayed as the marker on the line before
+//!   its fence says (`<!-- replay: KIND ARGS -->`); a console block without one fails:
+//!   - `demo` — the demo of `make run` (`envoy.yaml`) or `make run-native`
+//!     (`envoy-native.yaml`), whichever build is under test, on free ports: `localhost:10000`
+//!     is its listener, `localhost:9901` its admin port, `envoy.log` its log (`grep`);
+//!   - `demo wasm`, `demo native` — the same, replayed only in that build;
+//!   - `demo ... operator` — the demo with the operator route's block added to its
+//!     configuration ([`OPERATOR`]: prefix `/.ratelimit/`, loopback only, a fixed token);
+//!   - `demo ... seed` — the demo with `"key_seed": "000102030405060708090a0b0c0d0e0f"` added
+//!     to its configuration unless it has a `key_seed`, so the keys it logs are fixed;
+//!   - `example NAME` — `examples/NAME/envoy.yaml`, as written, on free ports (with its rate
+//!     limit service when it has a `limits.json`);
+//!   - `cli` — `cargo run -q --bin ratelimit-config -- ...` lines alone (no Envoy).
+//!
+//! Consecutive console blocks of one page with the same marker share one Envoy (a session
+//! may go on after some prose: four requests, then a refused one); a block with another
+//! marker in between (`cli` blocks aside: they touch no Envoy) ends it, and the next block
+//! starts a fresh Envoy. The commands and how the output is compared: `common::replay`.
+//!
+//! - Every ```` ```json ```` block with `"rules"` is a valid configuration; every
+//!   ```` ```yaml ```` block parses; the Envoy filter snippet (a ```` ```yaml ```` block that
+//!   starts with `http_filters:`) runs in a real Envoy as written, wherever it is.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,103 +32,150 @@
 
 mod common;
 
-use common::{wasm_path, Build, Client, Envoy};
+use common::pages::{self, Block};
+use common::replay::{output_matches, Shell};
+use common::{wasm_path, Build, Client, Envoy, Proc};
 use ratelimit_config::manifest::yaml_documents;
 use ratelimit_core::config::Config;
+use std::collections::BTreeMap;
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap()
+/// The operator block `demo ... operator` adds to the demo's configuration.
+pub const OPERATOR: &str = r#""operator": {"path_prefix": "/.ratelimit/", "allow_from": ["127.0.0.1/32", "::1/128"], "token": "9c1f0e7a5b3d8f2e6a4c1b7d9e0f3a5c8b2d4e6f1a3c5e7b9d0f2a4c6e8b1d3f"}, "rules": ["#;
+
+/// The seed `demo ... seed` gives the demo's configuration, unless it has one: keys hash as
+/// `ratelimit-config explain --seed 000102030405060708090a0b0c0d0e0f` hashes them.
+pub const SEED: &str = r#""key_seed": "000102030405060708090a0b0c0d0e0f", "rules": ["#;
+
+/// How a console block is replayed.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Demo {
+        only: Option<Build>,
+        operator: bool,
+        seed: bool,
+    },
+    Example(String),
+    Cli,
 }
 
-fn blocks(text: &str, lang: &str) -> Vec<String> {
-    text.split(&format!("```{lang}\n"))
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap().to_string())
-        .collect()
-}
-
-#[test]
-fn every_json_configuration_in_the_readme_is_valid() {
-    let mut n = 0;
-    for block in blocks(&readme(), "json") {
-        if block.contains("\"rules\"") {
-            if let Err(e) = Config::parse(block.as_bytes()) {
-                panic!("{e}\n{block}");
+impl Kind {
+    fn parse(marker: &str) -> Result<Kind, String> {
+        let w: Vec<&str> = marker.split_whitespace().collect();
+        match w.as_slice() {
+            ["cli"] => Ok(Kind::Cli),
+            ["example", name] => {
+                if common::root()
+                    .join("examples")
+                    .join(name)
+                    .join("envoy.yaml")
+                    .is_file()
+                {
+                    Ok(Kind::Example(name.to_string()))
+                } else {
+                    Err(format!("no examples/{name}/envoy.yaml"))
+                }
             }
-            n += 1;
+            ["demo", rest @ ..] => {
+                let (mut only, mut operator, mut seed) = (None, false, false);
+                for word in rest {
+                    match *word {
+                        "wasm" if only.is_none() => only = Some(Build::Wasm),
+                        "native" if only.is_none() => only = Some(Build::Native),
+                        "operator" if !operator => operator = true,
+                        "seed" if !seed => seed = true,
+                        other => return Err(format!("demo: unknown word {other:?}")),
+                    }
+                }
+                Ok(Kind::Demo {
+                    only,
+                    operator,
+                    seed,
+                })
+            }
+            _ => Err(format!(
+                "unknown kind {marker:?} (demo [wasm|native] [operator] [seed], example NAME, cli)"
+            )),
         }
     }
-    assert!(n >= 7, "{n} configurations");
-}
 
-#[test]
-fn every_yaml_block_in_the_readme_parses() {
-    let yaml = blocks(&readme(), "yaml");
-    assert!(yaml.len() >= 2);
-    for block in yaml {
-        yaml_documents(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+    /// The name counts are kept under.
+    fn label(&self) -> String {
+        match self {
+            Kind::Demo {
+                only,
+                operator,
+                seed,
+            } => {
+                let mut s = "demo".to_string();
+                match only {
+                    Some(Build::Wasm) => s.push_str(" wasm"),
+                    Some(Build::Native) => s.push_str(" native"),
+                    None => {}
+                }
+                if *operator {
+                    s.push_str(" operator");
+                }
+                if *seed {
+                    s.push_str(" seed");
+                }
+                s
+            }
+            Kind::Example(_) => "example".into(),
+            Kind::Cli => "cli".into(),
+        }
+    }
+
+    fn replayed_in(&self, build: Build) -> bool {
+        match self {
+            Kind::Demo { only, .. } => only.is_none_or(|b| b == build),
+            _ => true,
+        }
     }
 }
 
-#[test]
-fn the_envoy_snippet_runs_as_written() {
-    // Deploy shows one snippet per build.
-    let filter = match common::build() {
-        Build::Wasm => "envoy.filters.http.wasm",
-        Build::Native => "envoy.filters.http.dynamic_modules",
-    };
-    let snippet = blocks(&readme(), "yaml")
-        .into_iter()
-        .find(|b| b.contains(filter))
-        .unwrap();
-    // Put the snippet under an HTTP connection manager, pointing at the built module.
-    let filters: String = snippet
-        .replace(
-            "/etc/envoy/wasm_ratelimit.wasm",
-            &wasm_path().display().to_string(),
-        )
-        .lines()
-        .map(|l| format!("          {l}\n"))
-        .collect();
-    let full = common::bootstrap("{}", &wasm_path());
-    let start = full.find("          http_filters:").unwrap();
-    let yaml = format!("{}{filters}", &full[..start]);
-    let envoy = Envoy::start_yaml(&yaml);
-    let mut c = Client::connect(envoy.addr).unwrap();
-    let r = c.get("/").unwrap();
-    assert_eq!(r.status, 200);
-    assert_eq!(r.header("ratelimit-policy"), Some("\"per-ip\";q=100;w=60"));
-    assert_eq!(r.header_u64("x-ratelimit-remaining"), Some(99));
-    assert_eq!(
-        envoy.wait_stat(&common::metric_of("edge", Some("per-ip"), "allowed"), 1),
-        Some(1)
-    );
+/// Every page's blocks.
+fn all_blocks() -> Vec<Block> {
+    pages::all().iter().flat_map(|p| p.blocks()).collect()
 }
 
-/// Header lines whose values depend on the clock: checked for presence only.
-const TIMED: [&str; 6] = [
-    "date",
-    "ratelimit",
-    "x-ratelimit-reset",
-    "retry-after",
-    "x-ratelimit-retry-after",
-    "content-length",
-];
-
 #[test]
-fn the_quick_start_session_is_what_the_demo_shows() {
-    let text = readme();
-    let sessions: Vec<String> = blocks(&text, "console")
-        .into_iter()
-        .filter(|b| b.starts_with("$ curl -i localhost:10000/"))
-        .collect();
-    assert_eq!(sessions.len(), 2, "the first request and the sixth");
+fn every_console_block_has_a_marker() {
+    let mut errors = Vec::new();
+    let mut n = 0;
+    for b in all_blocks().into_iter().filter(|b| b.lang == "console") {
+        n += 1;
+        match &b.marker {
+            None => errors.push(format!(
+                "{}: a console block without a marker (<!-- replay: KIND --> on the line before)",
+                b.at
+            )),
+            Some(m) => {
+                if let Err(e) = Kind::parse(m) {
+                    errors.push(format!("{}: {e}", b.at));
+                } else if pages::commands(&b.text).is_empty() {
+                    errors.push(format!("{}: a console block without a `$ ` command", b.at));
+                }
+            }
+        }
+    }
+    println!("{n} console blocks");
+    assert!(errors.is_empty(), "\n{}", errors.join("\n"));
+}
+
+/// The environment one or more consecutive blocks replay in.
+struct Env {
+    _envoy: Option<Envoy>,
+    _services: Vec<Proc>,
+    shell: Shell,
+}
+
+fn demo_env(operator: bool, seed: bool) -> Env {
     // `make run` serves envoy.yaml, `make run-native` envoy-native.yaml: the same demo.
     let demo = match common::build() {
-        common::Build::Wasm => "envoy.yaml",
-        common::Build::Native => "envoy-native.yaml",
+        Build::Wasm => "envoy.yaml",
+        Build::Native => "envoy-native.yaml",
     };
-    let yaml = std::fs::read_to_string(common::root().join(demo))
+    let mut yaml = std::fs::read_to_string(common::root().join(demo))
         .unwrap()
         .replace("port_value: 10000", "port_value: 0")
         .replace("port_value: 9901", "port_value: 0")
@@ -114,57 +183,240 @@ fn the_quick_start_session_is_what_the_demo_shows() {
             "target/wasm32-wasip1/release/wasm_ratelimit.wasm",
             &wasm_path().display().to_string(),
         );
-    let envoy = Envoy::start_yaml(&yaml);
-    let mut c = Client::connect(envoy.addr).unwrap();
-    let responses: Vec<_> = (0..6).map(|_| c.get("/").unwrap()).collect();
-    for (session, r) in sessions.iter().zip([&responses[0], &responses[5]]) {
-        let mut lines = session.lines().skip(1);
-        let status: u16 = lines
-            .next()
-            .unwrap()
-            .split(' ')
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(r.status, status);
-        for line in lines.by_ref() {
-            let Some((name, value)) = line.split_once(": ") else {
-                break;
-            };
-            if TIMED.contains(&name) {
-                assert!(r.header(name).is_some(), "{name} missing");
-            } else {
-                assert_eq!(r.header(name), Some(value), "{name}");
-            }
-        }
-        let body: String = lines.collect::<Vec<_>>().join("\n");
-        if status == 200 {
-            assert_eq!(r.body_str().trim(), body.trim());
-        } else {
-            // The body's detail names the wait, which depends on the clock: compare its shape.
-            let want: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
-            let got: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-            for field in ["type", "title", "status", "violated-policies"] {
-                assert_eq!(got[field], want[field], "{field}");
-            }
-        }
+    if operator {
+        assert!(yaml.contains("\"rules\": ["), "{demo}: no \"rules\": [");
+        yaml = yaml.replacen("\"rules\": [", OPERATOR, 1);
+    }
+    if seed && !yaml.contains("\"key_seed\"") {
+        yaml = yaml.replacen("\"rules\": [", SEED, 1);
+    }
+    envoy_env(&yaml, Vec::new())
+}
+
+fn envoy_env(yaml: &str, services: Vec<Proc>) -> Env {
+    // The log flushed every 100 ms, for `grep ... envoy.log`.
+    let envoy = Envoy::start_yaml_args(yaml, &["--file-flush-interval-msec", "100"]);
+    let shell = Shell::new(Some(envoy.addr), Some(envoy.admin), Some(envoy.log.clone()));
+    Env {
+        _envoy: Some(envoy),
+        _services: services,
+        shell,
     }
 }
 
-/// The README's sessions of the CLI's `explain` and `check` print what the CLI prints.
-#[test]
-fn the_explain_sessions_print_what_explain_prints() {
-    let mut n = 0;
-    for (cmd, expected) in common::sessions(&readme()) {
-        let cli =
-            |sub: &str| cmd.starts_with(&format!("cargo run -q --bin ratelimit-config -- {sub} "));
-        if !cli("explain") && !cli("check") {
-            continue;
+fn env_for(kind: &Kind) -> Env {
+    match kind {
+        Kind::Demo { operator, seed, .. } => demo_env(*operator, *seed),
+        Kind::Example(name) => {
+            let (yaml, services) = common::example(&common::root().join("examples").join(name));
+            envoy_env(&common::for_build(&yaml), services)
         }
-        let got = common::cli_line(&cmd).unwrap();
-        assert_eq!(got, expected, "$ {cmd}");
-        n += 1;
+        Kind::Cli => unreachable!("a cli session needs no Envoy"),
     }
-    assert!(n >= 4, "{n} explain and check sessions");
+}
+
+#[derive(Default)]
+struct Count {
+    sessions: usize,
+    commands: usize,
+    skipped: usize,
+}
+
+#[test]
+fn every_console_session_replays() {
+    let build = common::build();
+    let mut failures = Vec::new();
+    let mut by_kind: BTreeMap<String, Count> = BTreeMap::new();
+    let mut by_file: BTreeMap<String, Count> = BTreeMap::new();
+    for page in pages::all() {
+        let mut env: Option<(String, Env)> = None;
+        for b in page.blocks().into_iter().filter(|b| b.lang == "console") {
+            // An unmarked or unknown block fails every_console_block_has_a_marker.
+            let Some(marker) = b.marker.clone() else {
+                env = None;
+                continue;
+            };
+            let Ok(kind) = Kind::parse(&marker) else {
+                env = None;
+                continue;
+            };
+            let (k, f) = (
+                by_kind.entry(kind.label()).or_default(),
+                by_file.entry(page.path.clone()).or_default(),
+            );
+            if !kind.replayed_in(build) {
+                k.skipped += 1;
+                f.skipped += 1;
+                env = None;
+                continue;
+            }
+            let mut cli = Shell::cli();
+            let shell = if kind == Kind::Cli {
+                // No Envoy: a session of the CLI leaves the page's Envoy session running.
+                &mut cli
+            } else {
+                if env.as_ref().is_none_or(|(m, _)| *m != marker) {
+                    drop(env.take()); // stop the previous Envoy first
+                    env = Some((marker.clone(), env_for(&kind)));
+                }
+                &mut env.as_mut().unwrap().1.shell
+            };
+            let steps = pages::commands(&b.text);
+            k.sessions += 1;
+            f.sessions += 1;
+            for (cmd, expected) in steps {
+                k.commands += 1;
+                f.commands += 1;
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    shell.run(&cmd, &expected)
+                }));
+                let got = match run {
+                    Ok(got) => got,
+                    Err(e) => {
+                        let why = e
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        failures.push(format!("{} ({marker}): $ {cmd}\n--- failed: {why}", b.at));
+                        break;
+                    }
+                };
+                if !output_matches(&expected, &got) {
+                    failures.push(format!(
+                        "{} ({marker}): $ {cmd}\n--- the page shows:\n{expected}--- it printed:\n{got}",
+                        b.at
+                    ));
+                }
+            }
+        }
+    }
+    println!("replayed ({build:?} build), by kind: sessions, commands (skipped: sessions of the other build)");
+    for (k, c) in &by_kind {
+        println!(
+            "  {k:<24} {:>3} {:>4}  (skipped {})",
+            c.sessions, c.commands, c.skipped
+        );
+    }
+    println!("by file:");
+    for (p, c) in &by_file {
+        println!(
+            "  {p:<48} {:>3} {:>4}  (skipped {})",
+            c.sessions, c.commands, c.skipped
+        );
+    }
+    for (k, c) in &by_kind {
+        assert!(
+            c.sessions == 0 || c.commands > 0,
+            "{k}: {} sessions, no command replayed",
+            c.sessions
+        );
+    }
+    let total: usize = by_kind.values().map(|c| c.commands).sum();
+    let eligible: usize = by_kind.values().map(|c| c.sessions).sum();
+    assert!(eligible == 0 || total > 0, "nothing replayed");
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+#[test]
+fn every_json_configuration_is_valid() {
+    let mut n = 0;
+    for b in all_blocks() {
+        if b.lang == "json" && b.text.contains("\"rules\"") {
+            if let Err(e) = Config::parse(b.text.as_bytes()) {
+                panic!("{}: {e}\n{}", b.at, b.text);
+            }
+            n += 1;
+        }
+    }
+    println!("{n} configurations");
+    assert!(n >= 1, "{n} configurations");
+}
+
+#[test]
+fn every_yaml_block_parses() {
+    let mut n = 0;
+    for b in all_blocks() {
+        if b.lang == "yaml" {
+            yaml_documents(&b.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", b.at, b.text));
+            n += 1;
+        }
+    }
+    println!("{n} yaml blocks");
+}
+
+#[test]
+fn the_envoy_snippet_runs_as_written() {
+    // Deploy shows one snippet per build: a yaml block that starts with `http_filters:`.
+    let filter = match common::build() {
+        Build::Wasm => "envoy.filters.http.wasm",
+        Build::Native => "envoy.filters.http.dynamic_modules",
+    };
+    let snippets: Vec<Block> = all_blocks()
+        .into_iter()
+        .filter(|b| {
+            b.lang == "yaml" && b.text.starts_with("http_filters:\n") && b.text.contains(filter)
+        })
+        .collect();
+    assert!(
+        !snippets.is_empty(),
+        "no yaml block starting with `http_filters:` with {filter} in any page"
+    );
+    for b in snippets {
+        println!("{}", b.at);
+        run_snippet(&b, filter);
+    }
+}
+
+fn run_snippet(b: &Block, filter: &str) {
+    let doc = yaml_documents(&b.text).unwrap().remove(0);
+    let entry = doc["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == filter)
+        .unwrap();
+    let tc = &entry["typed_config"];
+    let (plugin, config) = match common::build() {
+        Build::Wasm => (
+            &tc["config"]["name"],
+            &tc["config"]["configuration"]["value"],
+        ),
+        Build::Native => (&tc["filter_name"], &tc["filter_config"]["value"]),
+    };
+    let (plugin, config) = (plugin.as_str().unwrap(), config.as_str().unwrap());
+    let rule = serde_json::from_str::<serde_json::Value>(config).unwrap()["rules"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Put the snippet under an HTTP connection manager, pointing at the built module.
+    let filters: String = b
+        .text
+        .replace(
+            "/etc/envoy/wasm_ratelimit.wasm",
+            &wasm_path().display().to_string(),
+        )
+        .lines()
+        .skip(1)
+        .map(|l| format!("          {l}\n"))
+        .collect();
+    let full = common::bootstrap("{}", &wasm_path());
+    let start = full.find("          http_filters:").unwrap();
+    let yaml = format!("{}          http_filters:\n{filters}", &full[..start]);
+    let envoy = Envoy::start_yaml(&yaml);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 200, "{}", b.at);
+    let policy = r.header("ratelimit-policy").unwrap_or_default();
+    assert!(
+        policy.starts_with(&format!("\"{rule}\";")),
+        "{}: {policy}",
+        b.at
+    );
+    assert_eq!(
+        envoy.wait_stat(&common::metric_of(plugin, Some(&rule), "allowed"), 1),
+        Some(1),
+        "{}",
+        b.at
+    );
 }

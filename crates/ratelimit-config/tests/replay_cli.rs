@@ -30,23 +30,8 @@ fn replay_json(args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap()
 }
 
-#[test]
-fn the_readme_session_is_what_replay_prints() {
-    let readme = std::fs::read_to_string(root("README.md")).unwrap();
-    let block = readme
-        .split("```console\n$ cargo run -q --bin ratelimit-config -- replay ")
-        .nth(1)
-        .unwrap();
-    let block = block.split("```").next().unwrap();
-    let (command, shown) = block.split_once('\n').unwrap();
-    // The README shows the start of the output, then `…`.
-    let shown = shown.strip_suffix("…\n").unwrap();
-    let mut args = vec!["replay"];
-    args.extend(command.split_whitespace());
-    let (code, out, err) = cli(&args);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with(shown), "README:\n{shown}\nreplay:\n{out}");
-}
+// The documentation's replay sessions (`<!-- replay: cli -->`, their output cut short by a
+// `…` line) are replayed by envoy-tests' docs.rs, with every other console session.
 
 #[test]
 fn usage_and_read_errors_exit_2() {

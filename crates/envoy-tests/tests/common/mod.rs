@@ -20,6 +20,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub mod llm;
+pub mod pages;
+pub mod replay;
 pub mod upstream;
 
 pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
@@ -67,26 +69,7 @@ pub fn words(line: &str) -> Vec<String> {
     out
 }
 
-/// A README's console sessions: (command, expected output).
-pub fn sessions(readme: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for block in readme.split("```console\n").skip(1) {
-        let block = block.split("```").next().unwrap();
-        for line in block.lines() {
-            match line.strip_prefix("$ ") {
-                Some(cmd) => out.push((cmd.to_string(), String::new())),
-                None => {
-                    let last = out.last_mut().expect("output before any command");
-                    last.1.push_str(line);
-                    last.1.push('\n');
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Runs a README's `cargo run -q --bin ratelimit-config -- ARGS` line with the built CLI, from
+/// Runs a page's `cargo run -q --bin ratelimit-config -- ARGS` line with the built CLI, from
 /// the repository root: what it prints (`None` for any other line).
 pub fn cli_line(line: &str) -> Option<String> {
     let args = line.strip_prefix("cargo run -q --bin ratelimit-config -- ")?;

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Checks the documentation's links (no Envoy needed; `make docs` runs it): every relative link
+of README.md and docs/src/**/*.md resolves to a file of the repository, every `#anchor` to a
+heading of the target page (mdBook's ids: lowercased, spaces to `-`, punctuation other than `-`
+and `_` dropped, a repeated heading `-1`, `-2`, ...) or an HTML `id`; every page of docs/src is
+listed in SUMMARY.md and every SUMMARY entry exists. `{{#include}}`s are expanded first.
+Links inside code (fenced blocks, `inline code`) are not links. Python 3, standard library."""
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SRC = ROOT / "docs/src"
+INCLUDE = re.compile(r"\{\{#include\s+([^}]+?)\s*\}\}")
+
+
+def expand(path, text):
+    def repl(m):
+        arg = m.group(1)
+        target, anchor = arg, None
+        if ":" in arg:
+            head, tail = arg.rsplit(":", 1)
+            if tail and not tail.replace("-", "").isdigit():
+                target, anchor = head, tail
+        body = (path.parent / target).read_text()
+        lines = body.splitlines()
+        if anchor:
+            out, inside = [], False
+            for l in lines:
+                if re.search(rf"ANCHOR:\s*{re.escape(anchor)}\b", l):
+                    inside = True
+                elif re.search(rf"ANCHOR_END:\s*{re.escape(anchor)}\b", l):
+                    inside = False
+                elif inside and "ANCHOR" not in l:
+                    out.append(l)
+            lines = out
+        return "\n".join(l for l in lines if "ANCHOR:" not in l and "ANCHOR_END:" not in l)
+    return INCLUDE.sub(repl, text)
+
+
+def prose(text):
+    """The text outside fenced blocks and inline code."""
+    out, fence = [], None
+    for line in text.splitlines():
+        s = line.lstrip()
+        m = re.match(r"(`{3,}|~{3,})", s)
+        if fence is None and m:
+            fence = m.group(1)
+            out.append("")
+            continue
+        if fence is not None:
+            if s.startswith(fence) and not s[len(fence):].strip():
+                fence = None
+            out.append("")
+            continue
+        out.append(re.sub(r"(`+)(.+?)\1", "", line))
+    return "\n".join(out)
+
+
+def slug(heading):
+    """mdBook's id for a heading's text."""
+    text = re.sub(r"<[^>]+>", "", heading)
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = text.replace("`", "").strip().lower()
+    return "".join(c for c in text.replace(" ", "-") if c.isalnum() or c in "-_")
+
+
+def anchors(path, cache={}):
+    if path not in cache:
+        text = path.read_text()
+        if path.suffix == ".md":
+            text = expand(path, text)
+        ids, counts = set(), {}
+        for line in prose_keep_headings(text):
+            m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+            if m:
+                h = m.group(1)
+                custom = re.search(r"\{#([^}\s]+)[^}]*\}\s*$", h)
+                if custom:
+                    ids.add(custom.group(1))
+                    continue
+                s = slug(h)
+                n = counts.get(s, 0)
+                counts[s] = n + 1
+                ids.add(s if n == 0 else f"{s}-{n}")
+        ids.update(re.findall(r"""\bid=["']([^"']+)["']""", text))
+        cache[path] = ids
+    return cache[path]
+
+
+def prose_keep_headings(text):
+    out, fence = [], None
+    for line in text.splitlines():
+        s = line.lstrip()
+        m = re.match(r"(`{3,}|~{3,})", s)
+        if fence is None and m:
+            fence = m.group(1)
+            continue
+        if fence is not None:
+            if s.startswith(fence) and not s[len(fence):].strip():
+                fence = None
+            continue
+        out.append(line)
+    return out
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def main():
+    errors = []
+    pages = [ROOT / "README.md"] + sorted(SRC.rglob("*.md"))
+    links = 0
+    for page in pages:
+        text = prose(expand(page, page.read_text()))
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in LINK.finditer(line):
+                url = m.group(1) or m.group(2)
+                if re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I):
+                    continue  # http:, https:, mailto:
+                links += 1
+                target, _, frag = url.partition("#")
+                dest = (page.parent / target).resolve() if target else page
+                where = f"{page.relative_to(ROOT)}:{n}"
+                if not dest.exists():
+                    errors.append(f"{where}: {url}: no such file")
+                    continue
+                if frag and dest.is_file() and dest.suffix in (".md", ".html"):
+                    if frag not in anchors(dest):
+                        errors.append(f"{where}: {url}: no heading or id #{frag} in {dest.relative_to(ROOT)}")
+    # SUMMARY.md and the pages.
+    summary = SRC / "SUMMARY.md"
+    listed = set()
+    for n, line in enumerate(summary.read_text().splitlines(), 1):
+        for m in re.finditer(r"\]\(([^)]*)\)", line):
+            target = m.group(1)
+            if not target:
+                continue  # a draft chapter
+            listed.add((SRC / target).resolve())
+            if not (SRC / target).exists():
+                errors.append(f"docs/src/SUMMARY.md:{n}: {target}: no such page")
+    for page in sorted(SRC.rglob("*.md")):
+        if page != summary and page.resolve() not in listed:
+            errors.append(f"{page.relative_to(ROOT)}: not in docs/src/SUMMARY.md")
+    for e in errors:
+        print(e, file=sys.stderr)
+    print(f"links: {links} checked in {len(pages)} pages, {len(errors)} errors")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
