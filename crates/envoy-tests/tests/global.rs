@@ -474,6 +474,127 @@ fn lease_mode_never_admits_over_the_limit_across_three_proxies() {
     }
 }
 
+/// Which service answers, and how: the limitador engine over Redis one call at a time
+/// (`serial`) or concurrently (it checks a counter, then counts, in two Redis calls), or over
+/// its in-memory storage (an atomic read, then an atomic add), concurrently.
+#[derive(Clone, Copy, Debug)]
+enum Engine {
+    RedisSerial,
+    Redis,
+    Memory,
+}
+
+/// A child process killed on drop (the in-memory service, which [`rls_server`] cannot start).
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The test service on `rls_port` with one limit `g` of `limit` a minute per client address,
+/// on `engine`; the processes it needs (stopped when dropped).
+fn service(engine: Engine, rls_port: u16, limit: u64) -> (Vec<Proc>, Option<Child>) {
+    let rules = [("g", limit, 60)];
+    match engine {
+        Engine::RedisSerial | Engine::Redis => {
+            let redis_port = free_port();
+            let store = redis(redis_port);
+            let serial = matches!(engine, Engine::RedisSerial);
+            let rls = rls_with(rls_port, redis_port, &rules, 0, serial);
+            (vec![store, rls], None)
+        }
+        Engine::Memory => {
+            let bin = std::env::var("RLS_SERVER").unwrap_or_else(|_| {
+                let bin = "crates/envoy-tests/rls-server/target/release/rls-server";
+                common::root().join(bin).display().to_string()
+            });
+            let limits = format!(
+                r#"[{{"namespace": "edge", "name": "g", "max_value": {limit}, "seconds": 60,
+                     "conditions": ["descriptors[0].rule == 'g'"],
+                     "variables": ["descriptors[0].remote_address"]}}]"#
+            );
+            let child = std::process::Command::new(bin)
+                .args([format!("127.0.0.1:{rls_port}"), "memory".into(), limits])
+                .args(["0", "concurrent"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("the test RLS server (make rls-server builds it)");
+            let child = Child(child);
+            common::wait_port(rls_port);
+            (Vec::new(), Some(child))
+        }
+    }
+}
+
+/// What each engine does at the limit under concurrent calls, in sync mode (every request one
+/// call of 1): three proxies, four clients each at full speed on one key, limit 200. Answering
+/// one call at a time, the engine admits the limit exactly; answering concurrently, it checks
+/// then counts, and calls in flight together may all pass the check: at most one fewer than
+/// the calls in flight at once (12) beyond the limit. The figures go to the service table
+/// (docs/src/explanation/global-modes.md).
+#[test]
+fn each_engine_at_the_limit_under_concurrent_calls() {
+    let limit = 200u64;
+    let clients = 4;
+    for engine in [Engine::RedisSerial, Engine::Redis, Engine::Memory] {
+        let rls_port = free_port();
+        let _service = service(engine, rls_port, limit);
+        let config = rule_config(
+            "g",
+            limit,
+            "minute",
+            r#""mode": "sync", "timeout_ms": 2000"#,
+            "deny",
+        );
+        let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+        let total: u64 = hammer(&proxies, clients, "/", 2).iter().sum();
+        eprintln!("sync over {engine:?}: {total} admitted for a limit of {limit}");
+        match engine {
+            Engine::RedisSerial => assert_eq!(total, limit, "{engine:?}"),
+            _ => assert!(
+                (limit..limit + 3 * clients as u64).contains(&total),
+                "{engine:?}: {total} admitted"
+            ),
+        }
+    }
+}
+
+/// Lease mode over a service that checks, then counts (the engine over Redis answering
+/// concurrently): three proxies, two clients each at full speed on one key, limit 1,000 (blocks
+/// of at most 100). Concurrent claims may all pass the service's check: C claims at once
+/// overshoot by at most (C − 1) blocks; blocks that shrink near the limit (a quarter of what the
+/// service last said remained) keep the blocks that race small (the bound in
+/// docs/src/explanation/global-modes.md).
+#[test]
+fn lease_over_a_racing_service_stays_within_its_bound() {
+    let limit = 1_000u64;
+    let rls_port = free_port();
+    let _service = service(Engine::Redis, rls_port, limit);
+    let config = rule_config(
+        "g",
+        limit,
+        "minute",
+        r#""mode": "lease", "flush_ms": 20, "timeout_ms": 1000"#,
+        "deny",
+    );
+    let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+    let admitted = hammer(&proxies, 2, "/", 3);
+    let total: u64 = admitted.iter().sum();
+    let claims = fleet_stat(&proxies, "g", "lease_claims");
+    eprintln!(
+        "lease over a racing service: {total} admitted by 3 proxies ({admitted:?}) for a \
+         global limit of {limit}; {claims} claims"
+    );
+    assert!(total <= limit + RACING_BOUND, "{total} admitted");
+}
+
+/// Lease's excess over a racing service in the test above, (C − 1) blocks: C = 9 claims in
+/// flight at once (each proxy's claim ahead of need and one per client), blocks of at most 100.
+const RACING_BOUND: u64 = 8 * 100;
+
 /// A rule charged by its answers (here the body's bytes: 3 per answer, 5 reserved and trued
 /// up) in each global mode, three proxies sharing a budget of 300: lease admits 100 answers
 /// and never more; async reports the usage, so the fleet stops near 100 instead of the 300 it

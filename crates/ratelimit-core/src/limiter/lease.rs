@@ -12,6 +12,13 @@
 //! a block is a power of two of requests (of what the request at hand costs: one, or its
 //! tokens), doubled when the last claim was made within [`FAST_MS`] and halved when it was made
 //! more than [`SLOW_MS`] before, and never above the rule's cap.
+//!
+//! A service that checks a counter and then counts in a second step (the limitador engine over
+//! Redis) lets claims in flight together all pass its check and be counted past its limit: C
+//! claims at once overshoot it by at most (C − 1) blocks in a window. Near the limit a block is
+//! at most [`NEAR_SHARE`]⁻¹ of what the service last said remained (blocks shrink as the quota
+//! runs out), which keeps the blocks that race small; over a service that checks and counts in
+//! one step, the fleet never admits more than the limit.
 
 use super::codec::Reader;
 use super::{calendar::Windows, Verdict};
@@ -26,6 +33,10 @@ pub const SHORT_WAIT_MS: u64 = 1_000;
 /// A claim ahead of need still unanswered after this long is given up (its proxy or VM may be
 /// gone): another may start, ms.
 pub const STALE_CLAIM_MS: u64 = 10_000;
+/// Near the limit a block is at most this fraction (1/4) of what the service last said
+/// remained: concurrent claims of several proxies then overshoot a service that checks, then
+/// counts, by little.
+pub const NEAR_SHARE: u64 = 4;
 /// A key's first block is 2^this (4) requests' worth, capped: a key seldom used claims a few
 /// requests at once, not one per request.
 pub const FIRST_SHIFT: u8 = 2;
@@ -168,15 +179,22 @@ impl State {
             .max(1)
     }
 
-    /// The block to claim next at `now_ms`: [`State::block`], and no more than the service
-    /// said remained while its window lasts (others only take from it meanwhile).
+    /// The block to claim next at `now_ms`: [`State::block`], and while the service's window
+    /// lasts no more than [`near_limit`] of what it said remained (others only take from it
+    /// meanwhile).
     pub fn claim_block(&self, cap: u64, unit: u64, now_ms: u64) -> u64 {
         let b = self.block(cap, unit);
         if now_ms < self.expires_ms && self.remaining > 0 {
-            b.min(u64::from(self.remaining))
+            b.min(near_limit(u64::from(self.remaining), unit))
         } else {
             b
         }
+    }
+
+    /// A claim ahead of need is in flight at `now_ms` (one that went unanswered for
+    /// [`STALE_CLAIM_MS`] no longer counts: its proxy or VM may be gone).
+    fn in_flight(&self, now_ms: u64) -> bool {
+        self.claiming && now_ms < self.claim_ms.saturating_add(STALE_CLAIM_MS)
     }
 
     /// What the lease makes of a request of `cost` at `now_ms`, blocks at most `cap`.
@@ -186,9 +204,8 @@ impl State {
         let cost = i64::try_from(cost).unwrap_or(i64::MAX);
         if s.held >= cost {
             let after = s.held - cost;
-            let claiming = s.claiming && now_ms < s.claim_ms.saturating_add(STALE_CLAIM_MS);
             return Peek::Covered {
-                low: after < half.max(1) && !s.refused && !claiming,
+                low: after < half.max(1) && !s.refused && !s.in_flight(now_ms),
             };
         }
         if s.refused {
@@ -282,6 +299,13 @@ impl State {
             ..self
         }
     }
+}
+
+/// What a claim asks of `remaining` (what the service last said remained), for requests
+/// costing `unit`: a [`NEAR_SHARE`]⁻¹ share, at least one request's worth while that much
+/// remains.
+pub fn near_limit(remaining: u64, unit: u64) -> u64 {
+    (remaining / NEAR_SHARE).max(unit.max(1).min(remaining))
 }
 
 /// A block the service granted.
@@ -456,7 +480,8 @@ mod tests {
         );
         s = State::granted(Some(&next), 10_010, grant(4, 0, 60_000), true);
         assert!(!s.claiming);
-        // Ran low fast: doubling up to the cap.
+        s.remaining = 10_000; // far from the limit
+                              // Ran low fast: doubling up to the cap.
         let mut t = 10_100;
         let mut blocks = Vec::new();
         for _ in 0..9 {
@@ -491,5 +516,141 @@ mod tests {
             None,
             "lapsed: nothing to give back"
         );
+    }
+
+    #[test]
+    fn blocks_shrink_near_the_limit() {
+        // A quarter of what the service said remained, at least a request's worth.
+        assert_eq!(near_limit(400, 1), 100);
+        assert_eq!(near_limit(7, 1), 1);
+        assert_eq!(near_limit(7, 5), 5);
+        assert_eq!(near_limit(3, 5), 3);
+        let mut s = State::granted(None, 1_000, grant(64, 0, 60_000), false);
+        s.shift = 6;
+        s.remaining = 1_000;
+        assert_eq!(
+            s.claim_block(64, 1, 2_000),
+            64,
+            "far from the limit: the block"
+        );
+        s.remaining = 100;
+        assert_eq!(s.claim_block(64, 1, 2_000), 25);
+        s.remaining = 2;
+        assert_eq!(s.claim_block(64, 1, 2_000), 1);
+        assert_eq!(s.claim_block(64, 1, 60_000), 64, "a new window: unknown");
+    }
+
+    /// A fleet of `proxies` proxies, each with `clients` clients sending requests of 1 at
+    /// full speed, over a service with `limit` that checks, then counts: a call is checked
+    /// (count + hits ≤ limit) when it arrives and counted `lag` steps later, so calls arriving
+    /// within `lag` steps of each other all pass the check. Each step, one client (a seeded
+    /// pseudo-random pick) sends a request; a claim's answer comes back `lag + 1` steps after it
+    /// was sent. Returns what the fleet admitted, and the largest claim.
+    fn racing(proxies: usize, clients: usize, limit: u64, cap: u64, lag: usize) -> (u64, u64) {
+        struct Call {
+            proxy: usize,
+            hits: u64,
+            ok: bool,
+            remaining: u64,
+            due: usize,
+            counted: bool,
+        }
+        let mut states = vec![State::default(); proxies];
+        let mut count = 0u64;
+        let mut calls: Vec<Call> = Vec::new();
+        let mut waiting = vec![false; proxies * clients];
+        let (mut admitted, mut largest) = (0u64, 0u64);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..20_000usize {
+            let now = 1_000 + step as u64;
+            // The service counts what it checked `lag` steps ago; answers arrive after it.
+            for c in calls.iter_mut().filter(|c| c.ok && !c.counted) {
+                if step + 1 >= c.due {
+                    count += c.hits;
+                    c.counted = true;
+                }
+            }
+            let (due, later): (Vec<Call>, Vec<Call>) = calls.drain(..).partition(|c| step >= c.due);
+            calls = later;
+            for c in due {
+                let s = Some(&states[c.proxy]);
+                let remaining = u32::try_from(c.remaining).unwrap_or(u32::MAX);
+                states[c.proxy] = if c.ok {
+                    let g = Grant {
+                        block: c.hits,
+                        taken: 1,
+                        expires_ms: 60_000_000,
+                        remaining,
+                    };
+                    admitted += 1;
+                    State::granted(s, now, g, false)
+                } else {
+                    State::refused_claim(s, now, 60_000_000, remaining, false)
+                };
+                for w in waiting.iter_mut().skip(c.proxy * clients).take(clients) {
+                    if *w {
+                        *w = false;
+                        break;
+                    }
+                }
+            }
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let client = (seed % (proxies * clients) as u64) as usize;
+            if waiting[client] {
+                continue;
+            }
+            let p = client / clients;
+            let s = states[p];
+            match State::peek(Some(&s), now, 1, cap) {
+                Peek::Covered { .. } => {
+                    let (v, next) = decide(Some(s), now, limit, MINUTE, 1);
+                    assert!(v.allowed);
+                    states[p] = next.unwrap();
+                    admitted += 1;
+                }
+                Peek::Refused => {}
+                Peek::Claim => {
+                    let (next, hits) = s.at(now).start_claim(now, (cap, 1), false);
+                    states[p] = next;
+                    largest = largest.max(hits);
+                    let ok = count + hits <= limit;
+                    let remaining = limit.saturating_sub(count + if ok { hits } else { 0 });
+                    waiting[client] = true;
+                    calls.push(Call {
+                        proxy: p,
+                        hits,
+                        ok,
+                        remaining,
+                        due: step + lag + 1,
+                        counted: false,
+                    });
+                }
+            }
+        }
+        (admitted, largest)
+    }
+
+    #[test]
+    fn over_a_service_that_checks_then_counts_the_excess_is_bounded() {
+        // Three proxies of two clients (the Envoy test's fleet), and ten of four; the service's
+        // check and count a few steps apart. Over the limit by at most (C − 1) blocks, C the
+        // claims in flight at once (here one per client).
+        for (proxies, clients, lag) in [(3, 2, 3), (3, 2, 10), (10, 4, 5), (10, 4, 40)] {
+            let (limit, cap) = (1_000, 100);
+            let (admitted, largest) = racing(proxies, clients, limit, cap, lag);
+            let bound = (proxies * clients - 1) as u64 * largest;
+            assert!(
+                admitted <= limit + bound,
+                "{proxies}×{clients}, lag {lag}: {admitted} admitted, bound {bound}"
+            );
+            // Blocks shrink near the limit: far less than a block per proxy over.
+            assert!(
+                admitted <= limit + cap / 4 * proxies as u64,
+                "{proxies}×{clients}, lag {lag}: {admitted} admitted"
+            );
+            assert!(admitted >= limit * 9 / 10, "{admitted} admitted");
+        }
     }
 }

@@ -144,8 +144,9 @@ impl<S: Store> Runtime<S> {
     }
 
     /// After every question is answered: a lease claim the service refused while saying that
-    /// enough remains for the request is made again for what remains (once, and only while the
-    /// rule's `timeout_ms` since the first call at `since_ms` is not spent: the refusal stands
+    /// enough remains for the request is made again for a share of what remains
+    /// ([`lease::near_limit`], at least the request's cost; once, and only while the rule's
+    /// `timeout_ms` since the first call at `since_ms` is not spent: the refusal stands
     /// otherwise). Returns whether there are questions to ask again.
     pub fn reclaim(&self, p: &mut Pending, since_ms: u64, now_ms: u64) -> bool {
         let mut again = false;
@@ -175,13 +176,14 @@ impl<S: Store> Runtime<S> {
             if now_ms.saturating_sub(since_ms) >= u64::from(g.timeout_ms) {
                 continue;
             }
+            let block = lease::near_limit(remaining, need);
             let again_q = Question {
                 rule: q.rule,
                 hash: q.hash,
                 cost: q.cost,
-                message: global::request(&g.domain, entries, remaining),
+                message: global::request(&g.domain, entries, block),
                 claim: Some(Claim {
-                    block: remaining,
+                    block,
                     sent_ms: now_ms,
                     last: true,
                     ..claim
