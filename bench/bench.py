@@ -42,6 +42,19 @@ ROUTER = """          - name: envoy.filters.http.router
 """
 
 
+def run_info(command):
+    """When, and of which code, a run was made: stored with its figures, so that a page made
+    from them (bench/summary.py) can say which run it shows."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " with uncommitted changes"
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
+            "command": command}
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -630,6 +643,7 @@ def main():
     global_results = global_section(args, lua, work, curve_rounds)
 
     results = {
+        "run": run_info(" ".join(["make bench (bench/bench.py"] + sys.argv[1:]) + ")"),
         "global": global_results,
         "envoy": envoy_version, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "rounds": args.rounds, "seconds": args.seconds, "connections": args.connections,
@@ -833,7 +847,8 @@ def bodies(args, work):
                        "module": {n: c[f"object {MODULE}"] for n, c in seen.items()}})
     median = lambda key, n: statistics.median(r[key][n] for r in rounds)
     names = [sp[0] for sp in specs]
-    r = {"instructions": {n: median("instructions", n) for n in names},
+    r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
+         "instructions": {n: median("instructions", n) for n in names},
          "module": {n: median("module", n) for n in names if n.startswith("native")},
          "rounds": rounds, "body_bytes": len(body), "requests": args.requests}
     (BENCH / "results-bodies.json").write_text(json.dumps(r, indent=2) + "\n")
@@ -893,7 +908,8 @@ def tokens(args, work):
                                     count_calls=[BODY_HOOK])
     finally:
         upstream.stop()
-    r = {"instructions": counts, "seen": seen, "bytes": upstream.bytes,
+    r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
+         "instructions": counts, "seen": seen, "bytes": upstream.bytes,
          "pieces": upstream.pieces, "requests": args.requests,
          "sse_gap_us": float(os.environ.get("SSE_GAP_US") or 0)}
     out = "results-tokens-paced.json" if r["sse_gap_us"] else "results-tokens.json"
@@ -1047,7 +1063,7 @@ def fleet_report_lines(f):
         return []
     s = f["summary"]
     lines = [
-        "## A fleet: three proxies, each global mode (issue 24)",
+        "## A fleet: three proxies, each global mode",
         "",
         f"{f['proxies']} Envoys × {f['workers']} workers (not pinned) share the test RLS server "
         "(limitador 0.14 over Redis, on this machine); each Envoy is driven by its own wrk "
@@ -1093,7 +1109,7 @@ def fleet_report_lines(f):
 
 
 def fleet_target_lines(s, f):
-    """Issue 24's targets for lease on the hot key, and async and sync beside them."""
+    """The targets for lease on the hot key, and async and sync beside them."""
     out = ["Against the targets (hot key, the service answering one call at a time):", ""]
     for build in ("native", "wasm"):
         lease, async_, sync = (s.get(f"{build}/hot/{m}") for m in ("lease", "async", "sync"))
@@ -1418,6 +1434,8 @@ def write_benchmarks(text):
         kept.append(section)
     kept = ["\n".join(s).rstrip() + "\n" for s in kept if len(s) > 1 and s[1].startswith(KEPT)]
     page.write_text(text.rstrip() + "\n" + "".join("\n" + k for k in kept))
+    # The book's performance summary is made from the same results: keep it in step.
+    subprocess.run([sys.executable, str(BENCH / "summary.py")], check=True)
 
 
 def global_report(g):
@@ -1438,7 +1456,7 @@ def global_report(g):
         lines.append(f"| {name.replace('-', ', ')} | {t[name]['rps']:.0f} | "
                      f"{t[name]['cpu_us_per_req']:.1f} | "
                      f"{lat[name]['p50_us']:.0f} | {lat[name]['p99_us']:.0f} |")
-    if "over_admission" in g:  # results of the run before the fleet's (issue 24)
+    if "over_admission" in g:  # results of the run before the fleet's
         lines += [
         "",
         f"**Async over-admission** (wasm build): {o['replicas']} proxies at full speed ({o['offered_rps']:,.0f} "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Global rules across a fleet (issue 24): three Envoys of two workers each at full speed, one
+"""Global rules across a fleet: three Envoys of two workers each at full speed, one
 rule keyed on `x-user`, each `global.mode` against the same rule local-only, in both builds.
 
 Each run starts three fresh Envoys sharing the test RLS server (limitador over Redis, the
@@ -36,7 +36,7 @@ import bench  # noqa: E402  (the shared helpers: Envoy bootstraps, filters, wrk'
 
 RLS_BIN = bench.ROOT / "crates/envoy-tests/rls-server/target/release/rls-server"
 PROXIES, WORKERS = 3, 2
-HOT_LIMIT = 1_000  # a minute, the hot key's (the issue's measurement)
+HOT_LIMIT = 1_000  # a minute, the hot key's
 OPEN_LIMIT = 60_000_000  # a minute, the hot key's where the limit is not reached in a run
 KEY_LIMIT = 20  # a minute, each of the 1,000 keys'
 KEYS = bench.FLEET_KEYS
@@ -344,6 +344,8 @@ def main():
     f = measure(args.envoy, work, args.rounds, args.seconds, args.connections,
                 tuple(args.builds.split(",")), tuple(args.modes.split(",")),
                 tuple(args.patterns.split(",")))
+    if f:
+        f["run"] = bench.run_info(" ".join(["bench/fleet.py"] + sys.argv[1:]))
     print("\n".join(bench.fleet_report_lines(f)))
     if args.out:
         Path(args.out).write_text(json.dumps(f, indent=2) + "\n")
@@ -355,7 +357,8 @@ def main():
             old["runs"][name] = old["runs"].get(name, []) + runs
         old["more"] = old.get("more", []) + [
             f"--rounds {args.rounds} --seconds {args.seconds} --builds {args.builds} "
-            f"--patterns {args.patterns} --modes {args.modes}"]
+            f"--patterns {args.patterns} --modes {args.modes} "
+            f"({f['run']['date']}, {f['run']['commit']})"]
         old["summary"] = summarize(old["runs"])
         f = old
     r["global"]["fleet"] = f
