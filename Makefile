@@ -32,7 +32,7 @@ export ENVOY
 
 .PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
-	envoy envoys target clean bench bench-fleet bench-tools oci fleet
+	envoy envoys target clean bench bench-fleet bench-tools oci fleet docs docs-gen dist
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -176,7 +176,7 @@ build-native-panic:
 # run includes versions.rs: each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain \
-	--test sdk
+	--test sdk --test tutorials
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
 	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \
@@ -188,14 +188,38 @@ integration: default-envoy-version build build-panic build-native build-native-p
 	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
 	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2
 
-# Checks of what users copy: the OCI image, the JSON Schema (runs in the project virtualenv).
-deploy-test: build $(VENV)/.test-deps
+# The book (docs/, mdBook): target/book/index.html. The pinned mdBook is installed once into
+# .tools/ (search only: no server, no watcher); the generated pages must be what their generators
+# write (`make docs-gen` rewrites them), and every link and anchor must resolve.
+MDBOOK_VERSION := 0.5.4
+MDBOOK := .tools/bin/mdbook
+DOCS_GEN := docs/gen/configuration.py docs/gen/errors.py
+$(MDBOOK):
+	cargo install --locked mdbook --version $(MDBOOK_VERSION) --no-default-features --features search --root .tools
+	@touch $@
+
+docs: $(MDBOOK)
+	@$(MDBOOK) --version | grep -qx 'mdbook v$(MDBOOK_VERSION)' || { echo "$(MDBOOK) is not $(MDBOOK_VERSION): rm -rf .tools" >&2; exit 1; }
+	@for g in $(DOCS_GEN); do python3 $$g --check || exit 1; done
+	python3 docs/gen/check_links.py
+	@# mdBook has no "warnings are errors": fail on any WARN or ERROR line it prints.
+	@mkdir -p target; set -o pipefail; $(MDBOOK) build docs 2>&1 | tee target/mdbook.log; \
+		! grep -E '(WARN|ERROR)' target/mdbook.log >/dev/null
+	@echo "built target/book/index.html"
+
+docs-gen:
+	@for g in $(DOCS_GEN); do python3 $$g || exit 1; done
+
+# Checks of what users copy: the OCI image, the release's files (`make dist`, each run in the
+# Envoy it is for), the JSON Schema (runs in the project virtualenv).
+deploy-test: build dist envoy $(VENV)/.test-deps
 	python3 deploy/oci/test_oci.py $(WASM)
+	python3 deploy/dist/test_dist.py $(DIST)
 	$(VENV)/bin/python schema/test_schema.py
 
 test: unit abi-check integration compat deploy-test
 
-lint: target
+lint: target docs
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --features envoy-tests/envoy -- -D warnings
 	cargo clippy --release --target $(TARGET) -p filter-wasm -p ratelimit-core -- -D warnings
@@ -206,6 +230,16 @@ OCI_TAG := 0.1.0
 oci: build
 	python3 deploy/oci/build.py $(WASM) target/oci/wasm-ratelimit $(OCI_TAG)
 
+# The release's artefacts in target/dist/, named with VERSION (the workspace's, Cargo.toml): the
+# .wasm, its OCI image layout as a tar and Dockerfile.wasm, the native module for each Envoy ABI
+# (1.40, 1.39) as a .tar.gz (libwasm_ratelimit.so, LICENSE, README) and Dockerfile.native, a
+# .sha256 beside each and SHA256SUMS over all (deploy/dist/dist.py; checked by deploy-test).
+VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+DIST := target/dist
+dist: default-envoy-version build build-native build-native-prev
+	python3 deploy/dist/dist.py $(VERSION) $(WASM) $(DIST) \
+		$(PINNED_ENVOY)=$(NATIVE_DIR)/libwasm_ratelimit.so $(PREV_ENVOY)=$(PREV_NATIVE_DIR)/libwasm_ratelimit.so
+
 bench-tools: build build-native envoy rls-server
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
@@ -214,7 +248,8 @@ bench-tools: build build-native envoy rls-server
 	cargo build --release --manifest-path bench/floor-native/Cargo.toml
 	cargo build --release --manifest-path bench/loadgen/Cargo.toml
 
-# Writes BENCHMARKS.md and bench/results.json (about 20 minutes from a fresh checkout;
+# Writes BENCHMARKS.md, bench/results.json and the book's docs/src/performance/summary.md
+# (bench/summary.py, called when BENCHMARKS.md is written; about 20 minutes from a fresh checkout;
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
 	python3 bench/bench.py $(BENCH_ARGS)
@@ -226,7 +261,7 @@ bench: bench-tools
 fleet:
 	cargo run --release -q -p fleet-sim -- --json bench/fleet.json
 
-# The fleet of `make bench`'s global section alone (issue 24): three Envoys of two workers,
+# The fleet of `make bench`'s global section alone: three Envoys of two workers,
 # every global mode, into bench/results.json and BENCHMARKS.md (about 20 minutes).
 bench-fleet: bench-tools
 	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)

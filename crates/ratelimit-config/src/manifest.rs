@@ -38,6 +38,37 @@ pub fn plugin_configs(text: &str) -> Result<Vec<(Option<String>, String)>, Strin
                 config.to_string()
             };
             out.push((Some(format!("WasmPlugin {name}")), json));
+        } else if value.get("kind").and_then(Value::as_str) == Some("EnvoyExtensionPolicy") {
+            // Envoy Gateway passes each wasm and dynamic-module entry's `config` as JSON.
+            let name = value
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("unnamed");
+            for list in ["wasm", "dynamicModule"] {
+                let entries = value
+                    .pointer(&format!("/spec/{list}"))
+                    .and_then(Value::as_array);
+                for (i, entry) in entries.into_iter().flatten().enumerate() {
+                    let json = match entry.get("config") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(config) => config.to_string(),
+                    };
+                    out.push((
+                        Some(format!("EnvoyExtensionPolicy {name} {list}[{i}]")),
+                        json,
+                    ));
+                }
+            }
+        } else if value
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| {
+                v.starts_with("gateway.envoyproxy.io/")
+                    || v.starts_with("gateway.networking.k8s.io/")
+            })
+        {
+            // The other resources of an Envoy Gateway manifest (EnvoyProxy, Gateway, HTTPRoute)
+            // hold no plugin configuration.
         } else if value.get("static_resources").is_some() {
             let before = out.len();
             envoy_filters(&value, &mut out);

@@ -77,6 +77,39 @@ fn istio_manifests_are_checked_document_by_document() {
     );
 }
 
+/// Envoy Gateway's manifests: each EnvoyExtensionPolicy's wasm and dynamic-module entries are
+/// checked; the other resources (EnvoyProxy, Gateway) are passed over, not refused.
+#[test]
+fn envoy_gateway_policies_are_checked_entry_by_entry() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy-gateway");
+    let (code, out) = check(&[&root.join("wasm.yaml"), &root.join("native.yaml")]);
+    assert_eq!(code, 0, "{out}");
+    for policy in [
+        "(EnvoyExtensionPolicy ratelimit-gateway wasm[0]): OK\n",
+        "(EnvoyExtensionPolicy ratelimit-search wasm[0]): OK\n",
+        "(EnvoyExtensionPolicy ratelimit-native dynamicModule[0]): OK\n",
+    ] {
+        assert!(out.contains(policy), "{policy}: {out}");
+    }
+    // A policy whose configuration is wrong is refused with its field.
+    let dir = std::env::temp_dir().join(format!("eg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyExtensionPolicy\n\
+         metadata: {name: typo}\nspec:\n  wasm:\n  - name: rl\n    config:\n      \
+         rules: [{name: a, rate_limit: {requests_per_unit: 1, unit: minutes}}]\n",
+    )
+    .unwrap();
+    let (code, out) = check(&[&bad]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("(EnvoyExtensionPolicy typo wasm[0]): INVALID\n  rules[0].rate_limit.unit"),
+        "{out}"
+    );
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))

@@ -1,0 +1,114 @@
+//! Upgrading the wasm build in a running Envoy (docs/src/how-to/upgrade.md): a listener update
+//! whose filter names another `.wasm` starts new VMs with the new code, and with the same
+//! `vm_id` and `root_id` they find the counters the old VMs kept in Envoy's shared data.
+//!
+//! The "other" module is the built filter with a custom section appended (a section the runtime
+//! ignores): other bytes, another sha256, so Envoy must load it as new code, with the same state
+//! layout, as a release that keeps the layout would have. The native build has no such path:
+//! Envoy keeps a loaded module for the life of the process, and a new one needs a restart.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::{free_port, wasm_path, Build, Client, Envoy};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"{"rules": [{"name": "r", "key": ["remote_address"],
+    "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}]}"#;
+
+/// The LDS file's content: one listener on `port`, the filter loaded from `wasm`.
+fn listeners(port: u16, wasm: &Path) -> String {
+    let full = common::bootstrap(CONFIG, wasm);
+    let listener = full
+        .split("  listeners:\n")
+        .nth(1)
+        .unwrap()
+        .replace("port_value: 0", &format!("port_value: {port}"));
+    let listener = listener.replacen(
+        "  - name: test",
+        "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
+        1,
+    );
+    format!(
+        "resources:\n{}",
+        listener.replace("\n  ", "\n").trim_start_matches("  ")
+    )
+}
+
+fn publish(dir: &Path, content: &str) {
+    let tmp = dir.join("lds.tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, dir.join("lds.yaml")).unwrap();
+}
+
+/// The built filter with a custom section (id 0, name "upgrade-test") appended.
+fn other_module(dir: &Path) -> PathBuf {
+    let mut bytes = std::fs::read(wasm_path()).unwrap();
+    let name = b"upgrade-test";
+    let payload = b"another build";
+    bytes.push(0);
+    bytes.push((1 + name.len() + payload.len()) as u8);
+    bytes.push(name.len() as u8);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    let path = dir.join("wasm_ratelimit-next.wasm");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn wait_stat_at_least(envoy: &Envoy, stat: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while envoy.stat(stat) < Some(n) {
+        assert!(
+            Instant::now() < deadline,
+            "{stat} never reached {n}:\n{}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_new_wasm_with_the_same_vm_id_keeps_the_counters() {
+    if common::build() == Build::Native {
+        return; // the native build is replaced by a restart only
+    }
+    let dir = std::env::temp_dir().join(format!("wasm-ratelimit-upgrade-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    publish(&dir, &listeners(port, &wasm_path()));
+    let envoy = Envoy::start_yaml(&format!(
+        "node: {{id: test, cluster: test}}\n\
+         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
+         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
+        dir.join("lds.yaml").display(),
+        dir.display()
+    ));
+    let created = envoy.stat("wasm.envoy.wasm.runtime.v8.created").unwrap();
+    let mut c = Client::connect(envoy.addr).unwrap();
+    for left in [4, 3, 2] {
+        let r = c.get("/").unwrap();
+        assert_eq!(
+            (r.status, r.header_u64("x-ratelimit-remaining")),
+            (200, Some(left))
+        );
+    }
+
+    let next = other_module(&dir);
+    publish(&dir, &listeners(port, &next));
+    wait_stat_at_least(&envoy, "listener_manager.lds.update_success", 2);
+    // New VMs, with the new code.
+    wait_stat_at_least(&envoy, "wasm.envoy.wasm.runtime.v8.created", created + 1);
+    let mut c = Client::connect(envoy.addr).unwrap();
+    let r = c.get("/").unwrap();
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (200, Some(1)),
+        "the three requests counted by the old module stay counted"
+    );
+    assert_eq!(c.get("/").unwrap().status, 200);
+    assert_eq!(c.get("/").unwrap().status, 429);
+    let _ = std::fs::remove_dir_all(&dir);
+}
