@@ -1137,12 +1137,20 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 "{what}: {a} names no plugin"
             );
         }
-        assert!(
-            r["annotations"]["runbook_url"]
-                .as_str()
-                .is_some_and(|u| u.ends_with("#dashboard-and-alerts")),
+        // The runbook is the book's page of alerts (built from docs/src), which names each one.
+        assert_eq!(
+            r["annotations"]["runbook_url"].as_str(),
+            Some("reference/metrics-and-logs.html#alerts"),
             "{what}: runbook_url"
         );
+        let page =
+            std::fs::read_to_string(common::root().join("docs/src/reference/metrics-and-logs.md"))
+                .unwrap();
+        assert!(
+            page.contains("\n## Alerts\n"),
+            "the page has no Alerts section"
+        );
+        assert!(page.contains(name), "{what} is not on the alerts page");
         let expr = r["expr"].as_str().unwrap();
         for (metric, _) in metrics_in(expr) {
             assert!(
