@@ -85,11 +85,12 @@ fn the_modelled_envoy_runs_come_near_what_envoy_measured() {
     for r in &rows {
         let o = &r.outcome;
         match r.scenario.mode {
-            // Envoy: 300 of 300 admitted, 7.0 (native) and 8.0 (wasm) claims per 100.
+            // Envoy: 300 of 300 admitted, 8.7 (native) and 10.7 (wasm) claims per 100 (blocks
+            // shrink near the limit: a quarter of what the service said remained).
             Mode::Lease { .. } => {
                 assert_eq!(o.admitted, 300, "{o:?}");
                 let per_100 = o.calls as f64 * 100.0 / o.admitted as f64;
-                assert!((5.0..=12.0).contains(&per_100), "{per_100}: {o:?}");
+                assert!((5.0..=15.0).contains(&per_100), "{per_100}: {o:?}");
             }
             // Envoy: 106 admitted of a limit of 100, within the bound of 10.
             _ => assert!((100..=110).contains(&o.admitted), "{o:?}"),

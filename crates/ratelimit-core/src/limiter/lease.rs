@@ -480,8 +480,8 @@ mod tests {
         );
         s = State::granted(Some(&next), 10_010, grant(4, 0, 60_000), true);
         assert!(!s.claiming);
-        s.remaining = 10_000; // far from the limit
-                              // Ran low fast: doubling up to the cap.
+        // Far from the limit, and ran low fast: doubling up to the cap.
+        s.remaining = 10_000;
         let mut t = 10_100;
         let mut blocks = Vec::new();
         for _ in 0..9 {
