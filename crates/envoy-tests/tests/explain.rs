@@ -109,6 +109,15 @@ const CASES: &[Case] = &[
         shadow: false,
     },
     Case {
+        example: "fleet",
+        method: "GET",
+        path: "/api/orders",
+        headers: &[("x-api-key", "alice")],
+        extra: &[],
+        times: 7,
+        shadow: false,
+    },
+    Case {
         example: "llm-tokens",
         method: "GET",
         path: "/v1/complete",
