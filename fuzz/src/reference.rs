@@ -139,51 +139,11 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 }
 
-/// The WHATWG event-stream parser, small (as `tests/usage_props.rs` has it): each dispatched
-/// event's data, the stream's last event counted even if no blank line ends it (as the scanner
-/// counts it). `None` for a body that is not UTF-8.
+/// The event stream's data by the core's reference parser; `None` for a body that is not UTF-8.
 pub fn events(body: &[u8]) -> Option<Vec<String>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let (mut events, mut data, mut has_data) = (Vec::new(), String::new(), false);
-    let mut rest = text;
-    let mut lines = Vec::new();
-    while !rest.is_empty() {
-        let end = rest.find(['\r', '\n']).unwrap_or(rest.len());
-        lines.push(&rest[..end]);
-        rest = &rest[end..];
-        rest = rest
-            .strip_prefix("\r\n")
-            .or_else(|| rest.strip_prefix(['\r', '\n']))
-            .unwrap_or(rest);
-    }
-    for line in lines {
-        if line.is_empty() {
-            if has_data {
-                events.push(std::mem::take(&mut data));
-            }
-            has_data = false;
-            continue;
-        }
-        let (field, value) = match line.find(':') {
-            Some(at) => {
-                let value = &line[at + 1..];
-                (&line[..at], value.strip_prefix(' ').unwrap_or(value))
-            }
-            None => (line, ""),
-        };
-        if field == "data" {
-            if has_data {
-                data.push('\n');
-            }
-            data.push_str(value);
-            has_data = true;
-        }
-    }
-    if has_data {
-        events.push(data);
-    }
-    Some(events)
+    std::str::from_utf8(body)
+        .ok()
+        .map(ratelimit_core::testkit::reference::sse_events)
 }
 
 /// Paths as the scanners take them, from `a.b` strings (keys split at '.').

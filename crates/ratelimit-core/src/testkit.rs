@@ -2,6 +2,8 @@
 //! response, a small deterministic RNG, the configuration fixtures, scratch folders. Nothing in a filter uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod reference;
+
 use crate::config::Carried;
 pub use crate::key::Meta;
 use crate::key::{Attributes, PlainRequest};

@@ -5,6 +5,7 @@
 //! `cargo test --release --test accuracy -- --nocapture` prints the figures the README quotes.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+use ratelimit_core::testkit::reference as model;
 use ratelimit_core::testkit::Rng;
 
 use ratelimit_core::limiter::{gcra, Policy, State, Windows};
@@ -41,114 +42,6 @@ fn trace(rng: &mut Rng, n: usize, window_ms: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Reference: the sliding window counter from its definition, counts kept per window index.
-fn reference_sliding_window(limit: u64, w: u64, trace: &[(u64, u64)]) -> Vec<bool> {
-    let mut counts: HashMap<u64, u64> = HashMap::new();
-    trace
-        .iter()
-        .map(|&(t, c)| {
-            let (i, e) = (t / w, t % w);
-            let prev = i
-                .checked_sub(1)
-                .and_then(|p| counts.get(&p))
-                .copied()
-                .unwrap_or(0);
-            let cur = counts.get(&i).copied().unwrap_or(0);
-            // prev × (1 − e/w) + cur + c ≤ limit, multiplied through by w.
-            let ok = prev * (w - e) + (cur + c) * w <= limit * w;
-            if ok {
-                *counts.entry(i).or_default() += c;
-            }
-            ok
-        })
-        .collect()
-}
-
-/// Reference: fixed windows.
-fn reference_fixed_window(limit: u64, w: u64, trace: &[(u64, u64)]) -> Vec<bool> {
-    let mut counts: HashMap<u64, u64> = HashMap::new();
-    trace
-        .iter()
-        .map(|&(t, c)| {
-            let n = counts.entry(t / w).or_default();
-            let ok = *n + c <= limit;
-            if ok {
-                *n += c;
-            }
-            ok
-        })
-        .collect()
-}
-
-/// Reference: a token bucket holding tokens, refilled continuously. Tokens are counted in
-/// units of 1/w so that `limit` tokens per `w` ms is exactly `limit` units per ms.
-fn reference_token_bucket(limit: u64, w: u64, burst: u64, trace: &[(u64, u64)]) -> Vec<bool> {
-    let full = burst * w;
-    let (mut tokens, mut last) = (full, 0u64);
-    trace
-        .iter()
-        .map(|&(t, c)| {
-            if last > 0 {
-                tokens = (tokens + (t - last) * limit).min(full);
-            }
-            last = t;
-            let ok = tokens >= c * w;
-            if ok {
-                tokens -= c * w;
-            }
-            ok
-        })
-        .collect()
-}
-
-/// Reference: nginx-style delaying leaky bucket: requests leave one emission interval apart;
-/// one is admitted if its departure is at most `max_delay` away and the queue fits `burst`.
-fn reference_leaky_delay(
-    limit: u64,
-    w: u64,
-    burst: u64,
-    max_delay: u64,
-    trace: &[(u64, u64)],
-) -> Vec<(bool, u64)> {
-    // Times in units of 1/limit ms: one request occupies w units.
-    let mut next_free = 0u128;
-    trace
-        .iter()
-        .map(|&(t, c)| {
-            let now = u128::from(t) * u128::from(limit);
-            let depart = next_free.max(now);
-            let wait = depart - now;
-            let ok = wait <= u128::from(max_delay) * u128::from(limit)
-                && depart + u128::from(c * w) - now <= u128::from(burst * w);
-            if ok {
-                next_free = depart + u128::from(c * w);
-            }
-            let wait_ms = wait.div_ceil(u128::from(limit)) as u64;
-            (ok, if ok { wait_ms } else { 0 })
-        })
-        .collect()
-}
-
-/// Reference: every admitted request's time and cost, counted over the last window.
-fn reference_sliding_log(limit: u64, w: u64, trace: &[(u64, u64)]) -> Vec<bool> {
-    let mut log: Vec<(u64, u64)> = Vec::new();
-    trace
-        .iter()
-        .map(|&(t, c)| {
-            let used: u64 = log
-                .iter()
-                .filter(|(at, _)| at + w > t)
-                .map(|(_, c)| c)
-                .sum();
-            let ok = used + c <= limit;
-            if ok {
-                log.push((t, c));
-            }
-            ok
-        })
-        .collect()
-}
-
 #[test]
 fn every_algorithm_matches_its_reference_on_random_traces() {
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
@@ -165,7 +58,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
                     limit,
                     window_ms: w,
                 },
-                reference_sliding_window(limit, w, &t),
+                model::sliding_window(limit, w, &t),
             ),
             (
                 "fixed_window",
@@ -173,7 +66,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
                     limit,
                     windows: Windows::every(w),
                 },
-                reference_fixed_window(limit, w, &t),
+                model::fixed_window(limit, w, &t),
             ),
             (
                 "token_bucket",
@@ -183,7 +76,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
                     burst,
                     max_delay_ms: None,
                 }),
-                reference_token_bucket(limit, w, burst, &t),
+                model::token_bucket(limit, w, burst, &t),
             ),
             (
                 "sliding_log",
@@ -191,7 +84,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
                     limit,
                     window_ms: w,
                 },
-                reference_sliding_log(limit, w, &t),
+                model::sliding_log(limit, w, &t),
             ),
         ];
         for (name, policy, expected) in cases {
@@ -212,7 +105,7 @@ fn every_algorithm_matches_its_reference_on_random_traces() {
             burst,
             max_delay_ms: Some(max_delay),
         });
-        let expected = reference_leaky_delay(limit, w, burst, max_delay, &t);
+        let expected = model::leaky_delay(limit, w, burst, max_delay, &t);
         let mut state: Option<State> = None;
         for (i, &(at, c)) in t.iter().enumerate() {
             let (v, next) = policy.decide(state.as_ref(), at, c);
