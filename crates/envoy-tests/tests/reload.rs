@@ -9,33 +9,6 @@ use common::{free_port, wasm_path, Client, Envoy};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The LDS file: one listener on `port` with the filter configured by `plugin_config`.
-fn listeners(port: u16, plugin_config: &str) -> String {
-    let full = common::bootstrap(plugin_config, &wasm_path());
-    // Reuse the listener of the static bootstrap, re-indented as an LDS resource.
-    let listener = full
-        .split("  listeners:\n")
-        .nth(1)
-        .unwrap()
-        .replace("port_value: 0", &format!("port_value: {port}"));
-    let listener = listener.replacen(
-        "  - name: test",
-        "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
-        1,
-    );
-    format!(
-        "resources:\n{}",
-        listener.replace("\n  ", "\n").trim_start_matches("  ")
-    )
-}
-
-/// Replaces the LDS file atomically (Envoy watches for the rename).
-fn publish(dir: &Path, content: &str) {
-    let tmp = dir.join("lds.tmp");
-    std::fs::write(&tmp, content).unwrap();
-    std::fs::rename(&tmp, dir.join("lds.yaml")).unwrap();
-}
-
 fn config(name: &str, limit: u32, unit: &str) -> String {
     format!(
         r#"{{"rules": [{{"name": "{name}", "key": ["remote_address"],
@@ -78,7 +51,10 @@ fn lds_dir(name: &str) -> std::path::PathBuf {
 fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     let dir = lds_dir("lds");
     let port = free_port();
-    publish(&dir, &listeners(port, &config("r", 5, "hour")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("r", 5, "hour"), &wasm_path()),
+    );
     let envoy = Envoy::start_yaml(&lds_bootstrap(&dir));
     let mut c = Client::connect(envoy.addr).unwrap();
     for left in [4, 3, 2] {
@@ -90,7 +66,10 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     }
 
     // A lower limit, same rule name and key: the 3 counted requests stay counted.
-    publish(&dir, &listeners(port, &config("r", 4, "hour")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("r", 4, "hour"), &wasm_path()),
+    );
     wait_lds(&envoy, "update_success", 2);
     let mut c = Client::connect(envoy.addr).unwrap();
     let r = c.get("/").unwrap();
@@ -102,7 +81,10 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     assert_eq!(c.get("/").unwrap().status, 429);
 
     // A bad update is refused; the old configuration keeps serving.
-    publish(&dir, &listeners(port, &config("r", 4, "fortnight")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("r", 4, "fortnight"), &wasm_path()),
+    );
     wait_lds(&envoy, "update_rejected", 1);
     assert!(envoy.log_shows(r#"rules[0].rate_limit.unit: unknown unit "fortnight""#));
     let mut c = Client::connect(envoy.addr).unwrap();
@@ -111,7 +93,10 @@ fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
     assert_eq!(r.header("ratelimit-policy"), Some("\"r\";q=4;w=3600"));
 
     // A renamed rule is a new rule: its counters start afresh.
-    publish(&dir, &listeners(port, &config("r2", 4, "hour")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("r2", 4, "hour"), &wasm_path()),
+    );
     wait_lds(&envoy, "update_success", 3);
     let mut c = Client::connect(envoy.addr).unwrap();
     let r = c.get("/").unwrap();
@@ -136,7 +121,10 @@ fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
     const NEW: Option<&str> = Some("\"d\";q=2;w=3600");
     let dir = lds_dir("drain");
     let port = free_port();
-    publish(&dir, &listeners(port, &config("d", 1000, "hour")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("d", 1000, "hour"), &wasm_path()),
+    );
     let drain = DRAIN_S.to_string();
     let envoy = Envoy::start_yaml_args(&lds_bootstrap(&dir), &["--drain-time-s", &drain]);
     // (client, reconnects when told to close, requests under the old limit, switched after)
@@ -147,7 +135,10 @@ fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
     for (c, ..) in &mut clients {
         assert_eq!(c.get("/").unwrap().header("ratelimit-policy"), OLD);
     }
-    publish(&dir, &listeners(port, &config("d", 2, "hour")));
+    common::publish_lds(
+        &dir,
+        &common::lds_listener(port, &config("d", 2, "hour"), &wasm_path()),
+    );
     wait_lds(&envoy, "update_success", 2);
     let updated = Instant::now();
     // A new connection: the new limit at once.

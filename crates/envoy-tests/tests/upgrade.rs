@@ -17,31 +17,6 @@ use std::time::{Duration, Instant};
 const CONFIG: &str = r#"{"rules": [{"name": "r", "key": ["remote_address"],
     "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}]}"#;
 
-/// The LDS file's content: one listener on `port`, the filter loaded from `wasm`.
-fn listeners(port: u16, wasm: &Path) -> String {
-    let full = common::bootstrap(CONFIG, wasm);
-    let listener = full
-        .split("  listeners:\n")
-        .nth(1)
-        .unwrap()
-        .replace("port_value: 0", &format!("port_value: {port}"));
-    let listener = listener.replacen(
-        "  - name: test",
-        "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
-        1,
-    );
-    format!(
-        "resources:\n{}",
-        listener.replace("\n  ", "\n").trim_start_matches("  ")
-    )
-}
-
-fn publish(dir: &Path, content: &str) {
-    let tmp = dir.join("lds.tmp");
-    std::fs::write(&tmp, content).unwrap();
-    std::fs::rename(&tmp, dir.join("lds.yaml")).unwrap();
-}
-
 /// The built filter with a custom section (id 0, name "upgrade-test") appended.
 fn other_module(dir: &Path) -> PathBuf {
     let mut bytes = std::fs::read(wasm_path()).unwrap();
@@ -78,7 +53,7 @@ fn a_new_wasm_with_the_same_vm_id_keeps_the_counters() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
-    publish(&dir, &listeners(port, &wasm_path()));
+    common::publish_lds(&dir, &common::lds_listener(port, CONFIG, &wasm_path()));
     let envoy = Envoy::start_yaml(&format!(
         "node: {{id: test, cluster: test}}\n\
          admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
@@ -97,7 +72,7 @@ fn a_new_wasm_with_the_same_vm_id_keeps_the_counters() {
     }
 
     let next = other_module(&dir);
-    publish(&dir, &listeners(port, &next));
+    common::publish_lds(&dir, &common::lds_listener(port, CONFIG, &next));
     wait_stat_at_least(&envoy, "listener_manager.lds.update_success", 2);
     // New VMs, with the new code.
     wait_stat_at_least(&envoy, "wasm.envoy.wasm.runtime.v8.created", created + 1);

@@ -182,6 +182,35 @@ fn indent(text: &str, n: usize) -> String {
         .collect::<String>()
 }
 
+/// An LDS file's content: the listener of [`bootstrap`] on `port`, the filter configured by
+/// `plugin_config` and loaded from `wasm`, re-indented as an LDS resource.
+#[allow(dead_code)]
+pub fn lds_listener(port: u16, plugin_config: &str, wasm: &Path) -> String {
+    let full = bootstrap(plugin_config, wasm);
+    let listener = full
+        .split("  listeners:\n")
+        .nth(1)
+        .unwrap()
+        .replace("port_value: 0", &format!("port_value: {port}"));
+    let listener = listener.replacen(
+        "  - name: test",
+        "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: test",
+        1,
+    );
+    format!(
+        "resources:\n{}",
+        listener.replace("\n  ", "\n").trim_start_matches("  ")
+    )
+}
+
+/// Replaces the LDS file `lds.yaml` in `dir` atomically (Envoy watches for the rename).
+#[allow(dead_code)]
+pub fn publish_lds(dir: &Path, content: &str) {
+    let tmp = dir.join("lds.tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, dir.join("lds.yaml")).unwrap();
+}
+
 /// The Envoy bootstrap for one plugin configuration.
 pub fn bootstrap(plugin_config: &str, wasm: &Path) -> String {
     bootstrap_with_policy(plugin_config, wasm, None)
