@@ -221,7 +221,7 @@ $(MDBOOK):
 
 docs: $(MDBOOK)
 	@$(MDBOOK) --version | grep -qx 'mdbook v$(MDBOOK_VERSION)' || { echo "$(MDBOOK) is not $(MDBOOK_VERSION): rm -rf .tools" >&2; exit 1; }
-	@for g in $(DOCS_GEN); do python3 $$g --check || exit 1; done
+	@for g in $(DOCS_GEN) bench/summary.py; do python3 $$g --check || exit 1; done
 	python3 docs/gen/check_links.py
 	@# mdBook has no "warnings are errors": fail on any WARN or ERROR line it prints.
 	@mkdir -p target; set -o pipefail; $(MDBOOK) build docs 2>&1 | tee target/mdbook.log; \
