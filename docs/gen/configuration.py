@@ -8,6 +8,7 @@ get their own table. Each field's row has an HTML anchor, its path without `[]`
 (`configuration.md#rules.rate_limit.unit`). `--check`: exit 1 if the committed page differs
 from what this would write. Python 3, standard library only."""
 
+from page import write_or_check
 import json
 import sys
 from pathlib import Path
@@ -220,18 +221,7 @@ def render():
 
 
 def main():
-    text = render()
-    if "--check" in sys.argv[1:]:
-        current = PAGE.read_text() if PAGE.exists() else None
-        if current != text:
-            print(f"{PAGE.relative_to(ROOT)} is not what docs/gen/configuration.py writes: "
-                  "run `make docs-gen`", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.parent.mkdir(parents=True, exist_ok=True)
-    PAGE.write_text(text)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
-    return 0
+    return write_or_check(PAGE, render(), ROOT, "docs/gen/configuration.py")
 
 
 if __name__ == "__main__":

@@ -119,30 +119,11 @@ impl<'a> Bytes<'a> {
     }
 }
 
-/// xorshift64*, for split points drawn from a seed the input gives.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u32) -> Rng {
-        Rng(u64::from(seed) << 1 | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// `body` cut into pieces at points drawn from `seed`: pieces of 0 to a few bytes, or larger,
 /// as the seed says (empty pieces included, as hosts may hand them).
 pub fn pieces(body: &[u8], seed: u32) -> Vec<&[u8]> {
-    let mut rng = Rng::new(seed);
+    // The core's xorshift64*, seeded (odd) from the input.
+    let mut rng = ratelimit_core::testkit::Rng(u64::from(seed) << 1 | 1);
     let longest = match seed & 3 {
         0 => 2,
         1 => 8,
