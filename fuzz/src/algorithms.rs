@@ -10,7 +10,6 @@
 use crate::Bytes;
 use ratelimit_core::limiter::{gcra, Policy, State, Windows};
 use ratelimit_core::testkit::reference as model;
-use std::collections::HashMap;
 
 /// Windows a rule may have: seconds to a day.
 const WINDOWS: [u64; 8] = [
