@@ -39,8 +39,9 @@ def expand(path, text):
     return INCLUDE.sub(repl, text)
 
 
-def prose(text):
-    """The text outside fenced blocks and inline code."""
+def outside_fences(text):
+    """The page's lines, those of fenced blocks (fences included) made empty, so that line
+    numbers stay."""
     out, fence = [], None
     for line in text.splitlines():
         s = line.lstrip()
@@ -48,14 +49,18 @@ def prose(text):
         if fence is None and m:
             fence = m.group(1)
             out.append("")
-            continue
-        if fence is not None:
+        elif fence is not None:
             if s.startswith(fence) and not s[len(fence):].strip():
                 fence = None
             out.append("")
-            continue
-        out.append(re.sub(r"(`+)(.+?)\1", "", line))
-    return "\n".join(out)
+        else:
+            out.append(line)
+    return out
+
+
+def prose(text):
+    """The text outside fenced blocks and inline code."""
+    return "\n".join(re.sub(r"(`+)(.+?)\1", "", line) for line in outside_fences(text))
 
 
 def slug(heading):
@@ -72,7 +77,7 @@ def anchors(path, cache={}):
         if path.suffix == ".md":
             text = expand(path, text)
         ids, counts = set(), {}
-        for line in prose_keep_headings(text):
+        for line in outside_fences(text):
             m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
             if m:
                 h = m.group(1)
@@ -87,22 +92,6 @@ def anchors(path, cache={}):
         ids.update(re.findall(r"""\bid=["']([^"']+)["']""", text))
         cache[path] = ids
     return cache[path]
-
-
-def prose_keep_headings(text):
-    out, fence = [], None
-    for line in text.splitlines():
-        s = line.lstrip()
-        m = re.match(r"(`{3,}|~{3,})", s)
-        if fence is None and m:
-            fence = m.group(1)
-            continue
-        if fence is not None:
-            if s.startswith(fence) and not s[len(fence):].strip():
-                fence = None
-            continue
-        out.append(line)
-    return out
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)

@@ -439,14 +439,7 @@ fn lease_mode_never_admits_over_the_limit_across_three_proxies() {
     let limit = 300u64;
     // One call at a time: the engine's own race would grant past the limit (see rls_with).
     let _rls = rls_with(rls_port, redis_port, &[("g", limit, 60)], 0, true);
-    let config = rule_config(
-        "g",
-        limit,
-        "minute",
-        r#""mode": "lease", "flush_ms": 20, "timeout_ms": 1000"#,
-        "deny",
-    );
-    let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+    let proxies = lease_fleet(limit, rls_port);
     let admitted = hammer(&proxies, 2, "/", 3);
     let total: u64 = admitted.iter().sum();
     let claims = fleet_stat(&proxies, "g", "lease_claims");
@@ -562,6 +555,19 @@ fn each_engine_at_the_limit_under_concurrent_calls() {
     }
 }
 
+/// Three Envoys of one lease rule "g" of `limit` a minute over the service on `rls_port`
+/// (refusing when it cannot answer).
+fn lease_fleet(limit: u64, rls_port: u16) -> Vec<Envoy> {
+    let config = rule_config(
+        "g",
+        limit,
+        "minute",
+        r#""mode": "lease", "flush_ms": 20, "timeout_ms": 1000"#,
+        "deny",
+    );
+    (0..3).map(|_| envoy(&config, rls_port)).collect()
+}
+
 /// Lease mode over a service that checks, then counts (the engine over Redis answering
 /// concurrently): three proxies, two clients each at full speed on one key, limit 1,000 (blocks
 /// of at most 100). Concurrent claims may all pass the service's check: C claims at once
@@ -573,14 +579,7 @@ fn lease_over_a_racing_service_stays_within_its_bound() {
     let limit = 1_000u64;
     let rls_port = free_port();
     let _service = service(Engine::Redis, rls_port, limit);
-    let config = rule_config(
-        "g",
-        limit,
-        "minute",
-        r#""mode": "lease", "flush_ms": 20, "timeout_ms": 1000"#,
-        "deny",
-    );
-    let proxies: Vec<Envoy> = (0..3).map(|_| envoy(&config, rls_port)).collect();
+    let proxies = lease_fleet(limit, rls_port);
     let admitted = hammer(&proxies, 2, "/", 3);
     let total: u64 = admitted.iter().sum();
     let claims = fleet_stat(&proxies, "g", "lease_claims");
