@@ -160,7 +160,7 @@ pub fn verdict(
     let headers = r
         .headers
         .iter()
-        .filter(|(k, _)| !k.is_empty() && !ours(k))
+        .filter(|(k, v)| crate::headers::is_safe_field(k, v) && !ours(k))
         .cloned()
         .collect();
     Ok((v, headers))
@@ -312,6 +312,12 @@ mod tests {
             headers: vec![
                 ("x-ratelimit-limit".into(), "5".into()),
                 ("x-service".into(), "a".into()),
+                // Unsafe to write: a split response, a NUL, a name that is no token.
+                ("x-split".into(), "a\r\nset-cookie: b".into()),
+                ("x-nul".into(), "a\u{0}".into()),
+                (":status".into(), "200".into()),
+                ("bad name".into(), "1".into()),
+                (String::new(), "1".into()),
             ],
         };
         let (v, headers) = verdict(Some(&Ok(over)), &POLICY, 61_000).unwrap();
@@ -319,7 +325,8 @@ mod tests {
             (v.allowed, v.limit, v.window_s, v.retry_after_ms),
             (false, 5, 1, 700)
         );
-        // The service's own rate-limit fields are dropped: the filter writes its own.
+        // The service's own rate-limit fields are dropped: the filter writes its own; and so
+        // is what would not be a safe header (found by the rls fuzz target).
         assert_eq!(headers, [("x-service".to_string(), "a".to_string())]);
         // No numbers from the service: the rule's own, and a whole window to wait.
         let bare = Response {

@@ -371,7 +371,21 @@ fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8]
             }
             return true;
         }
-        KeyPart::First(parts) => return parts.iter().any(|p| part_value(p, req, f)),
+        KeyPart::First(parts) => {
+            if !parts.iter().any(|p| matches!(p, KeyPart::RemoteAddress(_))) {
+                return parts.iter().any(|p| part_value(p, req, f));
+            }
+            // A text beside a network: a text that could read as a network's bytes (or as an
+            // escaped text) gets a 0 byte before it, so that no header or body value shares a
+            // network's counter or is sent to a rate limit service as one.
+            return parts.iter().any(|p| match p {
+                KeyPart::RemoteAddress(_) => part_value(p, req, f),
+                _ => part_value(p, req, &mut |v: &[u8]| match v.first() {
+                    Some(0 | 4 | 6) => f(&[&[0u8][..], v].concat()),
+                    _ => f(v),
+                }),
+            });
+        }
     };
     match value {
         Some(v) => {
@@ -477,7 +491,11 @@ pub fn descriptor_value_of(part: &KeyPart, value: Option<&[u8]>) -> Vec<u8> {
         (KeyPart::First(parts), Some(value))
             if parts.iter().any(|p| matches!(p, KeyPart::RemoteAddress(_))) =>
         {
-            descriptor_value(value)
+            match value {
+                // A text escaped beside a network (see `part_value`): sent as it came.
+                [0, text @ ..] => text.to_vec(),
+                _ => descriptor_value(value),
+            }
         }
         (_, Some(value)) => value.to_vec(),
     }
@@ -699,6 +717,25 @@ mod tests {
             descriptor_entries("r", &net, false, &mut req("10.1.2.3:1", "/")).unwrap()[1].1,
             b"10.1.2.0/24".to_vec()
         );
+        // A value made of a network's bytes neither shares that network's counter nor is sent
+        // as a network; nor does its escaped form share another value's (found by the keys fuzz
+        // target).
+        let from_network = client_key(seed, 9, &net, false, &mut req("10.1.2.3:1", "/"));
+        let user = |v: &[u8]| PlainRequest {
+            headers: vec![("x-user".into(), v.to_vec())],
+            ..req("10.9.9.9:1", "/")
+        };
+        let forged = [4u8, 24, 10, 1, 2, 0];
+        let key_of = |v: &[u8]| client_key(seed, 9, &net, false, &mut user(v));
+        assert_ne!(key_of(&forged), from_network);
+        assert_ne!(key_of(&[0, 4, 24, 10, 1, 2, 0]), key_of(&forged));
+        assert_ne!(key_of(&[0]), key_of(&[0, 0]));
+        for v in [&forged[..], &[0, 4, 1][..], &[6, 64][..], b"plain"] {
+            assert_eq!(
+                descriptor_entries("r", &net, false, &mut user(v)).unwrap()[1].1,
+                v.to_vec()
+            );
+        }
     }
 
     #[test]

@@ -623,6 +623,36 @@ b"}"#,
     assert_eq!(s.text(0), None);
 }
 
+/// A string at a path's end that is invalid JSON (a raw control character, an unknown escape,
+/// a lone surrogate) ends the document for a scan that keeps texts and for one that does not
+/// alike: the numbers found after it are the same either way, so a reservation sized from
+/// `max_tokens` does not change because another rule reads `model` (found by the body_scan
+/// fuzz target).
+#[test]
+fn an_invalid_string_at_a_path_stops_both_scans_alike() {
+    let fields = &[("model", 0), ("max_tokens", 1)];
+    let p = paths(fields);
+    for bad in [
+        &b"{\"model\": \"a\x01b\", \"max_tokens\": 9}"[..],
+        br#"{"model": "\q", "max_tokens": 9}"#,
+        br#"{"model": "\ud800x", "max_tokens": 9}"#,
+    ] {
+        let values = |texts: bool| {
+            let mut s = if texts {
+                Scanner::with_texts(Format::Json)
+            } else {
+                Scanner::new(Format::Json)
+            };
+            s.feed(&p, bad);
+            s.finish(&p);
+            s.value(1)
+        };
+        let shown = String::from_utf8_lossy(bad);
+        assert_eq!(values(true), None, "{shown}");
+        assert_eq!(values(false), None, "{shown}");
+    }
+}
+
 /// Each slot keeps its own last text, whichever order the slots' fields come in and however
 /// many slots there are (more than the few kept without an allocation): a value too long, then
 /// a short one, leaves the short one; a text then a number leaves the number's digits.

@@ -69,10 +69,6 @@ fn too_much(n: u64, capacity: u32) -> String {
     )
 }
 
-fn is_tchar(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
-}
-
 impl Validator {
     fn error(&mut self, path: &str, reason: impl Into<String>) {
         self.errors.push(ConfigError {
@@ -1454,7 +1450,7 @@ impl Validator {
     }
 
     fn header_name(&mut self, s: &str, path: &str) -> Option<String> {
-        if s.is_empty() || !s.chars().all(is_tchar) {
+        if s.is_empty() || !s.chars().all(crate::headers::is_tchar) {
             self.error(path, format!("invalid header name {s:?}"));
             return None;
         }
@@ -1513,7 +1509,7 @@ impl Validator {
                         match self.string(item, &ip) {
                             Some(s)
                                 if !s.is_empty()
-                                    && s.chars().all(is_tchar)
+                                    && s.chars().all(crate::headers::is_tchar)
                                     && !s.chars().any(|c| c.is_ascii_lowercase()) =>
                             {
                                 m.methods.push(s.to_string())

@@ -655,7 +655,10 @@ impl Json {
         match b {
             b'{' => self.open(false),
             b'[' => self.open(true),
-            b'"' if self.target != NONE && self.texts.is_some() => {
+            // A string at a path's end is read through (its escapes and control characters
+            // checked) whether or not its text is kept, so that a scan that keeps texts and one
+            // that does not stop at the same invalid byte and find the same values.
+            b'"' if self.target != NONE => {
                 if let Some(t) = self.texts.as_deref_mut() {
                     t.current.clear();
                     t.long = false;
