@@ -1,5 +1,5 @@
 //! The request-body scanner (the one that reads `body:` key parts, `match.body` fields and the
-//! fields reservations are sized by: `Scanner::with_texts` over a JSON body) on arbitrary
+//! fields reservations are sized by: `Scanner::request` over a JSON body) on arbitrary
 //! bytes cut at points the input picks: the same texts and values whatever the split, the same
 //! values as a scan that keeps no texts, and, when `serde_json` reads the body as one document,
 //! exactly the values it reads at the paths; a scan that keeps no texts finds the same numbers,
@@ -9,7 +9,7 @@
 
 use crate::reference::{self, compile};
 use crate::{pieces, Bytes};
-use ratelimit_core::usage::{Format, Paths, Scanner, MAX_SLOTS};
+use ratelimit_core::usage::{Paths, Scanner, MAX_SLOTS};
 
 /// A request's fields, as configurations read them, and nested and repeated ones.
 pub const REQUEST: &[(&str, usize)] = &[
@@ -43,12 +43,13 @@ pub const ODD: &[(&str, usize)] = &[
 /// Each slot's text and value after feeding `chunks`.
 pub type Found = (Vec<Option<Vec<u8>>>, Vec<Option<u64>>);
 
-pub fn scan(paths: &Paths, format: Format, texts: bool, chunks: &[&[u8]]) -> Found {
-    let mut s = if texts {
-        Scanner::with_texts(format)
-    } else {
-        Scanner::new(format)
-    };
+/// A request body's scan (`Scanner::request`), keeping texts or not.
+pub fn scan(paths: &Paths, texts: bool, chunks: &[&[u8]]) -> Found {
+    scan_with(Scanner::request(texts), paths, chunks)
+}
+
+/// What scan `s` finds in `chunks`.
+pub fn scan_with(mut s: Scanner, paths: &Paths, chunks: &[&[u8]]) -> Found {
     for c in chunks {
         s.feed(paths, c);
     }
@@ -68,18 +69,14 @@ pub fn run(data: &[u8]) {
     let body = input.rest();
     let (paths, list) = compile(if choice & 1 == 0 { REQUEST } else { ODD });
 
-    let whole = scan(&paths, Format::Json, true, &[body]);
-    let split = scan(&paths, Format::Json, true, &pieces(body, seed));
+    let whole = scan(&paths, true, &[body]);
+    let split = scan(&paths, true, &pieces(body, seed));
     assert_eq!(split, whole, "a split changed what was found");
     if choice & 2 != 0 {
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
-        assert_eq!(
-            scan(&paths, Format::Json, true, &bytes),
-            whole,
-            "byte by byte"
-        );
+        assert_eq!(scan(&paths, true, &bytes), whole, "byte by byte");
     }
-    let (no_texts, values) = scan(&paths, Format::Json, false, &[body]);
+    let (no_texts, values) = scan(&paths, false, &[body]);
     assert!(no_texts.iter().all(Option::is_none));
     // Valid or not, a scan that keeps texts and one that does not find the same values: a
     // string at a path's end is checked by both (a reservation's size must not depend on
@@ -90,7 +87,7 @@ pub fn run(data: &[u8]) {
     }
 
     if let Some(leaves) = reference::leaves(body) {
-        let expected = reference::expect(&leaves, &list, MAX_SLOTS);
+        let expected = reference::expect(&leaves, &list, MAX_SLOTS, true);
         assert_eq!(
             whole,
             expected,

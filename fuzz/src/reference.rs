@@ -38,10 +38,14 @@ pub fn leaves(doc: &[u8]) -> Option<Vec<(Vec<String>, Leaf)>> {
 /// bytes, or a plain integer's digits; a longer string clears it) and last integer.
 pub type Expected = (Vec<Option<Vec<u8>>>, Vec<Option<u64>>);
 
+/// `request`: a request body's reading, where a later value of another type (or a string at
+/// a number's slot) leaves the slot absent; otherwise (an answer's usage) it leaves it as it
+/// was.
 pub fn expect(
     leaves: &[(Vec<String>, Leaf)],
     paths: &[(Vec<String>, usize)],
     slots: usize,
+    request: bool,
 ) -> Expected {
     let mut texts = vec![None; slots];
     let mut values = vec![None; slots];
@@ -51,10 +55,19 @@ pub fn expect(
                 continue;
             }
             match leaf {
-                Leaf::Str(s) => texts[*slot] = (s.len() <= MAX_TEXT).then(|| s.clone()),
+                Leaf::Str(s) => {
+                    texts[*slot] = (s.len() <= MAX_TEXT).then(|| s.clone());
+                    if request {
+                        values[*slot] = None;
+                    }
+                }
                 Leaf::U64(n) => {
                     texts[*slot] = Some(n.to_string().into_bytes());
                     values[*slot] = Some(*n);
+                }
+                Leaf::Other if request => {
+                    texts[*slot] = None;
+                    values[*slot] = None;
                 }
                 Leaf::Other => {}
             }

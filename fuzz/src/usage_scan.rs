@@ -7,10 +7,10 @@
 //!
 //! Input: a byte choosing the framing and the paths, four bytes seeding the split, the body.
 
-use crate::body_scan::{scan, ODD};
+use crate::body_scan::{scan_with, ODD};
 use crate::reference::{self, compile};
 use crate::{pieces, Bytes};
-use ratelimit_core::usage::{Format, MAX_SLOTS};
+use ratelimit_core::usage::{Format, Scanner, MAX_SLOTS};
 
 /// The usage fields of the APIs' answers (the presets'), and nested and repeated ones.
 pub const USAGE: &[(&str, usize)] = &[
@@ -44,17 +44,27 @@ pub fn run(data: &[u8]) {
     };
     let (paths, list) = compile(if choice & 2 == 0 { USAGE } else { ODD });
 
-    let (_, whole) = scan(&paths, format, false, &[body]);
-    let (_, split) = scan(&paths, format, false, &pieces(body, seed));
+    let (_, whole) = scan_with(Scanner::new(format), &paths, &[body]);
+    let (_, split) = scan_with(Scanner::new(format), &paths, &pieces(body, seed));
     assert_eq!(split, whole, "a split changed the usage found");
     if choice & 4 != 0 {
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
-        assert_eq!(scan(&paths, format, false, &bytes).1, whole, "byte by byte");
+        assert_eq!(
+            scan_with(Scanner::new(format), &paths, &bytes).1,
+            whole,
+            "byte by byte"
+        );
     }
-    let (_, with_texts) = scan(&paths, format, true, &pieces(body, seed.rotate_left(7)));
+    let (_, with_texts) = scan_with(
+        Scanner::with_texts(format),
+        &paths,
+        &pieces(body, seed.rotate_left(7)),
+    );
 
     let expected = match format {
-        Format::Json => reference::leaves(body).map(|l| reference::expect(&l, &list, MAX_SLOTS).1),
+        Format::Json => {
+            reference::leaves(body).map(|l| reference::expect(&l, &list, MAX_SLOTS, false).1)
+        }
         Format::Sse => sse_reference(body, &list),
     };
     if let Some(expected) = expected {
@@ -80,5 +90,5 @@ fn sse_reference(body: &[u8], paths: &[(Vec<String>, usize)]) -> Option<Vec<Opti
             None => return None,
         }
     }
-    Some(reference::expect(&all, paths, MAX_SLOTS).1)
+    Some(reference::expect(&all, paths, MAX_SLOTS, false).1)
 }

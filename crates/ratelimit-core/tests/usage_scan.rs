@@ -653,6 +653,40 @@ fn an_invalid_string_at_a_path_stops_both_scans_alike() {
     }
 }
 
+/// In a request body a field given twice counts as it comes last, as the backend reads it: a
+/// last value that is neither a string nor a whole number leaves the field absent, and a
+/// string leaves a number's slot without a number (found by envoy-tests' hostile.rs). In an
+/// answer, a later null does not erase the usage an earlier event reported.
+#[test]
+fn in_a_request_a_field_given_twice_counts_as_it_comes_last() {
+    let p = paths(&[("model", 0), ("max_tokens", 1)]);
+    let read = |texts: bool, body: &[u8]| {
+        let mut s = Scanner::request(texts);
+        s.feed(&p, body);
+        s.finish(&p);
+        (s.text(0).map(<[u8]>::to_vec), s.value(1))
+    };
+    for last in ["null", "1.5", "[1]", "{\"x\": 1}", "true", "-1", "1e3"] {
+        let body =
+            format!(r#"{{"model": "a", "model": {last}, "max_tokens": 50, "max_tokens": {last}}}"#);
+        assert_eq!(read(true, body.as_bytes()), (None, None), "{body}");
+        assert_eq!(read(false, body.as_bytes()).1, None, "{body}");
+    }
+    let body = br#"{"model": "a", "model": "b", "max_tokens": 50, "max_tokens": "60"}"#;
+    assert_eq!(read(true, body), (Some(b"b".to_vec()), None));
+    let body = br#"{"model": null, "model": "b", "max_tokens": null, "max_tokens": 60}"#;
+    assert_eq!(read(true, body), (Some(b"b".to_vec()), Some(60)));
+    assert_eq!(read(false, body).1, Some(60));
+    // An answer's usage: each event reports anew, and a null leaves what came before.
+    let mut answer = Scanner::new(Format::Sse);
+    answer.feed(
+        &p,
+        b"data: {\"max_tokens\": 7}\n\ndata: {\"max_tokens\": null}\n\n",
+    );
+    answer.finish(&p);
+    assert_eq!(answer.value(1), Some(7));
+}
+
 /// Each slot keeps its own last text, whichever order the slots' fields come in and however
 /// many slots there are (more than the few kept without an allocation): a value too long, then
 /// a short one, leaves the short one; a text then a number leaves the number's digits.

@@ -35,11 +35,7 @@ pub struct Reading {
 impl Reading {
     /// Starts reading for `pending`'s sized checks and the rules waiting for body fields.
     pub(super) fn new(pending: Pending) -> Reading {
-        let scanner = if pending.deferred.is_empty() {
-            Scanner::new(Format::Json)
-        } else {
-            Scanner::with_texts(Format::Json)
-        };
+        let scanner = Scanner::request(!pending.deferred.is_empty());
         Reading {
             pending,
             scanner,

@@ -223,6 +223,10 @@ pub(super) struct Json {
     /// The text values at the paths' ends, when kept ([`Json::keep_texts`]; boxed: only a
     /// request body's scan keeps them).
     texts: Option<Box<Texts>>,
+    /// A request body ([`Json::read_as_request`]): every value at a path's end replaces the
+    /// last, so that one of another type (null, a fraction, an object) leaves the slot absent,
+    /// as the backend reads a key given twice.
+    request: bool,
 }
 
 /// The longest text value kept, bytes: a longer one counts as absent.
@@ -307,11 +311,16 @@ impl Json {
             count: 0,
             literal: 0,
             texts: None,
+            request: false,
         }
     }
 
     /// Keeps the text values at the paths' ends too (strings, whole numbers), not only the
     /// numbers.
+    pub(super) fn read_as_request(&mut self) {
+        self.request = true;
+    }
+
     pub(super) fn keep_texts(&mut self) {
         self.texts = Some(Box::default());
     }
@@ -516,7 +525,7 @@ impl Json {
         let space = is_space(b);
         match self.state {
             State::Value if space => {}
-            State::Value => self.start_value(b),
+            State::Value => self.start_value(paths, b),
             State::ObjectFirst | State::KeyNext | State::Colon | State::After if space => {}
             State::ObjectFirst if b == b'}' => self.close(true),
             State::ObjectFirst | State::KeyNext if b == b'"' => self.start_key(paths),
@@ -651,7 +660,16 @@ impl Json {
     }
 
     /// The first byte of a value (not whitespace).
-    fn start_value(&mut self, b: u8) {
+    fn start_value(&mut self, paths: &Paths, b: u8) {
+        if self.request && self.target != NONE {
+            // This value replaces the last at its path: absent until it proves a string or a
+            // whole number.
+            let slots = paths.slots_at(self.target);
+            self.found &= !slots;
+            if let Some(t) = self.texts.as_deref_mut() {
+                t.found &= !slots;
+            }
+        }
         match b {
             b'{' => self.open(false),
             b'[' => self.open(true),

@@ -97,6 +97,20 @@ impl Scanner {
         s
     }
 
+    /// A scan of a request's JSON body (keeping texts or not): a field given twice counts as
+    /// it comes last, as the backend reads it, so a last value that is neither a string nor a
+    /// whole number (null, `1.5`, an object) leaves the field absent. (In an answer, where
+    /// each event reports usage anew, a later null does not erase what an earlier event said.)
+    pub fn request(texts: bool) -> Scanner {
+        let mut s = if texts {
+            Scanner::with_texts(Format::Json)
+        } else {
+            Scanner::new(Format::Json)
+        };
+        s.json.read_as_request();
+        s
+    }
+
     /// The last text value seen at any path of `slot` (a scan [`Scanner::with_texts`]): a
     /// string, unescaped, or a whole number as its digits; `None` when none was found or the
     /// last was longer than [`MAX_TEXT`] bytes.
