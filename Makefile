@@ -32,7 +32,7 @@ export ENVOY
 
 .PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
-	envoy envoys target clean bench bench-fleet bench-tools oci fleet docs docs-gen dist fuzz fuzz-test
+	envoy envoys target clean bench bench-fleet bench-tools oci fleet docs docs-gen dist fuzz fuzz-test fuzz-long soak
 
 target:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -177,7 +177,7 @@ build-native-panic:
 # run includes versions.rs: each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain \
-	--test sdk --test tutorials
+	--test sdk --test tutorials --test hostile --test held --test soak
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
 	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \
@@ -188,6 +188,14 @@ integration: default-envoy-version build build-panic build-native build-native-p
 	cargo build -p ratelimit-config
 	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
 	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2
+
+# The soak under faults (envoy-tests' soak.rs), each build in turn for SOAK_SECONDS (default
+# 1800; `make test` runs it for 60 s): saturation, key churn, LLM streams, a lease and an async
+# rule, the rate limit service and Redis killed every 30 s. Prints the memory curve and faults.
+SOAK_SECONDS ?= 1800
+soak: build build-native envoy rls-server
+	$(TEST_ENV) FILTER=wasm SOAK_SECONDS=$(SOAK_SECONDS) cargo test -p envoy-tests --features envoy --test soak -- --nocapture
+	$(TEST_ENV) FILTER=native SOAK_SECONDS=$(SOAK_SECONDS) cargo test -p envoy-tests --features envoy --test soak -- --nocapture
 
 # Fuzzing (fuzz/, a cargo-fuzz crate outside the workspace): every target for FUZZ_SECONDS
 # (default 20: about 4 minutes for the ten, plus a first build of about 40 s, and about 3 minutes
@@ -205,6 +213,13 @@ fuzz:
 			-max_total_time=$(FUZZ_SECONDS) -dict=$(CURDIR)/fuzz/json.dict -print_final_stats=1 \
 			$(FUZZ_ARGS) || exit 1; \
 	done
+
+# Long fuzzing: each target until it has used FUZZ_CPU_SECONDS of CPU (default 1800), two at a
+# time at low priority; a summary line per target in fuzz/target/long/summary.tsv.
+FUZZ_CPU_SECONDS ?= 1800
+fuzz-long:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	CPU_SECONDS=$(FUZZ_CPU_SECONDS) fuzz/long.sh $(FUZZ_TARGETS)
 
 fuzz-test:
 	cargo test --manifest-path fuzz/Cargo.toml
