@@ -7,7 +7,7 @@
 //! - `serde_json`: on input it accepts, the body scanners find the values it reads at the paths
 //!   (walked in document order by [`reference`]);
 //! - the algorithms' reference models (copied from `crates/ratelimit-core/tests/accuracy.rs`);
-//! - `chrono` for the calendar arithmetic and the RFC 3339 times;
+//! - `chrono` for the calendar arithmetic, the RFC 3339 times and HTTP dates;
 //! - round trips (addresses and networks, CIDRs, logged keys, JSON strings, RLS requests) and
 //!   the syntax of what is written to clients (header values, JSON bodies).
 #![allow(
@@ -24,13 +24,14 @@ pub mod config;
 pub mod keys;
 pub mod manifest;
 pub mod operator;
+pub mod provider;
 pub mod reference;
 pub mod render;
 pub mod rls;
 pub mod usage_scan;
 
 /// The names of the targets, as in `Cargo.toml` and `fuzz/corpus/`.
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 11] = [
     "config",
     "manifest",
     "body_scan",
@@ -41,6 +42,7 @@ pub const TARGETS: [&str; 10] = [
     "render",
     "algorithms",
     "calendar",
+    "provider",
 ];
 
 /// The target called `name`'s check.
@@ -56,6 +58,7 @@ pub fn target(name: &str) -> Option<fn(&[u8])> {
         "render" => render::run,
         "algorithms" => algorithms::run,
         "calendar" => calendar::run,
+        "provider" => provider::run,
         _ => return None,
     })
 }

@@ -575,36 +575,15 @@ fn body_bombs_are_read_as_documented() {
             open("]", depth)
         )
     };
-    key(
-        nested(100, "deep-100").as_bytes(),
-        100_000,
-        200,
-        "after 100 levels",
-    );
-    key(
-        nested(100, "deep-100").as_bytes(),
-        100_000,
-        429,
-        "the same again",
-    );
-    key(
-        nested(126, "deep-126").as_bytes(),
-        100_000,
-        200,
-        "after 126 levels (127 with the root)",
-    );
-    key(
-        nested(127, "deep-127").as_bytes(),
-        100_000,
-        401,
-        "after 127 (128 with the root)",
-    );
-    key(
-        nested(10_000, "deep-1e4").as_bytes(),
-        100_000,
-        401,
-        "after 10,000 levels",
-    );
+    for (depth, model, status, what) in [
+        (100, "deep-100", 200, "after 100 levels"),
+        (100, "deep-100", 429, "the same again"),
+        (126, "deep-126", 200, "after 126 levels (127 with the root)"),
+        (127, "deep-127", 401, "after 127 (128 with the root)"),
+        (10_000, "deep-1e4", 401, "after 10,000 levels"),
+    ] {
+        key(nested(depth, model).as_bytes(), 100_000, status, what);
+    }
     assert!(matches!(
         (
             matched(

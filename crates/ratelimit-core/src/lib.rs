@@ -21,6 +21,7 @@ pub mod headers;
 pub mod key;
 pub mod limiter;
 pub mod metrics;
+pub mod provider;
 pub mod rls;
 pub mod runtime;
 pub mod seed;
