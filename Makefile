@@ -198,7 +198,7 @@ soak: build build-native envoy rls-server
 	$(TEST_ENV) FILTER=native SOAK_SECONDS=$(SOAK_SECONDS) cargo test -p envoy-tests --features envoy --test soak -- --nocapture
 
 # Fuzzing (fuzz/, a cargo-fuzz crate outside the workspace): every target for FUZZ_SECONDS
-# (default 20: about 4 minutes for the ten, plus a first build of about 40 s, and about 3 minutes
+# (default 20: about 4 minutes for the eleven, plus a first build of about 40 s, and about 3 minutes
 # to install cargo-fuzz if missing), on nightly, without a sanitizer (the crates fuzzed have no
 # unsafe code). New inputs go to fuzz/target/corpus/ (the seeds in fuzz/corpus/ are only read),
 # crashes to fuzz/artifacts/. `make fuzz-test` (stable: about 15 s from scratch, 3 s once built)

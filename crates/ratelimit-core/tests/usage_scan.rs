@@ -687,6 +687,62 @@ fn in_a_request_a_field_given_twice_counts_as_it_comes_last() {
     assert_eq!(answer.value(1), Some(7));
 }
 
+/// An event stream's last event (OpenAI's `[DONE]`, Anthropic's message_stop) is seen under
+/// any split, by the fast path and the slow one alike; anything close to it is not.
+#[test]
+fn the_last_event_of_a_stream_is_seen_under_any_split() {
+    let ended = |list: &[(&str, usize)], body: &[u8]| {
+        let p = paths(list);
+        let mut whole = Scanner::new(Format::Sse);
+        whole.feed(&p, body);
+        for at in 0..=body.len() {
+            let (a, b) = body.split_at(at);
+            let mut s = Scanner::new(Format::Sse);
+            s.feed(&p, a);
+            s.feed(&p, b);
+            assert_eq!(s.ended(), whole.ended(), "split at {at}");
+        }
+        let mut s = Scanner::new(Format::Sse);
+        for b in body.chunks(1) {
+            s.feed(&p, b);
+        }
+        assert_eq!(s.ended(), whole.ended(), "byte by byte");
+        whole.ended()
+    };
+    let usage = &[("usage.total_tokens", 0)];
+    // `[DONE]` never names a path: the fast path sees it unless there are no needles.
+    for list in [&usage[..], &[("DONE", 0)][..]] {
+        let openai = b"data: {\"usage\":{\"total_tokens\":9}}\n\ndata: [DONE]\n\n";
+        assert!(ended(list, openai));
+        assert!(ended(list, b"data:[DONE]\r\n\r\n"));
+        assert!(ended(
+            list,
+            b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        ));
+        for not_yet in [
+            &b"data: [DONE]\n"[..],
+            b"data: [DONE]x\n\n",
+            b"data: [DON\n\n",
+            b"data: [DONE]\ndata: [DONE]\n\n",
+            b"data: {\"type\": \"message_stop\"}\n\n",
+            b"data: [done]\n\n",
+            b": [DONE]\n\n",
+            b"",
+        ] {
+            assert!(
+                !ended(list, not_yet),
+                "{}",
+                String::from_utf8_lossy(not_yet)
+            );
+        }
+    }
+    // A JSON body has no last event.
+    let p = paths(usage);
+    let mut s = Scanner::new(Format::Json);
+    s.feed(&p, b"data: [DONE]\n\n");
+    assert!(!s.ended());
+}
+
 /// Each slot keeps its own last text, whichever order the slots' fields come in and however
 /// many slots there are (more than the few kept without an allocation): a value too long, then
 /// a short one, leaves the short one; a text then a number leaves the number's digits.

@@ -441,8 +441,14 @@ impl Variant {
                 self.rt
                     .charge_known(&mut a, logged, o.end_ms, &mut |_, _| {});
             }
-            self.rt
-                .response_body(&mut a, o.bytes_sent, None, true, o.end_ms, &mut |_, _| {});
+            self.rt.response_body(
+                &mut a,
+                o.bytes_sent,
+                None,
+                true,
+                || o.end_ms,
+                &mut |_, _| {},
+            );
             self.rt.settle(a, o.end_ms, &mut |_, _| {});
             let outcomes = &mut self.outcomes;
             self.rt.metrics().drain(

@@ -272,18 +272,37 @@ impl<S: Store> Runtime<S> {
         len: u64,
         bytes: Option<&[u8]>,
         end: bool,
-        now_ms: u64,
+        clock: impl FnOnce() -> u64,
         report: &mut impl FnMut(&str, u64),
     ) {
         a.body_bytes = a.body_bytes.saturating_add(len);
+        let mut last_event = false;
         if let (Some(scan), Some(bytes)) = (a.scan.as_mut(), bytes) {
             if let Some(s) = scan.scanner.as_mut() {
+                let before = s.ended();
                 s.feed(&self.config.usage_paths, bytes);
+                last_event = s.ended() && !before;
             }
         }
+        // An event stream's last event says all its usage: charged at once, before the piece
+        // carrying it passes on (a client may hang up as soon as it has it, before the body's
+        // end reaches the proxy). Its bytes, if a rule counts them, wait for the end.
         if end {
-            self.body_ended(a, now_ms, report);
+            self.body_ended(a, clock(), report);
+        } else if last_event {
+            self.last_event(a, clock(), report);
         }
+    }
+
+    /// An event stream's last event came: charges what its events reported to the rules whose
+    /// usage they carry (body bytes still wait for the end).
+    fn last_event(&self, a: &mut Admitted, now_ms: u64, report: &mut impl FnMut(&str, u64)) {
+        self.pay_known(a, now_ms, report, |rt, debt, a| {
+            match rt.charge_of(debt.rule) {
+                Some(Usage::Body(_) | Usage::Price(_)) => rt.reported_by_body(debt, a),
+                _ => None,
+            }
+        });
     }
 
     /// The body is over (its last piece, or the trailers came): charges what the body reports.
@@ -300,22 +319,24 @@ impl<S: Store> Runtime<S> {
             match rt.charge_of(debt.rule) {
                 Some(Usage::Header(_)) | None => None,
                 Some(Usage::BodyBytes) => Some(Some(a.body_bytes)),
-                Some(Usage::Body(body)) => Some(
-                    a.scan
-                        .as_ref()
-                        .and_then(|s| s.scanner.as_ref())
-                        .and_then(|s| body.total(|slot| s.value(slot))),
-                ),
-                Some(Usage::Price(price)) => Some(
-                    a.scan
-                        .as_ref()
-                        .and_then(|s| s.scanner.as_ref())
-                        .and_then(|s| {
-                            price.total(debt.priced, |slot| s.value(slot), |slot| s.text(slot))
-                        }),
-                ),
+                Some(Usage::Body(_) | Usage::Price(_)) => rt.reported_by_body(debt, a),
             }
         });
+    }
+
+    /// What the body's scan says `debt`'s rule used (`Some(None)`: it said nothing); `None` for
+    /// a rule whose usage the body does not carry.
+    fn reported_by_body(&self, debt: &Debt, a: &Admitted) -> Option<Option<u64>> {
+        let scanner = a.scan.as_ref().and_then(|s| s.scanner.as_ref());
+        match self.charge_of(debt.rule) {
+            Some(Usage::Body(body)) => Some(scanner.and_then(|s| body.total(|slot| s.value(slot)))),
+            Some(Usage::Price(price)) => {
+                Some(scanner.and_then(|s| {
+                    price.total(debt.priced, |slot| s.value(slot), |slot| s.text(slot))
+                }))
+            }
+            _ => None,
+        }
     }
 
     /// Charges the usage debts whose header `fields` carries, updating their verdicts.
@@ -647,7 +668,14 @@ mod tests {
         );
         for chunk in body.chunks(piece.max(1)) {
             let bytes = st.scans_body().then_some(chunk);
-            st.response_body(rt, chunk.len() as u64, bytes, false, || 600_000, |_, _| {});
+            st.response_body(
+                rt,
+                chunk.len() as u64,
+                bytes,
+                false,
+                || 600_000,
+                |r, n| reported.push((r.to_string(), n)),
+            );
         }
         if end {
             st.response_body(
@@ -668,7 +696,7 @@ mod tests {
         "cost": {"response": "anthropic", "reserve": 100, "default": 7}}]}"#;
 
     #[test]
-    fn a_streamed_answer_is_charged_what_its_events_report_at_its_end() {
+    fn a_streamed_answer_is_charged_what_its_events_report_at_its_last_event() {
         let rt = runtime(ANTHROPIC);
         let sse = [("content-type", "text/event-stream; charset=utf-8")];
         for piece in [1, 7, 64, STREAM.len()] {
@@ -690,13 +718,25 @@ mod tests {
     fn a_stream_cut_short_or_compressed_or_silent_is_charged_the_default() {
         let rt = runtime(ANTHROPIC);
         let sse = [("content-type", "text/event-stream")];
-        // Cut short: the body never ended, however much it said.
+        // Cut short before its last event: however much it said, the default.
+        let cut = STREAM.find("event: message_stop").unwrap();
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut host("k"));
         assert_eq!(
-            answer(&rt, &mut st, &sse, STREAM.as_bytes(), 50, false),
+            answer(&rt, &mut st, &sse, &STREAM.as_bytes()[..cut], 50, false),
             [("tokens".into(), 7)]
         );
+        // Cut after it (a client that hangs up at the last event, before the body's end reaches
+        // the proxy): what it reported, charged as the last event passed.
+        for piece in [1, 50, STREAM.len()] {
+            let mut st = StreamState::default();
+            st.request_headers(&rt, &mut host("k"));
+            assert_eq!(
+                answer(&rt, &mut st, &sse, STREAM.as_bytes(), piece, false),
+                [("tokens".into(), 472 + 89)],
+                "pieces of {piece}"
+            );
+        }
         // Compressed: not read at all.
         let mut st = StreamState::default();
         st.request_headers(&rt, &mut host("k"));

@@ -2061,7 +2061,7 @@ mod tests {
         )));
         let mut a = a.unwrap();
         for chunk in [400, 300, 200] {
-            rt.response_body(&mut a, chunk, None, false, now, &mut |_, _| {});
+            rt.response_body(&mut a, chunk, None, false, || now, &mut |_, _| {});
         }
         rt.settle(a, now, &mut |_, _| {});
         let f = fields(&rt, &admitted(&rt, &mut host));

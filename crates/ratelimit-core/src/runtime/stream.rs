@@ -535,8 +535,7 @@ impl StreamState {
         mut report: impl FnMut(&str, u64),
     ) {
         if let Some(a) = self.admitted.as_mut().filter(|a| a.owes()) {
-            let now = if end { clock() } else { 0 };
-            rt.response_body(a, len, bytes, end, now, &mut report);
+            rt.response_body(a, len, bytes, end, clock, &mut report);
         }
     }
 

@@ -118,6 +118,13 @@ impl Scanner {
         self.json.text(slot)
     }
 
+    /// Whether the body is an event stream that its API's last event has ended (`[DONE]`,
+    /// `{"type":"message_stop"}`): what it reported is all it will report, whether or not the
+    /// body's end follows.
+    pub fn ended(&self) -> bool {
+        self.format == Format::Sse && self.sse.ended()
+    }
+
     /// The last value seen at any path of `slot`: non-negative integers only (no fraction, no
     /// exponent, fits u64); `None` when no path of the slot had one.
     pub fn value(&self, slot: usize) -> Option<u64> {

@@ -3,6 +3,11 @@
 //! joined with "\n"; comments (`:...`) and other fields are ignored; a blank line ends the
 //! event. The data goes to the JSON tokenizer as it comes, one document per event.
 //!
+//! The last event: a stream whose event's data is exactly `[DONE]` (OpenAI's chat completions)
+//! or `{"type":"message_stop"}` (Anthropic's messages) has ended as far as its API goes, and
+//! [`Sse::ended`] says so, so that its usage is charged even if the client hangs up before the
+//! upstream's end reaches the proxy (OpenAI's SDK closes the stream at `[DONE]`).
+//!
 //! The fast path: a data line that is the event's only one (the next line is blank) and lies
 //! whole in the chunk is a whole document; when it contains no needle of the paths, no path
 //! has a value in it, and it is skipped without parsing. Streamed answers send one such line
@@ -29,6 +34,11 @@ enum State {
 
 const BOM: &[u8] = b"\xef\xbb\xbf";
 
+/// The data of the events that end a stream, as the APIs write them.
+const LAST_EVENTS: [&[u8]; 2] = [b"[DONE]", br#"{"type":"message_stop"}"#];
+/// `last` once the event's data can no longer be one of [`LAST_EVENTS`].
+const NOT_LAST: u8 = u8::MAX;
+
 #[derive(Clone, Debug)]
 pub(super) struct Sse {
     state: State,
@@ -36,6 +46,12 @@ pub(super) struct Sse {
     after_cr: bool,
     /// The event has had a data line.
     has_data: bool,
+    /// How many bytes of the event's data matched the start of one of [`LAST_EVENTS`] (the
+    /// candidate in `last_of`), or [`NOT_LAST`].
+    last: u8,
+    last_of: u8,
+    /// A last event has ended.
+    ended: bool,
 }
 
 impl Sse {
@@ -44,7 +60,50 @@ impl Sse {
             state: State::Bom(0),
             after_cr: false,
             has_data: false,
+            last: 0,
+            last_of: 0,
+            ended: false,
         }
+    }
+
+    /// Whether a last event of its API has ended the stream.
+    pub(super) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The event's data goes on with `bytes`: is it still one of [`LAST_EVENTS`]?
+    fn match_last(&mut self, bytes: &[u8]) {
+        if self.last == NOT_LAST || bytes.is_empty() {
+            return;
+        }
+        let at = usize::from(self.last);
+        if at == 0 {
+            // The first byte picks the candidate: they differ there.
+            match LAST_EVENTS.iter().position(|e| e.first() == bytes.first()) {
+                Some(i) => self.last_of = u8::try_from(i).unwrap_or(0),
+                None => {
+                    self.last = NOT_LAST;
+                    return;
+                }
+            }
+        }
+        let candidate = LAST_EVENTS.get(usize::from(self.last_of));
+        self.last = match candidate.and_then(|e| e.get(at..at + bytes.len())) {
+            Some(part) if part == bytes => u8::try_from(at + bytes.len()).unwrap_or(NOT_LAST),
+            _ => NOT_LAST,
+        };
+    }
+
+    /// The event ends: was it a last one?
+    fn end_event(&mut self) {
+        let whole = LAST_EVENTS
+            .get(usize::from(self.last_of))
+            .is_some_and(|e| usize::from(self.last) == e.len());
+        if self.has_data && whole {
+            self.ended = true;
+        }
+        self.last = 0;
+        self.last_of = 0;
     }
 
     pub(super) fn feed(&mut self, json: &mut Json, paths: &Paths, chunk: &[u8]) {
@@ -78,7 +137,12 @@ impl Sse {
                     }
                 },
                 State::Field(0) if !eol && !self.has_data => match skip_document(paths, rest) {
-                    Some(skip) => i += skip,
+                    Some((skip, document)) => {
+                        if LAST_EVENTS.contains(&document) {
+                            self.ended = true;
+                        }
+                        i += skip;
+                    }
                     None => self.field(json, paths, b, 0, &mut i),
                 },
                 State::Field(n) if eol => {
@@ -87,6 +151,7 @@ impl Sse {
                         if self.has_data {
                             json.end_document(paths);
                         }
+                        self.end_event();
                         self.has_data = false;
                     } else if n == 4 {
                         // "data" alone: a data line with an empty value.
@@ -105,12 +170,15 @@ impl Sse {
                 State::Data | State::Ignore => match memchr2(b'\n', b'\r', rest) {
                     Some(at) => {
                         if self.state == State::Data {
-                            json.feed(paths, rest.get(..at).unwrap_or_default());
+                            let value = rest.get(..at).unwrap_or_default();
+                            self.match_last(value);
+                            json.feed(paths, value);
                         }
                         i = self.end_line(chunk, i + at);
                     }
                     None => {
                         if self.state == State::Data {
+                            self.match_last(rest);
                             json.feed(paths, rest);
                         }
                         return;
@@ -137,6 +205,8 @@ impl Sse {
     fn data_line(&mut self, json: &mut Json, paths: &Paths) {
         if self.has_data {
             json.feed(paths, b"\n");
+            // A last event's data is one line.
+            self.last = NOT_LAST;
         }
         self.has_data = true;
     }
@@ -159,6 +229,7 @@ impl Sse {
         if self.has_data {
             json.end_document(paths);
         }
+        self.end_event();
         self.has_data = false;
         self.state = State::Field(0);
     }
@@ -166,8 +237,8 @@ impl Sse {
 
 /// At the start of a line, outside any event's data: when the line is a data line whose event
 /// ends right after it, all in `rest`, and it contains no needle and no `\u` escape, how many
-/// bytes to skip to the blank line after it.
-fn skip_document(paths: &Paths, rest: &[u8]) -> Option<usize> {
+/// bytes to skip to the blank line after it, and the line's document.
+fn skip_document<'a>(paths: &Paths, rest: &'a [u8]) -> Option<(usize, &'a [u8])> {
     let value = rest.strip_prefix(b"data:")?;
     if !paths.prefilters() {
         return None;
@@ -202,5 +273,5 @@ fn skip_document(paths: &Paths, rest: &[u8]) -> Option<usize> {
     if paths.may_match(document) {
         return None;
     }
-    Some(b"data:".len() + next)
+    Some((b"data:".len() + next, document))
 }
