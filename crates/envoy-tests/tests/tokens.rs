@@ -868,6 +868,58 @@ fn an_answer_that_never_reports_its_usage_is_charged_the_default() {
     );
 }
 
+/// OpenAI's SDK closes a stream at `data: [DONE]`: a client that hangs up there, while the
+/// upstream's end is still on its way (held a second here), is charged what the stream
+/// reported (charged as the last event passed), not the default of an answer cut short.
+#[test]
+fn a_client_that_hangs_up_at_the_last_event_is_charged_what_the_stream_reported() {
+    use std::io::{Read, Write};
+    let rig = start(
+        &rules(&[rule(
+            "post",
+            DAY_LIMIT,
+            r#"{"response": "openai", "default": 777}"#,
+        )]),
+        &["post"],
+    );
+    let body = Api::Chat.request_body(Mode::Sse, true, 100);
+    let id = new_id("hangup");
+    let mut s = std::net::TcpStream::connect(rig.envoy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "POST {} HTTP/1.1\r\nhost: llm\r\ncontent-type: application/json\r\nx-test-id: {id}\r\n\
+         x-rule: post\r\nx-api-key: h\r\nx-test-events: 1\r\nx-test-delay-ms: 1000\r\n\
+         x-test-input-tokens: 11\r\nx-test-output-tokens: 22\r\ncontent-length: {}\r\n\r\n{body}",
+        Api::Chat.path(Mode::Sse),
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(12).any(|w| w == b"data: [DONE]") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before [DONE]");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // Hang up at [DONE], as the SDK does, before the body's end (a second later).
+    drop(s);
+    assert_eq!(rig.logged_usage(&id, "post"), Some(33));
+    let json = Api::Chat.request_body(Mode::Json, false, 100);
+    let r = rig.post(
+        &Api::Chat.path(Mode::Json),
+        &new_id("hangup"),
+        &[("x-rule", "post"), ("x-api-key", "h")],
+        json.as_bytes(),
+    );
+    assert_eq!(remaining(&r), DAY_LIMIT - 33);
+    assert_eq!(
+        rig.envoy
+            .stat(&common::metric(Some("post"), "usage_unreported")),
+        Some(0)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. A 100 MB stream
 

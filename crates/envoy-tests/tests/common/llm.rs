@@ -1373,6 +1373,11 @@ impl<'a> Wire<'a> {
 
     /// Sends the rest and ends the body.
     fn finish(&mut self) -> io::Result<()> {
+        // The delay after the last event holds the body's end too.
+        if self.pending_delay {
+            self.pending_delay = false;
+            std::thread::sleep(self.delay);
+        }
         let rest = std::mem::take(&mut self.buf);
         if !rest.is_empty() {
             self.emit(&rest)?;
