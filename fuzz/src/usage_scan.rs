@@ -47,6 +47,19 @@ pub fn run(data: &[u8]) {
     let (_, whole) = scan_with(Scanner::new(format), &paths, &[body]);
     let (_, split) = scan_with(Scanner::new(format), &paths, &pieces(body, seed));
     assert_eq!(split, whole, "a split changed the usage found");
+    // Whether the stream's last event came does not depend on the split either.
+    let ended = |chunks: &[&[u8]]| {
+        let mut s = Scanner::new(format);
+        for c in chunks {
+            s.feed(&paths, c);
+        }
+        s.ended()
+    };
+    assert_eq!(
+        ended(&pieces(body, seed)),
+        ended(&[body]),
+        "a split changed the last event"
+    );
     if choice & 4 != 0 {
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
         assert_eq!(

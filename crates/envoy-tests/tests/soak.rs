@@ -648,11 +648,13 @@ fn soak_under_faults() {
             std::thread::sleep(DOWN);
             let back = now_ms();
             backend.up(redis_down, rls_down);
-            // Recovered: the probe is answered by the service again (≤ 15 s). The test service
+            // Recovered: the probe is answered by the service again (≤ 30 s: a restarted
+            // service is reached again after Envoy's reconnection backoff, which grows with the
+            // failures before; 9.9 s was seen). The test service
             // does not get over a Redis gone for more than a second or so (its Redis client
             // stays broken: an rls-server matter, not the filter's): if it has not recovered 5 s
             // after its Redis came back, it is restarted too (`kicked` in the table).
-            let deadline = Instant::now() + Duration::from_secs(15);
+            let deadline = Instant::now() + Duration::from_secs(30);
             let kick_at = Instant::now() + Duration::from_secs(5);
             let mut kicked = false;
             let recovered = loop {
@@ -673,11 +675,25 @@ fn soak_under_faults() {
                     backend.up(false, true);
                     kicked = true;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "fault {}: the service never answered again",
-                    faults.len()
-                );
+                if Instant::now() >= deadline {
+                    let log = envoy.log();
+                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                    let probes: Vec<_> = shared
+                        .probes
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .rev()
+                        .take(20)
+                        .copied()
+                        .collect();
+                    panic!(
+                        "fault {}: the service never answered again; the last probes (sent, trip, \
+                         status, answered) {probes:?}; the end of Envoy's log:\n{}",
+                        faults.len(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(100));
             };
             // Counters are published once a second.
