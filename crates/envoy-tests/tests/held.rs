@@ -542,6 +542,7 @@ fn settled_memory(envoy: &Envoy) -> u64 {
 
 #[test]
 fn ten_thousand_slow_clients_hold_bounded_memory_and_normal_clients_get_exact_decisions() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (nb, nd, nr) = mix();
     let n = nb + nd + nr;
     let core = [
@@ -680,8 +681,13 @@ fn ten_thousand_slow_clients_hold_bounded_memory_and_normal_clients_get_exact_de
 
 /// At most `MAX_HELD` (4,096) requests wait per worker: with one worker, 100 more delay
 /// requests are refused at once (429) instead of held; the held ones stay held.
+/// The two tests of this file, one at a time: each holds thousands of sockets in this process
+/// (clients, and the held upstream's side), and together they would pass its open-file limit.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[test]
 fn at_most_4096_requests_wait_per_worker() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     const MORE: usize = 100;
     let upstream = Hold::start();
     let envoy = Envoy::start_yaml_workers(&yaml(&config(), upstream.addr, false), 1);
