@@ -2,6 +2,7 @@
 //! response, a small deterministic RNG, the configuration fixtures, scratch folders. Nothing in a filter uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fair;
 pub mod reference;
 
 use crate::config::Carried;
