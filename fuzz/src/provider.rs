@@ -39,7 +39,10 @@ pub fn run(data: &[u8]) {
         let leap = theirs.timestamp_subsec_nanos() >= 1_000_000_000;
         // Ours rounds a fraction up to the millisecond from all its digits, chrono reads nine.
         if !leap {
-            assert!(ms == theirs_ms || ms == theirs_ms + 1, "{text}: {ms} {theirs_ms}");
+            assert!(
+                ms == theirs_ms || ms == theirs_ms + 1,
+                "{text}: {ms} {theirs_ms}"
+            );
         }
     }
     if let Some(ms) = http_date_ms(value) {
