@@ -298,10 +298,7 @@ impl<S: Store> Runtime<S> {
     /// usage they carry (body bytes still wait for the end).
     fn last_event(&self, a: &mut Admitted, now_ms: u64, report: &mut impl FnMut(&str, u64)) {
         self.pay_known(a, now_ms, report, |rt, debt, a| {
-            match rt.charge_of(debt.rule) {
-                Some(Usage::Body(_) | Usage::Price(_)) => rt.reported_by_body(debt, a),
-                _ => None,
-            }
+            rt.reported_by_body(debt, a)
         });
     }
 
