@@ -25,6 +25,7 @@ pub mod provider;
 pub mod rls;
 pub mod runtime;
 pub mod seed;
+pub mod share;
 pub mod store;
 pub mod table;
 #[cfg(any(test, feature = "testkit"))]

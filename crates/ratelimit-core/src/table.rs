@@ -20,6 +20,8 @@ pub const VERSION: u8 = 1;
 pub const LOG_VERSION: u8 = 1;
 /// The longest compact state (sliding window and GCRA: 20 bytes), padded.
 const STATE_LEN: usize = 23;
+/// A compact state with its tag.
+pub const TAGGED_LEN: usize = 1 + STATE_LEN;
 /// Bytes per entry: fingerprint (8), algorithm tag (1), state.
 pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
 /// Bytes per bucket.
@@ -273,8 +275,9 @@ impl Slot {
     }
 }
 
-/// Decodes an entry's tag and state (the bytes after its fingerprint).
-fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
+/// Decodes an entry's tag and state (the bytes after its fingerprint): also how other records
+/// keep an algorithm's compact state ([`encode_state`]).
+pub fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
     let (&tag, state) = tagged.split_first().ok_or(Corrupt)?;
     let state = match tag {
         TAG_SLIDING_WINDOW => state
@@ -352,7 +355,13 @@ pub fn store_entry(bytes: &mut [u8; BUCKET_LEN], i: usize, fp: u64, state: &Stat
 fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
     let (f, rest) = raw.split_at_mut(8);
     f.copy_from_slice(&fp.to_le_bytes());
-    let Some((tag, out)) = rest.split_first_mut() else {
+    encode_state(state, rest);
+}
+
+/// Writes a compact state, its tag first, at the start of `out` (at least `TAGGED_LEN` bytes;
+/// a sliding log, which has no compact state, writes nothing).
+pub fn encode_state(state: &State, out: &mut [u8]) {
+    let Some((tag, out)) = out.split_first_mut() else {
         return;
     };
     let (t, bytes): (u8, &[u8]) = match state {

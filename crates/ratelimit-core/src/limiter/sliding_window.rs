@@ -93,6 +93,21 @@ impl State {
         }
     }
 
+    /// The usage estimate at `now_ms` in windows of `window_ms`, rounded up: the previous
+    /// window's count weighted by the part of it still inside the sliding window, plus the
+    /// current count.
+    pub fn usage(&self, now_ms: u64, window_ms: u64) -> u64 {
+        let win = self.at(now_ms, window_ms);
+        win.scaled_usage().div_ceil(win.w)
+    }
+
+    /// [`State::usage`] × `one`, rounded down: the estimate in finer units.
+    pub fn usage_in(&self, now_ms: u64, window_ms: u64, one: u64) -> u64 {
+        let win = self.at(now_ms, window_ms);
+        let scaled = u128::from(win.scaled_usage()) * u128::from(one) / u128::from(win.w);
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+
     /// How much this entry is still worth keeping at `now_ms`: `None` once it no longer affects
     /// any decision, else the requests it still remembers.
     pub fn weight(&self, now_ms: u64) -> Option<u64> {

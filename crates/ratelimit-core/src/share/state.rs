@@ -1,0 +1,414 @@
+//! What a shared capacity stores: one [`Tenant`] entry per tenant (a table entry, 23 bytes) and
+//! one [`Record`] per rule (the capacity's own state, and per band the sums the water level is
+//! computed from). Both are fixed-width little-endian, so a store can update them in place.
+
+use crate::limiter::codec::{Reader, Writer};
+use crate::limiter::{sliding_window, State};
+use crate::table;
+
+/// The most bands a rule may have.
+pub const MAX_BANDS: usize = 4;
+/// The encoded length of a [`Tenant`]: exactly a table entry's state.
+pub const TENANT_LEN: usize = 23;
+/// The record's format version, its first byte.
+pub const RECORD_VERSION: u8 = 1;
+/// The record's header length.
+const HEADER_LEN: usize = 64;
+/// One band's length in the record.
+const BAND_LEN: usize = 80;
+/// The level a band has when nobody in it needs one: every tenant may use what it asks.
+pub const NO_LEVEL: u64 = u64::MAX;
+
+/// The tenant is held to its band's level (it asked for more than it).
+const FLAG_HELD: u8 = 1 << 2;
+const BAND_MASK: u8 = 0b11;
+/// Bits 3 to 6: the step (mod 16) the tenant was last refused for its share in.
+const TICK_SHIFT: u8 = 3;
+const TICK_MASK: u8 = 0b1111;
+
+/// One tenant of a shared rule: what it used over the rule's window, and when and how it was
+/// last counted among the active tenants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tenant {
+    /// Its usage, a sliding window counter over the rule's window (cost units).
+    pub usage: sliding_window::State,
+    /// The low 16 bits of the epoch it was last counted in.
+    pub epoch: u16,
+    /// The weight it was counted with (0: never counted).
+    pub weight: u16,
+    /// The band it was counted in.
+    pub band: u8,
+    /// Whether it is held to its band's level (counted in the band's held weight).
+    pub held: bool,
+    /// The level step (ms / [`super::STEP_MS`], mod 16) it was last refused for its share in.
+    pub refused_tick: u8,
+}
+
+impl Tenant {
+    /// Fixed-width encoding: usage (last_ms 8, current 4, previous 4, window 2), epoch 2,
+    /// weight 2, band and flags 1.
+    pub fn encode(&self) -> [u8; TENANT_LEN] {
+        let mut out = [0u8; TENANT_LEN];
+        let u = &self.usage;
+        let head: [u8; 16] = Writer::new()
+            .u64(u.last_ms)
+            .u32(u.current)
+            .u32(u.previous)
+            .finish();
+        let window = window_code(u.window_ms);
+        let flags = (self.band & BAND_MASK)
+            | if self.held { FLAG_HELD } else { 0 }
+            | (self.refused_tick & TICK_MASK) << TICK_SHIFT;
+        let tail = [
+            window[0],
+            window[1],
+            self.epoch.to_le_bytes()[0],
+            self.epoch.to_le_bytes()[1],
+            self.weight.to_le_bytes()[0],
+            self.weight.to_le_bytes()[1],
+            flags,
+        ];
+        let (a, b) = out.split_at_mut(16);
+        a.copy_from_slice(&head);
+        b.copy_from_slice(&tail);
+        out
+    }
+
+    /// Decodes [`Tenant::encode`]'s output; `None` for the wrong length or unknown flags.
+    pub fn decode(bytes: &[u8]) -> Option<Tenant> {
+        let bytes: &[u8; TENANT_LEN] = bytes.try_into().ok()?;
+        let (head, tail) = bytes.split_first_chunk::<16>()?;
+        let mut r = Reader(head);
+        let (last_ms, current, previous) = (r.u64()?, r.u32()?, r.u32()?);
+        let &[w0, w1, e0, e1, g0, g1, flags] = tail else {
+            return None;
+        };
+        if flags & 0x80 != 0 {
+            return None;
+        }
+        Some(Tenant {
+            usage: sliding_window::State {
+                last_ms,
+                window_ms: window_ms_of([w0, w1]),
+                current,
+                previous,
+            },
+            epoch: u16::from_le_bytes([e0, e1]),
+            weight: u16::from_le_bytes([g0, g1]),
+            band: flags & BAND_MASK,
+            held: flags & FLAG_HELD != 0,
+            refused_tick: flags >> TICK_SHIFT & TICK_MASK,
+        })
+    }
+
+    /// Whether the entry still matters at `now_ms` (its usage is still in the window).
+    pub fn weight_at(&self, now_ms: u64) -> Option<u64> {
+        self.usage.weight(now_ms)
+    }
+}
+
+/// A window in two bytes: seconds up to 32,767, else minutes (high bit set), up to ~22 days.
+fn window_code(window_ms: u32) -> [u8; 2] {
+    let s = window_ms / 1000;
+    let code = if s < 0x8000 {
+        s as u16
+    } else {
+        0x8000 | (s / 60).min(0x7fff) as u16
+    };
+    code.to_le_bytes()
+}
+
+fn window_ms_of(code: [u8; 2]) -> u32 {
+    let c = u32::from(u16::from_le_bytes(code));
+    if c & 0x8000 == 0 {
+        c * 1000
+    } else {
+        (c & 0x7fff) * 60_000
+    }
+}
+
+/// One band's sums in the record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BandSums {
+    /// What the band's tenants used over the rule's window.
+    pub used: sliding_window::State,
+    /// The part of it used by tenants held to the level.
+    pub used_held: sliding_window::State,
+    /// Weights of the tenants counted this epoch.
+    pub weight_now: u32,
+    /// Weights of those counted last epoch and not yet this one.
+    pub weight_carry: u32,
+    /// The same two sums for the tenants held to the level.
+    pub held_now: u32,
+    /// See `held_now`.
+    pub held_carry: u32,
+    /// Demand refused to tenants below the band's mean by the capacity or the band's budget:
+    /// halved at each level step.
+    pub starved: u64,
+    /// The level: cost units per unit of weight over the window, × [`super::LEVEL_ONE`];
+    /// [`NO_LEVEL`] when no tenant needs holding.
+    pub level: u64,
+    /// The band's budget at the last step (cost units per window, × [`super::LEVEL_ONE`]).
+    pub budget: u64,
+}
+
+impl BandSums {
+    /// The weight of the tenants active now (counted this epoch or the last).
+    pub fn active_weight(&self) -> u64 {
+        u64::from(self.weight_now) + u64::from(self.weight_carry)
+    }
+
+    /// The weight of the active tenants held to the level.
+    pub fn held_weight(&self) -> u64 {
+        u64::from(self.held_now) + u64::from(self.held_carry)
+    }
+
+    fn encode(&self, out: &mut [u8]) {
+        let a = self.used;
+        let b = self.used_held;
+        let bytes: [u8; BAND_LEN] = Writer::new()
+            .u64(a.last_ms)
+            .u32(a.window_ms)
+            .u32(a.current)
+            .u32(a.previous)
+            .u64(b.last_ms)
+            .u32(b.window_ms)
+            .u32(b.current)
+            .u32(b.previous)
+            .u32(self.weight_now)
+            .u32(self.weight_carry)
+            .u32(self.held_now)
+            .u32(self.held_carry)
+            .u64(self.starved)
+            .u64(self.level)
+            .u64(self.budget)
+            .finish();
+        if let Some(dst) = out.get_mut(..BAND_LEN) {
+            dst.copy_from_slice(&bytes);
+        }
+    }
+
+    fn decode(r: &mut Reader) -> Option<BandSums> {
+        let counter = |r: &mut Reader| -> Option<sliding_window::State> {
+            Some(sliding_window::State {
+                last_ms: r.u64()?,
+                window_ms: r.u32()?,
+                current: r.u32()?,
+                previous: r.u32()?,
+            })
+        };
+        Some(BandSums {
+            used: counter(r)?,
+            used_held: counter(r)?,
+            weight_now: r.u32()?,
+            weight_carry: r.u32()?,
+            held_now: r.u32()?,
+            held_carry: r.u32()?,
+            starved: r.u64()?,
+            level: r.u64()?,
+            budget: r.u64()?,
+        })
+    }
+}
+
+/// A shared rule's record: the capacity's state (the rule's algorithm over all tenants), the
+/// epoch the active sums refer to, when the level was last computed, and each band's sums.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The epoch (now / the active interval) the bands' `_now` sums refer to.
+    pub epoch: u32,
+    /// When the levels were last computed, ms.
+    pub step_ms: u64,
+    /// The capacity's state under the rule's algorithm (`None`: nothing counted yet).
+    pub capacity: Option<State>,
+    /// One per band, highest priority first (1 to [`MAX_BANDS`]).
+    pub bands: Vec<BandSums>,
+}
+
+impl Record {
+    /// A record with nothing counted, for `bands` bands.
+    pub fn new(bands: usize) -> Record {
+        Record {
+            epoch: 0,
+            step_ms: 0,
+            capacity: None,
+            bands: vec![
+                BandSums {
+                    level: NO_LEVEL,
+                    ..BandSums::default()
+                };
+                bands.clamp(1, MAX_BANDS)
+            ],
+        }
+    }
+
+    /// The encoded length for `bands` bands.
+    pub fn len_for(bands: usize) -> usize {
+        HEADER_LEN + BAND_LEN * bands
+    }
+
+    /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
+    /// tagged state (24, zero when none), reserved to 64; then each band.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; Record::len_for(self.bands.len())];
+        let head: [u8; 16] = Writer::new()
+            .u32(u32::from(RECORD_VERSION) | (self.bands.len() as u32) << 8)
+            .u32(self.epoch)
+            .u64(self.step_ms)
+            .finish();
+        if let Some(dst) = out.get_mut(..16) {
+            dst.copy_from_slice(&head);
+        }
+        if let (Some(state), Some(dst)) = (&self.capacity, out.get_mut(16..16 + table::TAGGED_LEN))
+        {
+            table::encode_state(state, dst);
+        }
+        for (i, band) in self.bands.iter().enumerate() {
+            if let Some(dst) = out.get_mut(HEADER_LEN + i * BAND_LEN..) {
+                band.encode(dst);
+            }
+        }
+        out
+    }
+
+    /// Decodes [`Record::encode`]'s output; `None` for another version, a band count out of
+    /// range, the wrong length or a state that does not decode.
+    pub fn decode(bytes: &[u8]) -> Option<Record> {
+        let (&version, rest) = bytes.split_first()?;
+        let (&bands, _) = rest.split_first()?;
+        let n = usize::from(bands);
+        if version != RECORD_VERSION || !(1..=MAX_BANDS).contains(&n) {
+            return None;
+        }
+        if bytes.len() != Record::len_for(n) {
+            return None;
+        }
+        let mut r = Reader(bytes.get(4..16)?);
+        let (epoch, step_ms) = (r.u32()?, r.u64()?);
+        let tagged = bytes.get(16..16 + table::TAGGED_LEN)?;
+        let capacity = if tagged.iter().all(|&b| b == 0) {
+            None
+        } else {
+            Some(table::decode_state(tagged).ok()?)
+        };
+        let mut r = Reader(bytes.get(HEADER_LEN..)?);
+        let bands = (0..n)
+            .map(|_| BandSums::decode(&mut r))
+            .collect::<Option<Vec<_>>>()?;
+        r.end()?;
+        Some(Record {
+            epoch,
+            step_ms,
+            capacity,
+            bands,
+        })
+    }
+
+    /// Moves the active sums to `epoch`: what was counted in the epoch before becomes the
+    /// carry, older sums are dropped. Never moves back.
+    pub fn roll(&mut self, epoch: u32) {
+        if epoch <= self.epoch {
+            return;
+        }
+        let next = epoch == self.epoch.saturating_add(1);
+        for b in &mut self.bands {
+            (b.weight_carry, b.held_carry) = if next {
+                (b.weight_now, b.held_now)
+            } else {
+                (0, 0)
+            };
+            b.weight_now = 0;
+            b.held_now = 0;
+        }
+        self.epoch = epoch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::gcra;
+
+    #[test]
+    fn a_tenant_round_trips_in_a_table_entrys_state() {
+        let t = Tenant {
+            usage: sliding_window::State {
+                last_ms: 1_764_000_000_123,
+                window_ms: 60_000,
+                current: 4_000_000_000,
+                previous: 7,
+            },
+            epoch: 0xbeef,
+            weight: 65_535,
+            band: 3,
+            held: true,
+            refused_tick: 11,
+        };
+        assert_eq!(Tenant::decode(&t.encode()), Some(t));
+        // Windows of a week and a day keep their length (minutes past 32,767 s).
+        for window_ms in [1_000, 60_000, 3_600_000, 86_400_000, 604_800_000] {
+            let t = Tenant {
+                usage: sliding_window::State {
+                    window_ms,
+                    ..t.usage
+                },
+                ..t
+            };
+            assert_eq!(Tenant::decode(&t.encode()), Some(t), "{window_ms}");
+        }
+        let mut bad = t.encode();
+        bad[22] |= 0x80;
+        assert_eq!(Tenant::decode(&bad), None, "unknown flags");
+        assert_eq!(Tenant::decode(&t.encode()[..22]), None);
+    }
+
+    #[test]
+    fn a_record_round_trips_and_refuses_what_it_did_not_write() {
+        let mut r = Record::new(3);
+        r.epoch = 12_345;
+        r.step_ms = 1_764_000_000_250;
+        r.capacity = Some(State::Gcra(gcra::State {
+            tat_ms: 1_764_000_000_900,
+            tat_frac: 3,
+            limit: 50,
+            window_ms: 1000,
+        }));
+        r.bands[1].weight_now = 7;
+        r.bands[1].held_carry = 2;
+        r.bands[2].starved = 99;
+        r.bands[2].used.current = 5;
+        r.bands[0].budget = 1234;
+        let bytes = r.encode();
+        assert_eq!(bytes.len(), 64 + 3 * 80);
+        assert_eq!(Record::decode(&bytes), Some(r.clone()));
+        let empty = Record::new(1);
+        assert_eq!(Record::decode(&empty.encode()), Some(empty));
+        assert_eq!(Record::decode(&bytes[..bytes.len() - 1]), None);
+        let mut other = bytes.clone();
+        other[0] = 2;
+        assert_eq!(Record::decode(&other), None, "another version");
+        let mut five = bytes;
+        five[1] = 5;
+        assert_eq!(Record::decode(&five), None, "too many bands");
+    }
+
+    #[test]
+    fn rolling_carries_one_epoch_and_forgets_older_ones() {
+        let mut r = Record::new(2);
+        r.epoch = 10;
+        r.bands[0].weight_now = 5;
+        r.bands[0].held_now = 2;
+        r.bands[1].weight_now = 3;
+        r.bands[1].weight_carry = 9;
+        r.roll(10);
+        assert_eq!(r.bands[0].active_weight(), 5, "same epoch: nothing moves");
+        r.roll(11);
+        assert_eq!((r.bands[0].weight_now, r.bands[0].weight_carry), (0, 5));
+        assert_eq!((r.bands[0].held_now, r.bands[0].held_carry), (0, 2));
+        assert_eq!(r.bands[1].active_weight(), 3, "the older carry is gone");
+        r.roll(9);
+        assert_eq!(r.epoch, 11, "never back");
+        r.roll(13);
+        assert_eq!(r.bands[0].active_weight() + r.bands[1].active_weight(), 0);
+    }
+}
