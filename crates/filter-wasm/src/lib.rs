@@ -85,10 +85,13 @@ impl SharedData {
         let mut key = self.key.borrow_mut();
         key.clear();
         key.push_str(&self.prefix);
-        // Health keys share the logs' names (`l/` past every log), as shared data holds them.
+        // Health and share keys share the logs' names (`l/` past every log), as shared data
+        // holds them.
         let (kind, n) = match SlotKind::of(slot) {
             SlotKind::Bucket => ("b/", slot),
-            SlotKind::Log | SlotKind::Health => ("l/", slot - SlotKind::Log.first()),
+            SlotKind::Log | SlotKind::Health | SlotKind::Share => {
+                ("l/", slot - SlotKind::Log.first())
+            }
         };
         key.push_str(kind);
         key.push_str(itoa::Buffer::new().format(n));

@@ -13,6 +13,7 @@
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{lease, Policy, State, Verdict};
+use crate::share;
 use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
 use crate::table::{self, Encoded, Placement, Slot, BUCKET_LEN};
 use smallvec::SmallVec;
@@ -42,6 +43,20 @@ pub struct Check {
     /// An elastic rule's base policy, when the limit in force (`policy`) differs from it: an
     /// admitted request is reported as above the base if the base would have refused it.
     pub base: Option<Policy>,
+    /// A shared capacity's rule: the key is the tenant's, `policy` the capacity all tenants
+    /// share ([`crate::share`]).
+    pub share: Option<ShareCheck>,
+}
+
+/// How a check's capacity is shared among its tenants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareCheck {
+    /// The store slot of the rule's record (a [`table::SlotKind::Share`]).
+    pub record: u64,
+    /// How the capacity is shared.
+    pub share: share::Share,
+    /// The tenant's weight and band for this request.
+    pub asker: share::Asker,
 }
 
 impl Check {
@@ -206,6 +221,9 @@ pub fn decide(
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
+    if checks.iter().any(|c| c.share.is_some()) {
+        return decide_shares(store, checks, now_ms, failure_mode);
+    }
     if let [check] = checks {
         if !check.policy.uses_log() {
             return decide_one(store, check, now_ms, failure_mode);
@@ -221,6 +239,217 @@ pub fn decide(
         }
     }
     decide_general(store, checks, now_ms, failure_mode)
+}
+
+/// [`decide`] for a request with shared capacities among its rules: each shared rule first,
+/// in order ([`decide_share`]), then, if they all admit it, the other rules together; if any
+/// refuses, the shared rules that counted it are given it back.
+fn decide_shares(
+    store: &impl Store,
+    checks: &[Check],
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> Outcome {
+    let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
+    let mut counted: PerRule<(usize, share::Tenant)> = SmallVec::new();
+    let mut allowed = true;
+    for (i, check) in checks.iter().enumerate() {
+        let Some(sc) = &check.share else {
+            continue;
+        };
+        let (out, admitted, tenant) = decide_share(store, check, sc, now_ms, failure_mode);
+        if let (true, Some(t)) = (admitted, tenant) {
+            counted.push((i, t));
+        }
+        if let Some(r) = rules.get_mut(i) {
+            *r = out;
+        }
+        if !admitted {
+            allowed = false;
+            break;
+        }
+    }
+    if allowed {
+        let (others, at): (PerRule<Check>, PerRule<usize>) = checks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.share.is_none())
+            .map(|(i, c)| (*c, i))
+            .unzip();
+        if !others.is_empty() {
+            let o = decide(store, &others, now_ms, failure_mode);
+            for (r, i) in o.rules.into_iter().zip(at) {
+                if let Some(slot) = rules.get_mut(i) {
+                    *slot = r;
+                }
+            }
+            allowed = o.allowed;
+        }
+    }
+    if !allowed {
+        for (i, _) in counted {
+            if let Some(check) = checks.get(i) {
+                refund_share(store, check, now_ms);
+            }
+        }
+    }
+    Outcome { allowed, rules }
+}
+
+/// Decides one shared rule: the tenant's entry is updated under the store's hold of its
+/// bucket (or with compare-and-swap), and within that step the rule's record with
+/// compare-and-swap ([`share::decide`]). Should the bucket's write lose a race after the record
+/// was written, the decision stands and only the tenant's part is applied again to the entry as
+/// it now is. Returns the rule's outcome, whether it admits the request, and the tenant's entry
+/// as written when it counted it.
+fn decide_share(
+    store: &impl Store,
+    check: &Check,
+    sc: &ShareCheck,
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> (RuleOutcome, bool, Option<share::Tenant>) {
+    let mut out = RuleOutcome::default();
+    let fails_closed = failure_mode == FailureMode::Deny && !check.shadow;
+    let mut decided: Option<share::Decision> = None;
+    let mut record_failure = None;
+    let mut record_retries = 0;
+    let updated = update(
+        store,
+        check.slot,
+        check.fingerprint,
+        now_ms,
+        &mut out.retries,
+        |state| {
+            let tenant = match state {
+                Some(State::Tenant(t)) => Some(*t),
+                _ => None,
+            };
+            if let Some(d) = &decided {
+                // The record holds this decision already: the tenant's part, on its entry now.
+                return (
+                    (),
+                    Some(State::Tenant(reapply(d, tenant, now_ms, check.cost))),
+                );
+            }
+            let mut value = Vec::new();
+            let mut attempts = 0u32;
+            let written = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                attempts += 1;
+                let mut record = bytes
+                    .and_then(share::Record::decode)
+                    .unwrap_or_else(|| share::Record::new(sc.share.bands));
+                let d = share::decide(
+                    &sc.share,
+                    &check.policy,
+                    &mut record,
+                    tenant.as_ref(),
+                    sc.asker,
+                    now_ms,
+                    check.cost,
+                );
+                *value = record.encode();
+                (d, true)
+            });
+            record_retries += attempts.saturating_sub(1);
+            match written {
+                Ok(d) => {
+                    let t = d.tenant;
+                    decided = Some(d);
+                    ((), Some(State::Tenant(t)))
+                }
+                Err(e) => {
+                    record_failure = Some(Failure::from(e));
+                    ((), None)
+                }
+            }
+        },
+    );
+    out.retries += record_retries;
+    let failure = record_failure.or(updated.as_ref().err().cloned());
+    if let Some(failure) = failure {
+        out.failure = Some(failure);
+        return (out, !fails_closed, None);
+    }
+    if let Ok((_, placement)) = updated {
+        out.evicted = placement == Some(Placement::Evicted);
+        out.filled = placement == Some(Placement::Filled);
+    }
+    let Some(d) = decided else {
+        return (out, !fails_closed, None);
+    };
+    out.verdict = Some(d.verdict);
+    let admitted = d.refused.is_none();
+    (out, admitted || check.shadow, admitted.then_some(d.tenant))
+}
+
+/// The tenant's part of a decision the record already holds, applied to its entry as it is now
+/// (another request of the tenant wrote it meanwhile): counted as active as decided, and the
+/// request's cost added if it was admitted.
+fn reapply(
+    d: &share::Decision,
+    now: Option<share::Tenant>,
+    now_ms: u64,
+    cost: u64,
+) -> share::Tenant {
+    let Some(mut t) = now else {
+        return d.tenant;
+    };
+    t.epoch = d.tenant.epoch;
+    t.weight = d.tenant.weight;
+    t.band = d.tenant.band;
+    t.held = d.tenant.held;
+    t.refused_tick = d.tenant.refused_tick;
+    if d.refused.is_none() {
+        let window = u64::from(d.tenant.usage.window_ms);
+        t.usage =
+            crate::limiter::sliding_window::charge(Some(t.usage), now_ms, u64::MAX, window, cost).1;
+    }
+    t
+}
+
+/// Gives a shared rule back a request it counted at `now_ms`: the record, then the tenant.
+fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
+    let Some(sc) = &check.share else {
+        return;
+    };
+    let mut retries = 0;
+    let _ = update(
+        store,
+        check.slot,
+        check.fingerprint,
+        now_ms,
+        &mut retries,
+        |state| {
+            let Some(State::Tenant(t)) = state else {
+                return ((), None); // forgotten meanwhile: nothing to give back
+            };
+            let mut t = *t;
+            let mut value = Vec::new();
+            let _ = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                let Some(mut record) = bytes.and_then(share::Record::decode) else {
+                    return ((), false);
+                };
+                let mut tenant = t;
+                share::refund(
+                    &check.policy,
+                    &mut record,
+                    &mut tenant,
+                    now_ms,
+                    now_ms,
+                    check.cost,
+                );
+                *value = record.encode();
+                ((), true)
+            });
+            let counted = crate::limiter::sliding_window::State {
+                last_ms: now_ms,
+                ..t.usage
+            };
+            t.usage = crate::limiter::sliding_window::refund(t.usage, &counted, check.cost);
+            ((), Some(State::Tenant(t)))
+        },
+    );
 }
 
 /// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
@@ -885,6 +1114,7 @@ mod tests {
             shadow: false,
             charge_later: false,
             base: None,
+            share: None,
         }
     }
 
@@ -947,6 +1177,7 @@ mod tests {
                     shadow: next(5) == 0,
                     charge_later: next(4) == 0,
                     base: None,
+                    share: None,
                 };
                 if next(500) == 0 {
                     for s in [&fast, &general] {
@@ -1017,6 +1248,7 @@ mod tests {
                         shadow: next(5) == 0,
                         charge_later: next(6) == 0,
                         base: None,
+                        share: None,
                     })
                     .collect();
                 if next(300) == 0 {
@@ -1363,6 +1595,7 @@ mod blocked_tests {
             shadow: false,
             charge_later: false,
             base: None,
+            share: None,
         };
         assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
         let (mut slot, cas) = store
@@ -1382,5 +1615,137 @@ mod blocked_tests {
             99,
             "afresh after the block"
         );
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
+        store
+            .read(slot, |bytes, _| Slot::decode(slot, bytes))
+            .unwrap()
+            .unwrap()
+            .find(fp)
+            .cloned()
+            .unwrap()
+    }
+
+    fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> Check {
+        Check {
+            share: Some(ShareCheck {
+                record: table::SlotKind::Share.slot(1),
+                share: share::Share {
+                    active_ms: 10_000,
+                    saturation_pm: 800,
+                    target_pm: 970,
+                    bands: 1,
+                    min_share_pm: [0; share::MAX_BANDS],
+                },
+                asker: share::Asker { weight, band: 0 },
+            }),
+            slot,
+            fingerprint: tenant,
+            policy: Policy::SlidingWindow {
+                limit,
+                window_ms: 60_000,
+            },
+            cost: 1,
+            shadow: false,
+            charge_later: false,
+            base: None,
+        }
+    }
+
+    fn record(store: &impl Store) -> share::Record {
+        store
+            .read(table::SlotKind::Share.slot(1), |bytes, _| {
+                bytes.and_then(share::Record::decode)
+            })
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_shared_capacity_admits_its_limit_across_tenants_and_threads() {
+        // Eight threads, sixteen tenants (two per bucket), one capacity of 500: exactly 500
+        // admitted, every tenant counted once among the active, in both kinds of store.
+        fn run(store: Arc<impl Store + Send + Sync + 'static>) {
+            let admitted = Arc::new(AtomicU32::new(0));
+            let threads: Vec<_> = (0..8u64)
+                .map(|t| {
+                    let (store, admitted) = (store.clone(), admitted.clone());
+                    std::thread::spawn(move || {
+                        for i in 0..200u64 {
+                            let tenant = (t * 2 + i % 2) + 1;
+                            let c = shared(tenant % 8, tenant, 500, 1 + (tenant % 3) as u16);
+                            let o = decide(&*store, &[c], 1_000_000 + i, FailureMode::Deny);
+                            if o.allowed {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(admitted.load(Ordering::Relaxed), 500);
+            let r = record(&*store);
+            let weights: u64 = (1..=16u64).map(|t| 1 + t % 3).sum();
+            assert_eq!(r.bands[0].active_weight(), weights);
+            assert_eq!(r.bands[0].used.current, 500);
+            let tenants: u32 = (1..=16u64)
+                .map(|t| match stored(&*store, t % 8, t) {
+                    State::Tenant(t) => t.usage.current,
+                    other => panic!("{other:?}"),
+                })
+                .sum();
+            assert_eq!(
+                tenants, 500,
+                "each tenant's usage adds up to the capacity's"
+            );
+        }
+        run(Arc::new(MemoryStore::new()));
+        run(Arc::new(crate::store::ProcessStore::new(8)));
+    }
+
+    #[test]
+    fn a_request_another_rule_refuses_is_given_back_to_the_shared_capacity() {
+        let store = MemoryStore::new();
+        let strict = Check {
+            share: None,
+            fingerprint: 77,
+            policy: Policy::SlidingWindow {
+                limit: 2,
+                window_ms: 60_000,
+            },
+            ..shared(5, 77, 2, 1)
+        };
+        let mut admitted = 0;
+        for i in 0..5 {
+            let o = decide(
+                &store,
+                &[shared(3, 9, 100, 1), strict],
+                1_000 + i,
+                FailureMode::Deny,
+            );
+            admitted += u32::from(o.allowed);
+            assert!(o.rules[0].verdict.is_some() && o.rules.len() == 2);
+        }
+        assert_eq!(admitted, 2);
+        assert_eq!(
+            record(&store).bands[0].used.current,
+            2,
+            "the three refused were given back"
+        );
+        match stored(&store, 3, 9) {
+            State::Tenant(t) => assert_eq!(t.usage.current, 2),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -240,9 +240,11 @@ impl Store for MemoryStore {
         slot: u64,
         f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
     ) -> Result<T, StoreError> {
-        let guard = lock(&self.inner);
-        Ok(match guard.slots.get(&slot) {
-            Some((v, cas)) => f(Some(v), Some(*cas)),
+        // A copy, so `f` runs without the lock and may use the store itself (as the hosts'
+        // stores allow).
+        let value = lock(&self.inner).slots.get(&slot).cloned();
+        Ok(match value {
+            Some((v, cas)) => f(Some(&v), Some(cas)),
             None => f(None, None),
         })
     }

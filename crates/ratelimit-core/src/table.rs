@@ -11,6 +11,7 @@
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 
 use crate::limiter::{fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, State};
+use crate::share;
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
@@ -31,6 +32,9 @@ pub const LOG_SLOTS: u64 = 1 << 32;
 /// Store slots from here on hold the shared health of elastic rules (one per rule), past every
 /// sliding-log slot.
 pub const HEALTH_SLOTS: u64 = 1 << 33;
+/// Store slots from here on hold the records of shared capacities (one per rule), past every
+/// health slot.
+pub const SHARE_SLOTS: u64 = 3 << 32;
 
 /// What a store slot holds, by the range its number falls in. Stores keep buckets (fixed size,
 /// which a store may update in place) apart from the other values (read and written whole, with
@@ -42,14 +46,17 @@ pub enum SlotKind {
     Bucket,
     /// One key's sliding log ([`LOG_SLOTS`] up to [`HEALTH_SLOTS`]).
     Log,
-    /// An elastic rule's shared health ([`HEALTH_SLOTS`] on).
+    /// An elastic rule's shared health ([`HEALTH_SLOTS`] up to [`SHARE_SLOTS`]).
     Health,
+    /// A shared capacity's record ([`SHARE_SLOTS`] on).
+    Share,
 }
 
 impl SlotKind {
     /// The kind of store slot `slot`.
     pub fn of(slot: u64) -> SlotKind {
         match slot {
+            SHARE_SLOTS.. => SlotKind::Share,
             HEALTH_SLOTS.. => SlotKind::Health,
             LOG_SLOTS.. => SlotKind::Log,
             _ => SlotKind::Bucket,
@@ -62,6 +69,7 @@ impl SlotKind {
             SlotKind::Bucket => 0,
             SlotKind::Log => LOG_SLOTS,
             SlotKind::Health => HEALTH_SLOTS,
+            SlotKind::Share => SHARE_SLOTS,
         }
     }
 
@@ -77,6 +85,7 @@ const TAG_GCRA: u8 = 3;
 const TAG_BLOCKED: u8 = 4;
 const TAG_IN_FLIGHT: u8 = 5;
 const TAG_LEASE: u8 = 6;
+const TAG_TENANT: u8 = 7;
 
 /// The number of buckets for a configured capacity (rounded up).
 pub fn buckets_for(capacity: u32) -> u32 {
@@ -303,6 +312,10 @@ pub fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
             .get(..lease::STATE_LEN)
             .and_then(lease::State::decode)
             .map(State::Lease),
+        TAG_TENANT => state
+            .get(..share::state::TENANT_LEN)
+            .and_then(share::Tenant::decode)
+            .map(State::Tenant),
         _ => None,
     };
     state.ok_or(Corrupt)
@@ -330,7 +343,7 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
         }
         if f == fp && found.is_none() {
             found = Some((i, decode_state(tagged)?));
-        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_LEASE))) {
+        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_TENANT))) {
             return Err(Corrupt);
         }
     }
@@ -371,6 +384,7 @@ pub fn encode_state(state: &State, out: &mut [u8]) {
         State::Blocked { until_ms } => (TAG_BLOCKED, &until_ms.to_le_bytes()),
         State::InFlight(s) => (TAG_IN_FLIGHT, &s.encode()),
         State::Lease(s) => (TAG_LEASE, &s.encode()),
+        State::Tenant(t) => (TAG_TENANT, &t.encode()),
         State::SlidingLog(_) => return,
     };
     *tag = t;

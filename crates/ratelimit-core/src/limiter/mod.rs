@@ -97,6 +97,9 @@ pub enum State {
     InFlight(in_flight::State),
     /// See [`lease`].
     Lease(lease::State),
+    /// A tenant of a shared capacity (see [`crate::share`]): what it used, and how it is
+    /// counted among the active tenants. Its rule's own state is the capacity's, elsewhere.
+    Tenant(crate::share::Tenant),
     /// A global rule's service said the key is over its limit until this time (ms): every
     /// request is refused until then, whatever the local counts say; afterwards the key starts
     /// afresh.
@@ -116,6 +119,7 @@ impl State {
             State::SlidingLog(s) => s.weight(now_ms),
             State::InFlight(s) => s.weight(now_ms),
             State::Lease(s) => s.weight(now_ms),
+            State::Tenant(t) => t.weight_at(now_ms),
             // A blocked key is kept over any other: it is what the whole fleet decided.
             State::Blocked { until_ms } => (now_ms < *until_ms).then_some(u64::from(u32::MAX)),
         }
@@ -130,6 +134,7 @@ impl State {
             State::SlidingLog(s) => s.times.last().copied().unwrap_or(0),
             State::InFlight(s) => s.gen_ms,
             State::Lease(s) => s.expires_ms,
+            State::Tenant(t) => t.usage.last_ms,
             State::Blocked { until_ms } => *until_ms,
         }
     }

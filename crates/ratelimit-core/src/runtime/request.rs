@@ -591,6 +591,7 @@ impl<S: Store> Runtime<S> {
             shadow: rule.shadow,
             charge_later: rule.charge().is_some_and(|c| !c.true_up),
             base,
+            share: None,
         });
         p.applied.push(Applied {
             rule: i,

@@ -42,17 +42,9 @@ pub const STEP_MS: u64 = 250;
 /// The level's fixed point: cost units per weight unit, × this.
 pub const LEVEL_ONE: u64 = 1024;
 
-/// One band of a shared rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Band {
-    /// Its name (what a request's band source names).
-    pub name: String,
-    /// The part of the capacity it keeps for itself when it uses it, permille.
-    pub min_share_pm: u64,
-}
-
-/// A shared rule's sharing parameters (its capacity is the rule's own policy).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A shared rule's sharing parameters (its capacity is the rule's own policy; its bands'
+/// names are the configuration's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Share {
     /// How long a tenant counts as active after its last request (at least; at most twice).
     pub active_ms: u64,
@@ -61,11 +53,13 @@ pub struct Share {
     /// The part of the capacity (permille) the levels hand out; the rest is headroom for the
     /// tenants below their level.
     pub target_pm: u64,
-    /// The bands, highest priority first (1 to [`MAX_BANDS`]).
-    pub bands: Vec<Band>,
+    /// The number of bands (1 to [`MAX_BANDS`]), highest priority first.
+    pub bands: usize,
+    /// The part of the capacity (permille) each band keeps for itself when it uses it.
+    pub min_share_pm: [u64; MAX_BANDS],
 }
 
-/// Who asks: the tenant's weight (1 or more) and band (an index into [`Share::bands`]).
+/// Who asks: the tenant's weight (1 or more) and band (below [`Share::bands`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Asker {
     /// Its weight.
@@ -113,8 +107,8 @@ pub fn decide(
     let (limit, window_ms) = capacity.limit_and_window();
     let window_ms = window_ms.max(1);
     let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
-    if record.bands.len() != share.bands.len().clamp(1, MAX_BANDS) {
-        *record = Record::new(share.bands.len());
+    if record.bands.len() != share.bands.clamp(1, MAX_BANDS) {
+        *record = Record::new(share.bands);
     }
     record.roll(epoch);
     if now_ms >= record.step_ms.saturating_add(STEP_MS) || now_ms < record.step_ms {
@@ -126,6 +120,8 @@ pub fn decide(
     if t.usage.window_ms == 0 {
         t.usage.window_ms = u32::try_from(window_ms).unwrap_or(u32::MAX);
     }
+    // Seen now, whatever the decision: its entry is kept while it may count as active.
+    t.usage = sliding_window::charge(Some(t.usage), now_ms, u64::MAX, window_ms, 0).1;
     register(record, &mut t, weight, band as u8, epoch);
 
     let used_all: u64 = record
@@ -221,6 +217,36 @@ pub fn decide(
         tenant: t,
         share: share_now,
     }
+}
+
+/// Takes back a request of `cost` that [`decide`] admitted at `counted_ms` (another rule of the
+/// request refused it): from the capacity, the band's use and the tenant's. Its tenant stays
+/// counted as active (it asked).
+pub fn refund(
+    capacity: &Policy,
+    record: &mut Record,
+    tenant: &mut Tenant,
+    counted_ms: u64,
+    now_ms: u64,
+    cost: u64,
+) {
+    if let Some(back) = capacity.refund_at(record.capacity.as_ref(), counted_ms, now_ms, cost) {
+        record.capacity = Some(back);
+    }
+    let back = |s: sliding_window::State| {
+        let counted = sliding_window::State {
+            last_ms: counted_ms,
+            ..s
+        };
+        sliding_window::refund(s, &counted, cost)
+    };
+    if let Some(b) = record.bands.get_mut(usize::from(tenant.band)) {
+        b.used = back(b.used);
+        if tenant.held {
+            b.used_held = back(b.used_held);
+        }
+    }
+    tenant.usage = back(tenant.usage);
 }
 
 /// A record the request's band is missing from (never, once resized): the capacity alone.
@@ -359,9 +385,9 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
         .collect();
     let reserve = |i: usize| {
         share
-            .bands
+            .min_share_pm
             .get(i)
-            .map_or(0, |b| permille(target, b.min_share_pm))
+            .map_or(0, |&pm| permille(target, pm))
     };
     // What each band uses or asks for within its reserve: kept for it against higher bands.
     let kept: Vec<u64> = record
@@ -418,17 +444,16 @@ mod tests {
     use super::*;
 
     fn share(bands: &[(&str, u64)]) -> Share {
+        let mut min_share_pm = [0; MAX_BANDS];
+        for (i, &(_, pm)) in bands.iter().enumerate() {
+            min_share_pm[i] = pm;
+        }
         Share {
             active_ms: 10_000,
             saturation_pm: 800,
             target_pm: 970,
-            bands: bands
-                .iter()
-                .map(|&(name, min_share_pm)| Band {
-                    name: name.into(),
-                    min_share_pm,
-                })
-                .collect(),
+            bands: bands.len(),
+            min_share_pm,
         }
     }
 
@@ -511,6 +536,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_refund_takes_back_what_was_counted() {
+        let s = share(&[("default", 0)]);
+        let mut r = Record::new(1);
+        let mut a = None;
+        let t0 = 9_000_000;
+        for i in 0..10 {
+            ask(&s, &mut r, &mut a, 1, 0, t0 + i);
+        }
+        let before = (r.clone(), a);
+        let d = ask(&s, &mut r, &mut a, 1, 0, t0 + 10);
+        assert_eq!(d.refused, None);
+        let mut t = d.tenant;
+        refund(&CAPACITY, &mut r, &mut t, t0 + 10, t0 + 11, 1);
+        assert_eq!(t.usage.current, before.1.unwrap().usage.current);
+        assert_eq!(r.bands[0].used.current, before.0.bands[0].used.current);
+        assert_eq!(
+            r.capacity,
+            before.0.capacity.map(|s| match s {
+                crate::limiter::State::SlidingWindow(w) =>
+                    crate::limiter::State::SlidingWindow(crate::limiter::sliding_window::State {
+                        last_ms: t0 + 10,
+                        ..w
+                    }),
+                other => other,
+            })
+        );
     }
 
     #[test]

@@ -43,18 +43,14 @@ const SECONDS: u64 = 60;
 const WARMUP_S: u64 = 10;
 
 fn share_of(bands: &[u64]) -> Share {
+    let mut min_share_pm = [0; MAX_BANDS];
+    min_share_pm[..bands.len()].copy_from_slice(bands);
     Share {
         active_ms: 10_000,
         saturation_pm: 800,
         target_pm: 970,
-        bands: bands
-            .iter()
-            .enumerate()
-            .map(|(i, &min_share_pm)| Band {
-                name: format!("band{i}"),
-                min_share_pm,
-            })
-            .collect(),
+        bands: bands.len(),
+        min_share_pm,
     }
 }
 
@@ -88,7 +84,7 @@ fn run_costing(share: &Share, clients: &[Client], seed: u64, tokens: Option<Toke
     let units = tokens.map_or(C, |t| t.capacity);
     let n = clients.len();
     let start = 1_800_000_000_000u64;
-    let mut record = Record::new(share.bands.len());
+    let mut record = Record::new(share.bands);
     let mut tenants: Vec<Option<Tenant>> = vec![None; n];
     let mut provider_state = None;
     let mut rng = seed.wrapping_mul(0x9e37_79b9).wrapping_add(1) | 1;

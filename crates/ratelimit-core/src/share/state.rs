@@ -16,6 +16,9 @@ pub const RECORD_VERSION: u8 = 1;
 const HEADER_LEN: usize = 64;
 /// One band's length in the record.
 const BAND_LEN: usize = 80;
+/// How long the entry of a tenant that remembers no usage is kept after its last request: twice
+/// the longest active interval, so it is never forgotten while it counts as active.
+pub const KEEP_IDLE_MS: u64 = 2 * 3_600_000;
 /// The level a band has when nobody in it needs one: every tenant may use what it asks.
 pub const NO_LEVEL: u64 = u64::MAX;
 
@@ -101,9 +104,13 @@ impl Tenant {
         })
     }
 
-    /// Whether the entry still matters at `now_ms` (its usage is still in the window).
+    /// What the entry is worth keeping at `now_ms`: the usage it still remembers, or 1 while
+    /// it may still count as active (a tenant refused all along remembers no usage, yet its
+    /// entry is what keeps it from being counted again); `None` afterwards.
     pub fn weight_at(&self, now_ms: u64) -> Option<u64> {
-        self.usage.weight(now_ms)
+        self.usage
+            .weight(now_ms)
+            .or_else(|| (now_ms < self.usage.last_ms.saturating_add(KEEP_IDLE_MS)).then_some(1))
     }
 }
 
