@@ -35,6 +35,9 @@ NOT_EXPRESSIBLE = {
     "plan_sliding_log_cap": "compares one field with another (requests_per_unit.max against sliding_log's 1,000)",
     "plan_global": "a limit read from the request and \"global\" in one rule (two fields' forms)",
     "operator_host_bits": "an address whose bits beyond the prefix are set (arithmetic on the address)",
+    "share_band_twice": "names must be unique across the items of an array",
+    "share_reserved_above_all": "adds up a field across the items of an array (the bands' min_share)",
+    "share_band_default_unknown": "compares one field with another (the default band against the bands' names)",
     "empty": "not a JSON document",
     "invalid_json": "not a JSON document",
 }

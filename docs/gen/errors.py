@@ -31,6 +31,7 @@ GROUPS = [
     ("quota_unit and in_flight", lambda p: p.startswith(("rules[].quota_unit", "rules[].in_flight"))),
     ("global", lambda p: p.startswith("rules[].global")),
     ("elastic", lambda p: p.startswith("rules[].elastic")),
+    ("share", lambda p: p.startswith("rules[].share")),
     ("Other rule fields", lambda p: p.startswith("rules[]")),
     ("response", lambda p: p.startswith("response")),
     ("operator", lambda p: p.startswith("operator")),

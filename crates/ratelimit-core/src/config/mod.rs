@@ -220,7 +220,48 @@ pub struct Rule {
     pub per_request: PerRequest,
     /// What a request the rule matches but whose key it lacks gets (`on_missing_key`).
     pub on_missing_key: MissingKey,
+    /// The limit is one capacity shared among the rule's keys (`share`), if set.
+    pub share: Option<ShareConfig>,
 }
+
+/// A rule's limit shared among its keys, the tenants (`share`): see [`crate::share`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareConfig {
+    /// A tenant's weight when the request carries none (or `weight` is a number).
+    pub weight: u16,
+    /// Where each request's weight is read, if it is.
+    pub weight_from: Option<FromRequest>,
+    /// The bands' names, highest priority first.
+    pub bands: Vec<String>,
+    /// Where each request's band name is read (two bands or more).
+    pub band_from: Option<Source>,
+    /// The band of a request whose band is missing or names none (an index into `bands`).
+    pub band_default: u8,
+    /// How the capacity is shared.
+    pub params: crate::share::Share,
+}
+
+impl ShareConfig {
+    /// The band a carried value names: its index, or the default's.
+    pub fn band_of(&self, value: Option<Carried<'_>>) -> u8 {
+        let Some(Carried::Text(t)) = value else {
+            return self.band_default;
+        };
+        let t = t.trim_ascii();
+        self.bands
+            .iter()
+            .position(|b| b.as_bytes() == t)
+            .and_then(|i| u8::try_from(i).ok())
+            .unwrap_or(self.band_default)
+    }
+}
+
+/// Default `share.active_s`.
+pub const DEFAULT_ACTIVE_S: u64 = 10;
+/// Default `share.saturation`, permille.
+pub const DEFAULT_SATURATION: u64 = 800;
+/// Default `share.target`, permille.
+pub const DEFAULT_TARGET: u64 = 970;
 
 /// What a rule does with a request it matches but that lacks a part of its key
 /// (`on_missing_key`).

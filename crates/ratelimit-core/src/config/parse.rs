@@ -412,6 +412,7 @@ impl Validator {
                 "shadow",
                 "global",
                 "elastic",
+                "share",
             ],
         )?;
         let name = match map.get("name") {
@@ -535,6 +536,14 @@ impl Validator {
                 }
             }
         }
+        let share = match map.get("share") {
+            Some(v) => {
+                let p = join(path, "share");
+                self.share_rules(map, path, &key, limit, &cost, &per_request, &global, &elastic);
+                self.share(v, &p).map(Some)
+            }
+            None => Some(None),
+        };
         let sync = matches!(&global, Some(Some(g)) if g.mode.service_decides());
         let limit = self.calendar(limit, map.get("rate_limit"), sync, path);
         let mut global = global;
@@ -555,7 +564,263 @@ impl Validator {
             elastic: elastic?,
             per_request: per_request?,
             on_missing_key: on_missing_key?,
+            share: share?,
         })
+    }
+
+    /// What a shared rule cannot be combined with (each refused at its own field).
+    #[allow(clippy::too_many_arguments)]
+    fn share_rules(
+        &mut self,
+        map: &Map<String, Value>,
+        path: &str,
+        key: &Option<Vec<KeyPart>>,
+        limit: Option<Limit>,
+        cost: &Option<Cost>,
+        per_request: &Option<PerRequest>,
+        global: &Option<Option<Global>>,
+        elastic: &Option<Option<elastic::Params>>,
+    ) {
+        if matches!(key, Some(k) if k.is_empty()) {
+            self.error(
+                &join(path, "key"),
+                "a shared capacity is divided among the rule's keys (its tenants): give it a \"key\"",
+            );
+        }
+        match limit {
+            Some(Limit::InFlight { .. }) => self.error(
+                &join(path, "in_flight"),
+                "a shared capacity is a rate: not \"in_flight\"",
+            ),
+            Some(Limit::Rate {
+                algorithm: a @ (Algorithm::SlidingLog | Algorithm::FixedWindow),
+                ..
+            }) => self.error(
+                &join(path, "algorithm"),
+                format!(
+                    "a shared capacity uses \"sliding_window\", \"token_bucket\" or \"leaky_bucket\", not {:?}",
+                    a.name()
+                ),
+            ),
+            Some(Limit::Rate {
+                algorithm:
+                    Algorithm::LeakyBucket {
+                        max_delay_ms: Some(_),
+                        ..
+                    },
+                ..
+            }) => self.error(
+                &join(path, "on_limit"),
+                "a shared capacity refuses: \"delay\" is not supported with \"share\"",
+            ),
+            _ => {}
+        }
+        if matches!(cost, Some(Cost::Response(_))) {
+            self.error(
+                &join(path, "cost"),
+                "a shared capacity counts what a request costs when it arrives: a cost charged from the response is not supported with \"share\"",
+            );
+        }
+        if matches!(per_request, Some(p) if p.any()) {
+            self.error(
+                &join(path, "rate_limit"),
+                "a shared capacity is one number for all tenants: it cannot come from the request (weigh tenants with \"share.weight\")",
+            );
+        }
+        if matches!(global, Some(Some(_))) {
+            self.error(
+                &join(path, "global"),
+                "a shared capacity is counted by each Envoy on its own in this version: not with \"global\"",
+            );
+        }
+        if matches!(elastic, Some(Some(_))) {
+            self.error(
+                &join(path, "elastic"),
+                "a shared capacity cannot be elastic",
+            );
+        }
+        let _ = map;
+    }
+
+    /// `share`: the tenants' weights, the bands, and how the capacity is shared.
+    fn share(&mut self, v: &Value, path: &str) -> Option<ShareConfig> {
+        let map = self.object(
+            v,
+            path,
+            &["weight", "bands", "band", "active_s", "saturation", "target"],
+        )?;
+        let (weight, weight_from) = match map.get("weight") {
+            Some(w) => {
+                let p = join(path, "weight");
+                match self.amount(w, &p) {
+                    Some((n, from)) => {
+                        let most = from.as_ref().map_or(n, |f| f.max);
+                        if most > u32::from(u16::MAX) {
+                            self.error(&p, format!("a weight is at most 65535, found {most}"));
+                            (None, None)
+                        } else {
+                            (u16::try_from(n).ok(), Some(from))
+                        }
+                    }
+                    None => (None, None),
+                }
+            }
+            None => (Some(1), Some(None)),
+        };
+        let bands = match map.get("bands") {
+            Some(b) => self.bands(b, &join(path, "bands")),
+            None => Some(vec![("default".to_string(), 0)]),
+        };
+        let (band_from, band_default) = match (map.get("band"), &bands) {
+            (Some(b), Some(bands)) if bands.len() > 1 => {
+                self.band(b, &join(path, "band"), bands)
+            }
+            (Some(_), Some(_)) => {
+                self.error(&join(path, "band"), "one band only: there is no band to choose");
+                (None, None)
+            }
+            (None, Some(bands)) if bands.len() > 1 => {
+                self.error(
+                    &join(path, "band"),
+                    "required with more than one band (where each request's band is read)",
+                );
+                (None, None)
+            }
+            (_, _) => (Some(None), Some(0)),
+        };
+        let active_s = match map.get("active_s") {
+            Some(a) => self.integer(a, &join(path, "active_s"), 1, 3_600),
+            None => Some(DEFAULT_ACTIVE_S),
+        };
+        let mut fraction = |field: &str, default: u64| match map.get(field) {
+            Some(n) => self
+                .number(n, &join(path, field), (0.5, 1.0, "0.5 to 1"))
+                .map(|n| (n * 1000.0).round() as u64),
+            None => Some(default),
+        };
+        let saturation = fraction("saturation", DEFAULT_SATURATION);
+        let target = fraction("target", DEFAULT_TARGET);
+        let bands = bands?;
+        let mut min_share_pm = [0; crate::share::MAX_BANDS];
+        for (slot, (_, pm)) in min_share_pm.iter_mut().zip(&bands) {
+            *slot = *pm;
+        }
+        Some(ShareConfig {
+            weight: weight?,
+            weight_from: weight_from?,
+            band_from: band_from?,
+            band_default: band_default?,
+            params: crate::share::Share {
+                active_ms: active_s? * 1000,
+                saturation_pm: saturation?,
+                target_pm: target?,
+                bands: bands.len(),
+                min_share_pm,
+            },
+            bands: bands.into_iter().map(|(name, _)| name).collect(),
+        })
+    }
+
+    /// `share.bands`: 1 to 4 named bands, highest priority first, each with its reserved share.
+    fn bands(&mut self, v: &Value, path: &str) -> Option<Vec<(String, u64)>> {
+        let Some(items) = v.as_array() else {
+            self.error(path, format!("expected an array of bands, found {}", describe(v)));
+            return None;
+        };
+        if !(1..=crate::share::MAX_BANDS).contains(&items.len()) {
+            self.error(
+                path,
+                format!("1 to {} bands, found {}", crate::share::MAX_BANDS, items.len()),
+            );
+            return None;
+        }
+        let mut bands: Vec<(String, u64)> = Vec::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            let Some(m) = self.object(item, &p, &["name", "min_share"]) else {
+                ok = false;
+                continue;
+            };
+            let name = match m.get("name") {
+                Some(n) => self.name(n, &join(&p, "name"), "band"),
+                None => {
+                    self.error(&join(&p, "name"), "required field is missing");
+                    None
+                }
+            };
+            let min_share = match m.get("min_share") {
+                Some(n) => self
+                    .number(n, &join(&p, "min_share"), (0.0, 1.0, "0 to 1"))
+                    .map(|n| (n * 1000.0).round() as u64),
+                None => Some(0),
+            };
+            match (name, min_share) {
+                (Some(name), Some(pm)) => {
+                    if bands.iter().any(|(b, _)| *b == name) {
+                        self.error(&join(&p, "name"), format!("{name:?} is already a band"));
+                        ok = false;
+                    }
+                    bands.push((name, pm));
+                }
+                _ => ok = false,
+            }
+        }
+        let reserved: u64 = bands.iter().map(|(_, pm)| pm).sum();
+        if reserved > 1000 {
+            self.error(
+                path,
+                format!(
+                    "the bands' min_share add up to {}.{:03}, more than 1",
+                    reserved / 1000,
+                    reserved % 1000
+                ),
+            );
+            ok = false;
+        }
+        ok.then_some(bands)
+    }
+
+    /// `share.band`: `{"from": SOURCE, "default": NAME}`.
+    fn band(
+        &mut self,
+        v: &Value,
+        path: &str,
+        bands: &[(String, u64)],
+    ) -> (Option<Option<Source>>, Option<u8>) {
+        let Some(map) = self.object(v, path, &["from", "default"]) else {
+            return (None, None);
+        };
+        let source = match map.get("from") {
+            Some(f) => {
+                let p = join(path, "from");
+                self.string(f, &p).and_then(|s| self.source(s, &p))
+            }
+            None => {
+                self.error(&join(path, "from"), "required field is missing");
+                None
+            }
+        };
+        let default = match map.get("default") {
+            Some(d) => {
+                let p = join(path, "default");
+                self.string(d, &p).and_then(|name| {
+                    let found = bands.iter().position(|(b, _)| b == name);
+                    if found.is_none() {
+                        self.error(&p, format!("{name:?} is not a band"));
+                    }
+                    found.and_then(|i| u8::try_from(i).ok())
+                })
+            }
+            None => {
+                self.error(
+                    &join(path, "default"),
+                    "required field is missing (the band of a request that names none)",
+                );
+                None
+            }
+        };
+        (source.map(Some), default)
     }
 
     /// A number (integer or decimal) in `range`, whose bounds come as text too: formatting a
@@ -1424,6 +1689,11 @@ impl Validator {
     }
 
     fn rule_name(&mut self, v: &Value, path: &str) -> Option<String> {
+        self.name(v, path, "rule")
+    }
+
+    /// A name of `what` (a rule, a band): as a rule's name is checked.
+    fn name(&mut self, v: &Value, path: &str, what: &str) -> Option<String> {
         let s = self.string(v, path)?;
         let valid = !s.is_empty()
             && s.len() <= MAX_NAME_LEN
@@ -1433,7 +1703,7 @@ impl Validator {
             self.error(
                 path,
                 format!(
-                    "invalid rule name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"
+                    "invalid {what} name {s:?} (expected 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -)"
                 ),
             );
             return None;
@@ -1442,7 +1712,7 @@ impl Validator {
             // Envoy drops a trailing dot from a tag value: "a." would be counted as rule "a".
             self.error(
                 path,
-                format!("invalid rule name {s:?} (must not end with \".\")"),
+                format!("invalid {what} name {s:?} (must not end with \".\")"),
             );
             return None;
         }

@@ -17,7 +17,7 @@ use crate::config::{
     Priced, Resolved, ResponseConfig, Rule,
 };
 use crate::dialect::{self, Classed};
-use crate::engine::{self, Check, PerRule, RuleOutcome};
+use crate::engine::{self, Check, PerRule, RuleOutcome, ShareCheck};
 use crate::global::{self, Answer, Question, Target};
 use crate::headers::{self, Fields, Report};
 use crate::key::{self, Attributes, Descriptor};
@@ -583,6 +583,11 @@ impl<S: Store> Runtime<S> {
         if body_follows && rule.charge().is_some_and(|c| c.sized.is_some()) {
             p.sized.push(p.checks.len());
         }
+        let share = rule.share.as_ref().map(|sh| ShareCheck {
+            record: table::SlotKind::Share.slot(compiled.fingerprint % (1 << 31)),
+            share: sh.params,
+            asker: asker(sh, host),
+        });
         p.checks.push(Check {
             slot,
             fingerprint: table::fingerprint_of(hash),
@@ -591,7 +596,7 @@ impl<S: Store> Runtime<S> {
             shadow: rule.shadow,
             charge_later: rule.charge().is_some_and(|c| !c.true_up),
             base,
-            share: None,
+            share,
         });
         p.applied.push(Applied {
             rule: i,
@@ -623,6 +628,12 @@ impl<S: Store> Runtime<S> {
             }
             if let Cost::Header(name) = &rule.cost {
                 host.header(name);
+            }
+            if let Some(sh) = &rule.share {
+                let weight = sh.weight_from.as_ref().map(|f| &f.source);
+                for source in weight.into_iter().chain(sh.band_from.as_ref()) {
+                    key::carried(source, host);
+                }
             }
         }
     }
@@ -1195,6 +1206,23 @@ fn reply(
     }
 }
 
+/// A shared rule's tenant as this request says: its weight (1 to 65535) and band, each read
+/// where the rule says, else the rule's defaults.
+fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker {
+    let weight = match &sh.weight_from {
+        Some(from) => {
+            let n = from.resolve(key::carried(&from.source, host)).value();
+            u16::try_from(n).unwrap_or(u16::MAX).max(1)
+        }
+        None => sh.weight.max(1),
+    };
+    let band = match &sh.band_from {
+        Some(source) => sh.band_of(key::carried(source, host)),
+        None => sh.band_default,
+    };
+    crate::share::Asker { weight, band }
+}
+
 /// The status of a request refused for lacking its client key (`on_missing_key: refuse`).
 pub const MISSING_KEY_STATUS: u16 = 401;
 
@@ -1272,6 +1300,64 @@ mod tests {
     fn runtime(json: &str) -> Runtime<MemoryStore> {
         let config = Config::parse(json.as_bytes()).unwrap();
         Runtime::new(config, Seed([1, 2]), MemoryStore::new())
+    }
+
+    #[test]
+    fn a_shared_capacity_holds_a_heavy_tenant_to_its_share_and_reads_weights_and_bands() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "provider", "key": ["header:x-tenant"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+                "share": {"weight": {"from": "header:x-weight", "default": 1, "max": 4},
+                          "bands": [{"name": "interactive"}, {"name": "batch", "min_share": 0.1}],
+                          "band": {"from": "header:x-band", "default": "batch"}}}]}"#,
+        );
+        let ask = |tenant: &str, weight: &str, band: &str, now: u64| {
+            let mut host = FakeHost::new("10.0.0.1", "/")
+                .header("x-tenant", tenant)
+                .header("x-weight", weight)
+                .header("x-band", band);
+            host.now = now;
+            matches!(decided(&rt, &mut host), Decision::Continue(_))
+        };
+        let t0 = 1_800_000_000_000;
+        // Alone, a tenant may use the whole capacity.
+        let alone = (0..150).filter(|&i| ask("heavy", "1", "batch", t0 + i)).count();
+        assert_eq!(alone, 100);
+        // A light tenant arriving then is starved; once the heavy one's first second has
+        // slid out of the window, the heavy one is held to its share and the light one passes.
+        assert!(!ask("light", "1", "batch", t0 + 200));
+        let mut light = 0;
+        let mut heavy = 0;
+        for ms in (1_000..3_000).step_by(10) {
+            heavy += u32::from(ask("heavy", "1", "batch", t0 + ms));
+            if ms % 100 == 0 && ms > 1_000 {
+                light += u32::from(ask("light", "1", "batch", t0 + ms));
+            }
+        }
+        assert_eq!(light, 19, "every light request passes");
+        assert!(heavy <= 170, "the heavy one is held to its share: {heavy}");
+        // The band and the weight are each request's: the record counts them.
+        let record = rt
+            .store
+            .read(
+                table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31)),
+                |b, _| b.and_then(crate::share::Record::decode),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.bands[1].active_weight(), 2);
+        assert!(ask("vip", "4", "interactive", t0 + 3_000));
+        assert!(ask("odd", "junk", "nonsense", t0 + 3_001));
+        let record = rt
+            .store
+            .read(
+                table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31)),
+                |b, _| b.and_then(crate::share::Record::decode),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.bands[0].active_weight(), 4, "the interactive band");
+        assert_eq!(record.bands[1].active_weight(), 3, "junk weighs the default, in the default band");
     }
 
     fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {

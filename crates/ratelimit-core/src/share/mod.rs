@@ -136,9 +136,14 @@ pub fn decide(
 
     // The capacity.
     let (v_capacity, next_capacity) = capacity.decide(record.capacity.as_ref(), now_ms, cost);
-    // The band's budget (the highest band may use the headroom above the target).
+    // The band's budget (the highest active band may use the headroom above the target).
+    let highest = record
+        .bands
+        .iter()
+        .take(band)
+        .all(|b| b.active_weight() == 0);
     let v_band = (record.bands.len() > 1).then(|| {
-        let headroom = if band == 0 {
+        let headroom = if highest {
             limit.saturating_sub(permille(limit, share.target_pm))
         } else {
             0
