@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 pub mod llm;
 pub mod pages;
+pub mod provider;
 pub mod replay;
 pub mod upstream;
 

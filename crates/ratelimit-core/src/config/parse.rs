@@ -539,7 +539,16 @@ impl Validator {
         let share = match map.get("share") {
             Some(v) => {
                 let p = join(path, "share");
-                self.share_rules(map, path, &key, limit, &cost, &per_request, &global, &elastic);
+                self.share_rules(
+                    map,
+                    path,
+                    &key,
+                    limit,
+                    &cost,
+                    &per_request,
+                    &global,
+                    &elastic,
+                );
                 self.share(v, &p).map(Some)
             }
             None => Some(None),
@@ -647,7 +656,14 @@ impl Validator {
         let map = self.object(
             v,
             path,
-            &["weight", "bands", "band", "active_s", "saturation", "target"],
+            &[
+                "weight",
+                "bands",
+                "band",
+                "active_s",
+                "saturation",
+                "target",
+            ],
         )?;
         let (weight, weight_from) = match map.get("weight") {
             Some(w) => {
@@ -672,11 +688,12 @@ impl Validator {
             None => Some(vec![("default".to_string(), 0)]),
         };
         let (band_from, band_default) = match (map.get("band"), &bands) {
-            (Some(b), Some(bands)) if bands.len() > 1 => {
-                self.band(b, &join(path, "band"), bands)
-            }
+            (Some(b), Some(bands)) if bands.len() > 1 => self.band(b, &join(path, "band"), bands),
             (Some(_), Some(_)) => {
-                self.error(&join(path, "band"), "one band only: there is no band to choose");
+                self.error(
+                    &join(path, "band"),
+                    "one band only: there is no band to choose",
+                );
                 (None, None)
             }
             (None, Some(bands)) if bands.len() > 1 => {
@@ -724,13 +741,20 @@ impl Validator {
     /// `share.bands`: 1 to 4 named bands, highest priority first, each with its reserved share.
     fn bands(&mut self, v: &Value, path: &str) -> Option<Vec<(String, u64)>> {
         let Some(items) = v.as_array() else {
-            self.error(path, format!("expected an array of bands, found {}", describe(v)));
+            self.error(
+                path,
+                format!("expected an array of bands, found {}", describe(v)),
+            );
             return None;
         };
         if !(1..=crate::share::MAX_BANDS).contains(&items.len()) {
             self.error(
                 path,
-                format!("1 to {} bands, found {}", crate::share::MAX_BANDS, items.len()),
+                format!(
+                    "1 to {} bands, found {}",
+                    crate::share::MAX_BANDS,
+                    items.len()
+                ),
             );
             return None;
         }

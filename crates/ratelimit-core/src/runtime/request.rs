@@ -1321,7 +1321,9 @@ mod tests {
         };
         let t0 = 1_800_000_000_000;
         // Alone, a tenant may use the whole capacity.
-        let alone = (0..150).filter(|&i| ask("heavy", "1", "batch", t0 + i)).count();
+        let alone = (0..150)
+            .filter(|&i| ask("heavy", "1", "batch", t0 + i))
+            .count();
         assert_eq!(alone, 100);
         // A light tenant arriving then is starved; once the heavy one's first second has
         // slid out of the window, the heavy one is held to its share and the light one passes.
@@ -1357,7 +1359,11 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(record.bands[0].active_weight(), 4, "the interactive band");
-        assert_eq!(record.bands[1].active_weight(), 3, "junk weighs the default, in the default band");
+        assert_eq!(
+            record.bands[1].active_weight(),
+            3,
+            "junk weighs the default, in the default band"
+        );
     }
 
     fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {

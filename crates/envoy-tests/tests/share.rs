@@ -1,0 +1,252 @@
+//! One provider's capacity shared among tenants, in a real Envoy (two workers), in the build
+//! under test, in front of a stand-in provider that enforces its own limit (50 requests a
+//! second per organisation, a token bucket as OpenAI describes its own) and answers 429s past
+//! it. Four shared rules run at once for SHARE_SECONDS (60 by default), each on its own path
+//! and organisation:
+//!
+//! - `/p1`: one tenant at ten times its share, nine at half of theirs;
+//! - `/p2`: five equal tenants, each asking for three times its share;
+//! - `/p3`: weights 1, 2 and 4 (from a header), each asking for the whole capacity;
+//! - `/p4`: an interactive band (three tenants, 30 % of the capacity in all) beside a batch band
+//!   asking for three times the capacity.
+//!
+//! Everything is measured on the provider's side over the run's seconds 10 to the end, except
+//! what the clients were refused by Envoy.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::provider::Provider;
+use common::{bootstrap_with, Client, Envoy, Listener};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const RATE: f64 = 50.0;
+const WARMUP_S: u64 = 10;
+
+fn seconds() -> u64 {
+    std::env::var("SHARE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60)
+}
+
+fn rule(name: &str, share: &str) -> String {
+    format!(
+        r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": 50, "unit": "second"}},
+            "algorithm": "token_bucket", "burst": 45, "share": {share}}}"#
+    )
+}
+
+/// One client: a tenant sending `rate` requests a second to `path`, paced, until `end`.
+#[derive(Clone)]
+struct Tenant {
+    path: &'static str,
+    name: String,
+    rate: f64,
+    headers: Vec<(&'static str, String)>,
+}
+
+/// What one client saw over the measured seconds: requests sent, and answered 200 / 429.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    sent: u64,
+    ok: u64,
+    refused: u64,
+}
+
+fn drive(envoy: &Envoy, provider: &Arc<Provider>, tenants: &[Tenant], run_s: u64) -> Vec<Seen> {
+    let addr = envoy.addr;
+    let threads: Vec<_> = tenants
+        .iter()
+        .cloned()
+        .map(|t| {
+            let provider = provider.clone();
+            std::thread::spawn(move || {
+                let mut seen = Seen::default();
+                let mut client = Client::connect(addr).unwrap();
+                let start = Instant::now();
+                let mut headers: Vec<(&str, &str)> = vec![("x-tenant", &t.name)];
+                headers.extend(t.headers.iter().map(|(k, v)| (*k, v.as_str())));
+                for k in 0u64.. {
+                    let at = Duration::from_secs_f64(k as f64 / t.rate);
+                    if at >= Duration::from_secs(run_s) {
+                        break;
+                    }
+                    if let Some(wait) = at.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    let measured = provider.elapsed_s() >= WARMUP_S as f64;
+                    let status = match client.send("GET", t.path, &headers) {
+                        Ok(r) => r.status,
+                        Err(_) => {
+                            client = Client::connect(addr).unwrap();
+                            client.send("GET", t.path, &headers).unwrap().status
+                        }
+                    };
+                    if measured {
+                        seen.sent += 1;
+                        seen.ok += u64::from(status == 200);
+                        seen.refused += u64::from(status == 429);
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn tenant(path: &'static str, name: &str, rate: f64, headers: &[(&'static str, &str)]) -> Tenant {
+    Tenant {
+        path,
+        name: name.into(),
+        rate,
+        headers: headers.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+    }
+}
+
+fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    sum * sum / (xs.len() as f64 * squares)
+}
+
+#[test]
+fn a_provider_capacity_is_shared_fairly_and_never_exceeded() {
+    let run_s = seconds();
+    let provider = Arc::new(Provider::start(RATE));
+    let config = format!(
+        r#"{{"rules": [{}, {}, {}, {}]}}"#,
+        rule("p1", "{}"),
+        rule("p2", "{}"),
+        rule(
+            "p3",
+            r#"{"weight": {"from": "header:x-weight", "default": 1, "max": 10}}"#
+        ),
+        rule(
+            "p4",
+            r#"{"bands": [{"name": "interactive", "min_share": 0.2}, {"name": "batch", "min_share": 0.05}],
+                "band": {"from": "header:x-band", "default": "batch"}}"#
+        ),
+    );
+    let listener = Listener {
+        upstream: Some(provider.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
+
+    let share = RATE / 10.0;
+    let mut tenants = vec![tenant("/p1/x", "heavy", 10.0 * share, &[])];
+    for i in 0..9 {
+        tenants.push(tenant("/p1/x", &format!("light{i}"), share / 2.0, &[]));
+    }
+    for i in 0..5 {
+        tenants.push(tenant("/p2/x", &format!("equal{i}"), 3.0 * RATE / 5.0, &[]));
+    }
+    for w in ["1", "2", "4"] {
+        tenants.push(tenant("/p3/x", &format!("w{w}"), RATE, &[("x-weight", w)]));
+    }
+    for i in 0..3 {
+        let band = [("x-band", "interactive")];
+        tenants.push(tenant(
+            "/p4/x",
+            &format!("interactive{i}"),
+            0.1 * RATE,
+            &band,
+        ));
+    }
+    for i in 0..3 {
+        tenants.push(tenant(
+            "/p4/x",
+            &format!("batch{i}"),
+            RATE,
+            &[("x-band", "batch")],
+        ));
+    }
+    let seen = drive(&envoy, &provider, &tenants, run_s);
+    let end = provider.elapsed_s() as u64;
+    let measured_s = (end - WARMUP_S) as f64;
+    let seen: HashMap<String, Seen> = tenants.iter().map(|t| t.name.clone()).zip(seen).collect();
+    let admitted = |org: &str| -> HashMap<String, f64> {
+        provider
+            .tally(org, WARMUP_S, end)
+            .into_iter()
+            .map(|(t, (a, _))| (t, a as f64 / measured_s))
+            .collect()
+    };
+    let report = |org: &str, got: &HashMap<String, f64>| {
+        let mut names: Vec<_> = got.keys().collect();
+        names.sort();
+        for n in names {
+            eprintln!(
+                "{org} {n}: provider admitted {:.2}/s; client {:?}",
+                got[n],
+                seen[n.as_str()]
+            );
+        }
+        let total: f64 = got.values().sum();
+        eprintln!(
+            "{org}: {total:.2}/s of {RATE}/s ({:.1} %)",
+            100.0 * total / RATE
+        );
+    };
+
+    // Never over the provider's limit.
+    assert_eq!(provider.refused(), 0, "the provider refused requests");
+
+    // p1: every light tenant gets what it asks; the heavy one the rest; the capacity is used.
+    let p1 = admitted("p1");
+    report("p1", &p1);
+    for i in 0..9 {
+        let s = seen[&format!("light{i}")];
+        assert!(
+            s.ok as f64 >= 0.99 * s.sent as f64,
+            "light{i}: {} of {} passed",
+            s.ok,
+            s.sent
+        );
+    }
+    let p1_total: f64 = p1.values().sum();
+    assert!(p1_total >= 0.95 * RATE, "p1 used {p1_total:.2}/s");
+
+    // p2: equal tenants asking for more get equal shares.
+    let p2 = admitted("p2");
+    report("p2", &p2);
+    let xs: Vec<f64> = p2.values().copied().collect();
+    assert_eq!(xs.len(), 5);
+    assert!(jain(&xs) >= 0.99, "Jain's index {:.4}", jain(&xs));
+
+    // p3: weights 1:2:4 within 5 %.
+    let p3 = admitted("p3");
+    report("p3", &p3);
+    let unit = p3.values().sum::<f64>() / 7.0;
+    for (name, w) in [("w1", 1.0), ("w2", 2.0), ("w4", 4.0)] {
+        let got = p3[name];
+        assert!(
+            (got - unit * w).abs() <= 0.05 * unit * w,
+            "{name}: {got:.2}/s, expected {:.2}",
+            unit * w
+        );
+    }
+
+    // p4: the interactive band is never refused while batch absorbs the overload, and batch
+    // keeps at least its reserve.
+    let p4 = admitted("p4");
+    report("p4", &p4);
+    for i in 0..3 {
+        let s = seen[&format!("interactive{i}")];
+        assert_eq!(s.refused, 0, "interactive{i} refused: {s:?}");
+    }
+    let batch: f64 = (0..3).map(|i| p4[&format!("batch{i}")]).sum();
+    assert!(batch >= 0.05 * 0.97 * RATE, "batch {batch:.2}/s");
+    let p4_total: f64 = p4.values().sum();
+    assert!(p4_total >= 0.95 * RATE, "p4 used {p4_total:.2}/s");
+}
