@@ -511,7 +511,17 @@ def main():
                     help="count the instructions per request of rules charged from response "
                     "bodies (JSON, event stream) against the header and no rule, both builds; "
                     "print, write bench/results-tokens.json (with --only: those variants)")
+    ap.add_argument("--share", action="store_true",
+                    help="count the instructions per request of a shared rule (one capacity "
+                    "shared among the clients) against the same rule keyed alike but not "
+                    "shared, both builds, the native module's own instructions apart, --rounds "
+                    "rounds interleaved; print, write bench/results-share.json")
     args = ap.parse_args()
+    if args.share:
+        work = Path(tempfile.mkdtemp(prefix="bench-share-"))
+        (work / "modules").mkdir()
+        (work / "modules" / "libwasm_ratelimit.so").symlink_to(NATIVE_DIR / "libwasm_ratelimit.so")
+        return share(args, work)
     if args.bodies:
         work = Path(tempfile.mkdtemp(prefix="bench-bodies-"))
         (work / "modules").mkdir()
@@ -857,6 +867,51 @@ def bodies(args, work):
 
 # The native module's shared object, as callgrind names it.
 MODULE = "libwasm_ratelimit"
+
+
+def share(args, work):
+    """Instructions per request of one rule keyed by client address whose limit is a capacity
+    shared among the clients (`share`), against the same rule not shared; both builds, and no
+    filter. Every request is admitted (the capacity is never reached, so the level is never
+    needed): this is what sharing costs each request. `--rounds` rounds, interleaved; the
+    native module's own instructions apart. Prints the table; writes bench/results-share.json."""
+    plain = rule("per-client", ["remote_address"], n=NEVER, unit="second")
+    shared = dict(plain, share={})
+    specs = [("no-filter", "")]
+    for b in ("native", "wasm"):
+        specs += [(f"{b}-plain", ours([plain], build=b)), (f"{b}-shared", ours([shared], build=b))]
+    rounds = []
+    for i in range(args.rounds):
+        print(f"round {i + 1} of {args.rounds}", flush=True)
+        rw = work / f"round-{i}"
+        rw.mkdir()
+        (rw / "modules").symlink_to(work / "modules")
+        counts, seen = instructions(args.envoy, specs, rw, requests=args.requests,
+                                    objects=[MODULE])
+        rounds.append({"instructions": counts,
+                       "module": {n: c[f"object {MODULE}"] for n, c in seen.items()}})
+    median = lambda key, n: statistics.median(r[key][n] for r in rounds)
+    names = [sp[0] for sp in specs]
+    r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
+         "instructions": {n: median("instructions", n) for n in names},
+         "module": {n: median("module", n) for n in names if n.startswith("native")},
+         "rounds": rounds, "requests": args.requests}
+    (BENCH / "results-share.json").write_text(json.dumps(r, indent=2) + "\n")
+    print(share_report(r))
+
+
+def share_report(r):
+    """The shared rule's cost, as markdown: Envoy's instructions per request (medians of the
+    rounds) and, for the native build, the module's own."""
+    ins, mod = r["instructions"], r["module"]
+    lines = ["| build | no filter | rule not shared | shared | shared − not shared | module: not shared | module: shared |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for b in ("native", "wasm"):
+        p, s = ins[f"{b}-plain"], ins[f"{b}-shared"]
+        m = (f"{mod[f'{b}-plain']:,.0f} | {mod[f'{b}-shared']:,.0f}" if b == "native"
+             else "– | –")
+        lines.append(f"| {b} | {ins['no-filter']:,.0f} | {p:,.0f} | {s:,.0f} | {s - p:+,.0f} | {m} |")
+    return "\n".join(lines)
 
 
 def bodies_report(r):

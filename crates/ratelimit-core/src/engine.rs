@@ -332,7 +332,7 @@ fn decide_share(
                     Some(State::Tenant(reapply(d, tenant, now_ms, check.cost))),
                 );
             }
-            let mut value = Vec::new();
+            let mut value = share::state::RecordBytes::new();
             let mut attempts = 0u32;
             let written = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
                 attempts += 1;
@@ -425,7 +425,7 @@ fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
                 return ((), None); // forgotten meanwhile: nothing to give back
             };
             let mut t = *t;
-            let mut value = Vec::new();
+            let mut value = share::state::RecordBytes::new();
             let _ = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
                 let Some(mut record) = bytes.and_then(share::Record::decode) else {
                     return ((), false);

@@ -347,7 +347,16 @@ impl Store for ProcessStore {
                 return Err(StoreError::Conflict);
             }
             let next = next_cas(current.unwrap_or(0));
-            shard.insert(slot, (value.to_vec(), next));
+            match shard.get_mut(&slot) {
+                // Rewritten in place: a record of fixed size costs no allocation.
+                Some((v, cas)) if v.len() == value.len() => {
+                    v.copy_from_slice(value);
+                    *cas = next;
+                }
+                _ => {
+                    shard.insert(slot, (value.to_vec(), next));
+                }
+            }
             return Ok(());
         }
         let bucket = self

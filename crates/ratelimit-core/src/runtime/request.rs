@@ -1238,7 +1238,12 @@ fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>, response: &ResponseCon
     let challenge = part
         .filter(|p| bearer(p))
         .map(|_| format!("Bearer realm=\"{}\"", rule.name));
-    let what = part.map_or_else(String::new, |p| format!(" ({p})"));
+    // The part as configured may hold any character (a body path): escaped for the JSON body.
+    let what = part.map_or_else(String::new, |p| {
+        let quoted = super::operator_http::json(&format!(" ({p})"));
+        let inner = quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"'));
+        inner.unwrap_or_default().to_string()
+    });
     let detail = format!(
         "Rule \\\"{}\\\" keys each client by a value the request does not carry{what}; send it.",
         rule.name
@@ -1300,6 +1305,27 @@ mod tests {
     fn runtime(json: &str) -> Runtime<MemoryStore> {
         let config = Config::parse(json.as_bytes()).unwrap();
         Runtime::new(config, Seed([1, 2]), MemoryStore::new())
+    }
+
+    #[test]
+    fn a_missing_key_part_named_with_any_character_leaves_the_body_json() {
+        // Found by the config fuzz target: a body path holding a NUL, a quote and a backslash.
+        for dialect in ["default", "openai", "anthropic"] {
+            let rt = runtime(&format!(
+                r#"{{"rules": [{{"name": "k", "key": ["body:mo\u0000d\"e\\l"],
+                    "on_missing_key": "refuse",
+                    "rate_limit": {{"requests_per_unit": 5, "unit": "minute"}}}}],
+                    "response": {{"dialect": "{dialect}"}}}}"#
+            ));
+            let reply = match rt.start(&mut FakeHost::new("10.0.0.1", "/")) {
+                Start::Decided(Decision::Reply(r)) => r,
+                other => panic!("{dialect}: {:?}", matches!(other, Start::Ask(_))),
+            };
+            assert_eq!(reply.status, MISSING_KEY_STATUS);
+            let v: serde_json::Value = serde_json::from_str(&reply.body)
+                .unwrap_or_else(|e| panic!("{dialect}: {e}: {}", reply.body));
+            assert!(v.to_string().contains(r#"(body:mo\u0000d\"e\\l)"#), "{v}");
+        }
     }
 
     #[test]

@@ -383,11 +383,10 @@ fn adjust(record: &mut Record, t: &Tenant, slot: Slot, sign: i8) {
 pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_ms: u64) {
     record.step_ms = now_ms;
     let target = permille(limit.saturating_mul(LEVEL_ONE), share.target_pm);
-    let used: Vec<u64> = record
-        .bands
-        .iter()
-        .map(|b| b.used.usage_in(now_ms, window_ms, LEVEL_ONE))
-        .collect();
+    let mut used = [0u64; MAX_BANDS];
+    for (u, b) in used.iter_mut().zip(&record.bands) {
+        *u = b.used.usage_in(now_ms, window_ms, LEVEL_ONE);
+    }
     let reserve = |i: usize| {
         share
             .min_share_pm
@@ -395,23 +394,19 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
             .map_or(0, |&pm| permille(target, pm))
     };
     // What each band uses or asks for within its reserve: kept for it against higher bands.
-    let kept: Vec<u64> = record
-        .bands
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let asks = used
-                .get(i)
-                .copied()
-                .unwrap_or(0)
-                .saturating_add(b.starved.saturating_mul(LEVEL_ONE));
-            asks.min(reserve(i))
-        })
-        .collect();
+    let mut kept = [0u64; MAX_BANDS];
+    for (i, (k, b)) in kept.iter_mut().zip(&record.bands).enumerate() {
+        let asks = used
+            .get(i)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(b.starved.saturating_mul(LEVEL_ONE));
+        *k = asks.min(reserve(i));
+    }
     let n = record.bands.len();
     for i in 0..n {
         let above: u64 = used.iter().take(i).sum();
-        let below: u64 = kept.iter().skip(i + 1).sum();
+        let below: u64 = kept.iter().take(n).skip(i + 1).sum();
         let budget = if n == 1 {
             target
         } else {

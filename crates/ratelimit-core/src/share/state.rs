@@ -3,6 +3,7 @@
 //! computed from). Both are fixed-width little-endian, so a store can update them in place.
 
 use crate::limiter::codec::{Reader, Writer};
+use smallvec::SmallVec;
 use crate::limiter::{sliding_window, State};
 use crate::table;
 
@@ -12,6 +13,11 @@ pub const MAX_BANDS: usize = 4;
 pub const TENANT_LEN: usize = 23;
 /// The record's format version, its first byte.
 pub const RECORD_VERSION: u8 = 1;
+/// The longest record: four bands.
+pub const MAX_RECORD_LEN: usize = HEADER_LEN + BAND_LEN * MAX_BANDS;
+/// A record's bytes, on the stack (the longest fits).
+pub type RecordBytes = SmallVec<[u8; 512]>;
+const _: () = assert!(MAX_RECORD_LEN <= 512);
 /// The record's header length.
 const HEADER_LEN: usize = 64;
 /// One band's length in the record.
@@ -229,7 +235,7 @@ pub struct Record {
     /// The capacity's state under the rule's algorithm (`None`: nothing counted yet).
     pub capacity: Option<State>,
     /// One per band, highest priority first (1 to [`MAX_BANDS`]).
-    pub bands: Vec<BandSums>,
+    pub bands: SmallVec<[BandSums; MAX_BANDS]>,
 }
 
 impl Record {
@@ -239,7 +245,7 @@ impl Record {
             epoch: 0,
             step_ms: 0,
             capacity: None,
-            bands: vec![
+            bands: smallvec::smallvec![
                 BandSums {
                     level: NO_LEVEL,
                     ..BandSums::default()
@@ -256,8 +262,8 @@ impl Record {
 
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
     /// tagged state (24, zero when none), reserved to 64; then each band.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![0u8; Record::len_for(self.bands.len())];
+    pub fn encode(&self) -> RecordBytes {
+        let mut out: RecordBytes = smallvec::smallvec![0u8; Record::len_for(self.bands.len())];
         let head: [u8; 16] = Writer::new()
             .u32(u32::from(RECORD_VERSION) | (self.bands.len() as u32) << 8)
             .u32(self.epoch)
@@ -301,7 +307,7 @@ impl Record {
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
         let bands = (0..n)
             .map(|_| BandSums::decode(&mut r))
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<Option<SmallVec<_>>>()?;
         r.end()?;
         Some(Record {
             epoch,
