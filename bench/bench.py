@@ -880,6 +880,9 @@ def share(args, work):
     specs = [("no-filter", "")]
     for b in ("native", "wasm"):
         specs += [(f"{b}-plain", ours([plain], build=b)), (f"{b}-shared", ours([shared], build=b))]
+    if args.only:
+        keep = args.only.split(",")
+        specs = [sp for sp in specs if sp[0] in keep]
     rounds = []
     for i in range(args.rounds):
         print(f"round {i + 1} of {args.rounds}", flush=True)
@@ -907,6 +910,8 @@ def share_report(r):
     lines = ["| build | no filter | rule not shared | shared | shared − not shared | module: not shared | module: shared |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for b in ("native", "wasm"):
+        if f"{b}-plain" not in ins or f"{b}-shared" not in ins or "no-filter" not in ins:
+            continue
         p, s = ins[f"{b}-plain"], ins[f"{b}-shared"]
         m = (f"{mod[f'{b}-plain']:,.0f} | {mod[f'{b}-shared']:,.0f}" if b == "native"
              else "– | –")

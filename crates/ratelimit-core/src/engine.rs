@@ -250,7 +250,8 @@ fn decide_shares(
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
-    let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
+    let mut rules: PerRule<RuleOutcome> = PerRule::new();
+    rules.resize_with(checks.len(), RuleOutcome::default);
     let mut counted: PerRule<(usize, share::Tenant)> = SmallVec::new();
     let mut allowed = true;
     for (i, check) in checks.iter().enumerate() {
@@ -269,7 +270,7 @@ fn decide_shares(
             break;
         }
     }
-    if allowed {
+    if allowed && checks.iter().any(|c| c.share.is_none()) {
         let (others, at): (PerRule<Check>, PerRule<usize>) = checks
             .iter()
             .enumerate()
@@ -332,26 +333,43 @@ fn decide_share(
                     Some(State::Tenant(reapply(d, tenant, now_ms, check.cost))),
                 );
             }
-            let mut value = share::state::RecordBytes::new();
-            let mut attempts = 0u32;
-            let written = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                attempts += 1;
-                let mut record = bytes
-                    .and_then(share::Record::decode)
-                    .unwrap_or_else(|| share::Record::new(sc.share.bands));
-                let d = share::decide(
+            let mut record = share::Record::empty();
+            let decide_on = |record: &mut share::Record, bytes: Option<&[u8]>| {
+                if !bytes.is_some_and(|b| record.decode_from(b)) {
+                    *record = share::Record::new(sc.share.bands);
+                }
+                share::decide(
                     &sc.share,
                     &check.policy,
-                    &mut record,
+                    record,
                     tenant.as_ref(),
                     sc.asker,
                     now_ms,
                     check.cost,
-                );
-                *value = record.encode();
+                )
+            };
+            // Held by the store (the native build's process table): in place, no race to lose.
+            let held = store.locked_value(sc.record, |value, present| {
+                let d = decide_on(&mut record, present.then_some(&value[..]));
+                record.encode_into_vec(value);
                 (d, true)
             });
-            record_retries += attempts.saturating_sub(1);
+            let written = match held {
+                Some(written) => written,
+                None => {
+                    let mut value = share::state::RecordBytes::new();
+                    let mut attempts = 0u32;
+                    let replaced =
+                        store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                            attempts += 1;
+                            let d = decide_on(&mut record, bytes);
+                            record.encode_into(value);
+                            (d, true)
+                        });
+                    record_retries += attempts.saturating_sub(1);
+                    replaced
+                }
+            };
             match written {
                 Ok(d) => {
                     let t = d.tenant;
@@ -402,8 +420,7 @@ fn reapply(
     t.refused_tick = d.tenant.refused_tick;
     if d.refused.is_none() {
         let window = u64::from(d.tenant.usage.window_ms);
-        t.usage =
-            crate::limiter::sliding_window::charge(Some(t.usage), now_ms, u64::MAX, window, cost).1;
+        t.usage = crate::limiter::sliding_window::add(t.usage, now_ms, window, cost);
     }
     t
 }
@@ -439,7 +456,7 @@ fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
                     now_ms,
                     check.cost,
                 );
-                *value = record.encode();
+                record.encode_into(value);
                 ((), true)
             });
             let counted = crate::limiter::sliding_window::State {

@@ -106,6 +106,19 @@ pub trait Store {
         None
     }
 
+    /// Runs `f` on the value in store slot `slot` (not a [`SlotKind::Bucket`]) while this store
+    /// holds it for the caller alone, if it can: `f` gets the value to change in place (empty
+    /// if the slot was never written) and whether it was written, and returns its result and
+    /// whether it changed the value. `None` when the store cannot hold a slot so (Envoy's shared
+    /// data): the caller uses [`Store::replace`].
+    fn locked_value<T>(
+        &self,
+        _slot: u64,
+        _f: impl FnOnce(&mut Vec<u8>, bool) -> (T, bool),
+    ) -> Option<Result<T, StoreError>> {
+        None
+    }
+
     /// Runs `f` while this store holds every bucket in `slots` (each a
     /// [`SlotKind::Bucket`]) for the caller alone, as [`Store::locked`] holds one, if
     /// it can; `None` otherwise (the caller reads and writes with compare-and-swap).
@@ -174,6 +187,14 @@ impl<T: Store> Store for std::sync::Arc<T> {
         (**self).locked(slot, f)
     }
 
+    fn locked_value<R>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(&mut Vec<u8>, bool) -> (R, bool),
+    ) -> Option<Result<R, StoreError>> {
+        (**self).locked_value(slot, f)
+    }
+
     fn locked_many<R>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> R) -> Option<R> {
         (**self).locked_many(slots, f)
     }
@@ -203,7 +224,41 @@ fn may_write(current: Option<u32>, cas: u32) -> bool {
 }
 
 /// Values and their CAS, by slot.
-type Values = HashMap<u64, (Vec<u8>, u32)>;
+type Values = HashMap<u64, (Vec<u8>, u32), BuildSlotHasher>;
+
+/// Hashes a slot number with one multiplication: slots are numbers the filter computes (a
+/// client's keyed hash modulo the capacity, a rule's fingerprint), never a client's bytes, so
+/// SipHash's protection buys nothing here and costs a hundred instructions a lookup.
+#[derive(Clone, Copy, Default, Debug)]
+struct BuildSlotHasher;
+
+impl std::hash::BuildHasher for BuildSlotHasher {
+    type Hasher = SlotHasher;
+    fn build_hasher(&self) -> SlotHasher {
+        SlotHasher(0)
+    }
+}
+
+/// See [`BuildSlotHasher`].
+#[derive(Default)]
+struct SlotHasher(u64);
+
+impl std::hash::Hasher for SlotHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: the high bits mix every bit of the slot.
+        self.0 = (self.0 ^ n)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(32);
+    }
+}
 
 /// An in-memory [`Store`] with Envoy's semantics, safe to share between threads.
 #[derive(Debug, Default)]
@@ -395,6 +450,29 @@ impl Store for ProcessStore {
         Some(Ok(result))
     }
 
+    fn locked_value<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(&mut Vec<u8>, bool) -> (T, bool),
+    ) -> Option<Result<T, StoreError>> {
+        if SlotKind::of(slot) == SlotKind::Bucket {
+            return None;
+        }
+        let mut shard = match self.log_shard(slot) {
+            Ok(shard) => lock(shard),
+            Err(e) => return Some(Err(e)),
+        };
+        let present = shard.contains_key(&slot);
+        let (value, cas) = shard.entry(slot).or_default();
+        let (result, written) = f(value, present);
+        if written {
+            *cas = next_cas(*cas);
+        } else if !present {
+            shard.remove(&slot);
+        }
+        Some(Ok(result))
+    }
+
     /// The buckets are locked in the order of their slots, each once: whoever holds several
     /// holds them in that order, and whoever holds one waits for no other, so no two callers
     /// can wait for each other.
@@ -440,6 +518,40 @@ mod tests {
         assert_eq!(s.write(slot, a, cas), Err(StoreError::Conflict));
         s.write(slot, a, 0).unwrap();
         assert_eq!(get(s, slot).0.as_deref(), Some(a));
+    }
+
+    #[test]
+    fn a_process_store_holds_a_value_in_place() {
+        let s = ProcessStore::new(1);
+        let slot = SlotKind::Share.slot(3);
+        // Absent, and not written: still absent.
+        let r = s.locked_value(slot, |v, present| {
+            assert!(v.is_empty() && !present);
+            ((), false)
+        });
+        assert!(matches!(r, Some(Ok(()))));
+        assert_eq!(get(&s, slot), (None, None));
+        // Written in place, then seen by a read with a CAS, then changed in place again.
+        s.locked_value(slot, |v, _| {
+            v.extend_from_slice(b"abc");
+            ((), true)
+        });
+        let (value, cas) = get(&s, slot);
+        assert_eq!(value.as_deref(), Some(&b"abc"[..]));
+        s.locked_value(slot, |v, present| {
+            assert!(present && v == b"abc");
+            v[0] = b'x';
+            ((), true)
+        });
+        let (value, cas2) = get(&s, slot);
+        assert_eq!(value.as_deref(), Some(&b"xbc"[..]));
+        assert_ne!(cas, cas2, "a write in place moves the CAS");
+        assert!(
+            s.write(slot, b"old", cas.unwrap()).is_err(),
+            "a stale CAS loses"
+        );
+        // Buckets are held another way.
+        assert!(s.locked_value(0, |_, _| ((), false)).is_none());
     }
 
     #[test]

@@ -209,6 +209,18 @@ pub fn charge(
     count(state.unwrap_or_default().at(now_ms, window_ms), limit, cost)
 }
 
+/// [`charge`] without the verdict: the state with `cost` counted at `now_ms` (a counter no
+/// limit applies to).
+pub fn add(state: State, now_ms: u64, window_ms: u64, cost: u64) -> State {
+    let win = state.at(now_ms, window_ms);
+    State {
+        last_ms: win.now,
+        window_ms: u32::try_from(win.w).unwrap_or(u32::MAX),
+        current: u32::try_from(win.current.saturating_add(cost)).unwrap_or(u32::MAX),
+        previous: u32::try_from(win.previous).unwrap_or(u32::MAX),
+    }
+}
+
 /// Counts `cost` in `win`: the verdict and the state to store.
 fn count(win: Window, limit: u64, cost: u64) -> (Verdict, State) {
     let after = Window {

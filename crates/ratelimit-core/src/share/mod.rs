@@ -120,8 +120,6 @@ pub fn decide(
     if t.usage.window_ms == 0 {
         t.usage.window_ms = u32::try_from(window_ms).unwrap_or(u32::MAX);
     }
-    // Seen now, whatever the decision: its entry is kept while it may count as active.
-    t.usage = sliding_window::charge(Some(t.usage), now_ms, u64::MAX, window_ms, 0).1;
     register(record, &mut t, weight, band as u8, epoch);
 
     let used_all: u64 = record
@@ -194,6 +192,8 @@ pub fn decide(
         } else if let Some(b) = record.bands.get_mut(band) {
             b.starved = b.starved.saturating_add(cost);
         }
+        // Seen now all the same: its entry is kept while it may count as active.
+        t.usage = sliding_window::add(t.usage, now_ms, window_ms, 0);
         return Decision {
             verdict,
             refused: Some(first),
@@ -205,13 +205,12 @@ pub fn decide(
     record.capacity = next_capacity;
     let window = window_ms;
     if let Some(b) = record.bands.get_mut(band) {
-        b.used = sliding_window::charge(Some(b.used), now_ms, u64::MAX, window, cost).1;
+        b.used = sliding_window::add(b.used, now_ms, window, cost);
         if t.held {
-            b.used_held =
-                sliding_window::charge(Some(b.used_held), now_ms, u64::MAX, window, cost).1;
+            b.used_held = sliding_window::add(b.used_held, now_ms, window, cost);
         }
     }
-    t.usage = sliding_window::charge(Some(t.usage), now_ms, u64::MAX, window, cost).1;
+    t.usage = sliding_window::add(t.usage, now_ms, window, cost);
     let mut verdict = v_capacity;
     if let Some(v) = v_share {
         verdict.remaining = verdict.remaining.min(v.remaining);

@@ -3,9 +3,9 @@
 //! computed from). Both are fixed-width little-endian, so a store can update them in place.
 
 use crate::limiter::codec::{Reader, Writer};
-use smallvec::SmallVec;
 use crate::limiter::{sliding_window, State};
 use crate::table;
+use smallvec::SmallVec;
 
 /// The most bands a rule may have.
 pub const MAX_BANDS: usize = 4;
@@ -176,10 +176,10 @@ impl BandSums {
         u64::from(self.held_now) + u64::from(self.held_carry)
     }
 
-    fn encode(&self, out: &mut [u8]) {
+    fn bytes(&self) -> [u8; BAND_LEN] {
         let a = self.used;
         let b = self.used_held;
-        let bytes: [u8; BAND_LEN] = Writer::new()
+        Writer::new()
             .u64(a.last_ms)
             .u32(a.window_ms)
             .u32(a.current)
@@ -195,10 +195,7 @@ impl BandSums {
             .u64(self.starved)
             .u64(self.level)
             .u64(self.budget)
-            .finish();
-        if let Some(dst) = out.get_mut(..BAND_LEN) {
-            dst.copy_from_slice(&bytes);
-        }
+            .finish()
     }
 
     fn decode(r: &mut Reader) -> Option<BandSums> {
@@ -263,30 +260,67 @@ impl Record {
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
     /// tagged state (24, zero when none), reserved to 64; then each band.
     pub fn encode(&self) -> RecordBytes {
-        let mut out: RecordBytes = smallvec::smallvec![0u8; Record::len_for(self.bands.len())];
-        let head: [u8; 16] = Writer::new()
+        let mut out = RecordBytes::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// [`Record::encode`] into `out` (its bytes replaced), without moving a buffer around.
+    pub fn encode_into(&self, out: &mut RecordBytes) {
+        out.clear();
+        self.write_to(|b| out.extend_from_slice(b));
+    }
+
+    /// [`Record::encode`] into a value a store holds (its bytes replaced; no allocation once it
+    /// has held a record).
+    pub fn encode_into_vec(&self, out: &mut Vec<u8>) {
+        out.clear();
+        self.write_to(|b| out.extend_from_slice(b));
+    }
+
+    /// The encoding, piece by piece.
+    fn write_to(&self, mut push: impl FnMut(&[u8])) {
+        let mut head = [0u8; HEADER_LEN];
+        let fields: [u8; 16] = Writer::new()
             .u32(u32::from(RECORD_VERSION) | (self.bands.len() as u32) << 8)
             .u32(self.epoch)
             .u64(self.step_ms)
             .finish();
-        if let Some(dst) = out.get_mut(..16) {
-            dst.copy_from_slice(&head);
+        let (first, rest) = head.split_at_mut(16);
+        first.copy_from_slice(&fields);
+        if let Some(state) = &self.capacity {
+            table::encode_state(state, rest);
         }
-        if let (Some(state), Some(dst)) = (&self.capacity, out.get_mut(16..16 + table::TAGGED_LEN))
-        {
-            table::encode_state(state, dst);
+        push(&head);
+        for band in &self.bands {
+            push(&band.bytes());
         }
-        for (i, band) in self.bands.iter().enumerate() {
-            if let Some(dst) = out.get_mut(HEADER_LEN + i * BAND_LEN..) {
-                band.encode(dst);
-            }
-        }
-        out
     }
 
     /// Decodes [`Record::encode`]'s output; `None` for another version, a band count out of
     /// range, the wrong length or a state that does not decode.
     pub fn decode(bytes: &[u8]) -> Option<Record> {
+        let mut record = Record::empty();
+        record.decode_from(bytes).then_some(record)
+    }
+
+    /// A record of no band, to [`Record::decode_from`] into (not itself a valid record).
+    pub fn empty() -> Record {
+        Record {
+            epoch: 0,
+            step_ms: 0,
+            capacity: None,
+            bands: SmallVec::new(),
+        }
+    }
+
+    /// [`Record::decode`] into this record, in place (no record moves through the stack):
+    /// whether the bytes decoded; if not, the record is left as some valid record.
+    pub fn decode_from(&mut self, bytes: &[u8]) -> bool {
+        self.try_decode_from(bytes).is_some()
+    }
+
+    fn try_decode_from(&mut self, bytes: &[u8]) -> Option<()> {
         let (&version, rest) = bytes.split_first()?;
         let (&bands, _) = rest.split_first()?;
         let n = usize::from(bands);
@@ -305,16 +339,17 @@ impl Record {
             Some(table::decode_state(tagged).ok()?)
         };
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
-        let bands = (0..n)
-            .map(|_| BandSums::decode(&mut r))
-            .collect::<Option<SmallVec<_>>>()?;
+        self.bands.clear();
+        for _ in 0..n {
+            let band = BandSums::decode(&mut r);
+            self.bands.push(band.unwrap_or_default());
+            band?;
+        }
         r.end()?;
-        Some(Record {
-            epoch,
-            step_ms,
-            capacity,
-            bands,
-        })
+        self.epoch = epoch;
+        self.step_ms = step_ms;
+        self.capacity = capacity;
+        Some(())
     }
 
     /// Moves the active sums to `epoch`: what was counted in the epoch before becomes the
