@@ -265,9 +265,9 @@ fn admit_nothing(capacity: &Policy, now_ms: u64, cost: u64, tenant: Tenant) -> D
     }
 }
 
-/// Whether a counter is under `limit` (× [`LEVEL_ONE`]) now: a request is admitted while
-/// anything is left, so a share is used whole whatever its requests cost (and overshot by at
-/// most one request). If not, the verdict says when it will be.
+/// Whether a request of `cost` fits a counter's `limit` (× [`LEVEL_ONE`]) now: it is admitted
+/// while at least half of it fits, so a share is used whole on average whatever its requests
+/// cost (overshot by at most half a request). If not, the verdict says when it will.
 fn under(
     counter: &sliding_window::State,
     now_ms: u64,
@@ -276,17 +276,18 @@ fn under(
     cost: u64,
 ) -> Verdict {
     let used = counter.usage_in(now_ms, window_ms, LEVEL_ONE);
-    let whole = limit.div_ceil(LEVEL_ONE);
-    // Admitted at usage u + cost ≤ whole + cost − 1, i.e. u < whole: the wait of a request
-    // of `cost` against a limit that much higher.
+    let half = cost.saturating_mul(LEVEL_ONE) / 2;
+    // Admitted while at least half of the request fits: u + cost / 2 ≤ limit, the wait of a
+    // request of `cost` against a limit half a request higher.
     let (mut v, _) = sliding_window::decide(
         Some(*counter),
         now_ms,
-        whole.saturating_add(cost).saturating_sub(1),
+        limit.saturating_add(half) / LEVEL_ONE,
         window_ms,
         cost,
     );
-    v.allowed = used < limit;
+    let whole = limit.div_ceil(LEVEL_ONE);
+    v.allowed = used.saturating_add(half) <= limit;
     v.limit = whole;
     v.remaining = whole.saturating_sub(used.div_ceil(LEVEL_ONE));
     if v.allowed {
