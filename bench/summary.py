@@ -32,6 +32,8 @@ OTHER_FILES = {
     "results-tokens.json": "rules charged by the tokens read from responses (a JSON answer, "
                            "an event stream read in bulk), in instructions",
     "results-tokens-paced.json": "the same, the stream arriving one event at a time",
+    "results-share.json": "a rule whose limit is shared among its keys against the same rule "
+                          "not shared, every request admitted, in instructions",
     "results-fleet-after-fix.json": "the fleet's wasm build after a change to its lease path, "
                                     "4 rounds",
     "results-fleet-hot-10s.json": "the fleet's hot key, local-only and lease, 6 rounds of 10 s",
