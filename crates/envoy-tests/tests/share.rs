@@ -22,7 +22,7 @@
 mod common;
 
 use common::provider::Provider;
-use common::{bootstrap_with, Client, Envoy, Listener};
+use common::{bootstrap_with, metric, Client, Envoy, Listener};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -249,4 +249,11 @@ fn a_provider_capacity_is_shared_fairly_and_never_exceeded() {
     assert!(batch >= 0.05 * 0.97 * RATE, "batch {batch:.2}/s");
     let p4_total: f64 = p4.values().sum();
     assert!(p4_total >= 0.95 * RATE, "p4 used {p4_total:.2}/s");
+
+    // Operators see why: refusals for a share and for a band's budget, counted apart.
+    for (rule, name) in [("p1", "share_refused"), ("p4", "band_refused")] {
+        let n = envoy.wait_stat_until(&metric(Some(rule), name), |n| n > 0);
+        assert!(n.is_some(), "{rule} {name}: {n:?}");
+    }
+    assert_eq!(envoy.stat(&metric(Some("p1"), "band_refused")), Some(0), "one band in p1");
 }

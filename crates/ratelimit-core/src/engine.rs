@@ -123,6 +123,8 @@ pub struct RuleOutcome {
     pub filled: bool,
     /// Whether an elastic rule admitted the request above its base limit.
     pub above_base: bool,
+    /// Why a shared rule refused the request, if it did.
+    pub share_refused: Option<share::Reason>,
 }
 
 /// Why the store could not decide for a rule.
@@ -397,6 +399,7 @@ fn decide_share(
         return (out, !fails_closed, None);
     };
     out.verdict = Some(d.verdict);
+    out.share_refused = d.refused;
     let admitted = d.refused.is_none();
     (out, admitted || check.shadow, admitted.then_some(d.tenant))
 }

@@ -86,11 +86,17 @@ pub enum Counter {
     /// Units (hits, or usage) a global rule could not report to its service (the call failed,
     /// or too many keys waited): the service never counted them.
     ReportsLost,
+    /// Requests a shared rule refused because their tenant had its share while the capacity
+    /// was contended (also in `limited`).
+    ShareRefused,
+    /// Requests a shared rule refused because their band had its budget (higher bands used the
+    /// rest; also in `limited`).
+    BandRefused,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 28] = [
+    pub const ALL: [Counter; 30] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -119,6 +125,8 @@ impl Counter {
         Counter::LeaseLapsed,
         Counter::UsageReported,
         Counter::ReportsLost,
+        Counter::ShareRefused,
+        Counter::BandRefused,
     ];
 
     /// The name in the metric names.
@@ -152,6 +160,8 @@ impl Counter {
             Counter::LeaseLapsed => "lease_lapsed",
             Counter::UsageReported => "usage_reported",
             Counter::ReportsLost => "reports_lost",
+            Counter::ShareRefused => "share_refused",
+            Counter::BandRefused => "band_refused",
         }
     }
 }

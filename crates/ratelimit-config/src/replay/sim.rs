@@ -171,6 +171,9 @@ impl Outcome {
             | Counter::LeaseLapsed
             | Counter::UsageReported
             | Counter::ReportsLost => return,
+            // A shared rule replays as it decides (the log's order is its clock); its refusals
+            // for a share or a band are in `limited` already.
+            Counter::ShareRefused | Counter::BandRefused => return,
         };
         *field += n;
     }

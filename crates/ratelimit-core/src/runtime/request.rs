@@ -936,6 +936,11 @@ impl<S: Store> Runtime<S> {
             .add(rule, Counter::StoreRetries, u64::from(out.retries));
         self.metrics
             .add(rule, Counter::SlotEvictions, u64::from(out.evicted));
+        match out.share_refused {
+            Some(crate::share::Reason::Share) => self.metrics.add(rule, Counter::ShareRefused, 1),
+            Some(crate::share::Reason::Band) => self.metrics.add(rule, Counter::BandRefused, 1),
+            _ => {}
+        }
         if out.filled {
             // A sliding log has a slot of its own, not an entry in a bucket.
             let log = self.compiled.get(rule).is_some_and(|c| c.policy.uses_log());
@@ -1385,6 +1390,14 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(record.bands[0].active_weight(), 4, "the interactive band");
+        // Refusals for a share are counted apart (and in `limited`).
+        let counted = counts(&rt);
+        let share_refused: u64 = counted
+            .iter()
+            .filter(|(_, c, _)| *c == Counter::ShareRefused)
+            .map(|(_, _, n)| n)
+            .sum();
+        assert!(share_refused > 0, "{counted:?}");
         assert_eq!(
             record.bands[1].active_weight(),
             3,
