@@ -255,5 +255,9 @@ fn a_provider_capacity_is_shared_fairly_and_never_exceeded() {
         let n = envoy.wait_stat_until(&metric(Some(rule), name), |n| n > 0);
         assert!(n.is_some(), "{rule} {name}: {n:?}");
     }
-    assert_eq!(envoy.stat(&metric(Some("p1"), "band_refused")), Some(0), "one band in p1");
+    assert_eq!(
+        envoy.stat(&metric(Some("p1"), "band_refused")),
+        Some(0),
+        "one band in p1"
+    );
 }

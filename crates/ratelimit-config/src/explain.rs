@@ -8,7 +8,7 @@ use ratelimit_core::key::{self, Attributes, Meta, PlainRequest, Seed};
 use ratelimit_core::limiter::Policy;
 use ratelimit_core::runtime::explain::{
     escaped, limit_text, resolved_text, window_text, Absence, Applies, CostFrom, Explained,
-    NotApplying, PricedAs, Value,
+    NotApplying, PricedAs, Shared, Value,
 };
 use ratelimit_core::runtime::{Host, Runtime};
 use ratelimit_core::store::MemoryStore;
@@ -285,7 +285,11 @@ pub fn text(name: &str, config: &Config, options: &Options) -> String {
                 let _ = writeln!(out, "{pad}key {}", key_text(a, seed.is_some(), options));
                 let _ = writeln!(out, "{pad}cost {}", cost_text(&a.cost, e.rule));
                 let _ = writeln!(out, "{pad}limit {}", limit_line(e, a));
-                for c in &a.carried {
+                for c in a
+                    .carried
+                    .iter()
+                    .chain(a.share.iter().flat_map(|s| &s.weight_from))
+                {
                     let value = c.value.as_ref().map_or("nothing".into(), Value::to_string);
                     let _ = writeln!(
                         out,
@@ -294,6 +298,9 @@ pub fn text(name: &str, config: &Config, options: &Options) -> String {
                         c.source,
                         resolved_text(c.resolved)
                     );
+                }
+                if let Some(s) = &a.share {
+                    let _ = writeln!(out, "{pad}{}", share_text(s));
                 }
             }
         }
@@ -421,6 +428,32 @@ fn cost_text(c: &CostFrom<'_>, rule: &Rule) -> String {
 }
 
 /// `100 per minute (sliding_window), shadow, global sync`.
+/// A shared rule's tenant, as a sentence.
+fn share_text(s: &Shared<'_>) -> String {
+    let mut out = format!("shared: this tenant weighs {}", s.weight);
+    match &s.band_from {
+        Some((source, value)) => {
+            let value = value.as_ref().map_or("nothing".into(), Value::to_string);
+            let _ = write!(out, ", band {} (from {source} = {value})", s.band);
+        }
+        None => {
+            let _ = write!(out, ", one band");
+        }
+    }
+    let base = if s.band_from.is_some() {
+        format!("its band's budget (at most {})", s.handed_out)
+    } else {
+        s.handed_out.to_string()
+    };
+    let _ = write!(
+        out,
+        "; alone it may use the whole limit; while the limit is contended, its share is at \
+         least {base} x {} / the weights of the tenants active then",
+        s.weight,
+    );
+    out
+}
+
 fn limit_line(e: &Explained<'_>, a: &Applies<'_>) -> String {
     let r = e.rule;
     let mut out = limit_text(&a.policy);
@@ -564,6 +597,28 @@ fn applies_json(
         })
         .collect();
     o.insert("carried".into(), carried.into());
+    if let Some(s) = &a.share {
+        let (band_from, band_value) = match &s.band_from {
+            Some((source, value)) => (
+                Json::from(source.to_string()),
+                match value {
+                    None => Json::Null,
+                    Some(Value::Number(x)) => json!(x),
+                    Some(Value::Text(t)) => escaped(t).into(),
+                },
+            ),
+            None => (Json::Null, Json::Null),
+        };
+        o.insert(
+            "share".into(),
+            json!({
+                "weight": s.weight,
+                "weight_from": s.weight_from.as_ref().map(|c| c.source.to_string()),
+                "band": s.band, "band_from": band_from, "band_value": band_value,
+                "handed_out": s.handed_out,
+            }),
+        );
+    }
     o.insert("shadow".into(), e.rule.shadow.into());
     o.insert(
         "global".into(),

@@ -429,3 +429,44 @@ fn a_money_rule_names_the_prices_of_the_requests_model() {
         "; no model named: no price, refused with a 400 (price.default: \"refuse\")"
     );
 }
+
+#[test]
+fn a_shared_rule_names_the_tenants_weight_and_band_and_what_its_share_is() {
+    let config = "crates/ratelimit-core/tests/fixtures/good/share.json";
+    let out = ok(&[config, "--path", "/v1/chat", "--header", "x-team: a"]);
+    assert!(
+        out.contains(
+            "shared: this tenant weighs 1, band batch (from \
+             metadata:envoy.filters.http.ext_authz:band = nothing); alone it may use the whole \
+             limit; while the limit is contended, its share is at least its band's budget (at \
+             most 485) x 1 / the weights of the tenants active then"
+        ),
+        "{out}"
+    );
+    let out = ok(&[
+        config,
+        "--path",
+        "/v1/chat",
+        "--header",
+        "x-team: a",
+        "--metadata",
+        "envoy.filters.http.ext_authz:weight=250",
+        "--metadata",
+        "envoy.filters.http.ext_authz:band=interactive",
+    ]);
+    assert!(
+        out.contains("share.weight from metadata:envoy.filters.http.ext_authz:weight = 250: above the cap: the cap 100"),
+        "{out}"
+    );
+    assert!(
+        out.contains("this tenant weighs 100, band interactive"),
+        "{out}"
+    );
+    let out = ok(&[config, "--header", "x-api-key: k", "--json"]);
+    let simple: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        simple["share"],
+        serde_json::json!({"weight": 1, "weight_from": null, "band": "default",
+                           "band_from": null, "band_value": null, "handed_out": 97})
+    );
+}

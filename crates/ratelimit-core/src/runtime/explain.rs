@@ -6,7 +6,8 @@
 use super::request::{Applying, Carrying, Host};
 use super::Runtime;
 use crate::config::{
-    self, Carried, Cost, FromRequest, KeyPart, Limit, ModelFrom, Priced, Resolved, Rule, Source,
+    self, Carried, Cost, FromRequest, KeyPart, Limit, ModelFrom, Priced, Resolved, Rule,
+    ShareConfig, Source,
 };
 use crate::key::{self, Attributes, Condition};
 use crate::limiter::{calendar, Policy, Windows};
@@ -38,6 +39,24 @@ pub struct Applies<'r> {
     pub policy: Policy,
     /// The numbers of the limit the request carried (`rules[].…{"from": …}`), if any.
     pub carried: Vec<Carry<'r>>,
+    /// A shared rule's view of this request's tenant.
+    pub share: Option<Shared<'r>>,
+}
+
+/// What a shared rule makes of the request's tenant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shared<'r> {
+    /// The tenant's weight for this request.
+    pub weight: u16,
+    /// Where the weight was read, and what became of it (`None`: a fixed weight).
+    pub weight_from: Option<Carry<'r>>,
+    /// The band's name.
+    pub band: &'r str,
+    /// Where the band was read, and what the request carried there (`None`: one band).
+    pub band_from: Option<(&'r Source, Option<Value>)>,
+    /// What the share levels hand out of the capacity per window: `target` × the limit (the
+    /// band's budget, with bands, is at most this).
+    pub handed_out: u64,
 }
 
 /// One part of a client key as the request gave it.
@@ -142,6 +161,8 @@ pub enum Number {
     InFlightMax,
     /// `burst`.
     Burst,
+    /// `share.weight`.
+    Weight,
 }
 
 impl fmt::Display for Number {
@@ -150,6 +171,7 @@ impl fmt::Display for Number {
             Number::RequestsPerUnit => "requests_per_unit",
             Number::InFlightMax => "in_flight.max",
             Number::Burst => "burst",
+            Number::Weight => "share.weight",
         })
     }
 }
@@ -355,6 +377,44 @@ fn applies<'r>(rule: &'r Rule, a: Applying, host: &mut impl Host) -> Applies<'r>
         cost,
         policy: a.policy,
         carried: carried(rule, a.carried, host),
+        share: rule.share.as_ref().map(|sh| shared(sh, &a.policy, host)),
+    }
+}
+
+/// The tenant a shared rule sees in the request.
+fn shared<'r>(sh: &'r ShareConfig, policy: &Policy, host: &mut impl Host) -> Shared<'r> {
+    let owned = |v: Carried<'_>| match v {
+        Carried::Text(t) => Value::Text(t.to_vec()),
+        Carried::Number(n) => Value::Number(n),
+    };
+    let weight_from = sh.weight_from.as_ref().map(|from| {
+        let carried = key::carried(&from.source, host);
+        let resolved = from.resolve(carried);
+        Carry {
+            number: Number::Weight,
+            source: &from.source,
+            value: key::carried(&from.source, host).map(owned),
+            resolved,
+        }
+    });
+    let weight = weight_from.as_ref().map_or(sh.weight, |c| {
+        u16::try_from(c.resolved.value()).unwrap_or(u16::MAX).max(1)
+    });
+    let band = match &sh.band_from {
+        Some(source) => sh.band_of(key::carried(source, host)),
+        None => sh.band_default,
+    };
+    let band_from = sh
+        .band_from
+        .as_ref()
+        .map(|source| (source, key::carried(source, host).map(owned)));
+    let limit = policy.limit_and_window().0;
+    Shared {
+        weight,
+        weight_from,
+        band: sh.bands.get(usize::from(band)).map_or("", String::as_str),
+        band_from,
+        handed_out: limit.saturating_mul(sh.params.target_pm) / 1000,
     }
 }
 
