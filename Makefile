@@ -204,7 +204,7 @@ soak: build build-native envoy rls-server
 # crashes to fuzz/artifacts/. `make fuzz-test` (stable: about 15 s from scratch, 3 s once built)
 # builds every target and replays the seeds through its checks.
 FUZZ_SECONDS ?= 20
-FUZZ_TARGETS := config manifest body_scan usage_scan rls keys operator render algorithms calendar provider
+FUZZ_TARGETS := config manifest body_scan usage_scan rls keys operator render algorithms calendar provider share
 fuzz:
 	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	@for t in $(FUZZ_TARGETS); do \

@@ -28,10 +28,11 @@ pub mod provider;
 pub mod reference;
 pub mod render;
 pub mod rls;
+pub mod share;
 pub mod usage_scan;
 
 /// The names of the targets, as in `Cargo.toml` and `fuzz/corpus/`.
-pub const TARGETS: [&str; 11] = [
+pub const TARGETS: [&str; 12] = [
     "config",
     "manifest",
     "body_scan",
@@ -43,6 +44,7 @@ pub const TARGETS: [&str; 11] = [
     "algorithms",
     "calendar",
     "provider",
+    "share",
 ];
 
 /// The target called `name`'s check.
@@ -59,6 +61,7 @@ pub fn target(name: &str) -> Option<fn(&[u8])> {
         "algorithms" => algorithms::run,
         "calendar" => calendar::run,
         "provider" => provider::run,
+        "share" => share::run,
         _ => return None,
     })
 }

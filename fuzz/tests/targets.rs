@@ -9,7 +9,7 @@
 use std::path::Path;
 
 /// Each target's binary, as cargo built it for this test.
-const BINARIES: [(&str, &str); 11] = [
+const BINARIES: [(&str, &str); 12] = [
     ("config", env!("CARGO_BIN_EXE_config")),
     ("manifest", env!("CARGO_BIN_EXE_manifest")),
     ("body_scan", env!("CARGO_BIN_EXE_body_scan")),
@@ -21,6 +21,7 @@ const BINARIES: [(&str, &str); 11] = [
     ("algorithms", env!("CARGO_BIN_EXE_algorithms")),
     ("calendar", env!("CARGO_BIN_EXE_calendar")),
     ("provider", env!("CARGO_BIN_EXE_provider")),
+    ("share", env!("CARGO_BIN_EXE_share")),
 ];
 
 #[test]

@@ -111,6 +111,9 @@ pub fn decide(
         *record = Record::new(share.bands);
     }
     record.roll(epoch);
+    // A clock behind the record's (another worker's clock, or one set back) counts in the
+    // record's epoch: the active sums never mix two.
+    let epoch = record.epoch.max(epoch);
     if now_ms >= record.step_ms.saturating_add(STEP_MS) || now_ms < record.step_ms {
         step(share, limit, window_ms, record, now_ms);
     }

@@ -1,0 +1,113 @@
+//! A shared capacity (`ratelimit_core::share`) on arbitrary state and traffic: the record and
+//! tenant codecs on arbitrary bytes (never a panic; what decodes encodes back to what decodes
+//! the same), then a run of requests from eight tenants against a record that may start as any
+//! bytes, with any weights, bands, costs and a clock that may jump back. Checked at every
+//! request: no panic; an admitted request was one the capacity's own algorithm admits; the
+//! record round-trips; each band's active weight is at most the weights counted since the run
+//! began plus what the starting record held.
+//!
+//! Input: a byte choosing the record's start, the share's parameters, the capacity's, then
+//! requests of eight bytes each.
+
+use crate::Bytes;
+use ratelimit_core::limiter::{gcra, Policy};
+use ratelimit_core::share::{self, Asker, Record, Share, Tenant, MAX_BANDS};
+
+pub fn run(data: &[u8]) {
+    let mut input = Bytes(data);
+    let start = input.u8();
+    let raw = input.bytes(255);
+    // The codecs on arbitrary bytes.
+    if let Some(r) = Record::decode(raw) {
+        assert_eq!(Record::decode(&r.encode()), Some(r));
+    }
+    if let Some(t) = Tenant::decode(raw) {
+        assert_eq!(Tenant::decode(&t.encode()), Some(t));
+    }
+
+    let bands = 1 + input.below(MAX_BANDS);
+    let mut min_share_pm = [0u64; MAX_BANDS];
+    let mut left = 1000u64;
+    for m in min_share_pm.iter_mut().take(bands) {
+        *m = u64::from(input.u16()) % (left + 1);
+        left -= *m;
+    }
+    let share = Share {
+        active_ms: 1 + u64::from(input.u16()) * 100,
+        saturation_pm: 500 + u64::from(input.u16()) % 501,
+        target_pm: 500 + u64::from(input.u16()) % 501,
+        bands,
+        min_share_pm,
+    };
+    let limit = 1 + u64::from(input.u32()) % 1_000_000;
+    // A rule's window is one of its units (the tenant's entry stores it whole to the second up
+    // to 32,767 s and to the minute above, as every unit is).
+    let window_ms = [1, 60, 3_600, 86_400, 604_800][input.below(5)] * 1000;
+    let capacity = if input.bool() {
+        Policy::SlidingWindow { limit, window_ms }
+    } else {
+        Policy::Gcra(gcra::Params {
+            limit,
+            window_ms,
+            burst: 1 + u64::from(input.u32()) % (limit * 2),
+            max_delay_ms: None,
+        })
+    };
+    let mut record = match start % 3 {
+        0 => Record::new(bands),
+        _ => Record::decode(raw).unwrap_or_else(|| Record::new(bands)),
+    };
+    let held_at_start: Vec<u64> = record.bands.iter().map(|b| b.active_weight()).collect();
+    let mut tenants: [Option<Tenant>; 8] = [None; 8];
+    let mut registered = [0u64; MAX_BANDS];
+    let mut now = 1_700_000_000_000u64 + u64::from(input.u32());
+    while !input.is_empty() {
+        let who = input.below(8);
+        let weight = input.u16();
+        let band = input.u8();
+        let step = input.u16();
+        now = if step & 0x8000 != 0 {
+            now.saturating_sub(u64::from(step & 0x7fff))
+        } else {
+            now.saturating_add(u64::from(step) * 7)
+        };
+        let cost = u64::from(input.u16()) % (limit + 2);
+        let before = record.capacity.clone();
+        let d = share::decide(
+            &share,
+            &capacity,
+            &mut record,
+            tenants[who].as_ref(),
+            Asker { weight, band },
+            now,
+            cost,
+        );
+        if d.refused.is_none() {
+            // Nothing the capacity's own algorithm would refuse is admitted.
+            assert!(
+                capacity.decide(before.as_ref(), now, cost).0.allowed,
+                "{d:?}"
+            );
+            assert!(d.verdict.allowed);
+        } else {
+            assert!(!d.verdict.allowed);
+        }
+        let b = usize::from(d.tenant.band);
+        assert!(b < bands, "band {b} of {bands}");
+        registered[b] += u64::from(d.tenant.weight);
+        tenants[who] = Some(d.tenant);
+        assert_eq!(Tenant::decode(&d.tenant.encode()), Some(d.tenant));
+        let again = Record::decode(&record.encode()).expect("the record decodes");
+        assert_eq!(again, record);
+        for (i, band) in record.bands.iter().enumerate() {
+            let start = held_at_start.get(i).copied().unwrap_or(0);
+            assert!(
+                band.active_weight() <= registered[i] + start,
+                "band {i}: {} > {} + {start}",
+                band.active_weight(),
+                registered[i]
+            );
+            assert!(band.held_weight() <= band.active_weight() + start);
+        }
+    }
+}
