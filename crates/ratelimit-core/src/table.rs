@@ -10,8 +10,9 @@
 //! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 
-use crate::limiter::{fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, State};
-use crate::share;
+use crate::limiter::{
+    fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, tenant, State,
+};
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
@@ -313,8 +314,8 @@ pub fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
             .and_then(lease::State::decode)
             .map(State::Lease),
         TAG_TENANT => state
-            .get(..share::state::TENANT_LEN)
-            .and_then(share::Tenant::decode)
+            .get(..tenant::TENANT_LEN)
+            .and_then(tenant::Tenant::decode)
             .map(State::Tenant),
         _ => None,
     };

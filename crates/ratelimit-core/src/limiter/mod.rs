@@ -11,6 +11,7 @@ pub mod in_flight;
 pub mod lease;
 pub mod sliding_log;
 pub mod sliding_window;
+pub mod tenant;
 
 pub use calendar::Windows;
 
@@ -97,9 +98,9 @@ pub enum State {
     InFlight(in_flight::State),
     /// See [`lease`].
     Lease(lease::State),
-    /// A tenant of a shared capacity (see [`crate::share`]): what it used, and how it is
-    /// counted among the active tenants. Its rule's own state is the capacity's, elsewhere.
-    Tenant(crate::share::Tenant),
+    /// A tenant of a shared capacity (see [`tenant`]): what it used, and how it is counted
+    /// among the active tenants. Its rule's own state is the capacity's, elsewhere.
+    Tenant(tenant::Tenant),
     /// A global rule's service said the key is over its limit until this time (ms): every
     /// request is refused until then, whatever the local counts say; afterwards the key starts
     /// afresh.
