@@ -539,16 +539,7 @@ impl Validator {
         let share = match map.get("share") {
             Some(v) => {
                 let p = join(path, "share");
-                self.share_rules(
-                    map,
-                    path,
-                    &key,
-                    limit,
-                    &cost,
-                    &per_request,
-                    &global,
-                    &elastic,
-                );
+                self.share_rules(path, &key, limit, &cost, &per_request, &global, &elastic);
                 self.share(v, &p).map(Some)
             }
             None => Some(None),
@@ -581,7 +572,6 @@ impl Validator {
     #[allow(clippy::too_many_arguments)]
     fn share_rules(
         &mut self,
-        map: &Map<String, Value>,
         path: &str,
         key: &Option<Vec<KeyPart>>,
         limit: Option<Limit>,
@@ -648,7 +638,6 @@ impl Validator {
                 "a shared capacity cannot be elastic",
             );
         }
-        let _ = map;
     }
 
     /// `share`: the tenants' weights, the bands, and how the capacity is shared.

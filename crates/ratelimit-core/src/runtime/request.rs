@@ -1370,25 +1370,17 @@ mod tests {
         assert_eq!(light, 19, "every light request passes");
         assert!(heavy <= 170, "the heavy one is held to its share: {heavy}");
         // The band and the weight are each request's: the record counts them.
-        let record = rt
-            .store
-            .read(
-                table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31)),
-                |b, _| b.and_then(crate::share::Record::decode),
-            )
-            .unwrap()
-            .unwrap();
-        assert_eq!(record.bands[1].active_weight(), 2);
+        let record = || {
+            let slot = table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31));
+            let read = rt
+                .store
+                .read(slot, |b, _| b.and_then(crate::share::Record::decode));
+            read.unwrap().unwrap()
+        };
+        assert_eq!(record().bands[1].active_weight(), 2);
         assert!(ask("vip", "4", "interactive", t0 + 3_000));
         assert!(ask("odd", "junk", "nonsense", t0 + 3_001));
-        let record = rt
-            .store
-            .read(
-                table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31)),
-                |b, _| b.and_then(crate::share::Record::decode),
-            )
-            .unwrap()
-            .unwrap();
+        let record = record();
         assert_eq!(record.bands[0].active_weight(), 4, "the interactive band");
         // Refusals for a share are counted apart (and in `limited`).
         let counted = counts(&rt);
