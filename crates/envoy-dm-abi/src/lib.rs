@@ -601,6 +601,26 @@ impl Stream<'_> {
         };
     }
 
+    /// Removes every line of a response header (a null value removes, as the ABI says).
+    pub fn remove_response_header(&self, name: &str) {
+        let (k, v) = (
+            ModuleBuffer::of(name.as_bytes()),
+            ModuleBuffer {
+                ptr: std::ptr::null(),
+                length: 0,
+            },
+        );
+        // SAFETY: `ptr` is live; the key is copied; a null value is the ABI's removal.
+        let _ = unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.ptr,
+                HeaderType::ResponseHeader,
+                k,
+                v,
+            )
+        };
+    }
+
     /// Sends a local reply. Envoy calls this filter's `local_reply` hook before returning (and
     /// not its response hooks): hold no borrow of the filter's state across this call.
     pub fn send_response<'a>(

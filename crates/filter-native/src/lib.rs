@@ -696,6 +696,12 @@ impl runtime::Response for Fields<'_, '_> {
             self.stream.response_header_value(name)
         }
     }
+
+    fn remove(&mut self, name: &str) {
+        if !self.trailers {
+            self.stream.remove_response_header(name);
+        }
+    }
 }
 
 impl HttpFilterConfig for FilterConfig {

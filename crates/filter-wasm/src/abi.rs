@@ -72,6 +72,7 @@ extern "C" {
         value: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32;
     fn proxy_get_property(
         path: *const u8,
         path_size: usize,
@@ -282,6 +283,12 @@ pub fn replace_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
             value.len(),
         )
     })
+}
+
+/// Removes every line of a header.
+pub fn remove_header(map: Map, name: &str) -> Result<(), Status> {
+    // SAFETY: the pointer and length describe a buffer alive for the call.
+    check(unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) })
 }
 
 /// A property by its encoded path, each part followed by a NUL: `b"source\0address\0"` (a

@@ -936,4 +936,8 @@ impl runtime::Response for HostFields {
         self.value = abi::header(self.map, name).ok().flatten();
         self.value.as_deref()
     }
+
+    fn remove(&mut self, name: &str) {
+        let _ = abi::remove_header(self.map, name);
+    }
 }

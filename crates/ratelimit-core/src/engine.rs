@@ -472,6 +472,30 @@ fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
     );
 }
 
+/// Folds what a provider said into a shared rule's record (in `record`'s slot): `fold` changes
+/// the record and says whether to write it. `None` when there is no record yet (nothing was
+/// admitted) or the store could not be written.
+pub fn update_share_record<T>(
+    store: &impl Store,
+    record: u64,
+    mut fold: impl FnMut(&mut share::Record) -> (T, bool),
+) -> Option<T> {
+    let mut value = share::state::RecordBytes::new();
+    store
+        .replace(record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+            let Some(mut r) = bytes.and_then(share::Record::decode) else {
+                return (None, false);
+            };
+            let (out, write) = fold(&mut r);
+            if write {
+                r.encode_into(value);
+            }
+            (Some(out), write)
+        })
+        .ok()
+        .flatten()
+}
+
 /// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
 /// request, the state to write with the bucket's write count when it was read and the key's
 /// entry then, the state written.
@@ -1665,6 +1689,7 @@ mod share_tests {
                     target_pm: 970,
                     bands: 1,
                     min_share_pm: [0; share::MAX_BANDS],
+                    ramp_ms: 0,
                 },
                 asker: share::Asker { weight, band: 0 },
             }),

@@ -92,11 +92,19 @@ pub enum Counter {
     /// Requests a shared rule refused because their band had its budget (higher bands used the
     /// rest; also in `limited`).
     BandRefused,
+    /// Provider refusals (429s from the upstream) that reached clients through a shared rule:
+    /// what the shared capacity exists to prevent.
+    ProviderLimited,
+    /// Units a shared rule counted because the provider said less remained than the capacity
+    /// did (`share.learn`).
+    ProviderSynced,
+    /// Provider answers whose limit fields were malformed (ignored whole, `share.learn`).
+    ProviderFieldsInvalid,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 33] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -127,6 +135,9 @@ impl Counter {
         Counter::ReportsLost,
         Counter::ShareRefused,
         Counter::BandRefused,
+        Counter::ProviderLimited,
+        Counter::ProviderSynced,
+        Counter::ProviderFieldsInvalid,
     ];
 
     /// The name in the metric names.
@@ -162,6 +173,9 @@ impl Counter {
             Counter::ReportsLost => "reports_lost",
             Counter::ShareRefused => "share_refused",
             Counter::BandRefused => "band_refused",
+            Counter::ProviderLimited => "provider_limited",
+            Counter::ProviderSynced => "provider_synced",
+            Counter::ProviderFieldsInvalid => "provider_fields_invalid",
         }
     }
 }

@@ -140,6 +140,10 @@ impl Response for FakeResponse {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
     }
+
+    fn remove(&mut self, name: &str) {
+        self.0.retain(|(n, _)| n != name);
+    }
 }
 
 /// A small deterministic PRNG (xorshift64*), so generated tests reproduce.

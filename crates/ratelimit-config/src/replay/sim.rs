@@ -174,6 +174,11 @@ impl Outcome {
             // A shared rule replays as it decides (the log's order is its clock); its refusals
             // for a share or a band are in `limited` already.
             Counter::ShareRefused | Counter::BandRefused => return,
+            // What a provider said is learned as live when the log kept its fields; the report
+            // does not count it.
+            Counter::ProviderLimited | Counter::ProviderSynced | Counter::ProviderFieldsInvalid => {
+                return
+            }
         };
         *field += n;
     }
@@ -215,6 +220,9 @@ impl Response for Logged<'_> {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
     }
+
+    /// A replay sends no response on: nothing to take out.
+    fn remove(&mut self, _name: &str) {}
 }
 
 /// The pipeline's host for one logged request: its attributes, its start time as the clock,

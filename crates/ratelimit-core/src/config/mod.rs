@@ -239,6 +239,8 @@ pub struct ShareConfig {
     pub band_default: u8,
     /// How the capacity is shared.
     pub params: crate::share::Share,
+    /// Whose answers hold the capacity to the provider's own (`share.learn`).
+    pub learn: Option<crate::share::learn::Learn>,
 }
 
 impl ShareConfig {

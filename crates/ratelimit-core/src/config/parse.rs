@@ -540,7 +540,8 @@ impl Validator {
             Some(v) => {
                 let p = join(path, "share");
                 self.share_rules(path, &key, limit, &cost, &per_request, &global, &elastic);
-                self.share(v, &p).map(Some)
+                let unit = quota_unit.as_ref().map(|u| u.as_deref());
+                self.share(v, &p, unit).map(Some)
             }
             None => Some(None),
         };
@@ -641,7 +642,13 @@ impl Validator {
     }
 
     /// `share`: the tenants' weights, the bands, and how the capacity is shared.
-    fn share(&mut self, v: &Value, path: &str) -> Option<ShareConfig> {
+    /// `quota_unit`: the rule's (`None`: it did not parse; `Some(None)`: requests).
+    fn share(
+        &mut self,
+        v: &Value,
+        path: &str,
+        quota_unit: Option<Option<&str>>,
+    ) -> Option<ShareConfig> {
         let map = self.object(
             v,
             path,
@@ -652,8 +659,13 @@ impl Validator {
                 "active_s",
                 "saturation",
                 "target",
+                "learn",
             ],
         )?;
+        let learn = match map.get("learn") {
+            Some(l) => self.learn(l, &join(path, "learn"), quota_unit).map(Some),
+            None => Some(None),
+        };
         let (weight, weight_from) = match map.get("weight") {
             Some(w) => {
                 let p = join(path, "weight");
@@ -711,7 +723,9 @@ impl Validator {
         for (slot, (_, pm)) in min_share_pm.iter_mut().zip(&bands) {
             *slot = *pm;
         }
+        let learn = learn?;
         Some(ShareConfig {
+            learn,
             weight: weight?,
             weight_from: weight_from?,
             band_from: band_from?,
@@ -722,8 +736,98 @@ impl Validator {
                 target_pm: target?,
                 bands: bands.len(),
                 min_share_pm,
+                ramp_ms: learn.map_or(0, |l| l.ramp_ms),
             },
             bands: bands.into_iter().map(|(name, _)| name).collect(),
+        })
+    }
+
+    /// `share.learn`: whose fields hold the capacity to the provider's, and for how long.
+    fn learn(
+        &mut self,
+        v: &Value,
+        path: &str,
+        quota_unit: Option<Option<&str>>,
+    ) -> Option<crate::share::learn::Learn> {
+        use crate::provider::{Api, Measure};
+        let map = self.object(
+            v,
+            path,
+            &["from", "unit", "hold_s", "ramp_s", "max_block_s", "strip"],
+        )?;
+        let api = match map.get("from") {
+            Some(f) => self.choice(
+                f,
+                &join(path, "from"),
+                "provider",
+                &[("openai", Api::OpenAi), ("anthropic", Api::Anthropic)],
+            ),
+            None => {
+                self.error(&join(path, "from"), "required field is missing");
+                None
+            }
+        };
+        let measure = match (api, quota_unit) {
+            (Some(api), Some(unit)) => {
+                let measure = match crate::dialect::Kind::of_unit(unit) {
+                    Some(crate::dialect::Kind::Requests) => Some(Measure::Requests),
+                    Some(crate::dialect::Kind::Tokens) => Some(Measure::Tokens),
+                    Some(crate::dialect::Kind::InputTokens) => Some(Measure::InputTokens),
+                    Some(crate::dialect::Kind::OutputTokens) => Some(Measure::OutputTokens),
+                    None => None,
+                }
+                .filter(|&m| crate::provider::field_names(api, m).is_some());
+                if measure.is_none() {
+                    self.error(
+                        &join(path, "from"),
+                        format!(
+                            "the provider states no limit in {:?} (the rule's quota_unit): it states requests and tokens{}",
+                            unit.unwrap_or("requests"),
+                            if api == Api::Anthropic {
+                                ", input-tokens and output-tokens"
+                            } else {
+                                ""
+                            }
+                        ),
+                    );
+                }
+                measure
+            }
+            _ => None,
+        };
+        let unit = match map.get("unit") {
+            Some(u) => self.choice(
+                u,
+                &join(path, "unit"),
+                "unit",
+                &[
+                    ("second", Unit::Second),
+                    ("minute", Unit::Minute),
+                    ("hour", Unit::Hour),
+                    ("day", Unit::Day),
+                ],
+            ),
+            None => Some(Unit::Minute),
+        };
+        let mut seconds = |field: &str, default: u64, min: u64| match map.get(field) {
+            Some(n) => self.integer(n, &join(path, field), min, 3_600),
+            None => Some(default),
+        };
+        let hold_s = seconds("hold_s", 60, 1);
+        let ramp_s = seconds("ramp_s", 30, 0);
+        let max_block_s = seconds("max_block_s", 60, 1);
+        let strip = match map.get("strip") {
+            Some(b) => self.boolean(b, &join(path, "strip")),
+            None => Some(true),
+        };
+        Some(crate::share::learn::Learn {
+            api: api?,
+            measure: measure?,
+            window_ms: unit?.seconds() * 1000,
+            hold_ms: hold_s? * 1000,
+            ramp_ms: ramp_s? * 1000,
+            max_block_ms: max_block_s? * 1000,
+            strip: strip?,
         })
     }
 

@@ -66,6 +66,25 @@ pub trait Host: Attributes {
 pub trait Response {
     /// A field's value by lower-case name.
     fn field(&mut self, name: &str) -> Option<&[u8]>;
+    /// Takes a field out (every line of it): a provider's fields a shared rule strips.
+    fn remove(&mut self, name: &str);
+}
+
+/// Takes every limit field of `api` out of a response: they describe the whole account (every
+/// tenant's use), not the client's share.
+fn strip_provider_fields(api: crate::provider::Api, response: &mut impl Response) {
+    use crate::provider::{field_names, Measure};
+    let measures = [
+        Measure::Requests,
+        Measure::Tokens,
+        Measure::InputTokens,
+        Measure::OutputTokens,
+    ];
+    for names in measures.iter().filter_map(|&m| field_names(api, m)) {
+        for name in names {
+            response.remove(name);
+        }
+    }
 }
 
 /// What to do once a request's headers are in.
@@ -126,9 +145,11 @@ pub struct Admitted {
     pub(super) body_bytes: u64,
     /// The scan of the response body for the usage it reports, once the headers said how to.
     pub(super) scan: Option<Box<BodyScan>>,
-    /// The elastic rules whose backend health this response tells about.
+    /// The rules this response tells about: elastic rules (the backend's health) and shared
+    /// rules (what the provider says of its limit).
     watched: SmallVec<[usize; 1]>,
-    /// Whether one of them judges latency (the response's time is needed then).
+    /// Whether one of them judges latency or learns from the provider (the response's time is
+    /// needed then).
     timed: bool,
     /// Whether the fields carry times of day (Anthropic's resets: the time is needed then).
     dated: bool,
@@ -819,6 +840,9 @@ impl<S: Store> Runtime<S> {
                             Counter::ElasticAllowed,
                             u64::from(out.above_base),
                         );
+                    } else if let Some(sh) = &rule.share {
+                        watched.push(a.rule);
+                        timed |= sh.learn.is_some();
                     }
                     let kind = match (check.policy, rule.charge()) {
                         (Policy::InFlight { .. }, _) => Some(DebtKind::Slot(now)),
@@ -1048,7 +1072,8 @@ impl<S: Store> Runtime<S> {
         }
     }
 
-    /// Tells each elastic rule the request matched how its backend answered.
+    /// Tells each elastic rule the request matched how its backend answered, and each shared
+    /// rule what the provider said.
     fn observe(&self, a: &mut Admitted, response: &mut impl Response, now_ms: u64) {
         let status = response
             .field(":status")
@@ -1056,9 +1081,108 @@ impl<S: Store> Runtime<S> {
             .unwrap_or(0);
         let latency = now_ms.saturating_sub(a.admitted_ms);
         for rule in std::mem::take(&mut a.watched) {
-            if let Some(w) = self.compiled.get(rule).and_then(|c| c.watch.as_ref()) {
+            let Some(c) = self.compiled.get(rule) else {
+                continue;
+            };
+            if let Some(w) = &c.watch {
                 w.observe(status, latency);
+            } else if let Some(sh) = self.config.rules.get(rule).and_then(|r| r.share.as_ref()) {
+                self.learn(
+                    rule,
+                    c.fingerprint,
+                    sh,
+                    response,
+                    status,
+                    a.admitted_ms,
+                    now_ms,
+                );
             }
+        }
+    }
+
+    /// A shared rule's admitted request was answered: a provider refusal is counted, and with
+    /// `share.learn` what the provider said of its limit is folded into the rule's record
+    /// ([`crate::share::learn`]) and, with `strip`, taken out of the response.
+    #[allow(clippy::too_many_arguments)]
+    fn learn(
+        &self,
+        rule: usize,
+        fingerprint: u64,
+        sh: &crate::config::ShareConfig,
+        response: &mut impl Response,
+        status: u16,
+        admitted_ms: u64,
+        now_ms: u64,
+    ) {
+        use crate::provider::{self, Reading};
+        use crate::share::learn;
+        let refused = status == 429;
+        if refused {
+            self.metrics.add(rule, Counter::ProviderLimited, 1);
+        }
+        let Some(l) = sh.learn else {
+            return;
+        };
+        let Some(names) = provider::field_names(l.api, l.measure) else {
+            return;
+        };
+        // The three fields, copied: each read borrows the response.
+        let mut values: [Option<SmallVec<[u8; 64]>>; 3] = [None, None, None];
+        for (slot, name) in values.iter_mut().zip(names) {
+            *slot = response.field(name).map(SmallVec::from_slice);
+        }
+        let reading = provider::read(l.api, l.measure, now_ms, |name| {
+            let i = names.iter().position(|n| *n == name)?;
+            values.get(i)?.as_deref()
+        });
+        let said = match reading {
+            Reading::Said(s) => Some(s),
+            Reading::Absent => None,
+            Reading::Invalid => {
+                self.metrics.add(rule, Counter::ProviderFieldsInvalid, 1);
+                None
+            }
+        };
+        let retry_after_ms = if refused {
+            let ms = response
+                .field("retry-after-ms")
+                .map(SmallVec::<[u8; 32]>::from_slice);
+            let s = response
+                .field("retry-after")
+                .map(SmallVec::<[u8; 64]>::from_slice);
+            provider::retry_after_ms(ms.as_deref(), s.as_deref(), now_ms)
+        } else {
+            None
+        };
+        if l.strip {
+            strip_provider_fields(l.api, response);
+        }
+        let answer = learn::Answer {
+            said,
+            refused,
+            retry_after_ms,
+        };
+        if said.is_none() && !refused {
+            return;
+        }
+        let Some(policy) = self.compiled.get(rule).map(|c| c.policy) else {
+            return;
+        };
+        let slot = table::SlotKind::Share.slot(fingerprint % (1 << 31));
+        let folded = engine::update_share_record(&self.store, slot, |record| {
+            let f = learn::fold(
+                &l,
+                &sh.params,
+                &policy,
+                record,
+                &answer,
+                admitted_ms,
+                now_ms,
+            );
+            (f, f.changed)
+        });
+        if let Some(f) = folded {
+            self.metrics.add(rule, Counter::ProviderSynced, f.synced);
         }
     }
 
@@ -1394,6 +1518,79 @@ mod tests {
             record.bands[1].active_weight(),
             3,
             "junk weighs the default, in the default band"
+        );
+    }
+
+    #[test]
+    fn a_shared_capacity_learns_the_provider_s_limit_and_strips_its_fields() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "provider", "key": ["header:x-tenant"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+                "algorithm": "token_bucket", "burst": 100,
+                "share": {"learn": {"from": "openai", "unit": "second", "hold_s": 5,
+                                    "max_block_s": 2}}}]}"#,
+        );
+        let ask = |now: u64| {
+            let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+            host.now = now;
+            match decided(&rt, &mut host) {
+                Decision::Continue(a) => Some(a),
+                _ => None,
+            }
+        };
+        let t0 = 1_800_000_000_000;
+        let mut a = ask(t0).unwrap();
+        assert!(a.is_some(), "a shared rule's answer is watched");
+        // The provider says 60 a second, 59 left: the fields are read, then taken out.
+        let mut response = FakeResponse(vec![
+            (":status".into(), b"200".to_vec()),
+            ("x-ratelimit-limit-requests".into(), b"60".to_vec()),
+            ("x-ratelimit-remaining-requests".into(), b"59".to_vec()),
+            ("x-ratelimit-reset-requests".into(), b"1s".to_vec()),
+            ("x-ratelimit-limit-tokens".into(), b"5000".to_vec()),
+            ("content-type".into(), b"application/json".to_vec()),
+        ]);
+        respond(&rt, &mut a, &mut response, t0 + 1);
+        let names: Vec<&str> = response.0.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [":status", "content-type"],
+            "the account's fields are gone"
+        );
+        // Two seconds later: about 60 pass in a second, not about 100.
+        let passed = (0..1000).filter(|i| ask(t0 + 2_000 + i).is_some()).count();
+        // After the hold and the ramp, the configured capacity again.
+        let configured = (0..1000).filter(|i| ask(t0 + 60_000 + i).is_some()).count();
+        // (A lone tenant asking 1000 a second gets the bucket, then what refills, up to the
+        // level: 97 % of a window's worth plus a burst.)
+        assert!((60..=80).contains(&passed), "{passed}");
+        assert!((100..=130).contains(&configured), "{configured}");
+        // A provider refusal: counted, and everyone waits what it asked, at most max_block.
+        let mut a = ask(t0 + 70_000).unwrap();
+        let mut refusal = FakeResponse(vec![
+            (":status".into(), b"429".to_vec()),
+            ("retry-after".into(), b"30".to_vec()),
+            ("x-ratelimit-remaining-requests".into(), b"-1".to_vec()),
+        ]);
+        respond(&rt, &mut a, &mut refusal, t0 + 70_001);
+        assert!(ask(t0 + 71_000).is_none());
+        assert!(
+            ask(t0 + 72_001).is_some(),
+            "blocked for two seconds, not thirty"
+        );
+        let counted = counts(&rt);
+        let total = |c: Counter| -> u64 {
+            counted
+                .iter()
+                .filter(|(_, k, _)| *k == c)
+                .map(|(_, _, n)| n)
+                .sum()
+        };
+        assert_eq!(total(Counter::ProviderLimited), 1);
+        assert_eq!(
+            total(Counter::ProviderFieldsInvalid),
+            1,
+            "a negative remaining"
         );
     }
 

@@ -31,6 +31,8 @@
 //! Everything here is a pure function of the record, the tenant's entry, the request and the
 //! time; where they are stored and how concurrent updates are kept apart is the engine's.
 
+pub mod learn;
+pub mod queue;
 pub mod state;
 
 pub use state::{BandSums, Record, Tenant, MAX_BANDS, NO_LEVEL};
@@ -57,6 +59,9 @@ pub struct Share {
     pub bands: usize,
     /// The part of the capacity (permille) each band keeps for itself when it uses it.
     pub min_share_pm: [u64; MAX_BANDS],
+    /// How long a capacity learned from the provider takes to climb back to the configured
+    /// one once it no longer holds, ms ([`learn`]).
+    pub ramp_ms: u64,
 }
 
 /// Who asks: the tenant's weight (1 or more) and band (below [`Share::bands`]).
@@ -104,12 +109,15 @@ pub fn decide(
     now_ms: u64,
     cost: u64,
 ) -> Decision {
-    let (limit, window_ms) = capacity.limit_and_window();
-    let window_ms = window_ms.max(1);
-    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
     if record.bands.len() != share.bands.clamp(1, MAX_BANDS) {
         *record = Record::new(share.bands);
     }
+    // The capacity in force: lowered to what the provider said, if it said less.
+    let in_force = learn::policy_in_force(capacity, record, share, now_ms);
+    let capacity = &in_force;
+    let (limit, window_ms) = capacity.limit_and_window();
+    let window_ms = window_ms.max(1);
+    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
     record.roll(epoch);
     // A clock behind the record's (another worker's clock, or one set back) counts in the
     // record's epoch: the active sums never mix two.
@@ -135,8 +143,15 @@ pub fn decide(
     };
     let mine = t.usage.usage(now_ms, window_ms);
 
-    // The capacity.
-    let (v_capacity, next_capacity) = capacity.decide(record.capacity.as_ref(), now_ms, cost);
+    // The capacity (refusing everyone while the provider asked to wait).
+    let (mut v_capacity, next_capacity) = capacity.decide(record.capacity.as_ref(), now_ms, cost);
+    if now_ms < record.blocked_until_ms {
+        v_capacity.allowed = false;
+        v_capacity.remaining = 0;
+        v_capacity.retry_after_ms = v_capacity
+            .retry_after_ms
+            .max(record.blocked_until_ms - now_ms);
+    }
     // The band's budget (the highest active band may use the headroom above the target).
     let highest = record
         .bands
@@ -457,6 +472,7 @@ mod tests {
             target_pm: 970,
             bands: bands.len(),
             min_share_pm,
+            ramp_ms: 0,
         }
     }
 

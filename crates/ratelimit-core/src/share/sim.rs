@@ -51,6 +51,7 @@ fn share_of(bands: &[u64]) -> Share {
         target_pm: 970,
         bands: bands.len(),
         min_share_pm,
+        ramp_ms: 0,
     }
 }
 

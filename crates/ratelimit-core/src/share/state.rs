@@ -19,6 +19,7 @@ pub type RecordBytes = SmallVec<[u8; 512]>;
 const _: () = assert!(MAX_RECORD_LEN <= 512);
 /// The record's header length.
 const HEADER_LEN: usize = 64;
+const _: () = assert!(16 + table::TAGGED_LEN + 24 == HEADER_LEN);
 /// One band's length in the record.
 const BAND_LEN: usize = 80;
 /// The level a band has when nobody in it needs one: every tenant may use what it asks.
@@ -117,6 +118,13 @@ pub struct Record {
     pub capacity: Option<State>,
     /// One per band, highest priority first (1 to [`MAX_BANDS`]).
     pub bands: SmallVec<[BandSums; MAX_BANDS]>,
+    /// The capacity the provider stated, over the rule's window (0: none): see
+    /// [`super::learn`].
+    pub learned_limit: u64,
+    /// Until when the learned limit holds before it climbs back, ms.
+    pub learned_until_ms: u64,
+    /// Until when the provider refused everyone, ms.
+    pub blocked_until_ms: u64,
 }
 
 impl Record {
@@ -133,6 +141,9 @@ impl Record {
                 };
                 bands.clamp(1, MAX_BANDS)
             ],
+            learned_limit: 0,
+            learned_until_ms: 0,
+            blocked_until_ms: 0,
         }
     }
 
@@ -142,7 +153,8 @@ impl Record {
     }
 
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
-    /// tagged state (24, zero when none), reserved to 64; then each band.
+    /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8 (64 in
+    /// all); then each band.
     pub fn encode(&self) -> RecordBytes {
         let mut out = RecordBytes::new();
         self.encode_into(&mut out);
@@ -172,9 +184,16 @@ impl Record {
             .finish();
         let (first, rest) = head.split_at_mut(16);
         first.copy_from_slice(&fields);
+        let (tagged, learned) = rest.split_at_mut(table::TAGGED_LEN);
         if let Some(state) = &self.capacity {
-            table::encode_state(state, rest);
+            table::encode_state(state, tagged);
         }
+        let fields: [u8; 24] = Writer::new()
+            .u64(self.learned_limit)
+            .u64(self.learned_until_ms)
+            .u64(self.blocked_until_ms)
+            .finish();
+        learned.copy_from_slice(&fields);
         push(&head);
         for band in &self.bands {
             push(&band.bytes());
@@ -195,6 +214,9 @@ impl Record {
             step_ms: 0,
             capacity: None,
             bands: SmallVec::new(),
+            learned_limit: 0,
+            learned_until_ms: 0,
+            blocked_until_ms: 0,
         }
     }
 
@@ -222,6 +244,8 @@ impl Record {
         } else {
             Some(table::decode_state(tagged).ok()?)
         };
+        let mut r = Reader(bytes.get(16 + table::TAGGED_LEN..HEADER_LEN)?);
+        let (learned_limit, learned_until_ms, blocked_until_ms) = (r.u64()?, r.u64()?, r.u64()?);
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
         self.bands.clear();
         for _ in 0..n {
@@ -233,6 +257,9 @@ impl Record {
         self.epoch = epoch;
         self.step_ms = step_ms;
         self.capacity = capacity;
+        self.learned_limit = learned_limit;
+        self.learned_until_ms = learned_until_ms;
+        self.blocked_until_ms = blocked_until_ms;
         Some(())
     }
 
