@@ -2,8 +2,13 @@
 //! organisation (the first segment of the request's path) has a token bucket of requests,
 //! `rate` a second with room for one second's worth, and a request it has no token for gets a
 //! 429 with `retry-after` and OpenAI's `x-ratelimit-*-requests` fields (a 200 gets them too).
-//! It tallies what it admitted and refused per organisation and tenant (`x-tenant`), by the
-//! second since it started, so a test measures the provider's side of a run.
+//! It tallies what it admitted and refused per organisation and tenant (`x-tenant` by default,
+//! or the headers [`Builder::tally_by`] names), by the second since it started, so a test
+//! measures the provider's side of a run.
+//!
+//! An organisation may have its own rate ([`Builder::org`]), and may answer honestly on its
+//! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]): a broken or
+//! hostile upstream, whose fields a filter must ignore.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -19,8 +24,23 @@ pub struct Provider {
     shared: Arc<Shared>,
 }
 
-struct Shared {
+/// How a provider is started: [`Provider::builder`].
+pub struct Builder {
     rate: f64,
+    orgs: HashMap<String, f64>,
+    garbage: Vec<String>,
+    tally_by: Vec<String>,
+}
+
+struct Shared {
+    /// Every organisation's rate but those in `orgs`.
+    rate: f64,
+    orgs: HashMap<String, f64>,
+    /// Organisations answering malformed fields.
+    garbage: Vec<String>,
+    /// The request headers naming the tenant in the tally (their values joined by `/`, `-`
+    /// for one absent).
+    tally_by: Vec<String>,
     started: Instant,
     stop: AtomicBool,
     state: Mutex<State>,
@@ -32,15 +52,60 @@ struct State {
     buckets: HashMap<String, (f64, Instant)>,
     /// (organisation, tenant, second) → (admitted, refused).
     tally: HashMap<(String, String, u64), (u64, u64)>,
+    /// Per organisation: when it was first asked, and when it last refused (seconds since the
+    /// provider started).
+    seen: HashMap<String, (f64, Option<f64>)>,
+    /// Per garbage organisation: answers written so far (picks the next malformed field).
+    answers: HashMap<String, u64>,
 }
 
-impl Provider {
-    /// Listens on a free loopback port; every organisation gets `rate` requests a second.
-    pub fn start(rate: f64) -> Provider {
+/// The malformed answers a garbage organisation cycles through: (limit, remaining, reset), each
+/// with one field a strict reader must refuse (`{limit}` / `{remaining}` stand for the honest
+/// values).
+const GARBAGE: [(&str, &str, &str); 9] = [
+    ("-1", "{remaining}", "1s"),
+    ("abc", "{remaining}", "1s"),
+    ("1e9", "{remaining}", "1s"),
+    ("5, 6", "{remaining}", "1s"),
+    ("1000000000000000000000000", "{remaining}", "1s"),
+    ("{limit}", "{above}", "1s"),
+    ("{limit}", "{remaining}", "forever"),
+    ("{limit}", "{remaining}", "-1s"),
+    ("{limit}", "{remaining}", "99999h"),
+];
+
+impl Builder {
+    /// Organisation `org` gets `rate` requests a second.
+    pub fn org(mut self, org: &str, rate: f64) -> Builder {
+        self.orgs.insert(org.to_string(), rate);
+        self
+    }
+
+    /// Organisation `org` answers honestly on its own bucket, but each answer's
+    /// `x-ratelimit-*-requests` fields hold one malformed value, in turn: a negative limit,
+    /// letters, an exponent, two values, 25 digits, a remaining above the limit, a reset
+    /// `forever`, `-1s`, `99999h`.
+    pub fn garbage(mut self, org: &str) -> Builder {
+        self.garbage.push(org.to_string());
+        self
+    }
+
+    /// The tally's tenant: these request headers' values, joined by `/` (`-` for an absent
+    /// one), instead of `x-tenant`'s.
+    pub fn tally_by(mut self, headers: &[&str]) -> Builder {
+        self.tally_by = headers.iter().map(|h| h.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// Listens on a free loopback port.
+    pub fn start(self) -> Provider {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            rate,
+            rate: self.rate,
+            orgs: self.orgs,
+            garbage: self.garbage,
+            tally_by: self.tally_by,
             started: Instant::now(),
             stop: AtomicBool::new(false),
             state: Mutex::new(State::default()),
@@ -57,6 +122,31 @@ impl Provider {
             }
         });
         Provider { addr, shared }
+    }
+}
+
+impl Provider {
+    /// Listens on a free loopback port; every organisation gets `rate` requests a second.
+    pub fn start(rate: f64) -> Provider {
+        Provider::builder(rate).start()
+    }
+
+    /// Every organisation gets `rate` requests a second but those of `orgs` (name, rate).
+    pub fn start_with(rate: f64, orgs: &[(&str, f64)]) -> Provider {
+        orgs.iter()
+            .fold(Provider::builder(rate), |b, (o, r)| b.org(o, *r))
+            .start()
+    }
+
+    /// A provider to configure further; every organisation gets `rate` requests a second
+    /// unless told otherwise.
+    pub fn builder(rate: f64) -> Builder {
+        Builder {
+            rate,
+            orgs: HashMap::new(),
+            garbage: Vec::new(),
+            tally_by: vec!["x-tenant".to_string()],
+        }
     }
 
     /// Seconds since the provider started.
@@ -77,6 +167,19 @@ impl Provider {
             }
         }
         out
+    }
+
+    /// Organisation `org`'s (admitted, refused) over the whole run, every tenant.
+    pub fn total(&self, org: &str) -> (u64, u64) {
+        self.tally(org, 0, u64::MAX)
+            .values()
+            .fold((0, 0), |(a, r), (x, y)| (a + x, r + y))
+    }
+
+    /// When organisation `org` was first asked, and when it last refused, in seconds since the
+    /// provider started (`None`: never asked).
+    pub fn seen(&self, org: &str) -> Option<(f64, Option<f64>)> {
+        self.shared.state.lock().unwrap().seen.get(org).copied()
     }
 
     /// Requests the provider refused in all, every organisation and second.
@@ -102,7 +205,7 @@ fn serve(conn: TcpStream, s: &Shared) {
         if reader.read_line(&mut request).unwrap_or(0) == 0 {
             return;
         }
-        let mut tenant = String::from("-");
+        let mut names: Vec<Option<String>> = vec![None; s.tally_by.len()];
         let mut line = String::new();
         loop {
             line.clear();
@@ -114,11 +217,17 @@ fn serve(conn: TcpStream, s: &Shared) {
                 break;
             }
             if let Some((k, v)) = l.split_once(':') {
-                if k.trim().eq_ignore_ascii_case("x-tenant") {
-                    tenant = v.trim().to_string();
+                let k = k.trim().to_ascii_lowercase();
+                if let Some(i) = s.tally_by.iter().position(|h| *h == k) {
+                    names[i] = Some(v.trim().to_string());
                 }
             }
         }
+        let tenant = names
+            .iter()
+            .map(|n| n.as_deref().unwrap_or("-"))
+            .collect::<Vec<_>>()
+            .join("/");
         let path = request.split_whitespace().nth(1).unwrap_or("/");
         let org = path
             .trim_start_matches('/')
@@ -126,19 +235,31 @@ fn serve(conn: TcpStream, s: &Shared) {
             .next()
             .unwrap_or("")
             .to_string();
-        let (admitted, remaining) = take(s, &org, &tenant);
-        let limit = s.rate as u64;
+        let (admitted, remaining, garbage) = take(s, &org, &tenant);
+        let limit = s.orgs.get(&org).copied().unwrap_or(s.rate) as u64;
+        let remaining = if admitted { remaining } else { 0 };
+        let (l, r, reset) = match garbage {
+            None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
+            Some(n) => {
+                let (l, r, reset) = GARBAGE[n as usize % GARBAGE.len()];
+                let fill = |v: &str| {
+                    v.replace("{limit}", &limit.to_string())
+                        .replace("{remaining}", &remaining.to_string())
+                        .replace("{above}", &(limit + 1000).to_string())
+                };
+                (fill(l), fill(r), reset.to_string())
+            }
+        };
+        let fields = format!(
+            "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
+             x-ratelimit-reset-requests: {reset}\r\n"
+        );
         let head = if admitted {
-            format!(
-                "HTTP/1.1 200 OK\r\nx-ratelimit-limit-requests: {limit}\r\n\
-                 x-ratelimit-remaining-requests: {remaining}\r\n\
-                 x-ratelimit-reset-requests: 1s\r\ncontent-length: 2\r\n\r\nok"
-            )
+            format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok")
         } else {
             format!(
-                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n\
-                 x-ratelimit-limit-requests: {limit}\r\nx-ratelimit-remaining-requests: 0\r\n\
-                 x-ratelimit-reset-requests: 1s\r\ncontent-length: 2\r\n\r\nno"
+                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
+                 content-length: 2\r\n\r\nno"
             )
         };
         if reader.get_mut().write_all(head.as_bytes()).is_err() {
@@ -147,17 +268,16 @@ fn serve(conn: TcpStream, s: &Shared) {
     }
 }
 
-/// Takes a token of `org`'s bucket for `tenant`: whether there was one, and the whole tokens
-/// left.
-fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64) {
+/// Takes a token of `org`'s bucket for `tenant`: whether there was one, the whole tokens left,
+/// and for a garbage organisation the answer's number.
+fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64, Option<u64>) {
     let now = Instant::now();
-    let second = now.duration_since(s.started).as_secs();
+    let since = now.duration_since(s.started);
+    let second = since.as_secs();
+    let rate = s.orgs.get(org).copied().unwrap_or(s.rate);
     let mut state = s.state.lock().unwrap();
-    let (tokens, at) = state
-        .buckets
-        .entry(org.to_string())
-        .or_insert((s.rate, now));
-    *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * s.rate).min(s.rate);
+    let (tokens, at) = state.buckets.entry(org.to_string()).or_insert((rate, now));
+    *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
     *at = now;
     let admitted = *tokens >= 1.0;
     if admitted {
@@ -173,5 +293,15 @@ fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64) {
     } else {
         e.1 += 1;
     }
-    (admitted, left)
+    let t = since.as_secs_f64();
+    let seen = state.seen.entry(org.to_string()).or_insert((t, None));
+    if !admitted {
+        seen.1 = Some(t);
+    }
+    let garbage = s.garbage.iter().any(|g| g == org).then(|| {
+        let n = state.answers.entry(org.to_string()).or_default();
+        *n += 1;
+        *n - 1
+    });
+    (admitted, left, garbage)
 }
