@@ -78,7 +78,11 @@ pub fn run(data: &[u8]) {
             &capacity,
             &mut record,
             tenants[who].as_ref(),
-            Asker { weight, band },
+            Asker {
+                weight,
+                band,
+                again: false,
+            },
             now,
             cost,
         );

@@ -33,11 +33,10 @@ use std::time::{Duration, Instant};
 /// here (10 % of one at 50 a second).
 const RATE: f64 = 200.0;
 const WARMUP_S: u64 = 10;
-/// The part of the capacity each case must use. The shares hand out 97 % (`target`), and on a
-/// virtual clock the cases use 95 % or more (share::sim); here, on a loaded two-core machine,
-/// runs have used 92 % to 97 % (the heavy tenant of the first case held below its level in some
-/// runs, not yet explained), so the test holds what every run met, below the 95 % aimed at.
-const USED: f64 = 0.92;
+/// The part of the capacity each case must use. The shares hand out 97 % (`target`); runs used
+/// 92 % to 97 % until the held weight was counted by seconds (a tenant held once kept its held
+/// weight, diluting the level, for as long as it stayed active), 96 % to 97.5 % since.
+const USED: f64 = 0.95;
 
 fn seconds() -> u64 {
     std::env::var("SHARE_SECONDS")

@@ -530,8 +530,9 @@ impl Filter {
                         HELD.with(|h| h.set(h.get() + 1));
                         return HeadersStatus::StopIteration;
                     }
-                    // No way to come back later: let it go now.
-                    None => self.with(|st| st.release(&c.rt)),
+                    // No way to come back later: let it go now (a request waiting in a
+                    // shared rule's line is decided at once: admitted or refused).
+                    None => self.with(|st| st.wake(&c.rt, until_ms)),
                 },
                 Next::Continue => {
                     if !in_headers {
@@ -622,7 +623,7 @@ impl Filter {
             return;
         }
         HELD.with(|h| h.set(h.get().saturating_sub(1)));
-        let next = self.with(|st| st.release(&c.rt));
+        let next = self.with(|st| st.wake(&c.rt, now_ms()));
         self.carry_out(c, s, next, false);
     }
 

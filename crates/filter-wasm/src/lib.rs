@@ -340,13 +340,30 @@ impl Root {
         });
         for mut w in due {
             // A stream whose client went away is refused here (BadArgument).
-            if abi::set_effective_context(w.context).is_ok() {
-                let _ = abi::resume_request();
-                w.state.release(&w.served.rt);
-                RELEASED.with(|r| r.borrow_mut().push((w.context, w.state)));
-            } else {
+            if abi::set_effective_context(w.context).is_err() {
                 w.state.complete(&w.served.rt, now_ms, report_usage);
+                continue;
             }
+            match w.state.wake(&w.served.rt, now) {
+                // Still waiting in a shared rule's line: held again.
+                Next::Hold { until_ms } => {
+                    w.until_ms = until_ms;
+                    WAITING.with(|list| list.borrow_mut().push(w));
+                    continue;
+                }
+                Next::Reply(reply) => {
+                    let headers: Vec<(&str, &str)> = reply.headers().collect();
+                    let sent =
+                        abi::send_local_response(reply.status, &headers, reply.body.as_bytes());
+                    if sent.is_err() {
+                        let _ = abi::resume_request();
+                    }
+                }
+                _ => {
+                    let _ = abi::resume_request();
+                }
+            }
+            RELEASED.with(|r| r.borrow_mut().push((w.context, w.state)));
         }
         let _ = abi::set_effective_context(self.id);
     }

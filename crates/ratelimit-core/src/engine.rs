@@ -1691,7 +1691,11 @@ mod share_tests {
                     min_share_pm: [0; share::MAX_BANDS],
                     ramp_ms: 0,
                 },
-                asker: share::Asker { weight, band: 0 },
+                asker: share::Asker {
+                    weight,
+                    band: 0,
+                    again: false,
+                },
             }),
             slot,
             fingerprint: tenant,

@@ -42,7 +42,8 @@ pub enum Counter {
     ShadowLimited,
     /// Calls to the rule's rate limit service that failed.
     GlobalErrors,
-    /// Requests held by delay mode whose client went away before their turn.
+    /// Requests held by delay mode, or waiting in a shared rule's line, whose client went away
+    /// before their turn.
     Abandoned,
     /// Units charged after responses (a rule charged by its responses: tokens, bytes).
     UsageCharged,
@@ -100,11 +101,22 @@ pub enum Counter {
     ProviderSynced,
     /// Provider answers whose limit fields were malformed (ignored whole, `share.learn`).
     ProviderFieldsInvalid,
+    /// Requests a shared rule refused that waited in its line for their turn
+    /// (`share.max_wait_ms`).
+    ShareQueued,
+    /// Requests refused at once because the shared rule's line (or their tenant's part of it)
+    /// was full.
+    ShareQueueFull,
+    /// Requests that waited in a shared rule's line until their wait ended, then were decided
+    /// a last time (refused, unless room came just then).
+    ShareQueueTimeouts,
+    /// Milliseconds waited in a shared rule's line by the requests a turn admitted, summed.
+    ShareWaitedMs,
 }
 
 impl Counter {
     /// Every counter, in the order of the accumulators.
-    pub const ALL: [Counter; 33] = [
+    pub const ALL: [Counter; 37] = [
         Counter::Allowed,
         Counter::Limited,
         Counter::FailedOpen,
@@ -138,6 +150,10 @@ impl Counter {
         Counter::ProviderLimited,
         Counter::ProviderSynced,
         Counter::ProviderFieldsInvalid,
+        Counter::ShareQueued,
+        Counter::ShareQueueFull,
+        Counter::ShareQueueTimeouts,
+        Counter::ShareWaitedMs,
     ];
 
     /// The name in the metric names.
@@ -176,6 +192,10 @@ impl Counter {
             Counter::ProviderLimited => "provider_limited",
             Counter::ProviderSynced => "provider_synced",
             Counter::ProviderFieldsInvalid => "provider_fields_invalid",
+            Counter::ShareQueued => "share_queued",
+            Counter::ShareQueueFull => "share_queue_full",
+            Counter::ShareQueueTimeouts => "share_queue_timeouts",
+            Counter::ShareWaitedMs => "share_waited_ms",
         }
     }
 }

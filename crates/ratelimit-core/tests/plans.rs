@@ -46,7 +46,7 @@ fn send(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> (bool, String) {
             return (true, limit_of(&out));
         }
         Decision::Continue(None) => return (true, String::new()),
-        Decision::Hold { .. } => panic!("held"),
+        Decision::Hold { .. } | Decision::Queue(_) => panic!("held"),
         Decision::Reply(r) => r
             .headers()
             .map(|(k, v)| (k.to_string(), v.to_string()))

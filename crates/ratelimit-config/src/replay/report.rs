@@ -428,6 +428,7 @@ pub fn json(run: &Run, raw_keys: bool) -> Value {
                         "allowed": o.allowed,
                         "limited": o.limited,
                         "delayed": o.delayed,
+                        "waited": o.waited,
                         "keys_limited": o.keys_limited.count(),
                         "keys_limited_exact": o.keys_limited.is_exact(),
                         "top_limited": o.top.top(run.top).iter().map(|c| Value::Object(counted_json(c, raw_keys))).collect::<Vec<_>>(),

@@ -13,7 +13,7 @@ use ratelimit_core::config::{Config, Rule};
 use ratelimit_core::key::{self, Attributes, PlainRequest, Seed};
 use ratelimit_core::metrics::Counter;
 use ratelimit_core::runtime::Runtime;
-use ratelimit_core::runtime::{Admitted, Decision, Host, Response, Start};
+use ratelimit_core::runtime::{Admitted, Decision, Host, Queued, Response, Start, Turn};
 use ratelimit_core::store::MemoryStore;
 use ratelimit_core::table;
 use std::cmp::{Ordering, Reverse};
@@ -95,6 +95,9 @@ pub struct Outcome {
     pub limited: u64,
     /// Held by delay mode, then admitted.
     pub delayed: u64,
+    /// Refused by a shared rule, then waited in its line (admitted by a turn, or refused when
+    /// the wait ended: then also in `limited`).
+    pub waited: u64,
     /// Decided by `failure_mode: allow` / `deny` because the store could not decide.
     pub failed_open: u64,
     /// See `failed_open`.
@@ -123,6 +126,7 @@ impl Outcome {
             allowed: 0,
             limited: 0,
             delayed: 0,
+            waited: 0,
             failed_open: 0,
             failed_closed: 0,
             evictions: 0,
@@ -179,9 +183,24 @@ impl Outcome {
             Counter::ProviderLimited | Counter::ProviderSynced | Counter::ProviderFieldsInvalid => {
                 return
             }
+            // Waits replay on the log's clock: each waiter looks at its line as it would live.
+            Counter::ShareQueued => &mut self.waited,
+            Counter::ShareQueueFull | Counter::ShareQueueTimeouts | Counter::ShareWaitedMs => {
+                return
+            }
         };
         *field += n;
     }
+}
+
+/// A request between its decisions: waiting in a shared rule's line (`queued`), or decided
+/// at `look_ms`.
+struct Waiting {
+    queued: Option<Queued>,
+    look_ms: u64,
+    duration_ms: u64,
+    bytes_sent: u64,
+    response: Vec<(String, Vec<u8>)>,
 }
 
 /// An admitted request that owes its rules something when it ends.
@@ -311,6 +330,8 @@ pub struct Variant {
     rule_index: HashMap<String, usize>,
     /// Boxed: the heap moves its items often, and an admitted request is large.
     owed: BinaryHeap<Reverse<Box<Owed>>>,
+    /// Requests waiting in a shared rule's line, with when each looks at it next.
+    waiting: Vec<Waiting>,
     seq: u64,
     line: String,
     limited: Vec<(usize, u64)>,
@@ -335,6 +356,7 @@ impl Variant {
             rt: Runtime::new(config, SEED, MemoryStore::new()),
             rule_index,
             owed: BinaryHeap::new(),
+            waiting: Vec::new(),
             seq: 0,
             line: String::new(),
             limited: Vec::new(),
@@ -357,6 +379,7 @@ impl Variant {
         column: impl Fn(usize) -> usize,
         raw_keys: bool,
     ) {
+        self.turns_until(e.start_ms);
         self.settle_until(e.start_ms);
         let mut host = ReplayHost {
             request: &mut e.request,
@@ -371,24 +394,14 @@ impl Variant {
             // that did would be decided as if no service answered.
             Start::Ask(p) => self.rt.finish(&mut host, &p),
         };
-        let admitted = match decision {
-            Decision::Continue(a) => a,
-            Decision::Hold { admitted, held, .. } => {
-                self.rt.release(&held);
-                admitted
-            }
-            Decision::Reply(_) => None,
+        let w = Waiting {
+            queued: None,
+            look_ms: e.start_ms,
+            duration_ms: e.end_ms().saturating_sub(e.start_ms),
+            bytes_sent: e.bytes_sent.unwrap_or(0),
+            response: e.response.clone(),
         };
-        if let Some(a) = admitted.filter(Admitted::owes) {
-            self.seq += 1;
-            self.owed.push(Reverse(Box::new(Owed {
-                end_ms: e.end_ms(),
-                seq: self.seq,
-                admitted: a,
-                bytes_sent: e.bytes_sent.unwrap_or(0),
-                response: e.response.clone(),
-            })));
-        }
+        self.concluded(decision, w);
         let outcomes = &mut self.outcomes;
         let t = e.start_ms;
         self.rt.metrics().drain(
@@ -419,6 +432,63 @@ impl Variant {
     }
 
     /// Settles, in order, every request that ended at or before `t_ms`.
+    /// What became of a request decided at `w.look_ms`: one admitted owes its rules until it
+    /// ends (its logged duration after it went on), one sent to a shared rule's line waits.
+    fn concluded(&mut self, decision: Decision, mut w: Waiting) {
+        let admitted = match decision {
+            Decision::Continue(a) => a,
+            Decision::Hold { admitted, held, .. } => {
+                self.rt.release(&held);
+                admitted
+            }
+            Decision::Reply(_) => None,
+            Decision::Queue(q) => {
+                w.look_ms = q.first_look();
+                w.queued = Some(q);
+                self.waiting.push(w);
+                return;
+            }
+        };
+        if let Some(a) = admitted.filter(Admitted::owes) {
+            self.seq += 1;
+            self.owed.push(Reverse(Box::new(Owed {
+                end_ms: w.look_ms.saturating_add(w.duration_ms),
+                seq: self.seq,
+                admitted: a,
+                bytes_sent: w.bytes_sent,
+                response: w.response,
+            })));
+        }
+    }
+
+    /// Lets every waiting request look at its line, in time order, until `t_ms`.
+    fn turns_until(&mut self, t_ms: u64) {
+        loop {
+            let next = self
+                .waiting
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.look_ms <= t_ms)
+                .min_by_key(|(_, w)| w.look_ms)
+                .map(|(i, _)| i);
+            let Some(i) = next else {
+                return;
+            };
+            let mut w = self.waiting.swap_remove(i);
+            let Some(q) = w.queued else {
+                continue;
+            };
+            self.settle_until(w.look_ms);
+            match self.rt.turn(&q, w.look_ms) {
+                Turn::Wait(next) => {
+                    w.look_ms = next.max(w.look_ms.saturating_add(1));
+                    self.waiting.push(w);
+                }
+                Turn::Decided(d) => self.concluded(d, w),
+            }
+        }
+    }
+
     fn settle_until(&mut self, t_ms: u64) {
         while self.owed.peek().is_some_and(|Reverse(o)| o.end_ms <= t_ms) {
             let Some(Reverse(o)) = self.owed.pop() else {
@@ -580,6 +650,7 @@ impl Replay {
     /// Settles every request still owing (the log is over) and closes the last second.
     pub fn finish(&mut self) {
         for v in &mut self.variants {
+            v.turns_until(u64::MAX);
             v.settle_until(u64::MAX);
         }
         for t in &mut self.traffic {

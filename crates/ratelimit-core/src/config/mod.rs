@@ -241,6 +241,13 @@ pub struct ShareConfig {
     pub params: crate::share::Share,
     /// Whose answers hold the capacity to the provider's own (`share.learn`).
     pub learn: Option<crate::share::learn::Learn>,
+    /// How long a refused request may wait in line for its turn, ms (0: refused at once).
+    pub max_wait_ms: u64,
+    /// The most requests waiting in the line (per worker in the wasm build, per process in
+    /// the native one).
+    pub max_queued: usize,
+    /// The most requests of one tenant waiting in the line.
+    pub max_queued_per_tenant: usize,
 }
 
 impl ShareConfig {

@@ -660,6 +660,9 @@ impl Validator {
                 "saturation",
                 "target",
                 "learn",
+                "max_wait_ms",
+                "max_queued",
+                "max_queued_per_tenant",
             ],
         )?;
         let learn = match map.get("learn") {
@@ -723,9 +726,24 @@ impl Validator {
         for (slot, (_, pm)) in min_share_pm.iter_mut().zip(&bands) {
             *slot = *pm;
         }
+        let max_wait_ms = match map.get("max_wait_ms") {
+            Some(n) => self.integer(n, &join(path, "max_wait_ms"), 0, 60_000),
+            None => Some(0),
+        };
+        let max_queued = match map.get("max_queued") {
+            Some(n) => self.integer(n, &join(path, "max_queued"), 1, 4_096),
+            None => Some(256),
+        };
+        let max_queued_per_tenant = match map.get("max_queued_per_tenant") {
+            Some(n) => self.integer(n, &join(path, "max_queued_per_tenant"), 1, 256),
+            None => Some(8),
+        };
         let learn = learn?;
         Some(ShareConfig {
             learn,
+            max_wait_ms: max_wait_ms?,
+            max_queued: max_queued? as usize,
+            max_queued_per_tenant: max_queued_per_tenant? as usize,
             weight: weight?,
             weight_from: weight_from?,
             band_from: band_from?,

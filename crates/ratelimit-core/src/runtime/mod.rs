@@ -20,6 +20,7 @@ pub mod operator;
 pub mod operator_http;
 pub mod request;
 pub mod stream;
+mod wait;
 
 pub use background::{Background, Call, Work};
 pub use explain::Explained;
@@ -29,6 +30,7 @@ pub use request::{
     failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
 };
 pub use stream::{Next, StreamState};
+pub use wait::{Queued, Turn, POLL_MS};
 
 use crate::config::{Config, Rule};
 use crate::elastic::{self, Health};
@@ -118,6 +120,8 @@ pub struct Runtime<S> {
     /// one whose stream were never settled would stay (its key's refusals told 1 s): both
     /// hosts settle each stream when it ends ([`StreamState::complete`]), however it ends.
     pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
+    /// The lines of the shared rules that let refused requests wait.
+    pub(crate) lines: wait::Lines,
     /// The name each request body field that rules read is handed to the access log under
     /// (`body.PATH`), by its slot in the configuration's `request_paths`: built once, not for
     /// every request.
@@ -184,6 +188,7 @@ impl<S: Store> Runtime<S> {
             })
         });
         let logged_fields = logged_fields(&config);
+        let lines = wait::Lines::new(&config.rules);
         Runtime {
             logged_fields,
             metrics: Metrics::new(config.rules.len()),
@@ -199,6 +204,7 @@ impl<S: Store> Runtime<S> {
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),
             reserved: Mutex::default(),
+            lines,
         }
     }
 

@@ -117,6 +117,9 @@ pub enum Decision {
     },
     /// Refuse it with this local reply.
     Reply(Reply),
+    /// Hold it in a shared rule's line: look again at [`super::Queued::next_look`] with
+    /// [`Runtime::turn`]; if its client goes away first, call [`Runtime::leave_line`].
+    Queue(super::Queued),
 }
 
 /// A request held by delay mode: the rules to count once its fate is known.
@@ -279,7 +282,7 @@ impl Reply {
 }
 
 /// A request between the questions to the services and the decision.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Pending {
     pub(super) checks: PerRule<Check>,
     pub(super) applied: PerRule<Applied>,
@@ -296,6 +299,10 @@ pub struct Pending {
     /// Decided after its answer began: it cannot be refused, and a rule charged by the
     /// response is owed its usage even if it would have refused it.
     pub(super) late: bool,
+    /// Refused, it is refused at once (it waited in a shared rule's line already).
+    pub(super) no_wait: bool,
+    /// When it joined a shared rule's line, ms.
+    pub(super) waited_since: Option<u64>,
 }
 
 impl Pending {
@@ -731,6 +738,18 @@ impl<S: Store> Runtime<S> {
 
     /// [`Runtime::finish`] at `now` (ms), the clock as read for the request's hook.
     pub(super) fn finish_at(&self, host: &mut impl Host, p: &Pending, now: u64) -> Decision {
+        self.finish_with(host, p, now, None)
+    }
+
+    /// [`Runtime::finish_at`], with the local rules' outcome if they were decided already (a
+    /// turn in a shared rule's line).
+    pub(super) fn finish_with(
+        &self,
+        host: &mut impl Host,
+        p: &Pending,
+        now: u64,
+        decided: Option<engine::Outcome>,
+    ) -> Decision {
         // The verdicts, kept whole for the response's fields (no copy).
         let mut reported: Verdicts = SmallVec::new();
         let n = p.checks.len() + p.questions.len();
@@ -790,9 +809,25 @@ impl<S: Store> Runtime<S> {
                 }
             }
         }
-        let outcome = (!refused && !p.checks.is_empty())
-            .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode));
+        let outcome = match decided {
+            Some(o) => Some(o),
+            None => (!refused && !p.checks.is_empty())
+                .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode)),
+        };
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
+        if !allowed && !refused && !p.late && !p.no_wait && p.questions.is_empty() {
+            if let Some(q) = outcome.as_ref().and_then(|o| self.may_wait(p, o, now)) {
+                return Decision::Queue(q);
+            }
+        }
+        if allowed {
+            if let Some(since) = p.waited_since {
+                for a in p.applied.iter().filter(|a| self.lines.has(a.rule)) {
+                    self.metrics
+                        .add(a.rule, Counter::ShareWaitedMs, now.saturating_sub(since));
+                }
+            }
+        }
         // Held by delay mode: the rules are counted when it goes on; else counted now.
         let delay = match &outcome {
             Some(o) if allowed => o.delay_ms(),
@@ -948,6 +983,29 @@ impl<S: Store> Runtime<S> {
         }
         self.release_counts(&held);
         Decision::Continue(admitted)
+    }
+
+    /// A request refused only by shared rules that let requests wait joins the first one's
+    /// line, if the wait it was told fits and the line has room. Nothing it was refused for
+    /// is counted yet (its rules count it once a turn admits it or its wait ends).
+    fn may_wait(&self, p: &Pending, o: &engine::Outcome, now: u64) -> Option<super::Queued> {
+        let mut first = None;
+        for ((a, out), check) in p.applied.iter().zip(&o.rules).zip(&p.checks) {
+            let refused = out.verdict.is_some_and(|v| !v.allowed) && !check.shadow;
+            if out.failure.is_some() || (refused && !self.lines.has(a.rule)) {
+                return None;
+            }
+            if refused && first.is_none() {
+                first = Some((a.rule, check, out.verdict?.retry_after_ms));
+            }
+        }
+        let (rule, check, wait) = first?;
+        let q = self.join_line(p, rule, check, wait, now)?;
+        for (a, out) in p.applied.iter().zip(&o.rules) {
+            self.metrics
+                .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
+        }
+        Some(q)
     }
 
     /// Counts what the store did for a rule; returns why it could not decide, if it could not.
@@ -1349,7 +1407,11 @@ fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker 
         Some(source) => sh.band_of(key::carried(source, host)),
         None => sh.band_default,
     };
-    crate::share::Asker { weight, band }
+    crate::share::Asker {
+        weight,
+        band,
+        again: false,
+    }
 }
 
 /// The status of a request refused for lacking its client key (`on_missing_key: refuse`).
@@ -2117,7 +2179,7 @@ mod tests {
                     limited += 1;
                 }
                 Decision::Continue(_) => {}
-                Decision::Hold { .. } => panic!("held"),
+                Decision::Hold { .. } | Decision::Queue(_) => panic!("held"),
             }
         }
         // One key of 2 a minute, sent three ways: the third is refused.

@@ -20,7 +20,9 @@
 //! inside the hook that paused it.
 
 use super::charge::{Read, Reading};
-use super::{Admitted, Decision, Held, Host, Pending, Reply, Response, Runtime, Start};
+use super::{
+    Admitted, Decision, Held, Host, Pending, Queued, Reply, Response, Runtime, Start, Turn,
+};
 use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
 use crate::store::Store;
@@ -113,6 +115,8 @@ enum Phase {
     Asking(Box<Asking>),
     /// Held by delay mode until its turn.
     Held(Held),
+    /// Waiting in a shared rule's line for its turn.
+    Queued(Queued),
     /// Gone on, or let through.
     Admitted,
     /// Refused with a local reply.
@@ -412,6 +416,34 @@ impl StreamState {
                 self.phase = Phase::Replied;
                 Next::Reply(reply)
             }
+            Decision::Queue(q) => {
+                let until_ms = q.first_look();
+                self.phase = Phase::Queued(q);
+                Next::Hold { until_ms }
+            }
+        }
+    }
+
+    /// A stopped request's time has come ([`Next::Hold`]'s `until_ms`): a delayed request goes
+    /// on; one waiting in a shared rule's line looks at it, and goes on, is refused, or holds
+    /// again until a later time. [`Next::Wait`] if it is neither.
+    pub fn wake<S: Store>(&mut self, rt: &Runtime<S>, now: u64) -> Next {
+        match std::mem::replace(&mut self.phase, Phase::Admitted) {
+            Phase::Held(held) => {
+                rt.release(&held);
+                Next::Continue
+            }
+            Phase::Queued(q) => match rt.turn(&q, now) {
+                Turn::Decided(decision) => self.decided(decision),
+                Turn::Wait(until_ms) => {
+                    self.phase = Phase::Queued(q);
+                    Next::Hold { until_ms }
+                }
+            },
+            other => {
+                self.phase = other;
+                Next::Wait
+            }
         }
     }
 
@@ -435,7 +467,7 @@ impl StreamState {
     pub fn stops_request(&self) -> bool {
         matches!(
             self.phase,
-            Phase::Asking(_) | Phase::Held(_) | Phase::Reading(_)
+            Phase::Asking(_) | Phase::Held(_) | Phase::Queued(_) | Phase::Reading(_)
         )
     }
 
@@ -502,7 +534,7 @@ impl StreamState {
         let (admitted, held) = match rt.finish(&mut host, &r.pending) {
             Decision::Continue(admitted) => (admitted, None),
             Decision::Hold { admitted, held, .. } => (admitted, Some(held)),
-            Decision::Reply(_) => (None, None),
+            Decision::Reply(_) | Decision::Queue(_) => (None, None),
         };
         if let Some(held) = held {
             rt.release(&held);
@@ -563,15 +595,23 @@ impl StreamState {
         clock: impl FnOnce() -> u64,
         mut report: impl FnMut(&str, u64),
     ) -> bool {
+        // The clock is read once, and only if something needs it.
+        let mut clock = Some(clock);
+        let mut read = None;
+        let mut now = || *read.get_or_insert_with(|| clock.take().map_or(0, |c| c()));
         let held = match std::mem::replace(&mut self.phase, Phase::Ended) {
             Phase::Held(held) => {
                 rt.abandon(&held);
                 true
             }
+            Phase::Queued(q) => {
+                rt.leave_line(&q, now(), &mut report);
+                true
+            }
             _ => false,
         };
         if let Some(a) = self.admitted.take() {
-            rt.settle(a, clock(), &mut report);
+            rt.settle(a, now(), &mut report);
         }
         held
     }
@@ -585,6 +625,7 @@ mod tests {
     use crate::key::Seed;
     use crate::metrics::{Counter, Gauge};
     use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+    use crate::runtime::POLL_MS;
     use crate::store::MemoryStore;
     use crate::testkit::{FakeHost, FakeResponse};
 
@@ -1054,5 +1095,169 @@ mod tests {
             |_, _| {},
         );
         st.complete(&rt, || panic!("clock read at the end"), |_, _| {});
+    }
+
+    /// A shared capacity of 10 a second (a bucket of 10) whose refused requests wait up to
+    /// half a second (the order of bands in the line: `share::queue`'s tests).
+    const WAITS: &str = r#"{"rules": [{"name": "provider", "key": ["header:x-tenant"],
+        "rate_limit": {"requests_per_unit": 10, "unit": "second"},
+        "algorithm": "token_bucket", "burst": 10,
+        "share": {"max_wait_ms": 500, "max_queued": 16, "max_queued_per_tenant": 3}}]}"#;
+
+    fn tenant_at(tenant: &str, band: &str, now: u64) -> FakeHost {
+        let mut h = FakeHost::new("10.0.0.1", "/")
+            .header("x-tenant", tenant)
+            .header("x-band", band);
+        h.now = now;
+        h
+    }
+
+    /// Wakes every waiting stream at each millisecond from `from` to `to`, in order; returns
+    /// (stream index, when, what) for each that stopped waiting.
+    fn run_waits(
+        rt: &Runtime<MemoryStore>,
+        streams: &mut [(StreamState, u64)],
+        from: u64,
+        to: u64,
+    ) -> Vec<(usize, u64, bool)> {
+        let mut out = Vec::new();
+        for now in from..=to {
+            for (i, (st, until)) in streams.iter_mut().enumerate() {
+                if *until != u64::MAX && *until <= now {
+                    match st.wake(rt, now) {
+                        Next::Hold { until_ms } => *until = until_ms,
+                        Next::Continue => {
+                            *until = u64::MAX;
+                            out.push((i, now, true));
+                        }
+                        Next::Reply(r) => {
+                            assert_eq!(r.status, 429);
+                            *until = u64::MAX;
+                            out.push((i, now, false));
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_refused_request_waits_its_turn_in_the_shared_line() {
+        let rt = runtime(WAITS);
+        let t0 = 1_800_000_000_000;
+        for _ in 0..10 {
+            let mut st = StreamState::default();
+            let next = st.request_headers(&rt, &mut tenant_at("filler", "batch", t0));
+            assert!(matches!(next, Next::Continue));
+        }
+        // The bucket is empty: three tenants' requests wait (nothing counted for them yet),
+        // a at most three times.
+        let mut streams = Vec::new();
+        let mut full = 0;
+        for (tenant, band) in [
+            ("a", "batch"),
+            ("b", "batch"),
+            ("c", "batch"),
+            ("a", "batch"),
+            ("b", "batch"),
+            ("c", "batch"),
+            ("a", "batch"),
+            ("a", "batch"),
+        ] {
+            let mut st = StreamState::default();
+            match st.request_headers(&rt, &mut tenant_at(tenant, band, t0 + 1)) {
+                Next::Hold { until_ms } => {
+                    assert!(until_ms > t0 + 1 && until_ms <= t0 + 11, "{until_ms}");
+                    assert!(st.stops_request());
+                    streams.push((st, until_ms));
+                }
+                Next::Reply(r) => {
+                    assert_eq!(r.status, 429);
+                    full += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            (streams.len(), full),
+            (7, 1),
+            "a third place for a, not a fourth"
+        );
+        // One token every 100 ms: the tenants in turn, first come first served within each; a
+        // wait past half a second is refused.
+        let done = run_waits(&rt, &mut streams, t0 + 1, t0 + 1_000);
+        let order: Vec<(usize, bool)> = done.iter().map(|&(i, _, ok)| (i, ok)).collect();
+        assert_eq!(
+            order,
+            [
+                (0, true),
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, false),
+                (6, false)
+            ],
+            "{done:?}"
+        );
+        for (k, &(i, at, ok)) in done.iter().enumerate() {
+            let waited = at - (t0 + 1);
+            assert!(waited <= 500, "stream {i} waited {waited} ms");
+            if ok {
+                // Admitted as soon as its token came (within a look's period).
+                let due = 100 * (k as u64 + 1) - 1;
+                assert!(waited >= due && waited <= due + POLL_MS, "{i}: {waited}");
+            }
+        }
+        let c = counts(&rt);
+        let total = |k: Counter| {
+            c.iter()
+                .filter(|(_, x, _)| *x == k)
+                .map(|(_, _, n)| n)
+                .sum::<u64>()
+        };
+        assert_eq!(total(Counter::ShareQueued), 7);
+        assert_eq!(total(Counter::ShareQueueFull), 1);
+        assert_eq!(total(Counter::ShareQueueTimeouts), 2);
+        assert_eq!(total(Counter::Allowed), 15);
+        assert_eq!(
+            total(Counter::Limited),
+            3,
+            "the full line's refusal and the two timeouts"
+        );
+        assert!(total(Counter::ShareWaitedMs) >= 100 + 200 + 300 + 400 + 500 - 10);
+    }
+
+    #[test]
+    fn a_waiter_whose_client_leaves_gives_its_turn_back() {
+        let rt = runtime(WAITS);
+        let t0 = 1_800_000_000_000;
+        for _ in 0..10 {
+            StreamState::default().request_headers(&rt, &mut tenant_at("a", "batch", t0));
+        }
+        let mut gone = StreamState::default();
+        assert!(matches!(
+            gone.request_headers(&rt, &mut tenant_at("b", "batch", t0)),
+            Next::Hold { .. }
+        ));
+        let mut next = StreamState::default();
+        let Next::Hold { until_ms } = next.request_headers(&rt, &mut tenant_at("c", "batch", t0))
+        else {
+            panic!("not waiting")
+        };
+        // b hangs up: c takes the next token.
+        assert!(gone.complete(&rt, || t0 + 50, |_, _| {}));
+        let mut streams = vec![(next, until_ms)];
+        let done = run_waits(&rt, &mut streams, t0, t0 + 200);
+        assert_eq!(done.len(), 1);
+        assert!(done[0].2 && done[0].1 <= t0 + 100 + POLL_MS, "{done:?}");
+        // A wait past the line's bound is refused at once with its wait.
+        for _ in 0..20 {
+            StreamState::default().request_headers(&rt, &mut tenant_at("z", "batch", t0 + 200));
+        }
+        let c = counts(&rt);
+        assert!(c.contains(&(0, Counter::Abandoned, 1)), "{c:?}");
     }
 }

@@ -248,7 +248,11 @@ mod tests {
                 capacity,
                 record,
                 t.as_ref(),
-                Asker { weight: 1, band: 0 },
+                Asker {
+                    weight: 1,
+                    band: 0,
+                    again: false,
+                },
                 now,
                 1,
             );
@@ -413,7 +417,11 @@ mod tests {
             &cap,
             &mut r,
             None,
-            Asker { weight: 1, band: 0 },
+            Asker {
+                weight: 1,
+                band: 0,
+                again: false,
+            },
             now + 500,
             1,
         );
@@ -433,7 +441,11 @@ mod tests {
             &cap,
             &mut r,
             None,
-            Asker { weight: 1, band: 0 },
+            Asker {
+                weight: 1,
+                band: 0,
+                again: false,
+            },
             now + 5_000,
             1,
         );

@@ -21,7 +21,10 @@
 //! share the rest by weight), and it never goes below the plain share `B·w_i / W_active`. It is
 //! computed from measured state, not integrated, so it does not wind up. A tenant is *held*
 //! once it is refused for its share (or for the capacity while above the band's mean use per
-//! weight) and stays held until a second passes without such a refusal.
+//! weight) and stays held until a second passes without such a refusal. The held weight is
+//! counted by held epochs of [`HELD_MS`] (a held tenant counts again in each epoch it is refused
+//! in), so a held tenant that stops asking leaves it within two epochs, not when it stops being
+//! active.
 //!
 //! **Active tenants** are counted by epochs of the active interval: each band keeps the weights
 //! counted in this epoch and in the one before; a tenant adds its weight at its first request in
@@ -43,6 +46,9 @@ use crate::limiter::{sliding_window, Policy, Verdict};
 pub const STEP_MS: u64 = 250;
 /// The level's fixed point: cost units per weight unit, × this.
 pub const LEVEL_ONE: u64 = 1024;
+/// A held epoch: the held weights are counted by epochs this long (four level steps), and a
+/// tenant is no longer held once it goes that long without being refused for its share.
+pub const HELD_MS: u64 = 4 * STEP_MS;
 
 /// A shared rule's sharing parameters (its capacity is the rule's own policy; its bands'
 /// names are the configuration's).
@@ -71,6 +77,9 @@ pub struct Asker {
     pub weight: u16,
     /// Its band.
     pub band: u8,
+    /// Whether this is a request asking again (a turn in the shared rule's line): its refused
+    /// demand was counted when it first asked.
+    pub again: bool,
 }
 
 /// Why a request was refused.
@@ -119,6 +128,7 @@ pub fn decide(
     let window_ms = window_ms.max(1);
     let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
     record.roll(epoch);
+    record.roll_held((now_ms / HELD_MS) as u16);
     // A clock behind the record's (another worker's clock, or one set back) counts in the
     // record's epoch: the active sums never mix two.
     let epoch = record.epoch.max(epoch);
@@ -182,7 +192,7 @@ pub fn decide(
     // once the band has no level).
     let tick = (now_ms / STEP_MS % 16) as u8;
     if t.held && (share_now.is_none() || tick.wrapping_sub(t.refused_tick) % 16 >= 4) {
-        set_held(record, &mut t, false, epoch);
+        set_held(record, &mut t, false, tick);
     }
 
     let refusals = [
@@ -205,9 +215,8 @@ pub fn decide(
         let above_mean = u128::from(mine) * u128::from(sums.active_weight().max(1))
             >= u128::from(sums.used.usage(now_ms, window_ms)) * u128::from(weight);
         if first == Reason::Share || above_mean {
-            set_held(record, &mut t, true, epoch);
-            t.refused_tick = tick;
-        } else if let Some(b) = record.bands.get_mut(band) {
+            set_held(record, &mut t, true, tick);
+        } else if let Some(b) = record.bands.get_mut(band).filter(|_| !asker.again) {
             b.starved = b.starved.saturating_add(cost);
         }
         // Seen now all the same: its entry is kept while it may count as active.
@@ -341,7 +350,8 @@ fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u
     if counted && t.epoch == epoch.wrapping_sub(1) as u16 {
         adjust(record, t, Slot::Carry, -1);
     } else {
-        // Idle for more than an epoch: it starts afresh, not held.
+        // Idle for more than an epoch: it starts afresh, not held (its held weight left the
+        // held sums long ago).
         t.held = false;
     }
     t.epoch = e16;
@@ -350,19 +360,33 @@ fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u
     adjust(record, t, Slot::Now, 1);
 }
 
-/// Holds the tenant to the level or frees it, in this epoch's held weight.
-fn set_held(record: &mut Record, t: &mut Tenant, held: bool, epoch: u32) {
-    if t.held == held || t.epoch != epoch as u16 {
+/// Holds the tenant to the level at step `tick` (it was refused for its share then: it is
+/// counted in this held epoch's held weight, once), or frees it (its weight leaves the held
+/// sum it is in, if any). A tenant's held epoch is its last refusal's: `refused_tick / 4`.
+fn set_held(record: &mut Record, t: &mut Tenant, held: bool, tick: u8) {
+    let w = u32::from(t.weight);
+    let now = tick / 4 % 4;
+    let last = t.refused_tick / 4 % 4;
+    let Some(b) = record.bands.get_mut(usize::from(t.band)) else {
         return;
-    }
-    t.held = held;
-    let (w, band) = (u32::from(t.weight), usize::from(t.band));
-    if let Some(b) = record.bands.get_mut(band) {
-        b.held_now = if held {
-            b.held_now.saturating_add(w)
-        } else {
-            b.held_now.saturating_sub(w)
-        };
+    };
+    let sub = |x: &mut u32| *x = x.saturating_sub(w);
+    if held {
+        if !t.held || last != now {
+            if t.held && last == (now + 3) % 4 {
+                sub(&mut b.held_carry);
+            }
+            b.held_now = b.held_now.saturating_add(w);
+        }
+        t.held = true;
+        t.refused_tick = tick;
+    } else if t.held {
+        if last == now {
+            sub(&mut b.held_now);
+        } else if last == (now + 3) % 4 {
+            sub(&mut b.held_carry);
+        }
+        t.held = false;
     }
 }
 
@@ -372,28 +396,21 @@ enum Slot {
     Carry,
 }
 
-/// Adds (`sign` 1) or takes out (-1) the tenant's weight in its band's sums (the held one too
-/// if it is held).
+/// Adds (`sign` 1) or takes out (-1) the tenant's weight in its band's active sums.
 fn adjust(record: &mut Record, t: &Tenant, slot: Slot, sign: i8) {
     let w = u32::from(t.weight);
     let Some(b) = record.bands.get_mut(usize::from(t.band)) else {
         return;
     };
-    let (all, held) = match slot {
-        Slot::Now => (&mut b.weight_now, &mut b.held_now),
-        Slot::Carry => (&mut b.weight_carry, &mut b.held_carry),
+    let all = match slot {
+        Slot::Now => &mut b.weight_now,
+        Slot::Carry => &mut b.weight_carry,
     };
-    let apply = |x: &mut u32| {
-        *x = if sign > 0 {
-            x.saturating_add(w)
-        } else {
-            x.saturating_sub(w)
-        }
+    *all = if sign > 0 {
+        all.saturating_add(w)
+    } else {
+        all.saturating_sub(w)
     };
-    apply(all);
-    if t.held {
-        apply(held);
-    }
 }
 
 /// Recomputes the bands' budgets and levels from the record, highest band first. Everything is
@@ -489,7 +506,19 @@ mod tests {
         band: u8,
         now: u64,
     ) -> Decision {
-        let d = decide(s, &CAPACITY, r, t.as_ref(), Asker { weight, band }, now, 1);
+        let d = decide(
+            s,
+            &CAPACITY,
+            r,
+            t.as_ref(),
+            Asker {
+                weight,
+                band,
+                again: false,
+            },
+            now,
+            1,
+        );
         *t = Some(d.tenant);
         d
     }

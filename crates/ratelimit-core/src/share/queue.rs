@@ -53,6 +53,19 @@ pub enum Full {
     Tenant,
 }
 
+/// What a turn made of the waiter offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// Admitted: it leaves the line, its tenant's credit charged its cost.
+    Admitted,
+    /// Refused for what the whole band shares (the capacity, the band's budget): it keeps its
+    /// place and the band's pass ends (the next would meet the same refusal).
+    Refused,
+    /// Refused for its own tenant's share: it keeps its place, its tenant's turn ends and the
+    /// band's pass goes on with the next tenant.
+    Skipped,
+}
+
 /// The line of a shared rule: waiters in bands, tenants taking turns in each band.
 #[derive(Clone, Debug)]
 pub struct ShareQueue<T> {
@@ -248,11 +261,25 @@ impl<T: Copy + Eq> ShareQueue<T> {
         below_reserve: [bool; MAX_BANDS],
         mut try_admit: impl FnMut(&Waiter<T>) -> bool,
     ) -> usize {
+        self.dispatch_offers(below_reserve, |w| match try_admit(w) {
+            true => Offer::Admitted,
+            false => Offer::Refused,
+        })
+    }
+
+    /// [`ShareQueue::dispatch`], where `offer` may also skip a waiter refused for its own
+    /// tenant's share ([`Offer::Skipped`]): its tenant's turn ends and the band's pass goes
+    /// on (each tenant is skipped at most once a pass).
+    pub fn dispatch_offers(
+        &mut self,
+        below_reserve: [bool; MAX_BANDS],
+        mut offer: impl FnMut(&Waiter<T>) -> Offer,
+    ) -> usize {
         let mut admitted = 0;
         for first in [true, false] {
             for (band, &below) in below_reserve.iter().enumerate() {
                 if below == first {
-                    admitted += self.pass(band, &mut try_admit);
+                    admitted += self.pass(band, &mut offer);
                 }
             }
         }
@@ -260,10 +287,12 @@ impl<T: Copy + Eq> ShareQueue<T> {
     }
 
     /// One band's pass of a dispatch round.
-    fn pass(&mut self, band: usize, try_admit: &mut impl FnMut(&Waiter<T>) -> bool) -> usize {
+    fn pass(&mut self, band: usize, try_admit: &mut impl FnMut(&Waiter<T>) -> Offer) -> usize {
         let mut admitted = 0;
         // Tenants whose turn ended with nothing to offer since the last offer.
         let mut passed = 0;
+        // Tenants (slots) skipped for their share in this pass: met again, the pass ends.
+        let mut skipped: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
         loop {
             let Some(b) = self.bands.get_mut(band) else {
                 return admitted;
@@ -281,6 +310,9 @@ impl<T: Copy + Eq> ShareQueue<T> {
                 b.ring.pop_front();
                 continue;
             };
+            if skipped.contains(&slot) {
+                return admitted;
+            }
             if !l.turn {
                 l.turn = true;
                 l.deficit = l.deficit.saturating_add(l.credit(self.quantum));
@@ -297,8 +329,17 @@ impl<T: Copy + Eq> ShareQueue<T> {
                 continue;
             }
             passed = 0;
-            if !try_admit(&head) {
-                return admitted;
+            match try_admit(&head) {
+                Offer::Admitted => {}
+                Offer::Refused => return admitted,
+                Offer::Skipped => {
+                    // Its turn ends (its credit waits for its next one); the pass ends when
+                    // it meets a tenant it skipped.
+                    l.turn = false;
+                    b.ring.rotate_left(1);
+                    skipped.push(slot);
+                    continue;
+                }
             }
             l.waiters.pop_front();
             l.deficit -= head.cost;
@@ -382,6 +423,44 @@ mod tests {
     use super::*;
 
     const ALL: [bool; MAX_BANDS] = [false; MAX_BANDS];
+
+    #[test]
+    fn a_tenant_refused_for_its_share_lets_the_next_tenant_go() {
+        let mut q: ShareQueue<u32> = ShareQueue::new(16, 4, 1);
+        for (h, tenant) in [(1, 7), (2, 7), (3, 8), (4, 9)] {
+            let w = Waiter {
+                handle: h,
+                tenant,
+                band: 0,
+                weight: 1,
+                cost: 1,
+                deadline_ms: 1000,
+                enqueued_ms: 0,
+            };
+            q.push(w).unwrap();
+        }
+        // Tenant 7 is over its share: skipped; 8 and 9 are admitted in the same pass.
+        let mut offered = Vec::new();
+        let n = q.dispatch_offers(ALL, |w| {
+            offered.push(w.handle);
+            if w.tenant == 7 {
+                Offer::Skipped
+            } else {
+                Offer::Admitted
+            }
+        });
+        assert_eq!((n, offered), (2, vec![1, 3, 4]));
+        // Everyone left is skipped: the pass ends, nobody lost.
+        let n = q.dispatch_offers(ALL, |_| Offer::Skipped);
+        assert_eq!((n, q.len()), (0, 2));
+        // Then 7's turn again, in order.
+        let mut order = Vec::new();
+        q.dispatch(ALL, |w| {
+            order.push(w.handle);
+            true
+        });
+        assert_eq!(order, [1, 2]);
+    }
 
     fn waiter(handle: u32, tenant: u64, band: u8, weight: u16, cost: u64) -> Waiter<u32> {
         Waiter {

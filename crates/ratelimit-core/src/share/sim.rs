@@ -123,6 +123,7 @@ fn run_costing(share: &Share, clients: &[Client], seed: u64, tokens: Option<Toke
             Asker {
                 weight: c.weight,
                 band: c.band,
+                again: false,
             },
             now,
             cost,

@@ -36,9 +36,11 @@ pub struct BandSums {
     pub weight_now: u32,
     /// Weights of those counted last epoch and not yet this one.
     pub weight_carry: u32,
-    /// The same two sums for the tenants held to the level.
+    /// Weights of the tenants held to the level, counted this held epoch (a second): a held
+    /// tenant is counted again in each held epoch it is refused in, so one that stops asking
+    /// leaves the sums within two seconds.
     pub held_now: u32,
-    /// See `held_now`.
+    /// Weights of the held tenants counted last held epoch and not yet this one.
     pub held_carry: u32,
     /// Demand refused to tenants below the band's mean by the capacity or the band's budget:
     /// halved at each level step.
@@ -110,8 +112,10 @@ impl BandSums {
 /// epoch the active sums refer to, when the level was last computed, and each band's sums.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
-    /// The epoch (now / the active interval) the bands' `_now` sums refer to.
+    /// The epoch (now / the active interval) the bands' `weight_` sums refer to.
     pub epoch: u32,
+    /// The held epoch (now / [`super::HELD_MS`], low 16 bits) the bands' `held_` sums refer to.
+    pub held_epoch: u16,
     /// When the levels were last computed, ms.
     pub step_ms: u64,
     /// The capacity's state under the rule's algorithm (`None`: nothing counted yet).
@@ -132,6 +136,7 @@ impl Record {
     pub fn new(bands: usize) -> Record {
         Record {
             epoch: 0,
+            held_epoch: 0,
             step_ms: 0,
             capacity: None,
             bands: smallvec::smallvec![
@@ -178,7 +183,11 @@ impl Record {
     fn write_to(&self, mut push: impl FnMut(&[u8])) {
         let mut head = [0u8; HEADER_LEN];
         let fields: [u8; 16] = Writer::new()
-            .u32(u32::from(RECORD_VERSION) | (self.bands.len() as u32) << 8)
+            .u32(
+                u32::from(RECORD_VERSION)
+                    | (self.bands.len() as u32) << 8
+                    | u32::from(self.held_epoch) << 16,
+            )
             .u32(self.epoch)
             .u64(self.step_ms)
             .finish();
@@ -211,6 +220,7 @@ impl Record {
     pub fn empty() -> Record {
         Record {
             epoch: 0,
+            held_epoch: 0,
             step_ms: 0,
             capacity: None,
             bands: SmallVec::new(),
@@ -236,6 +246,7 @@ impl Record {
         if bytes.len() != Record::len_for(n) {
             return None;
         }
+        let held_epoch = u16::from_le_bytes([*bytes.get(2)?, *bytes.get(3)?]);
         let mut r = Reader(bytes.get(4..16)?);
         let (epoch, step_ms) = (r.u32()?, r.u64()?);
         let tagged = bytes.get(16..16 + table::TAGGED_LEN)?;
@@ -255,6 +266,7 @@ impl Record {
         }
         r.end()?;
         self.epoch = epoch;
+        self.held_epoch = held_epoch;
         self.step_ms = step_ms;
         self.capacity = capacity;
         self.learned_limit = learned_limit;
@@ -271,15 +283,25 @@ impl Record {
         }
         let next = epoch == self.epoch.saturating_add(1);
         for b in &mut self.bands {
-            (b.weight_carry, b.held_carry) = if next {
-                (b.weight_now, b.held_now)
-            } else {
-                (0, 0)
-            };
+            b.weight_carry = if next { b.weight_now } else { 0 };
             b.weight_now = 0;
-            b.held_now = 0;
         }
         self.epoch = epoch;
+    }
+
+    /// Moves the held sums to held epoch `epoch` (low 16 bits, so it wraps), as
+    /// [`Record::roll`] does the active ones. An epoch a few behind the record's (another
+    /// worker's clock) moves nothing; one further away in either direction starts afresh.
+    pub fn roll_held(&mut self, epoch: u16) {
+        let ahead = epoch.wrapping_sub(self.held_epoch);
+        if ahead == 0 || ahead >= u16::MAX - 15 {
+            return;
+        }
+        for b in &mut self.bands {
+            b.held_carry = if ahead == 1 { b.held_now } else { 0 };
+            b.held_now = 0;
+        }
+        self.held_epoch = epoch;
     }
 }
 
@@ -292,6 +314,7 @@ mod tests {
     fn a_record_round_trips_and_refuses_what_it_did_not_write() {
         let mut r = Record::new(3);
         r.epoch = 12_345;
+        r.held_epoch = 0xfedc;
         r.step_ms = 1_764_000_000_250;
         r.capacity = Some(State::Gcra(gcra::State {
             tat_ms: 1_764_000_000_900,
@@ -330,7 +353,22 @@ mod tests {
         assert_eq!(r.bands[0].active_weight(), 5, "same epoch: nothing moves");
         r.roll(11);
         assert_eq!((r.bands[0].weight_now, r.bands[0].weight_carry), (0, 5));
-        assert_eq!((r.bands[0].held_now, r.bands[0].held_carry), (0, 2));
+        assert_eq!(
+            (r.bands[0].held_now, r.bands[0].held_carry),
+            (2, 0),
+            "held sums roll by their own epochs"
+        );
+        r.held_epoch = u16::MAX;
+        r.roll_held(0);
+        assert_eq!(
+            (r.bands[0].held_now, r.bands[0].held_carry),
+            (0, 2),
+            "wrapped"
+        );
+        r.roll_held(u16::MAX);
+        assert_eq!(r.held_epoch, 0, "never back a little");
+        r.roll_held(2);
+        assert_eq!(r.bands[0].held_weight(), 0);
         assert_eq!(r.bands[1].active_weight(), 3, "the older carry is gone");
         r.roll(9);
         assert_eq!(r.epoch, 11, "never back");
