@@ -3,14 +3,18 @@
 //! the same), then a run of requests from eight tenants against a record that may start as any
 //! bytes, with any weights, bands, costs and a clock that may jump back. Checked at every
 //! request: no panic; an admitted request was one the capacity's own algorithm admits; the
-//! record round-trips; each band's active weight is at most the weights counted since the run
-//! began plus what the starting record held.
+//! record round-trips; each band's active (and held) weight is at most the weights counted since
+//! the run began plus what the starting record held. Between requests, answers of a provider (any
+//! numbers, refusals, waits) are folded in (`share::learn`): the capacity in force never rises
+//! above the configured one.
 //!
 //! Input: a byte choosing the record's start, the share's parameters, the capacity's, then
 //! requests of eight bytes each.
 
 use crate::Bytes;
 use ratelimit_core::limiter::{gcra, Policy};
+use ratelimit_core::provider::{Api, Measure, Said};
+use ratelimit_core::share::learn::{self, Answer, Learn};
 use ratelimit_core::share::{self, Asker, Record, Share, Tenant, MAX_BANDS};
 
 pub fn run(data: &[u8]) {
@@ -38,6 +42,16 @@ pub fn run(data: &[u8]) {
         target_pm: 500 + u64::from(input.u16()) % 501,
         bands,
         min_share_pm,
+        ramp_ms: u64::from(input.u16()) * 10,
+    };
+    let learn = Learn {
+        api: Api::OpenAi,
+        measure: Measure::Requests,
+        window_ms: [1, 60, 3_600][input.below(3)] * 1000,
+        hold_ms: 1 + u64::from(input.u16()) * 10,
+        ramp_ms: share.ramp_ms,
+        max_block_ms: 1 + u64::from(input.u16()) * 10,
+        strip: true,
     };
     let limit = 1 + u64::from(input.u32()) % 1_000_000;
     // A rule's window is one of its units (the tenant's entry stores it whole to the second up
@@ -57,7 +71,8 @@ pub fn run(data: &[u8]) {
         0 => Record::new(bands),
         _ => Record::decode(raw).unwrap_or_else(|| Record::new(bands)),
     };
-    let held_at_start: Vec<u64> = record.bands.iter().map(|b| b.active_weight()).collect();
+    let active_at_start: Vec<u64> = record.bands.iter().map(|b| b.active_weight()).collect();
+    let held_at_start: Vec<u64> = record.bands.iter().map(|b| b.held_weight()).collect();
     let mut tenants: [Option<Tenant>; 8] = [None; 8];
     let mut registered = [0u64; MAX_BANDS];
     let mut now = 1_700_000_000_000u64 + u64::from(input.u32());
@@ -72,6 +87,31 @@ pub fn run(data: &[u8]) {
             now.saturating_add(u64::from(step) * 7)
         };
         let cost = u64::from(input.u16()) % (limit + 2);
+        if input.below(4) == 0 {
+            // What a provider (any upstream) says: it may lower the capacity, never raise it.
+            let number = |input: &mut Bytes| match input.below(3) {
+                0 => None,
+                1 => Some(u64::from(input.u32())),
+                _ => Some(u64::from(input.u16()) << input.below(48)),
+            };
+            let said = Said {
+                limit: number(&mut input),
+                remaining: number(&mut input),
+                reset_in_ms: number(&mut input),
+            };
+            let answer = Answer {
+                said: input.bool().then_some(said),
+                refused: input.bool(),
+                retry_after_ms: number(&mut input),
+            };
+            let admitted = now.saturating_sub(u64::from(input.u16()));
+            learn::fold(&learn, &share, &capacity, &mut record, &answer, admitted, now);
+            let (configured, _) = capacity.limit_and_window();
+            assert!(learn::limit_in_force(&record, configured, share.ramp_ms, now) <= configured);
+            let in_force = learn::policy_in_force(&capacity, &record, &share, now);
+            assert!(in_force.limit_and_window().0 <= configured);
+            assert!(in_force.burst() <= capacity.burst());
+        }
         let before = record.capacity.clone();
         let d = share::decide(
             &share,
@@ -104,14 +144,16 @@ pub fn run(data: &[u8]) {
         let again = Record::decode(&record.encode()).expect("the record decodes");
         assert_eq!(again, record);
         for (i, band) in record.bands.iter().enumerate() {
-            let start = held_at_start.get(i).copied().unwrap_or(0);
+            let start = active_at_start.get(i).copied().unwrap_or(0);
             assert!(
                 band.active_weight() <= registered[i] + start,
                 "band {i}: {} > {} + {start}",
                 band.active_weight(),
                 registered[i]
             );
-            assert!(band.held_weight() <= band.active_weight() + start);
+            // The held weight counts tenants that asked (by seconds, not by active intervals).
+            let held = held_at_start.get(i).copied().unwrap_or(0);
+            assert!(band.held_weight() <= registered[i] + held);
         }
     }
 }

@@ -141,7 +141,8 @@ pub fn decide(
     if t.usage.window_ms == 0 {
         t.usage.window_ms = u32::try_from(window_ms).unwrap_or(u32::MAX);
     }
-    register(record, &mut t, weight, band as u8, epoch);
+    let tick = (now_ms / STEP_MS % 16) as u8;
+    register(record, &mut t, weight, band as u8, epoch, tick);
 
     let used_all: u64 = record
         .bands
@@ -335,14 +336,18 @@ fn permille(n: u64, pm: u64) -> u64 {
 /// Counts the tenant among this epoch's active tenants once: at its first request of the epoch
 /// its weight goes into the band's sum for this epoch (and out of the carry, if it was counted
 /// in the last one); a weight or band that changed within the epoch moves.
-fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u32) {
+fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u32, tick: u8) {
     let e16 = epoch as u16;
     let counted = t.weight != 0;
     if counted && t.epoch == e16 {
         if (t.weight, t.band) != (weight, band) {
             adjust(record, t, Slot::Now, -1);
+            // A held tenant's held weight moves with it, in the held sum it is in.
+            let slot = held_slot(t, tick);
+            move_held(record, t, slot, -1);
             t.weight = weight;
             t.band = band;
+            move_held(record, t, slot, 1);
             adjust(record, t, Slot::Now, 1);
         }
         return;
@@ -364,30 +369,48 @@ fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u
 /// counted in this held epoch's held weight, once), or frees it (its weight leaves the held
 /// sum it is in, if any). A tenant's held epoch is its last refusal's: `refused_tick / 4`.
 fn set_held(record: &mut Record, t: &mut Tenant, held: bool, tick: u8) {
-    let w = u32::from(t.weight);
-    let now = tick / 4 % 4;
-    let last = t.refused_tick / 4 % 4;
-    let Some(b) = record.bands.get_mut(usize::from(t.band)) else {
-        return;
-    };
-    let sub = |x: &mut u32| *x = x.saturating_sub(w);
+    let slot = held_slot(t, tick);
     if held {
-        if !t.held || last != now {
-            if t.held && last == (now + 3) % 4 {
-                sub(&mut b.held_carry);
-            }
-            b.held_now = b.held_now.saturating_add(w);
+        if !matches!(slot, Some(Slot::Now)) {
+            move_held(record, t, slot, -1);
+            move_held(record, t, Some(Slot::Now), 1);
         }
         t.held = true;
         t.refused_tick = tick;
     } else if t.held {
-        if last == now {
-            sub(&mut b.held_now);
-        } else if last == (now + 3) % 4 {
-            sub(&mut b.held_carry);
-        }
+        move_held(record, t, slot, -1);
         t.held = false;
     }
+}
+
+/// The held sum a held tenant's weight is in at step `tick`: this held epoch's, the last one's,
+/// or none (it was last refused earlier, or it is not held).
+fn held_slot(t: &Tenant, tick: u8) -> Option<Slot> {
+    let (now, last) = (tick / 4 % 4, t.refused_tick / 4 % 4);
+    match t.held {
+        false => None,
+        true if last == now => Some(Slot::Now),
+        true if last == (now + 3) % 4 => Some(Slot::Carry),
+        true => None,
+    }
+}
+
+/// Adds (`sign` 1) or takes out (-1) the tenant's weight in its band's held sum `slot`.
+fn move_held(record: &mut Record, t: &Tenant, slot: Option<Slot>, sign: i8) {
+    let w = u32::from(t.weight);
+    let Some(b) = record.bands.get_mut(usize::from(t.band)) else {
+        return;
+    };
+    let sum = match slot {
+        Some(Slot::Now) => &mut b.held_now,
+        Some(Slot::Carry) => &mut b.held_carry,
+        None => return,
+    };
+    *sum = if sign > 0 {
+        sum.saturating_add(w)
+    } else {
+        sum.saturating_sub(w)
+    };
 }
 
 #[derive(Clone, Copy)]
