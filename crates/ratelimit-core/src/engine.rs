@@ -1085,6 +1085,72 @@ pub fn settle(
     out
 }
 
+/// [`settle`] for a shared rule: what the response owes goes to the tenant's entry (at
+/// `slot`/`fingerprint`) and to the rule's record (`record`): the capacity (under the capacity
+/// in force, learned or configured), the band's use and the tenant's. A charge is counted
+/// whatever the capacity says (the request went through); a refund gives back what the
+/// reservation counted at `counted_ms`.
+#[allow(clippy::too_many_arguments)]
+pub fn settle_share(
+    store: &impl Store,
+    slot: u64,
+    fingerprint: u64,
+    record: u64,
+    share: &share::Share,
+    policy: &Policy,
+    owed: Owed,
+    now_ms: u64,
+) -> RuleOutcome {
+    let mut out = RuleOutcome::default();
+    let mut verdict = None;
+    let settled = update(
+        store,
+        slot,
+        fingerprint,
+        now_ms,
+        &mut out.retries,
+        |state| {
+            let Some(State::Tenant(t)) = state else {
+                return ((), None); // forgotten meanwhile: the record alone is not settled
+            };
+            let before = *t;
+            let mut t = before;
+            let mut value = share::state::RecordBytes::new();
+            let _ = store.replace(record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                let Some(mut r) = bytes.and_then(share::Record::decode) else {
+                    return ((), false);
+                };
+                // Each attempt starts from the entry as read.
+                let mut tenant = before;
+                let in_force = share::learn::policy_in_force(policy, &r, share, now_ms);
+                match owed {
+                    Owed::Charge(cost) => {
+                        share::charge(&in_force, &mut r, &mut tenant, now_ms, cost)
+                    }
+                    Owed::Refund { cost, counted_ms } => {
+                        share::refund(&in_force, &mut r, &mut tenant, counted_ms, now_ms, cost)
+                    }
+                    Owed::GiveBack { .. } => return ((), false),
+                }
+                verdict = Some(in_force.decide(r.capacity.as_ref(), now_ms, 0).0);
+                t = tenant;
+                r.encode_into(value);
+                ((), true)
+            });
+            ((), Some(State::Tenant(t)))
+        },
+    );
+    match settled {
+        Ok(((), placement)) => {
+            out.verdict = verdict;
+            out.evicted = placement == Some(Placement::Evicted);
+            out.filled = placement == Some(Placement::Filled);
+        }
+        Err(failure) => out.failure = Some(failure),
+    }
+    out
+}
+
 /// A refused request: rules that would have admitted it report the quota as it is without
 /// this request, which consumed nothing.
 fn refused_outcome<'w>(

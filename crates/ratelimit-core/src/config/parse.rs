@@ -615,10 +615,10 @@ impl Validator {
             ),
             _ => {}
         }
-        if matches!(cost, Some(Cost::Response(_))) {
+        if matches!(cost, Some(Cost::Response(c)) if !c.true_up) {
             self.error(
                 &join(path, "cost"),
-                "a shared capacity counts what a request costs when it arrives: a cost charged from the response is not supported with \"share\"",
+                "a shared capacity counts what a request costs when it arrives: charge it from the response with a reservation trued up (\"reserve\" and \"true_up\": true)",
             );
         }
         if matches!(per_request, Some(p) if p.any()) {

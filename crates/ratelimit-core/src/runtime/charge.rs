@@ -542,14 +542,26 @@ impl<S: Store> Runtime<S> {
 
     /// Settles one debt in the store; the key's quota after it.
     fn pay(&self, debt: &Debt, owed: Owed, now_ms: u64) -> Option<Verdict> {
-        let out = engine::settle(
-            &self.store,
-            debt.slot,
-            debt.fingerprint,
-            &debt.policy,
-            owed,
-            now_ms,
-        );
+        let out = match debt.share {
+            Some((record, share)) => engine::settle_share(
+                &self.store,
+                debt.slot,
+                debt.fingerprint,
+                record,
+                &share,
+                &debt.policy,
+                owed,
+                now_ms,
+            ),
+            None => engine::settle(
+                &self.store,
+                debt.slot,
+                debt.fingerprint,
+                &debt.policy,
+                owed,
+                now_ms,
+            ),
+        };
         if let Some(failure) = self.store_work(debt.rule, &out) {
             // The request went through already: what it owed is lost (failing open).
             self.metrics.add(debt.rule, Counter::FailedOpen, 1);
@@ -578,7 +590,7 @@ mod tests {
     use crate::key::Seed;
     use crate::metrics::Counter;
     use crate::runtime::{Next, Runtime, StreamState};
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, Store};
     use crate::testkit::{FakeHost, FakeResponse};
 
     const STREAM: &str = include_str!("../../tests/fixtures/llm/anthropic_stream.sse");
@@ -1432,5 +1444,51 @@ mod tests {
         // usd reserved 10 × $30 = 300 µ$, and was charged 2,400 beyond it; shadow-usd
         // reserved at its dearest too (gpt-4o's $10: 100 µ$), 2,600 beyond.
         assert_eq!(counted(&rt, Counter::UsageExceeded), 2400 + 2600);
+    }
+
+    #[test]
+    fn a_shared_rule_charged_by_its_answers_trues_up_the_capacity_and_the_tenant() {
+        // 10,000 tokens a minute shared by API key, each request reserving 1,000.
+        let rt = runtime(
+            r#"{"rules": [{"name": "tpm", "key": ["header:x-api-key"], "quota_unit": "tokens",
+                "rate_limit": {"requests_per_unit": 10000, "unit": "minute"},
+                "cost": {"response": "openai", "reserve": 1000, "true_up": true},
+                "share": {}}]}"#,
+        );
+        let usage = |n: u64| format!(r#"{{"usage":{{"total_tokens":{n}}}}}"#);
+        let ask = |key: &str| {
+            let mut st = StreamState::default();
+            let next = st.request_headers(&rt, &mut host(key));
+            (st, matches!(next, Next::Continue))
+        };
+        // Four requests of alice's, each answered 100 tokens: 400 counted, not 4,000.
+        for _ in 0..4 {
+            let (mut st, ok) = ask("alice");
+            assert!(ok);
+            let json = [("content-type", "application/json")];
+            answer(&rt, &mut st, &json, usage(100).as_bytes(), 1024, true);
+        }
+        assert_eq!(counted(&rt, Counter::UsageRefunded), 3_600);
+        // Nine more reservations of 1,000 fit in what is left (10,000 − 400); a tenth does not.
+        let held: Vec<_> = (0..9).map(|_| ask("bob")).collect();
+        assert!(held.iter().all(|(_, ok)| *ok));
+        assert!(!ask("carol").1, "the capacity is held by reservations");
+        // bob's answers used 2,000 each: 9,000 more are counted, the capacity far over; the
+        // tenant's own use too.
+        let json = [("content-type", "application/json")];
+        for (mut st, _) in held {
+            answer(&rt, &mut st, &json, usage(2_000).as_bytes(), 1024, true);
+        }
+        assert_eq!(counted(&rt, Counter::UsageExceeded), 9_000);
+        assert!(!ask("carol").1);
+        let record = {
+            let slot = crate::table::SlotKind::Share.slot(rt.compiled[0].fingerprint % (1 << 31));
+            rt.store
+                .read(slot, |b, _| b.and_then(crate::share::Record::decode))
+                .unwrap()
+                .unwrap()
+        };
+        let used = record.bands[0].used.usage(600_000, 60_000);
+        assert_eq!(used, 400 + 18_000, "the band counts what was used");
     }
 }

@@ -448,6 +448,7 @@ impl<S: Store> Runtime<S> {
             kind,
             priced: a.priced,
             report,
+            share: None,
         })
     }
 

@@ -215,6 +215,9 @@ pub(super) struct Debt {
     pub(super) priced: Priced,
     /// A global rule's usage goes to its service too (boxed: most rules are local).
     pub(super) report: Option<Box<ServiceReport>>,
+    /// A shared rule's record (its slot) and how the capacity is shared: the usage goes to the
+    /// capacity, the band and the tenant.
+    pub(super) share: Option<(u64, crate::share::Share)>,
 }
 
 /// What a lease claim's answer did for the request that claimed ([`Runtime::promote`]).
@@ -859,6 +862,7 @@ impl<S: Store> Runtime<S> {
                             kind: DebtKind::Usage, // nothing was counted
                             priced: a.priced,
                             report: self.service_report(a, check, 0, host),
+                            share: check.share.as_ref().map(|sc| (sc.record, sc.share)),
                         });
                     }
                 } else if allowed {
@@ -894,6 +898,7 @@ impl<S: Store> Runtime<S> {
                             kind,
                             priced: a.priced,
                             report: self.service_report(a, check, 0, host),
+                            share: check.share.as_ref().map(|sc| (sc.record, sc.share)),
                         };
                         match kind {
                             DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),

@@ -281,6 +281,24 @@ pub fn refund(
     tenant.usage = back(tenant.usage);
 }
 
+/// Counts `cost` more for a request [`decide`] admitted (its response used more than its
+/// reservation): on the capacity whatever it says (the request went through), the band's use
+/// and the tenant's.
+pub fn charge(capacity: &Policy, record: &mut Record, tenant: &mut Tenant, now_ms: u64, cost: u64) {
+    let (_, window_ms) = capacity.limit_and_window();
+    let window_ms = window_ms.max(1);
+    if let Some((_, next)) = capacity.charge(record.capacity.as_ref(), now_ms, cost) {
+        record.capacity = Some(next);
+    }
+    if let Some(b) = record.bands.get_mut(usize::from(tenant.band)) {
+        b.used = sliding_window::add(b.used, now_ms, window_ms, cost);
+        if tenant.held {
+            b.used_held = sliding_window::add(b.used_held, now_ms, window_ms, cost);
+        }
+    }
+    tenant.usage = sliding_window::add(tenant.usage, now_ms, window_ms, cost);
+}
+
 /// A record the request's band is missing from (never, once resized): the capacity alone.
 fn admit_nothing(capacity: &Policy, now_ms: u64, cost: u64, tenant: Tenant) -> Decision {
     let (mut verdict, _) = capacity.decide(None, now_ms, cost);
