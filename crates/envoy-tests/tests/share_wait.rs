@@ -257,6 +257,27 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     let abandoned = envoy.wait_stat_until(&metric(Some("p1"), "abandoned"), |n| n > 0);
     assert!(abandoned.is_some_and(|n| n > 0), "abandoned {abandoned:?}");
     assert!(used >= 0.95 * RATE, "used {used:.2}/s of {RATE}");
+    // The rule's gauges: its capacity in force, and its one band's active weight (the four
+    // equal tenants, the light one and the leaver, all asked within the active interval).
+    let band_gauge = |name: &str| {
+        let full = match common::build() {
+            common::Build::Wasm => metric(Some("p1"), &format!("band=.=default;.;{name}")),
+            common::Build::Native => format!("{}.band.default", metric(Some("p1"), name)),
+        };
+        envoy.wait_stat_until(&full, |n| n > 0)
+    };
+    let capacity = envoy.wait_stat_until(&metric(Some("p1"), "share_capacity"), |n| n > 0);
+    assert_eq!(capacity, Some(RATE as u64), "share_capacity");
+    assert_eq!(
+        band_gauge("share_active_weight"),
+        Some(6),
+        "share_active_weight"
+    );
+    let level = band_gauge("share_level_permille");
+    assert!(
+        level.is_some_and(|l| l <= 1000),
+        "share_level_permille {level:?}"
+    );
     // Still serving.
     let (status, _) = request(addr, "after", None);
     assert!(status == 200 || status == 429, "{status}");

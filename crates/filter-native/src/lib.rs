@@ -122,6 +122,10 @@ struct MetricIds {
     elastic: Option<usize>,
     /// `wasm_ratelimit.capacity{plugin}`.
     capacity: Option<usize>,
+    /// `wasm_ratelimit.share_capacity{plugin, rule}`.
+    share_capacity: Option<usize>,
+    /// `wasm_ratelimit.share_…{plugin, rule, band}` ([`metrics::SHARE_BAND_GAUGES`]).
+    share_bands: [Option<usize>; 3],
 }
 
 impl MetricIds {
@@ -139,6 +143,9 @@ impl MetricIds {
             panics: h.define_counter(&name("panics"), &["plugin"]),
             elastic: h.define_gauge(&name(metrics::ELASTIC_FACTOR), &["plugin", "rule"]),
             capacity: h.define_gauge(&name(metrics::CAPACITY), &["plugin"]),
+            share_capacity: h.define_gauge(&name(metrics::SHARE_CAPACITY), &["plugin", "rule"]),
+            share_bands: metrics::SHARE_BAND_GAUGES
+                .map(|g| h.define_gauge(&name(g), &["plugin", "rule", "band"])),
         }
     }
 
@@ -261,7 +268,33 @@ impl FilterConfig {
             }
         }
         if work.metrics {
+            self.publish_share();
             self.publish();
+        }
+    }
+
+    /// Sets the shared rules' gauges from their records (main thread).
+    fn publish_share(&self) {
+        let rules = self.rt.rules();
+        if rules.iter().all(|r| r.share.is_none()) {
+            return;
+        }
+        for g in self.rt.share_gauges(now_ms()) {
+            let Some(r) = rules.get(g.rule) else {
+                continue;
+            };
+            if let Some(id) = self.ids.share_capacity {
+                self.handle
+                    .set_gauge(id, &[&self.plugin, &r.name], g.capacity);
+            }
+            for band in &g.bands {
+                for (id, value) in self.ids.share_bands.iter().zip(band.values()) {
+                    if let Some(id) = id {
+                        self.handle
+                            .set_gauge(*id, &[&self.plugin, &r.name, &band.band], value);
+                    }
+                }
+            }
         }
     }
 

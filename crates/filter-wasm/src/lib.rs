@@ -158,6 +158,9 @@ struct MetricIds {
     gauges: Vec<Option<u32>>,
     /// Per rule: the elastic factor's gauge, for elastic rules.
     elastic: Vec<Option<u32>>,
+    /// Per rule: a shared rule's capacity gauge, and per band its gauges
+    /// ([`metrics::SHARE_BAND_GAUGES`]).
+    share: Vec<Option<(Option<u32>, Vec<[Option<u32>; 3]>)>>,
 }
 
 impl MetricIds {
@@ -188,6 +191,47 @@ impl MetricIds {
                     rule.elastic.and_then(|_| abi::define_gauge(&name).ok())
                 })
                 .collect(),
+            share: config
+                .rules
+                .iter()
+                .map(|rule| {
+                    let sh = rule.share.as_ref()?;
+                    let capacity = metrics::name(plugin, Some(&rule.name), metrics::SHARE_CAPACITY);
+                    let bands = sh
+                        .bands
+                        .iter()
+                        .map(|band| {
+                            metrics::SHARE_BAND_GAUGES.map(|g| {
+                                abi::define_gauge(&metrics::band_name(plugin, &rule.name, band, g))
+                                    .ok()
+                            })
+                        })
+                        .collect();
+                    Some((abi::define_gauge(&capacity).ok(), bands))
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets the shared rules' gauges from their records.
+    fn publish_share(&self, rt: &Runtime<SharedData>, now: u64) {
+        if self.share.iter().all(Option::is_none) {
+            return;
+        }
+        for g in rt.share_gauges(now) {
+            let Some(Some((capacity, bands))) = self.share.get(g.rule) else {
+                continue;
+            };
+            if let Some(id) = capacity {
+                let _ = abi::gauge_set(*id, g.capacity);
+            }
+            for (ids, band) in bands.iter().zip(&g.bands) {
+                for (id, value) in ids.iter().zip(band.values()) {
+                    if let Some(id) = id {
+                        let _ = abi::gauge_set(*id, value);
+                    }
+                }
+            }
         }
     }
 
@@ -392,6 +436,7 @@ impl Root {
             served.ids.publish_elastic(rt);
         }
         if work.metrics {
+            served.ids.publish_share(rt, now);
             served.ids.publish(rt);
         }
     }

@@ -239,6 +239,22 @@ impl Gauge {
 pub const ELASTIC_FACTOR: &str = "elastic_factor_percent";
 /// The per-plugin gauge of the table's capacity, in keys (set, not moved).
 pub const CAPACITY: &str = "capacity";
+/// A shared rule's gauge: its capacity in force (learned from the provider, or configured), in
+/// the rule's units per window.
+pub const SHARE_CAPACITY: &str = "share_capacity";
+/// Per shared rule and band, the gauges [`crate::runtime::BandGauges`] sets, by name.
+pub const SHARE_BAND_GAUGES: [&str; 3] = [
+    "share_active_weight",
+    "share_used_permille",
+    "share_level_permille",
+];
+
+/// A shared rule's per-band metric's full name: [`name`] with the band as a third tag,
+/// `wasm_ratelimit.plugin=.=<plugin>;.;rule=.=<rule>;.;band=.=<band>;.;<metric>` (a `band`
+/// stats tag makes it a label).
+pub fn band_name(plugin: &str, rule: &str, band: &str, metric: &str) -> String {
+    name(plugin, Some(rule), &format!("band=.={band};.;{metric}"))
+}
 
 /// A metric's full name, with the plugin and the rule as tags Envoy can extract:
 /// `wasm_ratelimit.plugin=.=<plugin>;.;rule=.=<rule>;.;<counter>` for a rule's metric,

@@ -87,6 +87,38 @@ impl Watch {
     }
 }
 
+/// A shared rule's gauges ([`Runtime::share_gauges`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareGauges {
+    /// The rule's index.
+    pub rule: usize,
+    /// `share_capacity`: the capacity in force, in the rule's units per window.
+    pub capacity: u64,
+    /// Per band, in the configuration's order.
+    pub bands: Vec<BandGauges>,
+}
+
+/// One band's gauges, in the order of [`crate::metrics::SHARE_BAND_GAUGES`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BandGauges {
+    /// The band's name.
+    pub band: String,
+    /// `share_active_weight`: the weight of its active tenants.
+    pub active_weight: u64,
+    /// `share_used_permille`: its use over the window, permille of the capacity in force.
+    pub used_permille: u64,
+    /// `share_level_permille`: the share of a tenant of weight 1, permille of the capacity in
+    /// force (1000 while nobody is held to a level).
+    pub level_permille: u64,
+}
+
+impl BandGauges {
+    /// The values, in the order of [`crate::metrics::SHARE_BAND_GAUGES`].
+    pub fn values(&self) -> [u64; 3] {
+        [self.active_weight, self.used_permille, self.level_permille]
+    }
+}
+
 /// How often the host must call [`Runtime::tick`] while a rule is elastic, ms: responses are
 /// reported to the shared health this often.
 pub const ELASTIC_TICK_MS: u32 = 250;
@@ -293,6 +325,54 @@ impl<S: Store> Runtime<S> {
             let w = c.watch.as_ref()?;
             Some((i, u64::from(w.factor.load(Ordering::Relaxed)) / 10))
         })
+    }
+
+    /// What each shared rule's record says now, for its gauges: per rule its capacity in force,
+    /// and per band its active weight, its use (permille of the capacity in force) and its
+    /// level (the share of a tenant of weight 1, permille of the capacity in force; 1000 while
+    /// no tenant is held to a level). One store read per shared rule.
+    pub fn share_gauges(&self, now_ms: u64) -> Vec<ShareGauges> {
+        let mut out = Vec::new();
+        for (i, (rule, c)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
+            let Some(sh) = &rule.share else {
+                continue;
+            };
+            let slot = table::SlotKind::Share.slot(c.fingerprint % (1 << 31));
+            let record = self
+                .store
+                .read(slot, |b, _| b.and_then(crate::share::Record::decode))
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| crate::share::Record::new(sh.params.bands));
+            let in_force =
+                crate::share::learn::policy_in_force(&c.policy, &record, &sh.params, now_ms);
+            let (capacity, window_ms) = in_force.limit_and_window();
+            let permille = |x: u64| {
+                let p = u128::from(x) * 1000 / u128::from(capacity.max(1));
+                u64::try_from(p).unwrap_or(u64::MAX)
+            };
+            let bands = record
+                .bands
+                .iter()
+                .zip(&sh.bands)
+                .map(|(b, name)| BandGauges {
+                    band: name.clone(),
+                    active_weight: b.active_weight(),
+                    used_permille: permille(b.used.usage(now_ms, window_ms.max(1))),
+                    level_permille: if b.level == crate::share::NO_LEVEL {
+                        1000
+                    } else {
+                        permille(b.level / crate::share::LEVEL_ONE).min(1000)
+                    },
+                })
+                .collect();
+            out.push(ShareGauges {
+                rule: i,
+                capacity,
+                bands,
+            });
+        }
+        out
     }
 
     /// The reports of async global rules' hits since the last flush, to send to each rule's
