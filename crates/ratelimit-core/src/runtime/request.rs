@@ -853,6 +853,9 @@ impl<S: Store> Runtime<S> {
                 if !v.allowed {
                     v = self.wait_for_reservations(a.rule, check, v);
                     self.refusal(host, a.rule, a.hash, &v, check.cost, check.shadow);
+                    if let (Some(reason), Some(sc)) = (out.share_refused, &check.share) {
+                        self.shared_refusal(host, a.rule, a.hash, reason, sc.asker);
+                    }
                     if p.late && rule.charge().is_some() {
                         owed.push(Debt {
                             rule: a.rule,
@@ -1292,6 +1295,41 @@ impl<S: Store> Runtime<S> {
         );
     }
 
+    /// A shared rule refused a request: a second line says why and the tenant's band and weight
+    /// (`log_limited`'s level; the tenant is the `key` of the `limited` line before it).
+    fn shared_refusal(
+        &self,
+        host: &mut impl Host,
+        rule: usize,
+        hash: u64,
+        reason: crate::share::Reason,
+        asker: crate::share::Asker,
+    ) {
+        let (Some(level), Some(r)) = (self.config.log_limited.level(), self.config.rules.get(rule))
+        else {
+            return;
+        };
+        let band = r
+            .share
+            .as_ref()
+            .and_then(|sh| sh.bands.get(usize::from(asker.band)))
+            .map_or("", String::as_str);
+        let reason = match reason {
+            crate::share::Reason::Capacity => "capacity",
+            crate::share::Reason::Band => "band",
+            crate::share::Reason::Share => "share",
+        };
+        host.log(
+            level,
+            format_args!(
+                "shared rule={} key={} reason={reason} band={band} weight={}",
+                r.name,
+                key::logged(hash),
+                asker.weight
+            ),
+        );
+    }
+
     /// A request rule `i` matches lacks a part of its key: counts it, and under
     /// `on_missing_key: refuse` logs it (as `log_limited` says) and returns the reply that
     /// refuses it (a shadow rule only logs).
@@ -1550,6 +1588,19 @@ mod tests {
         // A light tenant arriving then is starved; once the heavy one's first second has
         // slid out of the window, the heavy one is held to its share and the light one passes.
         assert!(!ask("light", "1", "batch", t0 + 200));
+        // Its refusal says why, and its band and weight, after the limited line.
+        let mut host = FakeHost::new("10.0.0.1", "/")
+            .header("x-tenant", "light")
+            .header("x-band", "batch");
+        host.now = t0 + 201;
+        assert!(matches!(decided(&rt, &mut host), Decision::Reply(_)));
+        let lines: Vec<&str> = host.logs.iter().map(|(_, l)| l.as_str()).collect();
+        assert!(lines[0].starts_with("limited rule=provider "), "{lines:?}");
+        assert!(
+            lines[1].starts_with("shared rule=provider key=")
+                && lines[1].ends_with(" reason=capacity band=batch weight=1"),
+            "{lines:?}"
+        );
         let mut light = 0;
         let mut heavy = 0;
         for ms in (1_000..3_000).step_by(10) {
