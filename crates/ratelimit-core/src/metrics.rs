@@ -93,8 +93,9 @@ pub enum Counter {
     /// Requests a shared rule refused because their band had its budget (higher bands used the
     /// rest; also in `limited`).
     BandRefused,
-    /// Provider refusals (429s from the upstream) that reached clients through a shared rule:
-    /// what the shared capacity exists to prevent.
+    /// Provider refusals (429s from the upstream) that reached clients through a shared rule
+    /// that learns from the provider (`share.learn`): what the shared capacity exists to
+    /// prevent.
     ProviderLimited,
     /// Units a shared rule counted because the provider said less remained than the capacity
     /// did (`share.learn`).

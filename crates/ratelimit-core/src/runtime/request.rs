@@ -882,9 +882,10 @@ impl<S: Store> Runtime<S> {
                             Counter::ElasticAllowed,
                             u64::from(out.above_base),
                         );
-                    } else if let Some(sh) = &rule.share {
+                    } else if rule.share.as_ref().is_some_and(|sh| sh.learn.is_some()) {
+                        // What the provider says of its limit (and its refusals) is read.
                         watched.push(a.rule);
-                        timed |= sh.learn.is_some();
+                        timed = true;
                     }
                     let kind = match (check.policy, rule.charge()) {
                         (Policy::InFlight { .. }, _) => Some(DebtKind::Slot(now)),
@@ -1166,8 +1167,8 @@ impl<S: Store> Runtime<S> {
         }
     }
 
-    /// A shared rule's admitted request was answered: a provider refusal is counted, and with
-    /// `share.learn` what the provider said of its limit is folded into the rule's record
+    /// A shared rule with `share.learn` had a request admitted and answered: a provider
+    /// refusal is counted, what the provider said of its limit is folded into the rule's record
     /// ([`crate::share::learn`]) and, with `strip`, taken out of the response.
     #[allow(clippy::too_many_arguments)]
     fn learn(
