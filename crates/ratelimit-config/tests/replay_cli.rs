@@ -529,3 +529,59 @@ fn memory_stays_flat_as_the_log_grows() {
     );
     assert!(last < 200 * 1024, "{last} KiB");
 }
+
+#[test]
+fn a_shared_rule_replays_who_would_have_waited_and_who_was_refused() {
+    // 5 requests a second shared by API key, waits up to 500 ms: a tenant sending 20 in a
+    // second, another 2. The log's clock is the replay's: each waiter looks at its line as it
+    // would live.
+    let dir = common::scratch("share-replay");
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"rules": [{"name": "provider", "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 5, "unit": "second"},
+            "algorithm": "token_bucket", "burst": 5,
+            "share": {"max_wait_ms": 500}}]}"#,
+    )
+    .unwrap();
+    let mut log = String::new();
+    let line = |ms: u64, key: &str| {
+        format!(
+            "{{\"downstream_remote_address\":\"10.0.0.1:1\",\"duration\":5,\"method\":\"POST\",\"path\":\"/v1/chat/completions\",\"response_code\":200,\"start_time\":\"{}\",\"x-api-key\":\"{key}\"}}\n",
+            ratelimit_config::replay::input::format_time(1_795_000_000_000 + ms)
+        )
+    };
+    for i in 0..20 {
+        log.push_str(&line(i * 50, "heavy"));
+    }
+    log.push_str(&line(400, "light"));
+    log.push_str(&line(900, "light"));
+    let path = dir.join("access.log");
+    std::fs::write(&path, log).unwrap();
+    let (code, out, err) = cli(&[
+        "replay",
+        config.to_str().unwrap(),
+        path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let row = &r["rules"][0]["results"][0];
+    let (allowed, limited, waited, timeouts) = (
+        row["allowed"].as_u64().unwrap(),
+        row["limited"].as_u64().unwrap(),
+        row["waited"].as_u64().unwrap(),
+        row["wait_timeouts"].as_u64().unwrap(),
+    );
+    assert_eq!(allowed + limited, 22, "{row}");
+    assert!(waited > 0 && timeouts <= waited, "{row}");
+    // The bucket of 5 and a token every 200 ms over about 1.4 s: at most 5 + 8 admitted.
+    assert!((9..=13).contains(&allowed), "{row}");
+    // The text report says it too.
+    let (_, text, _) = cli(&["replay", config.to_str().unwrap(), path.to_str().unwrap()]);
+    assert!(
+        text.contains(&format!("waited in the shared line (configured): {waited} (refused when their wait ended: {timeouts})")),
+        "{text}"
+    );
+}

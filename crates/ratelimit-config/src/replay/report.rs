@@ -363,6 +363,14 @@ pub fn text(run: &Run, raw_keys: bool) -> String {
                     let _ = writeln!(out, "    {:>10}  {}", counted(c), key_label(c, raw_keys));
                 }
             }
+            if base.waited > 0 {
+                let _ = writeln!(
+                    out,
+                    "  waited in the shared line ({CONFIGURED}): {} (refused when their wait ended: {})",
+                    thousands(base.waited),
+                    thousands(base.wait_timeouts)
+                );
+            }
             if let Cost::Response(charge) = &rule.cost {
                 let _ = writeln!(
                     out,
@@ -429,6 +437,7 @@ pub fn json(run: &Run, raw_keys: bool) -> Value {
                         "limited": o.limited,
                         "delayed": o.delayed,
                         "waited": o.waited,
+                        "wait_timeouts": o.wait_timeouts,
                         "keys_limited": o.keys_limited.count(),
                         "keys_limited_exact": o.keys_limited.is_exact(),
                         "top_limited": o.top.top(run.top).iter().map(|c| Value::Object(counted_json(c, raw_keys))).collect::<Vec<_>>(),

@@ -98,6 +98,8 @@ pub struct Outcome {
     /// Refused by a shared rule, then waited in its line (admitted by a turn, or refused when
     /// the wait ended: then also in `limited`).
     pub waited: u64,
+    /// Of those, refused when their wait ended.
+    pub wait_timeouts: u64,
     /// Decided by `failure_mode: allow` / `deny` because the store could not decide.
     pub failed_open: u64,
     /// See `failed_open`.
@@ -127,6 +129,7 @@ impl Outcome {
             limited: 0,
             delayed: 0,
             waited: 0,
+            wait_timeouts: 0,
             failed_open: 0,
             failed_closed: 0,
             evictions: 0,
@@ -185,9 +188,8 @@ impl Outcome {
             }
             // Waits replay on the log's clock: each waiter looks at its line as it would live.
             Counter::ShareQueued => &mut self.waited,
-            Counter::ShareQueueFull | Counter::ShareQueueTimeouts | Counter::ShareWaitedMs => {
-                return
-            }
+            Counter::ShareQueueTimeouts => &mut self.wait_timeouts,
+            Counter::ShareQueueFull | Counter::ShareWaitedMs => return,
         };
         *field += n;
     }
