@@ -146,6 +146,24 @@ const CASES: &[Case] = &[
         shadow: false,
     },
     Case {
+        example: "shared-provider",
+        method: "GET",
+        path: "/v1/chat/completions",
+        headers: &[("authorization", "Bearer dave")],
+        // The example's stand-in auth step sets dave's team, weight and band. One request:
+        // its answer teaches the rule the provider's lower limit, which the next would name.
+        extra: &[
+            "--header",
+            "x-team: nightly-evals",
+            "--header",
+            "x-team-weight: 1",
+            "--header",
+            "x-band: batch",
+        ],
+        times: 1,
+        shadow: false,
+    },
+    Case {
         example: "anthropic-tokens",
         method: "GET",
         path: "/v1/messages",

@@ -565,7 +565,7 @@ impl Filter {
                     }
                     // No way to come back later: let it go now (a request waiting in a
                     // shared rule's line is decided at once: admitted or refused).
-                    None => self.with(|st| st.wake(&c.rt, until_ms)),
+                    None => self.with(|st| st.wake_now(&c.rt, now_ms())),
                 },
                 Next::Continue => {
                     if !in_headers {

@@ -158,10 +158,13 @@ struct MetricIds {
     gauges: Vec<Option<u32>>,
     /// Per rule: the elastic factor's gauge, for elastic rules.
     elastic: Vec<Option<u32>>,
-    /// Per rule: a shared rule's capacity gauge, and per band its gauges
-    /// ([`metrics::SHARE_BAND_GAUGES`]).
-    share: Vec<Option<(Option<u32>, Vec<[Option<u32>; 3]>)>>,
+    /// Per rule: a shared rule's gauges.
+    share: Vec<Option<ShareIds>>,
 }
+
+/// A shared rule's gauges: its capacity's, and per band those of
+/// [`metrics::SHARE_BAND_GAUGES`].
+type ShareIds = (Option<u32>, Vec<[Option<u32>; 3]>);
 
 impl MetricIds {
     fn define(plugin: &str, config: &Config) -> MetricIds {

@@ -434,42 +434,69 @@ fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
         return;
     };
     let mut retries = 0;
-    let _ = update(
+    let cost = check.cost;
+    let _ = after_share(
         store,
         check.slot,
         check.fingerprint,
+        sc.record,
         now_ms,
         &mut retries,
-        |state| {
-            let Some(State::Tenant(t)) = state else {
-                return ((), None); // forgotten meanwhile: nothing to give back
+        |r, t| {
+            let Some(t) = t else {
+                return false; // forgotten meanwhile: nothing to give back
             };
-            let mut t = *t;
+            let in_force = share::learn::policy_in_force(&check.policy, r, &sc.share, now_ms);
+            share::refund(&in_force, r, &mut t.clone(), now_ms, now_ms, cost);
+            true
+        },
+        |t| share::refund_tenant(t, now_ms, cost),
+    );
+}
+
+/// Changes a shared rule's record and its tenant's entry after a request was decided: the
+/// record once (`on_record`, given the tenant's entry as first read; it says whether to write),
+/// then the entry (`on_tenant`, on the entry as read at each attempt: a lost race on the
+/// tenant's bucket applies it again to the entry as it then is, never the record twice).
+#[allow(clippy::too_many_arguments)]
+fn after_share(
+    store: &impl Store,
+    slot: u64,
+    fingerprint: u64,
+    record: u64,
+    now_ms: u64,
+    retries: &mut u32,
+    mut on_record: impl FnMut(&mut share::Record, Option<&share::Tenant>) -> bool,
+    on_tenant: impl Fn(&mut share::Tenant),
+) -> Result<Updated<()>, Failure> {
+    let mut record_done = false;
+    update(store, slot, fingerprint, now_ms, retries, |state| {
+        let tenant = match state {
+            Some(State::Tenant(t)) => Some(*t),
+            _ => None,
+        };
+        if !record_done {
+            record_done = true;
             let mut value = share::state::RecordBytes::new();
-            let _ = store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                let Some(mut record) = bytes.and_then(share::Record::decode) else {
+            let _ = store.replace(record, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                let Some(mut r) = bytes.and_then(share::Record::decode) else {
                     return ((), false);
                 };
-                let mut tenant = t;
-                share::refund(
-                    &check.policy,
-                    &mut record,
-                    &mut tenant,
-                    now_ms,
-                    now_ms,
-                    check.cost,
-                );
-                record.encode_into(value);
-                ((), true)
+                let write = on_record(&mut r, tenant.as_ref());
+                if write {
+                    r.encode_into(value);
+                }
+                ((), write)
             });
-            let counted = crate::limiter::sliding_window::State {
-                last_ms: now_ms,
-                ..t.usage
-            };
-            t.usage = crate::limiter::sliding_window::refund(t.usage, &counted, check.cost);
-            ((), Some(State::Tenant(t)))
-        },
-    );
+        }
+        match tenant {
+            Some(mut t) => {
+                on_tenant(&mut t);
+                ((), Some(State::Tenant(t)))
+            }
+            None => ((), None),
+        }
+    })
 }
 
 /// Folds what a provider said into a shared rule's record (in `record`'s slot): `fold` changes
@@ -1103,41 +1130,33 @@ pub fn settle_share(
 ) -> RuleOutcome {
     let mut out = RuleOutcome::default();
     let mut verdict = None;
-    let settled = update(
+    let settled = after_share(
         store,
         slot,
         fingerprint,
+        record,
         now_ms,
         &mut out.retries,
-        |state| {
-            let Some(State::Tenant(t)) = state else {
-                return ((), None); // forgotten meanwhile: the record alone is not settled
-            };
-            let before = *t;
-            let mut t = before;
-            let mut value = share::state::RecordBytes::new();
-            let _ = store.replace(record, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                let Some(mut r) = bytes.and_then(share::Record::decode) else {
-                    return ((), false);
-                };
-                // Each attempt starts from the entry as read.
-                let mut tenant = before;
-                let in_force = share::learn::policy_in_force(policy, &r, share, now_ms);
-                match owed {
-                    Owed::Charge(cost) => {
-                        share::charge(&in_force, &mut r, &mut tenant, now_ms, cost)
-                    }
-                    Owed::Refund { cost, counted_ms } => {
-                        share::refund(&in_force, &mut r, &mut tenant, counted_ms, now_ms, cost)
-                    }
-                    Owed::GiveBack { .. } => return ((), false),
+        |r, t| {
+            let in_force = share::learn::policy_in_force(policy, r, share, now_ms);
+            match (owed, t) {
+                // A charge counts on the capacity even if the tenant's entry is gone.
+                (Owed::Charge(cost), t) => {
+                    let mut t = t.copied().unwrap_or_default();
+                    share::charge(&in_force, r, &mut t, now_ms, cost);
                 }
-                verdict = Some(in_force.decide(r.capacity.as_ref(), now_ms, 0).0);
-                t = tenant;
-                r.encode_into(value);
-                ((), true)
-            });
-            ((), Some(State::Tenant(t)))
+                (Owed::Refund { cost, counted_ms }, Some(t)) => {
+                    share::refund(&in_force, r, &mut t.clone(), counted_ms, now_ms, cost);
+                }
+                _ => return false,
+            }
+            verdict = Some(in_force.decide(r.capacity.as_ref(), now_ms, 0).0);
+            true
+        },
+        |t| match owed {
+            Owed::Charge(cost) => share::charge_tenant(t, now_ms, cost),
+            Owed::Refund { cost, counted_ms } => share::refund_tenant(t, counted_ms, cost),
+            Owed::GiveBack { .. } => {}
         },
     );
     match settled {

@@ -651,9 +651,30 @@ impl Replay {
 
     /// Settles every request still owing (the log is over) and closes the last second.
     pub fn finish(&mut self) {
-        for v in &mut self.variants {
+        let n = self.variants.len();
+        let last = self.span_ms.map_or(0, |(_, b)| b);
+        for (i, v) in self.variants.iter_mut().enumerate() {
             v.turns_until(u64::MAX);
             v.settle_until(u64::MAX);
+            // What the last turns counted (requests still waiting when the log ended), at the
+            // log's last second.
+            let outcomes = &mut v.outcomes;
+            let timeline = &mut self.timeline;
+            v.rt.metrics().drain(
+                |rule, counter, k| {
+                    if let Some(o) = outcomes.get_mut(rule) {
+                        o.count(counter, k);
+                    }
+                    match counter {
+                        Counter::Allowed => timeline.add(last, column(n, rule, i), k),
+                        Counter::Limited | Counter::ShadowLimited => {
+                            timeline.add(last, column(n, rule, i) + 1, k)
+                        }
+                        _ => {}
+                    }
+                },
+                |_, _| {},
+            );
         }
         for t in &mut self.traffic {
             t.peak.close_second();

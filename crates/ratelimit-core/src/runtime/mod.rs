@@ -338,12 +338,18 @@ impl<S: Store> Runtime<S> {
                 continue;
             };
             let slot = table::SlotKind::Share.slot(c.fingerprint % (1 << 31));
-            let record = self
+            let mut record = self
                 .store
                 .read(slot, |b, _| b.and_then(crate::share::Record::decode))
                 .ok()
                 .flatten()
                 .unwrap_or_else(|| crate::share::Record::new(sh.params.bands));
+            // As a request now would find it: the sums of tenants gone quiet rolled out, and no
+            // level once none was computed for a second.
+            let active_ms = sh.params.active_ms.max(1);
+            record.roll(u32::try_from(now_ms / active_ms).unwrap_or(u32::MAX));
+            record.roll_held((now_ms / crate::share::HELD_MS) as u16);
+            let stale = now_ms.saturating_sub(record.step_ms) > crate::share::HELD_MS;
             let in_force =
                 crate::share::learn::policy_in_force(&c.policy, &record, &sh.params, now_ms);
             let (capacity, window_ms) = in_force.limit_and_window();
@@ -359,7 +365,7 @@ impl<S: Store> Runtime<S> {
                     band: name.clone(),
                     active_weight: b.active_weight(),
                     used_permille: permille(b.used.usage(now_ms, window_ms.max(1))),
-                    level_permille: if b.level == crate::share::NO_LEVEL {
+                    level_permille: if stale || b.level == crate::share::NO_LEVEL {
                         1000
                     } else {
                         permille(b.level / crate::share::LEVEL_ONE).min(1000)

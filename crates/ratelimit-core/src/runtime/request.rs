@@ -304,8 +304,8 @@ pub struct Pending {
     pub(super) late: bool,
     /// Refused, it is refused at once (it waited in a shared rule's line already).
     pub(super) no_wait: bool,
-    /// When it joined a shared rule's line, ms.
-    pub(super) waited_since: Option<u64>,
+    /// The shared rule whose line it waited in, and when it joined it (ms).
+    pub(super) waited: Option<(usize, u64)>,
 }
 
 impl Pending {
@@ -819,17 +819,16 @@ impl<S: Store> Runtime<S> {
         };
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
         if !allowed && !refused && !p.late && !p.no_wait && p.questions.is_empty() {
-            if let Some(q) = outcome.as_ref().and_then(|o| self.may_wait(p, o, now)) {
+            if let Some(q) = outcome
+                .as_ref()
+                .and_then(|o| self.may_wait(p, o, host, now))
+            {
                 return Decision::Queue(q);
             }
         }
-        if allowed {
-            if let Some(since) = p.waited_since {
-                for a in p.applied.iter().filter(|a| self.lines.has(a.rule)) {
-                    self.metrics
-                        .add(a.rule, Counter::ShareWaitedMs, now.saturating_sub(since));
-                }
-            }
+        if let (true, Some((rule, since))) = (allowed, p.waited) {
+            self.metrics
+                .add(rule, Counter::ShareWaitedMs, now.saturating_sub(since));
         }
         // Held by delay mode: the rules are counted when it goes on; else counted now.
         let delay = match &outcome {
@@ -997,7 +996,13 @@ impl<S: Store> Runtime<S> {
     /// A request refused only by shared rules that let requests wait joins the first one's
     /// line, if the wait it was told fits and the line has room. Nothing it was refused for
     /// is counted yet (its rules count it once a turn admits it or its wait ends).
-    fn may_wait(&self, p: &Pending, o: &engine::Outcome, now: u64) -> Option<super::Queued> {
+    fn may_wait(
+        &self,
+        p: &Pending,
+        o: &engine::Outcome,
+        host: &mut impl Host,
+        now: u64,
+    ) -> Option<super::Queued> {
         let mut first = None;
         for ((a, out), check) in p.applied.iter().zip(&o.rules).zip(&p.checks) {
             let refused = out.verdict.is_some_and(|v| !v.allowed) && !check.shadow;
@@ -1009,7 +1014,7 @@ impl<S: Store> Runtime<S> {
             }
         }
         let (rule, check, wait) = first?;
-        let q = self.join_line(p, rule, check, wait, now)?;
+        let q = self.join_line(p, rule, check, wait, host, now)?;
         for (a, out) in p.applied.iter().zip(&o.rules) {
             self.metrics
                 .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
@@ -1147,6 +1152,8 @@ impl<S: Store> Runtime<S> {
             .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
         let latency = now_ms.saturating_sub(a.admitted_ms);
+        // Every rule reads the provider's fields before any are taken out.
+        let mut strip: SmallVec<[crate::provider::Api; 1]> = SmallVec::new();
         for rule in std::mem::take(&mut a.watched) {
             let Some(c) = self.compiled.get(rule) else {
                 continue;
@@ -1163,13 +1170,20 @@ impl<S: Store> Runtime<S> {
                     a.admitted_ms,
                     now_ms,
                 );
+                if let Some(l) = sh.learn.filter(|l| l.strip && !strip.contains(&l.api)) {
+                    strip.push(l.api);
+                }
             }
+        }
+        for api in strip {
+            strip_provider_fields(api, response);
         }
     }
 
     /// A shared rule with `share.learn` had a request admitted and answered: a provider
-    /// refusal is counted, what the provider said of its limit is folded into the rule's record
-    /// ([`crate::share::learn`]) and, with `strip`, taken out of the response.
+    /// refusal is counted, and what the provider said of its limit is folded into the rule's
+    /// record ([`crate::share::learn`]); [`Runtime::observe`] takes the fields out afterwards
+    /// (`strip`).
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
@@ -1221,9 +1235,6 @@ impl<S: Store> Runtime<S> {
         } else {
             None
         };
-        if l.strip {
-            strip_provider_fields(l.api, response);
-        }
         let answer = learn::Answer {
             said,
             refused,

@@ -462,6 +462,19 @@ impl StreamState {
         }
     }
 
+    /// A stopped request whose host cannot hold it any longer (it has no way to come back
+    /// later): a delayed request goes on; one waiting in a shared rule's line is decided at
+    /// once, at `now`.
+    pub fn wake_now<S: Store>(&mut self, rt: &Runtime<S>, now: u64) -> Next {
+        match std::mem::replace(&mut self.phase, Phase::Admitted) {
+            Phase::Queued(q) => self.decided(rt.decide_now(&q, now)),
+            other => {
+                self.phase = other;
+                self.wake(rt, now)
+            }
+        }
+    }
+
     /// Whether the request is stopped: waiting for the services, its turn or its body. Its
     /// body must be held too (going on from a body hook would let the request go).
     pub fn stops_request(&self) -> bool {

@@ -152,6 +152,7 @@ impl<S: Store> Runtime<S> {
         rule: usize,
         check: &engine::Check,
         retry_after_ms: u64,
+        host: &mut impl Host,
         now: u64,
     ) -> Option<Queued> {
         let sh = self.config.rules.get(rule)?.share.as_ref()?;
@@ -178,12 +179,14 @@ impl<S: Store> Runtime<S> {
         }
         let mut waiting = p.clone();
         waiting.no_wait = true;
+        // Its turn has no request to read: what the services' reports need is read now.
+        self.describe_all(&mut waiting, host);
         for c in waiting.checks.iter_mut() {
             if let Some(sc) = c.share.as_mut() {
                 sc.asker.again = true;
             }
         }
-        waiting.waited_since = Some(now);
+        waiting.waited = Some((rule, now));
         line.waiting.push((ticket, waiting));
         self.metrics.add(rule, Counter::ShareQueued, 1);
         Some(Queued {
@@ -239,27 +242,50 @@ impl<S: Store> Runtime<S> {
         }
     }
 
-    /// One turn of a waiting request: decided again. Refused (nothing counted), whether for
-    /// its tenant's share alone ([`Offer::Skipped`]: the next tenant may pass) or for what the
-    /// band shares ([`Offer::Refused`]).
+    /// One turn of a waiting request: decided again. Refused (nothing counted), for what the
+    /// band shares ([`Offer::Refused`]) or for something of its own ([`Offer::Skipped`]: the
+    /// next tenant may pass).
     fn try_turn(&self, p: &Pending, now: u64) -> Result<Decision, Offer> {
         let outcome = engine::decide(&self.store, &p.checks, now, self.config.failure_mode);
         if !outcome.allowed {
-            let mut own_share = true;
+            // Refused for what every waiter of the band meets (the shared capacity, the band's
+            // budget): the band's turns end. For anything of its own (its tenant's share,
+            // another rule keyed on it): the next tenant's turn.
+            let mut band_wide = false;
             for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
                 self.metrics
                     .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
                 let refused = out.verdict.is_some_and(|v| !v.allowed) && !check.shadow;
-                if refused && out.share_refused != Some(crate::share::Reason::Share) {
-                    own_share = false;
-                }
+                let shared = matches!(
+                    out.share_refused,
+                    Some(crate::share::Reason::Capacity | crate::share::Reason::Band)
+                );
+                band_wide |= refused && shared;
             }
-            return Err(match own_share {
-                true => Offer::Skipped,
-                false => Offer::Refused,
+            return Err(match band_wide {
+                true => Offer::Refused,
+                false => Offer::Skipped,
             });
         }
         Ok(self.finish_with(&mut Turning { now }, p, now, Some(outcome)))
+    }
+
+    /// A waiting stream whose host cannot hold it any longer: it leaves the line and is decided
+    /// at once, at `now`, without waiting (admitted if there is room, else refused).
+    pub fn decide_now(&self, q: &Queued, now: u64) -> Decision {
+        let Some(mut line) = self.lines.line(q.rule) else {
+            return Decision::Reply(super::failure_reply(&self.config.response));
+        };
+        line.queue.remove(q.ticket);
+        if let Some(i) = line.decided.iter().position(|(t, _)| *t == q.ticket) {
+            return line.decided.swap_remove(i).1;
+        }
+        let Some(i) = line.waiting.iter().position(|(t, _)| *t == q.ticket) else {
+            return Decision::Reply(super::failure_reply(&self.config.response));
+        };
+        let (_, p) = line.waiting.swap_remove(i);
+        drop(line);
+        self.finish_at(&mut Turning { now }, &p, now)
     }
 
     /// A waiting stream ended (its client left): it leaves the line, and a decision made for it
@@ -276,16 +302,21 @@ impl<S: Store> Runtime<S> {
             .position(|(t, _)| *t == q.ticket)
             .map(|i| line.decided.swap_remove(i).1);
         drop(line);
-        self.metrics.add(q.rule, Counter::Abandoned, 1);
         match taken {
-            Some(Decision::Continue(Some(a))) => self.settle(a, now, report),
+            Some(Decision::Continue(a)) => {
+                self.metrics.add(q.rule, Counter::Abandoned, 1);
+                if let Some(a) = a {
+                    self.settle(a, now, report);
+                }
+            }
+            // Held by delay mode after its turn: abandoning the hold counts its rules.
             Some(Decision::Hold { admitted, held, .. }) => {
                 self.abandon(&held);
                 if let Some(a) = admitted {
                     self.settle(a, now, report);
                 }
             }
-            _ => {}
+            _ => self.metrics.add(q.rule, Counter::Abandoned, 1),
         }
     }
 }

@@ -117,10 +117,14 @@ pub fn fold(
         let scaled = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
         if scaled < limit {
             let until = now_ms.saturating_add(learn.hold_ms);
+            // While a lower limit holds (one a refusal set), a higher stated one waits for it to
+            // end (it is neither taken nor extends the hold).
+            let holding = record.learned_limit > 0 && now_ms < record.learned_until_ms;
+            let higher = holding && scaled > record.learned_limit;
             // Held again at most once a second: the usual answer writes nothing.
-            if record.learned_limit != scaled
-                || until >= record.learned_until_ms.saturating_add(1000)
-            {
+            let stale = record.learned_limit != scaled
+                || until >= record.learned_until_ms.saturating_add(1000);
+            if !higher && stale {
                 record.learned_limit = scaled;
                 record.learned_until_ms = until;
                 out.changed = true;
@@ -466,6 +470,29 @@ mod tests {
         fold(&learn(1000), &share(), &cap, &mut r, &refused, now, now);
         assert_eq!(r.blocked_until_ms, now + 1000, "no wait said: a second");
         assert_eq!(r.learned_limit, 162, "90 % of the 180 used");
+        // The next answers state a higher limit: the lower one holds its time, then the stated
+        // one is taken.
+        fold(
+            &learn(1000),
+            &share(),
+            &cap,
+            &mut r,
+            &said(Some(190), None),
+            now,
+            now + 10,
+        );
+        assert_eq!((r.learned_limit, r.learned_until_ms), (162, now + 60_000));
+        let later = now + 60_000;
+        fold(
+            &learn(1000),
+            &share(),
+            &cap,
+            &mut r,
+            &said(Some(190), None),
+            later,
+            later,
+        );
+        assert_eq!(r.learned_limit, 190);
     }
 
     #[test]

@@ -281,6 +281,22 @@ pub fn refund(
     tenant.usage = back(tenant.usage);
 }
 
+/// [`refund`]'s part in the tenant's own entry: its use over the window, less `cost` counted
+/// at `counted_ms`.
+pub fn refund_tenant(tenant: &mut Tenant, counted_ms: u64, cost: u64) {
+    let counted = sliding_window::State {
+        last_ms: counted_ms,
+        ..tenant.usage
+    };
+    tenant.usage = sliding_window::refund(tenant.usage, &counted, cost);
+}
+
+/// [`charge`]'s part in the tenant's own entry: its use over the window, `cost` more.
+pub fn charge_tenant(tenant: &mut Tenant, now_ms: u64, cost: u64) {
+    let window_ms = u64::from(tenant.usage.window_ms).max(1);
+    tenant.usage = sliding_window::add(tenant.usage, now_ms, window_ms, cost);
+}
+
 /// Counts `cost` more for a request [`decide`] admitted (its response used more than its
 /// reservation): on the capacity whatever it says (the request went through), the band's use
 /// and the tenant's.
