@@ -9,9 +9,12 @@
 //!   as the hosts drive them), the calls, the clock.
 //! - [`tally`]: what was admitted, window by window of the service, against an exact limiter.
 //! - [`sweep`]: the default sweep, its markdown table and JSON.
+//! - [`share`]: a shared capacity split statically over the fleet (`C / P` a proxy, each
+//!   counting its own tenants), against the fleet-wide water-filling allocation (`--share`).
 
 pub mod fleet;
 pub mod service;
+pub mod share;
 pub mod sweep;
 pub mod tally;
 pub mod traffic;

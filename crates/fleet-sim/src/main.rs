@@ -3,16 +3,27 @@
 //! `--threads N` (default 2); `--rate R`: the fleet's requests a second (default 200; the
 //! limits follow it, at half the demand); `--proxies 3,10,...`; `--latency 1,10` (the
 //! service's round trips, ms); `--seconds S` (how long requests come, default 150).
+//!
+//! `--share`: the shared-capacity study instead (`fleet_sim::share`): a shared rule's capacity
+//! split statically over the proxies, under three load balancers and two demand mixes, against
+//! the fleet-wide water-filling allocation. With it, `--quick` is its small sweep, `--proxies`
+//! and `--tenants 10,100,...` its lists, `--seconds S` its run length (default 60, the first 10
+//! left out), `--json FILE` and `--threads N` as above.
 
+use fleet_sim::share::{self, ShareSweep};
 use fleet_sim::sweep::{self, Sweep};
 use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str = "usage: fleet-sim [--quick] [--json FILE] [--threads N] [--rate R] \
-                     [--proxies N,N,...] [--latency MS,MS,...] [--seconds S]";
+                     [--proxies N,N,...] [--latency MS,MS,...] [--seconds S]\n       \
+                     fleet-sim --share [--quick] [--json FILE] [--threads N] \
+                     [--proxies N,N,...] [--tenants N,N,...] [--seconds S]";
 
 struct Args {
     quick: bool,
+    share: bool,
+    tenants: Option<Vec<usize>>,
     json: Option<String>,
     threads: usize,
     rate: Option<f64>,
@@ -40,6 +51,8 @@ fn list<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<Vec<T>, S
 fn args() -> Result<Args, String> {
     let mut a = Args {
         quick: false,
+        share: false,
+        tenants: None,
         json: None,
         threads: 2,
         rate: None,
@@ -51,6 +64,8 @@ fn args() -> Result<Args, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => a.quick = true,
+            "--share" => a.share = true,
+            "--tenants" => a.tenants = Some(list("--tenants", it.next())?),
             "--json" => a.json = Some(it.next().ok_or("--json needs a file")?),
             "--threads" => a.threads = number("--threads", it.next())?,
             "--rate" => a.rate = Some(number("--rate", it.next())?),
@@ -72,6 +87,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.share {
+        return share_main(args);
+    }
     let started = Instant::now();
     let mut sweep = match (args.quick, args.rate) {
         (true, _) => Sweep::quick(),
@@ -133,6 +151,44 @@ fn main() -> ExitCode {
     eprintln!(
         "{} runs in {:.1} s",
         rows.len() + compared.len(),
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+/// `--share`: the shared-capacity study's sweep, its tables and JSON.
+fn share_main(args: Args) -> ExitCode {
+    let started = Instant::now();
+    let mut sweep = if args.quick {
+        ShareSweep::quick()
+    } else {
+        ShareSweep::standard()
+    };
+    if let Some(p) = args.proxies {
+        sweep.proxies = p;
+    }
+    if let Some(t) = args.tenants {
+        sweep.tenants = t;
+    }
+    if let Some(s) = args.seconds {
+        sweep.duration_ms = s * 1000;
+    }
+    let runs = share::run_all(&sweep.studies(), args.threads);
+    print!("{}", share::markdown(&runs));
+    if let Some(path) = args.json {
+        let each: Vec<String> = runs
+            .iter()
+            .map(|(s, f)| format!("    {}", share::row_json(s, f)))
+            .collect();
+        let text = format!("{{\n  \"share\": [\n{}\n  ]\n}}\n", each.join(",\n"));
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("fleet-sim: {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!(
+        "{} runs in {:.1} s",
+        runs.len(),
         started.elapsed().as_secs_f64()
     );
     ExitCode::SUCCESS
