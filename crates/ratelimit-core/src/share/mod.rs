@@ -185,8 +185,12 @@ pub fn decide(
         (sums.level != NO_LEVEL).then(|| sums.level.saturating_mul(u64::from(weight)));
     let share_now = share_fixed.map(|s| s.div_ceil(LEVEL_ONE));
     let room = used_all.saturating_add(cost) <= permille(limit, share.saturation_pm);
+    // A tenant that used nothing over the window may always ask: a share under half a request
+    // a window (many tenants, a small capacity) would otherwise never admit one above the
+    // saturation point. The capacity and the band still hold the whole.
+    let idle = t.usage.usage_in(now_ms, window_ms, LEVEL_ONE) == 0;
     let v_share = match share_fixed {
-        Some(s) if !room => Some(under(&t.usage, now_ms, window_ms, s, cost)),
+        Some(s) if !room && !idle => Some(under(&t.usage, now_ms, window_ms, s, cost)),
         _ => None,
     };
     // A held tenant not refused for its share for a second is no longer held (nor is anyone
