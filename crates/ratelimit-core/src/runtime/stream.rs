@@ -27,10 +27,11 @@ use crate::error::ServiceError;
 use crate::rls::{self, GrpcAnswer};
 use crate::store::Store;
 
-/// The host of a request decided after its answer began: its attributes were read when its
-/// headers came, and the time is the answer's.
-struct Late {
-    now: u64,
+/// The host of a request decided away from its headers' hook (after its answer began, or at a
+/// turn in a shared rule's line): its attributes were read when its headers came, and the time
+/// is the event's.
+pub(super) struct Late {
+    pub(super) now: u64,
 }
 
 impl crate::key::Attributes for Late {

@@ -16,6 +16,7 @@
 //! hold; only the order among waiters of different workers is first come, first served.
 
 use super::request::{Decision, Host, Pending};
+use super::stream::Late;
 use super::Runtime;
 use crate::engine;
 use crate::metrics::Counter;
@@ -107,41 +108,6 @@ impl Lines {
     }
 }
 
-/// The host of a turn: the request's attributes were read when it arrived.
-struct Turning {
-    now: u64,
-}
-
-impl crate::key::Attributes for Turning {
-    fn source_address(&mut self) -> Option<&str> {
-        None
-    }
-    fn path(&mut self) -> Option<&str> {
-        None
-    }
-    fn method(&mut self) -> Option<&str> {
-        None
-    }
-    fn authority(&mut self) -> Option<&str> {
-        None
-    }
-    fn header(&mut self, _name: &str) -> Option<&[u8]> {
-        None
-    }
-}
-
-impl Host for Turning {
-    fn now_ms(&mut self) -> u64 {
-        self.now
-    }
-    fn held(&self) -> usize {
-        0
-    }
-    fn log(&mut self, level: log::Level, line: std::fmt::Arguments<'_>) {
-        log::log!(level, "{line}");
-    }
-}
-
 impl<S: Store> Runtime<S> {
     /// A request the shared rule `rule` refused, with a wait of `retry_after_ms`, joins its
     /// line if it may: the rule lets requests wait that long, and the line (and its tenant's
@@ -228,7 +194,7 @@ impl<S: Store> Runtime<S> {
             if let Some(i) = waiting.iter().position(|(t, _)| *t == w.handle) {
                 let (ticket, p) = waiting.swap_remove(i);
                 self.metrics.add(q.rule, Counter::ShareQueueTimeouts, 1);
-                let d = self.finish_at(&mut Turning { now }, &p, now);
+                let d = self.finish_at(&mut Late { now }, &p, now);
                 decided.push((ticket, d));
             }
         });
@@ -267,7 +233,7 @@ impl<S: Store> Runtime<S> {
                 false => Offer::Skipped,
             });
         }
-        Ok(self.finish_with(&mut Turning { now }, p, now, Some(outcome)))
+        Ok(self.finish_with(&mut Late { now }, p, now, Some(outcome)))
     }
 
     /// A waiting stream whose host cannot hold it any longer: it leaves the line and is decided
@@ -285,7 +251,7 @@ impl<S: Store> Runtime<S> {
         };
         let (_, p) = line.waiting.swap_remove(i);
         drop(line);
-        self.finish_at(&mut Turning { now }, &p, now)
+        self.finish_at(&mut Late { now }, &p, now)
     }
 
     /// A waiting stream ended (its client left): it leaves the line, and a decision made for it
