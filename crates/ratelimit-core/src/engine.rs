@@ -1101,15 +1101,7 @@ pub fn settle(
             ((), next) // `None`: nothing to change
         },
     );
-    match settled {
-        Ok(((), placement)) => {
-            out.verdict = verdict;
-            out.evicted = placement == Some(Placement::Evicted);
-            out.filled = placement == Some(Placement::Filled);
-        }
-        Err(failure) => out.failure = Some(failure),
-    }
-    out
+    settled_outcome(out, settled, verdict)
 }
 
 /// [`settle`] for a shared rule: what the response owes goes to the tenant's entry (at
@@ -1159,6 +1151,15 @@ pub fn settle_share(
             Owed::GiveBack { .. } => {}
         },
     );
+    settled_outcome(out, settled, verdict)
+}
+
+/// A settle's outcome: the verdict it computed and where its entry went, or why it failed.
+fn settled_outcome(
+    mut out: RuleOutcome,
+    settled: Result<Updated<()>, Failure>,
+    verdict: Option<Verdict>,
+) -> RuleOutcome {
     match settled {
         Ok(((), placement)) => {
             out.verdict = verdict;

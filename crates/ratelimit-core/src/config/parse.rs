@@ -160,6 +160,12 @@ impl Validator {
     }
 
     /// One of `choices`, by name.
+    /// One of `units`, by its name.
+    fn unit(&mut self, v: &Value, path: &str, units: &[Unit]) -> Option<Unit> {
+        let choices: Vec<(&str, Unit)> = units.iter().map(|&u| (u.name(), u)).collect();
+        self.choice(v, path, "unit", &choices)
+    }
+
     fn choice<T: Copy>(
         &mut self,
         v: &Value,
@@ -814,16 +820,10 @@ impl Validator {
             _ => None,
         };
         let unit = match map.get("unit") {
-            Some(u) => self.choice(
+            Some(u) => self.unit(
                 u,
                 &join(path, "unit"),
-                "unit",
-                &[
-                    ("second", Unit::Second),
-                    ("minute", Unit::Minute),
-                    ("hour", Unit::Hour),
-                    ("day", Unit::Day),
-                ],
+                &[Unit::Second, Unit::Minute, Unit::Hour, Unit::Day],
             ),
             None => Some(Unit::Minute),
         };
@@ -2216,19 +2216,7 @@ impl Validator {
             }
         };
         let unit = match map.get("unit") {
-            Some(u) => self.choice(
-                u,
-                &join(path, "unit"),
-                "unit",
-                &[
-                    ("second", Unit::Second),
-                    ("minute", Unit::Minute),
-                    ("hour", Unit::Hour),
-                    ("day", Unit::Day),
-                    ("week", Unit::Week),
-                    ("month", Unit::Month),
-                ],
-            ),
+            Some(u) => self.unit(u, &join(path, "unit"), &Unit::ALL),
             None => {
                 self.error(&join(path, "unit"), "required field is missing");
                 None
