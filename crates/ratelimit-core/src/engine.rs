@@ -446,7 +446,7 @@ fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
             let Some(t) = t else {
                 return false; // forgotten meanwhile: nothing to give back
             };
-            let in_force = share::learn::policy_in_force(&check.policy, r, &sc.share, now_ms);
+            let in_force = share::in_force_here(&check.policy, r, &sc.share, now_ms);
             share::refund(&in_force, r, &mut t.clone(), now_ms, now_ms, cost);
             true
         },
@@ -499,18 +499,21 @@ fn after_share(
     })
 }
 
-/// Folds what a provider said into a shared rule's record (in `record`'s slot): `fold` changes
-/// the record and says whether to write it. `None` when there is no record yet (nothing was
-/// admitted) or the store could not be written.
+/// Folds what a provider or a service said into a shared rule's record (in `record`'s slot):
+/// `fold` changes the record and says whether to write it. With no record yet, one of `bands`
+/// bands is started if `bands` is given; else `None` (nothing was admitted). `None` too when
+/// the store could not be written.
 pub fn update_share_record<T>(
     store: &impl Store,
     record: u64,
+    bands: Option<usize>,
     mut fold: impl FnMut(&mut share::Record) -> (T, bool),
 ) -> Option<T> {
     let mut value = share::state::RecordBytes::new();
     store
         .replace(record, MAX_ATTEMPTS, &mut value, |bytes, value| {
-            let Some(mut r) = bytes.and_then(share::Record::decode) else {
+            let decoded = bytes.and_then(share::Record::decode);
+            let Some(mut r) = decoded.or_else(|| bands.map(share::Record::new)) else {
                 return (None, false);
             };
             let (out, write) = fold(&mut r);
@@ -1130,7 +1133,7 @@ pub fn settle_share(
         now_ms,
         &mut out.retries,
         |r, t| {
-            let in_force = share::learn::policy_in_force(policy, r, share, now_ms);
+            let in_force = share::in_force_here(policy, r, share, now_ms);
             match (owed, t) {
                 // A charge counts on the capacity even if the tenant's entry is gone.
                 (Owed::Charge(cost), t) => {

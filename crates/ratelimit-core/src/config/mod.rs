@@ -1009,6 +1009,24 @@ impl Rule {
         self.on_missing_key == MissingKey::Shared
     }
 
+    /// A lease rule's lease: what this proxy holds of the service's limit (for a shared
+    /// capacity, the capacity's; its tenants share it with the rule's local algorithm,
+    /// [`Rule::policy`]). `None` for the other rules.
+    pub fn lease_policy(&self) -> Option<Policy> {
+        let g = self
+            .global
+            .as_ref()
+            .filter(|g| g.mode == GlobalMode::Lease)?;
+        match self.limit {
+            Limit::Rate { quota, .. } => Some(Policy::Lease {
+                limit: u64::from(quota.requests_per_unit),
+                windows: quota.windows(),
+                max_block: g.max_block,
+            }),
+            Limit::InFlight { .. } => None,
+        }
+    }
+
     /// The algorithm and its numbers, as the limiter needs them.
     pub fn policy(&self) -> Policy {
         let (quota, algorithm) = match self.limit {
@@ -1022,12 +1040,8 @@ impl Rule {
         };
         let limit = u64::from(quota.requests_per_unit);
         let window_ms = quota.window_ms();
-        if let Some(g) = self.global.as_ref().filter(|g| g.mode == GlobalMode::Lease) {
-            return Policy::Lease {
-                limit,
-                windows: quota.windows(),
-                max_block: g.max_block,
-            };
+        if let (Some(lease), None) = (self.lease_policy(), &self.share) {
+            return lease;
         }
         match algorithm {
             Algorithm::SlidingWindow => Policy::SlidingWindow { limit, window_ms },

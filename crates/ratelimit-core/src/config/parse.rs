@@ -547,7 +547,15 @@ impl Validator {
                 let p = join(path, "share");
                 self.share_rules(path, &key, limit, &cost, &per_request, &global, &elastic);
                 let unit = quota_unit.as_ref().map(|u| u.as_deref());
-                self.share(v, &p, unit).map(Some)
+                let share = self.share(v, &p, unit);
+                let leased = matches!(&global, Some(Some(g)) if g.mode == GlobalMode::Lease);
+                if leased && share.as_ref().is_some_and(|s| s.max_wait_ms > 0) {
+                    self.error(
+                        &join(&p, "max_wait_ms"),
+                        "a leased shared capacity refuses at once in this version: no \"max_wait_ms\" with \"global\"",
+                    );
+                }
+                share.map(Some)
             }
             None => Some(None),
         };
@@ -633,10 +641,10 @@ impl Validator {
                 "a shared capacity is one number for all tenants: it cannot come from the request (weigh tenants with \"share.weight\")",
             );
         }
-        if matches!(global, Some(Some(_))) {
+        if matches!(global, Some(Some(g)) if g.mode != GlobalMode::Lease) {
             self.error(
-                &join(path, "global"),
-                "a shared capacity is counted by each Envoy on its own in this version: not with \"global\"",
+                &join(&join(path, "global"), "mode"),
+                "a shared capacity across Envoys is leased from the service: \"mode\": \"lease\"",
             );
         }
         if matches!(elastic, Some(Some(_))) {

@@ -14,6 +14,7 @@ use crate::limiter::lease::{self, Grant, Peek};
 use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::rls;
+use crate::share;
 use crate::store::Store;
 use std::sync::PoisonError;
 
@@ -216,7 +217,7 @@ impl<S: Store> Runtime<S> {
         let policy = self
             .compiled
             .get(q.rule)
-            .map(|c| c.policy)
+            .and_then(|c| c.lease)
             .ok_or(ServiceError::NotGlobal)?;
         let answer = match answer {
             Some(Ok(a)) => a,
@@ -256,7 +257,7 @@ impl<S: Store> Runtime<S> {
         let policy = self
             .compiled
             .get(t.rule)
-            .map(|c| c.policy)
+            .and_then(|c| c.lease)
             .ok_or(ServiceError::NotGlobal)?;
         let expires_ms = global::lease_expiry(answer, &policy, claim.sent_ms);
         let remaining = answer.statuses.first().map_or(0, |s| s.limit_remaining);
@@ -289,7 +290,27 @@ impl<S: Store> Runtime<S> {
         } else {
             self.metrics.add(t.rule, Counter::LeaseRefused, 1);
         }
+        let granted = if granted { claim.block } else { 0 };
+        self.capacity_answered(t.rule, (granted, u64::from(remaining)), now_ms);
         Ok(s)
+    }
+
+    /// The service answered a shared capacity's claim: this proxy's part of the fleet's
+    /// grants, on which its tenants' levels are computed ([`share::lease_answered`]).
+    fn capacity_answered(&self, rule: usize, answer: (u64, u64), now_ms: u64) {
+        let (Some(c), Some(sh)) = (
+            self.compiled.get(rule).filter(|c| c.capacity_key.is_some()),
+            self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
+        ) else {
+            return;
+        };
+        let Some(Policy::Lease { limit, .. }) = c.lease else {
+            return;
+        };
+        let bands = Some(sh.params.bands);
+        engine::update_share_record(&self.store, c.share_record(), bands, |record| {
+            ((), share::lease_answered(record, limit, answer, now_ms))
+        });
     }
 
     /// A request refused by another rule gives back what it took of a lease's grant.
@@ -417,7 +438,8 @@ impl<S: Store> Runtime<S> {
     pub(super) fn asked_debt(&self, q: &Question, a: &Applied) -> Option<Debt> {
         let rule = self.config.rules.get(q.rule)?;
         let charge = rule.charge()?;
-        let policy = self.compiled.get(q.rule)?.policy;
+        let compiled = self.compiled.get(q.rule)?;
+        let policy = compiled.lease.unwrap_or(compiled.policy);
         let kind = match charge.true_up {
             true => DebtKind::Reserved(q.cost),
             false => DebtKind::Usage,
@@ -485,7 +507,7 @@ mod tests {
     use crate::metrics::{Counter, Gauge};
     use crate::rls::{self, Code, DescriptorStatus};
     use crate::runtime::{Background, Next, Runtime, StreamState};
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, Store};
     use crate::testkit::FakeHost;
 
     const LEASE: &str = r#"{"rules": [{"name": "g", "key": ["remote_address"],
@@ -692,6 +714,111 @@ mod tests {
                 (other, _) => panic!("{other:?} after {answered_at} ms"),
             }
         }
+    }
+
+    const SHARED: &str = r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
+        "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+        "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                   "max_block": 8},
+        "share": {}}]}"#;
+
+    /// The shared rule's record as stored.
+    fn record(rt: &Runtime<MemoryStore>) -> crate::share::Record {
+        let slot = rt.compiled[0].share_record();
+        rt.store
+            .read(slot, |b, _| b.and_then(crate::share::Record::decode))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_shared_capacity_leases_one_quota_for_all_its_tenants() {
+        let rt = runtime(SHARED);
+        let tenant = |name: &str| FakeHost::new("10.0.0.1", "/").header("x-tenant", name);
+        // The first request claims for the capacity: the descriptor names the rule alone.
+        let mut h = tenant("a");
+        h.now = 1_000;
+        let mut st = StreamState::default();
+        let Next::Call { message, .. } = st.request_headers(&rt, &mut h) else {
+            panic!("no claim")
+        };
+        let asked = rls::decode_request(&message).unwrap();
+        assert_eq!(
+            asked.descriptors,
+            [vec![("rule".to_string(), b"p".to_vec())]]
+        );
+        let block = asked.hits;
+        st.started(&rt, &mut h, Ok(1));
+        let next = st.call_answer(&rt, &mut h, 1, Ok(answer(Code::Ok, 90)));
+        assert!(matches!(next, Next::Continue), "{next:?}");
+        // Another tenant is admitted from the same block, with no call.
+        for t in 1..block.min(3) {
+            let (hits, ok) = request_from(&rt, &mut tenant("b"), 1_000 + t, |_| panic!("claimed"));
+            assert_eq!((hits, ok), (None, true), "request {t}");
+        }
+        let mut counts = Vec::new();
+        rt.metrics().drain(|_, c, n| counts.push((c, n)), |_, _| {});
+        let allowed: u64 = counts
+            .iter()
+            .filter(|(c, _)| *c == Counter::Allowed)
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(
+            allowed,
+            block.min(3),
+            "each request counted once: {counts:?}"
+        );
+    }
+
+    #[test]
+    fn this_proxy_shares_its_part_of_the_fleets_grants() {
+        let rt = runtime(SHARED);
+        let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+        // The service grants this proxy a quarter of what it grants the fleet (the others
+        // take three times as much meanwhile).
+        let ours = std::cell::Cell::new(0u64);
+        let answered = |hits: u64| {
+            ours.set(ours.get() + hits);
+            answer(Code::Ok, u32::try_from(100 - 4 * ours.get()).unwrap())
+        };
+        for t in 0..12 {
+            let (_, ok) = request_from(&rt, &mut h, 1_000 + t, answered);
+            assert!(ok, "request {t}");
+        }
+        let r = record(&rt);
+        assert_eq!(r.fleet.part_pm, 250, "{:?}", r.fleet);
+        // The tenants share 25 a second here, not 100.
+        assert_eq!(crate::share::fleet_limit(&r, 100, 1_000, 2_000), Some(25));
+        // A part not told again for two windows is forgotten: this proxy alone.
+        assert_eq!(
+            crate::share::fleet_limit(&r, 100, 1_000, 1_012 + 2_000),
+            None
+        );
+        // Refused for the rest of the window: nothing granted, the fleet's all of it.
+        let before = ours.get();
+        let mut refused = 0;
+        for t in 12..40 {
+            let (_, ok) = request_from(&rt, &mut h, 1_000 + t, |_| answer(Code::OverLimit, 0));
+            refused += u64::from(!ok);
+        }
+        assert!(refused >= 1, "the fleet's quota is spent");
+        let r = record(&rt);
+        assert_eq!(
+            u64::from(r.fleet.part_pm),
+            before * 1000 / 100,
+            "{:?}",
+            r.fleet
+        );
+        // A refused request logged why: the capacity.
+        let shared: Vec<_> = h
+            .logs
+            .iter()
+            .filter(|(_, l)| l.starts_with("shared rule=p"))
+            .collect();
+        assert!(
+            shared.iter().all(|(_, l)| l.contains("reason=capacity")) && !shared.is_empty(),
+            "{shared:?}"
+        );
     }
 
     #[test]

@@ -53,6 +53,12 @@ pub(crate) struct Compiled {
     pub fingerprint: u64,
     /// The algorithm and its numbers.
     pub policy: Policy,
+    /// A lease rule's lease ([`crate::config::Rule::lease_policy`]): `policy` itself, except for
+    /// a shared capacity leased across Envoys, whose tenants share it with `policy`.
+    pub lease: Option<Policy>,
+    /// A shared capacity leased across Envoys: the keyed hash of its lease, one key for all its
+    /// tenants (the rule's key is the tenant's).
+    pub capacity_key: Option<u64>,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -62,6 +68,13 @@ pub(crate) struct Compiled {
     pub kind: Option<crate::dialect::Kind>,
     /// Whether the rule reads fields of the request's body (it waits for the body).
     pub reads_body: bool,
+}
+
+impl Compiled {
+    /// A shared rule's record: its store slot ([`table::SlotKind::Share`]).
+    pub fn share_record(&self) -> u64 {
+        table::SlotKind::Share.slot(self.fingerprint % (1 << 31))
+    }
 }
 
 /// What one worker (or process) knows of an elastic rule: the factor in force, and the
@@ -192,9 +205,14 @@ impl<S: Store> Runtime<S> {
                     key::rule_fingerprint(seed, &rule.name, &rule.key, rule.limit.algorithm_name());
                 let policy = rule.policy();
                 let (limit, window_ms) = policy.limit_and_window();
+                let lease = rule.lease_policy();
+                let capacity_key = (lease.is_some() && rule.share.is_some())
+                    .then(|| key::rule_fingerprint(seed, &rule.name, &[], "capacity"));
                 Compiled {
                     fingerprint,
                     policy,
+                    lease,
+                    capacity_key,
                     kind: crate::dialect::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(
@@ -337,7 +355,7 @@ impl<S: Store> Runtime<S> {
             let Some(sh) = &rule.share else {
                 continue;
             };
-            let slot = table::SlotKind::Share.slot(c.fingerprint % (1 << 31));
+            let slot = c.share_record();
             let mut record = self
                 .store
                 .read(slot, |b, _| b.and_then(crate::share::Record::decode))
@@ -350,8 +368,7 @@ impl<S: Store> Runtime<S> {
             record.roll(u32::try_from(now_ms / active_ms).unwrap_or(u32::MAX));
             record.roll_held((now_ms / crate::share::HELD_MS) as u16);
             let stale = now_ms.saturating_sub(record.step_ms) > crate::share::HELD_MS;
-            let in_force =
-                crate::share::learn::policy_in_force(&c.policy, &record, &sh.params, now_ms);
+            let in_force = crate::share::in_force_here(&c.policy, &record, &sh.params, now_ms);
             let (capacity, window_ms) = in_force.limit_and_window();
             let permille = |x: u64| {
                 let p = u128::from(x) * 1000 / u128::from(capacity.max(1));

@@ -437,6 +437,9 @@ pub(super) struct Applied {
     pub(super) descriptor: Option<Descriptor>,
     /// The prices a rule charged in money charges the request at.
     pub(super) priced: Priced,
+    /// The lease of a shared capacity leased across Envoys (the rule's second check, keyed
+    /// on the rule alone: `hash` is [`super::Compiled::capacity_key`]), not the tenant's.
+    pub(super) capacity: bool,
 }
 
 impl<S: Store> Runtime<S> {
@@ -461,7 +464,9 @@ impl<S: Store> Runtime<S> {
         }
         let rule = self.config.rules.get(a.rule)?;
         rule.global.as_ref()?;
-        key::descriptor_entries(&rule.name, &rule.key, rule.shares_missing_key(), host)
+        // A shared capacity's lease is one for all tenants: the rule's name alone.
+        let parts = if a.capacity { &[][..] } else { &rule.key[..] };
+        key::descriptor_entries(&rule.name, parts, rule.shares_missing_key(), host)
     }
 
     /// Builds the descriptors the rest of the request may need while `host` can still read
@@ -577,6 +582,7 @@ impl<S: Store> Runtime<S> {
                 hash,
                 descriptor: None,
                 priced,
+                capacity: false,
             };
             if let Some(entries) = self.describe(&mut applied, host) {
                 p.questions.push(Question {
@@ -611,15 +617,16 @@ impl<S: Store> Runtime<S> {
                 gp.max_delay_ms = Some(0); // the worker holds all it may: no more holding
             }
         }
-        if body_follows && rule.charge().is_some_and(|c| c.sized.is_some()) {
+        let sized = body_follows && rule.charge().is_some_and(|c| c.sized.is_some());
+        if sized {
             p.sized.push(p.checks.len());
         }
         let share = rule.share.as_ref().map(|sh| ShareCheck {
-            record: table::SlotKind::Share.slot(compiled.fingerprint % (1 << 31)),
+            record: compiled.share_record(),
             share: sh.params,
             asker: asker(sh, host),
         });
-        p.checks.push(Check {
+        let check = Check {
             slot,
             fingerprint: table::fingerprint_of(hash),
             policy,
@@ -628,13 +635,38 @@ impl<S: Store> Runtime<S> {
             charge_later: rule.charge().is_some_and(|c| !c.true_up),
             base,
             share,
-        });
+        };
+        p.checks.push(check);
         p.applied.push(Applied {
             rule: i,
             hash,
             descriptor: None,
             priced,
+            capacity: false,
         });
+        // A shared capacity leased across Envoys: its lease is a second check, after the
+        // shares (decided once they admit the request; claimed from the service when this
+        // proxy holds too little, [`Runtime::promote`]).
+        if let (Some(lease), Some(key)) = (compiled.lease, compiled.capacity_key) {
+            if sized {
+                p.sized.push(p.checks.len());
+            }
+            p.checks.push(Check {
+                slot: u64::from(table::bucket_of(key, self.buckets)),
+                fingerprint: table::fingerprint_of(key),
+                policy: lease,
+                share: None,
+                base: None,
+                ..check
+            });
+            p.applied.push(Applied {
+                rule: i,
+                hash: key,
+                descriptor: None,
+                priced,
+                capacity: true,
+            });
+        }
         Ok(())
     }
 
@@ -774,15 +806,22 @@ impl<S: Store> Runtime<S> {
                 continue;
             }
             if let Some(claim) = &q.claim {
+                // A shared capacity's lease: its rule's shares report and count the request.
+                let capacity = p.asked.get(n).is_some_and(|a| a.capacity);
                 match self.claimed(q, claim, answer.as_ref(), now) {
                     Ok(Claimed::Granted(v)) => {
-                        held.rules.push((q.rule, false));
                         asked_ok.push(n);
-                        reported.push((q.rule, v));
+                        if !capacity {
+                            held.rules.push((q.rule, false));
+                            reported.push((q.rule, v));
+                        }
                     }
                     Ok(Claimed::Refused(v)) => {
                         refused |= !rule.shadow;
                         self.refusal(host, q.rule, q.hash, &v, q.cost, rule.shadow);
+                        if capacity {
+                            self.capacity_refusal(host, p, q.rule);
+                        }
                         reported.push((q.rule, v));
                     }
                     Err(e) => {
@@ -855,6 +894,9 @@ impl<S: Store> Runtime<S> {
                     if let (Some(reason), Some(sc)) = (out.share_refused, &check.share) {
                         self.shared_refusal(host, a.rule, a.hash, reason, sc.asker);
                     }
+                    if a.capacity {
+                        self.capacity_refusal(host, p, a.rule);
+                    }
                     if p.late && rule.charge().is_some() {
                         owed.push(Debt {
                             rule: a.rule,
@@ -868,6 +910,13 @@ impl<S: Store> Runtime<S> {
                         });
                     }
                 } else if allowed {
+                    if a.capacity {
+                        // A shared capacity's lease: what it took settles with the response.
+                        if let Some(debt) = self.capacity_debt(a, check, rule) {
+                            owed.push(debt);
+                        }
+                        continue;
+                    }
                     if delay > 0 {
                         held.rules.push((a.rule, v.delay_ms > 0));
                     } else {
@@ -1161,15 +1210,7 @@ impl<S: Store> Runtime<S> {
             if let Some(w) = &c.watch {
                 w.observe(status, latency);
             } else if let Some(sh) = self.config.rules.get(rule).and_then(|r| r.share.as_ref()) {
-                self.learn(
-                    rule,
-                    c.fingerprint,
-                    sh,
-                    response,
-                    status,
-                    a.admitted_ms,
-                    now_ms,
-                );
+                self.learn(rule, sh, response, status, a.admitted_ms, now_ms);
                 if let Some(l) = sh.learn.filter(|l| l.strip && !strip.contains(&l.api)) {
                     strip.push(l.api);
                 }
@@ -1184,11 +1225,9 @@ impl<S: Store> Runtime<S> {
     /// refusal is counted, and what the provider said of its limit is folded into the rule's
     /// record ([`crate::share::learn`]); [`Runtime::observe`] takes the fields out afterwards
     /// (`strip`).
-    #[allow(clippy::too_many_arguments)]
     fn learn(
         &self,
         rule: usize,
-        fingerprint: u64,
         sh: &crate::config::ShareConfig,
         response: &mut impl Response,
         status: u16,
@@ -1243,11 +1282,14 @@ impl<S: Store> Runtime<S> {
         if said.is_none() && !refused {
             return;
         }
-        let Some(policy) = self.compiled.get(rule).map(|c| c.policy) else {
+        let Some((policy, slot)) = self
+            .compiled
+            .get(rule)
+            .map(|c| (c.policy, c.share_record()))
+        else {
             return;
         };
-        let slot = table::SlotKind::Share.slot(fingerprint % (1 << 31));
-        let folded = engine::update_share_record(&self.store, slot, |record| {
+        let folded = engine::update_share_record(&self.store, slot, None, |record| {
             let f = learn::fold(
                 &l,
                 &sh.params,
@@ -1305,6 +1347,44 @@ impl<S: Store> Runtime<S> {
                 r.name, shadow, key::logged(hash), v.limit, v.window_s, v.remaining, v.retry_after_ms
             ),
         );
+    }
+
+    /// A shared capacity's lease refused a request (the fleet's quota is spent, or this proxy
+    /// holds too little of it): the `shared` line, for the capacity, with the asking tenant
+    /// (its share's check in `p`).
+    fn capacity_refusal(&self, host: &mut impl Host, p: &Pending, rule: usize) {
+        let tenant = p
+            .applied
+            .iter()
+            .zip(&p.checks)
+            .find_map(|(a, c)| c.share.filter(|_| a.rule == rule).map(|sc| (a.hash, sc)));
+        if let Some((hash, sc)) = tenant {
+            self.shared_refusal(host, rule, hash, crate::share::Reason::Capacity, sc.asker);
+        }
+    }
+
+    /// What a shared capacity's lease is owed by a request it admitted: its reservation,
+    /// trued up on the lease with the response (`None` when the rule is not charged by its
+    /// responses: the lease counted the request once and for all).
+    fn capacity_debt(&self, a: &Applied, check: &Check, rule: &Rule) -> Option<Debt> {
+        let kind = match rule.charge()? {
+            c if c.true_up => DebtKind::Reserved(check.cost),
+            _ => DebtKind::Usage,
+        };
+        let debt = Debt {
+            rule: a.rule,
+            slot: check.slot,
+            fingerprint: check.fingerprint,
+            policy: check.policy,
+            kind,
+            priced: a.priced,
+            report: None,
+            share: None,
+        };
+        if let DebtKind::Reserved(cost) = debt.kind {
+            self.hold_reservation(&debt, cost);
+        }
+        Some(debt)
     }
 
     /// A shared rule refused a request: a second line says why and the tenant's band and weight

@@ -86,7 +86,16 @@ pub fn limit_in_force(record: &Record, limit: u64, ramp_ms: u64, now_ms: u64) ->
 /// proportion) lowered to [`limit_in_force`].
 pub fn policy_in_force(capacity: &Policy, record: &Record, share: &Share, now_ms: u64) -> Policy {
     let (limit, _) = capacity.limit_and_window();
-    let in_force = limit_in_force(record, limit, share.ramp_ms, now_ms);
+    lowered(
+        capacity,
+        limit_in_force(record, limit, share.ramp_ms, now_ms),
+    )
+}
+
+/// `capacity` with its limit (and a bucket's burst, in proportion) lowered to `in_force`, if
+/// that is lower.
+pub fn lowered(capacity: &Policy, in_force: u64) -> Policy {
+    let (limit, _) = capacity.limit_and_window();
     if in_force >= limit {
         return *capacity;
     }

@@ -38,7 +38,7 @@ pub mod learn;
 pub mod queue;
 pub mod state;
 
-pub use state::{BandSums, Record, Tenant, MAX_BANDS, NO_LEVEL};
+pub use state::{BandSums, Fleet, Record, Tenant, MAX_BANDS, NO_LEVEL};
 
 use crate::limiter::{sliding_window, Policy, Verdict};
 
@@ -126,6 +126,10 @@ pub fn decide(
     let capacity = &in_force;
     let (limit, window_ms) = capacity.limit_and_window();
     let window_ms = window_ms.max(1);
+    // Leased across Envoys, the levels share this proxy's part of it (its lease checks the
+    // fleet's whole).
+    let leased = fleet_limit(record, limit, window_ms, now_ms);
+    let limit = leased.unwrap_or(limit);
     let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
     record.roll(epoch);
     record.roll_held((now_ms / HELD_MS) as u16);
@@ -134,6 +138,9 @@ pub fn decide(
     let epoch = record.epoch.max(epoch);
     if now_ms >= record.step_ms.saturating_add(STEP_MS) || now_ms < record.step_ms {
         step(share, limit, window_ms, record, now_ms);
+        if leased.is_some() {
+            pressed(record, now_ms, window_ms);
+        }
     }
     let band = usize::from(asker.band).min(record.bands.len().saturating_sub(1));
     let weight = asker.weight.max(1);
@@ -253,6 +260,59 @@ pub fn decide(
         tenant: t,
         share: share_now,
     }
+}
+
+/// A capacity of `limit` leased across Envoys: the service answered a claim of this proxy,
+/// granting `granted` (0: refused) and saying `remaining` remains of the fleet's capacity in
+/// its window (a remaining larger than the last one's, with this grant, tells that the window
+/// turned). This proxy's part of what the service granted the fleet in the window is its part
+/// of the capacity ([`fleet_limit`]); it is told once a quarter of the capacity was granted in
+/// the window (before, the last window's part holds). Returns whether the record changed.
+pub fn lease_answered(
+    record: &mut Record,
+    limit: u64,
+    (granted, remaining): (u64, u64),
+    now_ms: u64,
+) -> bool {
+    let f = &mut record.fleet;
+    let granted = u32::try_from(granted).unwrap_or(u32::MAX);
+    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+    let turned = u64::from(remaining) + u64::from(granted) > u64::from(f.remaining);
+    if turned || f.answered_ms == 0 {
+        f.granted = 0;
+    }
+    f.granted = f.granted.saturating_add(granted);
+    f.remaining = remaining;
+    f.answered_ms = now_ms;
+    let fleet = limit.saturating_sub(u64::from(remaining));
+    if fleet > 0 && fleet.saturating_mul(4) >= limit {
+        let part = u64::from(f.granted).saturating_mul(1000) / fleet;
+        f.part_pm = u16::try_from(part.clamp(1, 1000)).unwrap_or(1000);
+    }
+    true
+}
+
+/// The capacity in force in this proxy: [`learn::policy_in_force`], lowered to
+/// [`fleet_limit`].
+pub fn in_force_here(capacity: &Policy, record: &Record, share: &Share, now_ms: u64) -> Policy {
+    let learned = learn::policy_in_force(capacity, record, share, now_ms);
+    let (limit, window_ms) = learned.limit_and_window();
+    match fleet_limit(record, limit, window_ms.max(1), now_ms) {
+        Some(part) => learn::lowered(&learned, part),
+        None => learned,
+    }
+}
+
+/// The capacity this proxy shares among its tenants when `limit` is leased across Envoys: its
+/// part of the fleet's grants ([`lease_answered`]) while it is recent (the service answered
+/// within two windows); `None` otherwise (this proxy alone), and for a capacity not leased.
+pub fn fleet_limit(record: &Record, limit: u64, window_ms: u64, now_ms: u64) -> Option<u64> {
+    let f = &record.fleet;
+    if f.part_pm == 0 || now_ms >= f.answered_ms.saturating_add(2 * window_ms) {
+        return None;
+    }
+    let part = u128::from(limit) * u128::from(f.part_pm) / 1000;
+    Some(u64::try_from(part).unwrap_or(limit).clamp(1, limit.max(1)))
 }
 
 /// Takes back a request of `cost` that [`decide`] admitted at `counted_ms` (another rule of the
@@ -529,6 +589,19 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
             None => plain,
         };
         b.starved /= 2;
+    }
+}
+
+/// A capacity leased across Envoys, after a [`step`]: a band using its budget of this proxy's
+/// part gets a level (the plain share, which the next steps refine) even before anyone is
+/// refused here, so that its tenants above it are held before the fleet's quota runs out (the
+/// lease's refusals, the fleet's, are not this proxy's share decisions to see).
+fn pressed(record: &mut Record, now_ms: u64, window_ms: u64) {
+    for b in &mut record.bands {
+        let used = b.used.usage_in(now_ms, window_ms, LEVEL_ONE);
+        if b.level == NO_LEVEL && b.budget > 0 && used >= b.budget {
+            b.level = b.budget / b.active_weight().max(1);
+        }
     }
 }
 

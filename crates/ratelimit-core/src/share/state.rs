@@ -11,15 +11,15 @@ use smallvec::SmallVec;
 /// The most bands a rule may have.
 pub const MAX_BANDS: usize = 4;
 /// The record's format version, its first byte.
-pub const RECORD_VERSION: u8 = 1;
+pub const RECORD_VERSION: u8 = 2;
 /// The longest record: four bands.
 pub const MAX_RECORD_LEN: usize = HEADER_LEN + BAND_LEN * MAX_BANDS;
 /// A record's bytes, on the stack (the longest fits).
 pub type RecordBytes = SmallVec<[u8; 512]>;
 const _: () = assert!(MAX_RECORD_LEN <= 512);
 /// The record's header length.
-const HEADER_LEN: usize = 64;
-const _: () = assert!(16 + table::TAGGED_LEN + 24 == HEADER_LEN);
+const HEADER_LEN: usize = 80;
+const _: () = assert!(16 + table::TAGGED_LEN + 24 + 16 == HEADER_LEN);
 /// One band's length in the record.
 const BAND_LEN: usize = 80;
 /// The level a band has when nobody in it needs one: every tenant may use what it asks.
@@ -129,6 +129,23 @@ pub struct Record {
     pub learned_until_ms: u64,
     /// Until when the provider refused everyone, ms.
     pub blocked_until_ms: u64,
+    /// A capacity leased across Envoys: this proxy's part of the fleet's grants.
+    pub fleet: Fleet,
+}
+
+/// What one proxy got of a capacity leased across Envoys in the service's window: its part of
+/// the fleet's grants is its part of the capacity ([`super::lease_part`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// When the service last answered this proxy, ms (48 bits; 0: never).
+    pub answered_ms: u64,
+    /// What the service granted this proxy in its current window.
+    pub granted: u32,
+    /// What the service said remained of the fleet's capacity at its last answer (a larger
+    /// remaining than the last tells that its window turned).
+    pub remaining: u32,
+    /// This proxy's part of what the service granted the fleet, permille (0: not known yet).
+    pub part_pm: u16,
 }
 
 impl Record {
@@ -149,6 +166,7 @@ impl Record {
             learned_limit: 0,
             learned_until_ms: 0,
             blocked_until_ms: 0,
+            fleet: Fleet::default(),
         }
     }
 
@@ -158,8 +176,8 @@ impl Record {
     }
 
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
-    /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8 (64 in
-    /// all); then each band.
+    /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8, the
+    /// fleet's last answer 6 and part 2, granted 4, remaining 4 (80 in all); then each band.
     pub fn encode(&self) -> RecordBytes {
         let mut out = RecordBytes::new();
         self.encode_into(&mut out);
@@ -197,10 +215,13 @@ impl Record {
         if let Some(state) = &self.capacity {
             table::encode_state(state, tagged);
         }
-        let fields: [u8; 24] = Writer::new()
+        let fields: [u8; 40] = Writer::new()
             .u64(self.learned_limit)
             .u64(self.learned_until_ms)
             .u64(self.blocked_until_ms)
+            .u64(self.fleet.answered_ms & 0xffff_ffff_ffff | u64::from(self.fleet.part_pm) << 48)
+            .u32(self.fleet.granted)
+            .u32(self.fleet.remaining)
             .finish();
         learned.copy_from_slice(&fields);
         push(&head);
@@ -227,6 +248,7 @@ impl Record {
             learned_limit: 0,
             learned_until_ms: 0,
             blocked_until_ms: 0,
+            fleet: Fleet::default(),
         }
     }
 
@@ -257,6 +279,13 @@ impl Record {
         };
         let mut r = Reader(bytes.get(16 + table::TAGGED_LEN..HEADER_LEN)?);
         let (learned_limit, learned_until_ms, blocked_until_ms) = (r.u64()?, r.u64()?, r.u64()?);
+        let (answered, granted, remaining) = (r.u64()?, r.u32()?, r.u32()?);
+        let fleet = Fleet {
+            answered_ms: answered & 0xffff_ffff_ffff,
+            granted,
+            remaining,
+            part_pm: (answered >> 48) as u16,
+        };
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
         self.bands.clear();
         for _ in 0..n {
@@ -272,6 +301,7 @@ impl Record {
         self.learned_limit = learned_limit;
         self.learned_until_ms = learned_until_ms;
         self.blocked_until_ms = blocked_until_ms;
+        self.fleet = fleet;
         Some(())
     }
 
@@ -328,14 +358,20 @@ mod tests {
         r.bands[2].starved = 99;
         r.bands[2].used.current = 5;
         r.bands[0].budget = 1234;
+        r.fleet = Fleet {
+            answered_ms: 1_764_000_001_000,
+            granted: 77,
+            remaining: 123,
+            part_pm: 333,
+        };
         let bytes = r.encode();
-        assert_eq!(bytes.len(), 64 + 3 * 80);
+        assert_eq!(bytes.len(), 80 + 3 * 80);
         assert_eq!(Record::decode(&bytes), Some(r.clone()));
         let empty = Record::new(1);
         assert_eq!(Record::decode(&empty.encode()), Some(empty));
         assert_eq!(Record::decode(&bytes[..bytes.len() - 1]), None);
         let mut other = bytes.clone();
-        other[0] = 2;
+        other[0] = 1;
         assert_eq!(Record::decode(&other), None, "another version");
         let mut five = bytes;
         five[1] = 5;

@@ -1,0 +1,271 @@
+//! One provider's capacity shared among tenants by three Envoys (two workers each), in the build
+//! under test: the capacity leased from the rate limit service (`global.mode: lease`; the
+//! limitador engine over Redis, answering one call at a time) in front of a stand-in provider
+//! that enforces its own limit (200 requests a second per organisation, a token bucket). Each
+//! tenant's requests go to the three Envoys in turn (a load balancer in front of replicas).
+//! Two shared rules run at once for SHARE_SECONDS (60 by default):
+//!
+//! - `/p1`: one tenant at ten times its share, nine at half of theirs;
+//! - `/p2`: five equal tenants, each asking for three times its share.
+//!
+//! Measured on the provider's side over the run's seconds 10 to the end.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::provider::Provider;
+use common::Listener;
+use common::{bootstrap_with, free_port, metric, redis, rls_cluster, rls_server, Client, Envoy};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The provider's limit per organisation, and the capacity leased, requests a second.
+const RATE: f64 = 200.0;
+const WARMUP_S: u64 = 10;
+const PROXIES: usize = 3;
+
+fn seconds() -> u64 {
+    std::env::var("SHARE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60)
+}
+
+fn rule(name: &str) -> String {
+    format!(
+        r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
+            "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
+                        "timeout_ms": 200, "flush_ms": 20}},
+            "share": {{}}}}"#
+    )
+}
+
+/// The service's limits: one counter per rule (the capacity), `RATE` a second.
+fn limits() -> String {
+    let one = |rule: &str| {
+        format!(
+            r#"{{"namespace": "provider", "name": "{rule}", "max_value": {RATE}, "seconds": 1,
+                 "conditions": ["descriptors[0].rule == '{rule}'"], "variables": []}}"#
+        )
+    };
+    format!("[{}, {}]", one("p1"), one("p2"))
+}
+
+#[derive(Clone)]
+struct Tenant {
+    path: &'static str,
+    name: String,
+    rate: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    sent: u64,
+    ok: u64,
+    refused: u64,
+}
+
+/// Each tenant paced at its rate, its requests sent to the proxies in turn (one connection to
+/// each), until `run_s`.
+fn drive(
+    addrs: &[SocketAddr],
+    provider: &Arc<Provider>,
+    tenants: &[Tenant],
+    run_s: u64,
+) -> Vec<Seen> {
+    let threads: Vec<_> = tenants
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(n, t)| {
+            let provider = provider.clone();
+            let addrs = addrs.to_vec();
+            std::thread::spawn(move || {
+                let mut seen = Seen::default();
+                let mut clients: Vec<Client> =
+                    addrs.iter().map(|a| Client::connect(*a).unwrap()).collect();
+                let start = Instant::now();
+                let headers = [("x-tenant", t.name.as_str())];
+                for k in 0u64.. {
+                    let at = Duration::from_secs_f64(k as f64 / t.rate);
+                    if at >= Duration::from_secs(run_s) {
+                        break;
+                    }
+                    if let Some(wait) = at.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    let i = (k as usize + n) % addrs.len();
+                    let measured = provider.elapsed_s() >= WARMUP_S as f64;
+                    let status = match clients[i].send("GET", t.path, &headers) {
+                        Ok(r) => r.status,
+                        Err(_) => {
+                            clients[i] = Client::connect(addrs[i]).unwrap();
+                            clients[i].send("GET", t.path, &headers).unwrap().status
+                        }
+                    };
+                    if measured {
+                        seen.sent += 1;
+                        seen.ok += u64::from(status == 200);
+                        seen.refused += u64::from(status == 429);
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    sum * sum / (xs.len() as f64 * squares)
+}
+
+#[test]
+fn three_envoys_lease_one_capacity_and_share_it_fairly() {
+    let run_s = seconds();
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    // One call at a time: the engine's own race would grant past the limit.
+    let _rls = rls_server(rls_port, redis_port, &limits(), 0, true);
+    let provider = Arc::new(Provider::start(RATE));
+    let config = format!(r#"{{"rules": [{}, {}]}}"#, rule("p1"), rule("p2"));
+    let listener = Listener {
+        upstream: Some(provider.addr),
+        ..Listener::default()
+    };
+    let yaml = format!(
+        "{}{}",
+        bootstrap_with(&config, &listener),
+        rls_cluster(rls_port, "1s")
+    );
+    let proxies: Vec<Envoy> = (0..PROXIES).map(|_| Envoy::start_yaml(&yaml)).collect();
+    let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+
+    let share = RATE / 10.0;
+    let mut tenants = vec![Tenant {
+        path: "/p1/x",
+        name: "heavy".into(),
+        rate: 10.0 * share,
+    }];
+    for i in 0..9 {
+        tenants.push(Tenant {
+            path: "/p1/x",
+            name: format!("light{i}"),
+            rate: share / 2.0,
+        });
+    }
+    for i in 0..5 {
+        tenants.push(Tenant {
+            path: "/p2/x",
+            name: format!("equal{i}"),
+            rate: 3.0 * RATE / 5.0,
+        });
+    }
+    let seen = drive(&addrs, &provider, &tenants, run_s);
+    let end = provider.elapsed_s() as u64;
+    let measured_s = (end - WARMUP_S) as f64;
+    let seen: HashMap<String, Seen> = tenants.iter().map(|t| t.name.clone()).zip(seen).collect();
+    let admitted = |org: &str| -> HashMap<String, f64> {
+        provider
+            .tally(org, WARMUP_S, end)
+            .into_iter()
+            .map(|(t, (a, _))| (t, a as f64 / measured_s))
+            .collect()
+    };
+    let report = |org: &str, got: &HashMap<String, f64>| {
+        let mut names: Vec<_> = got.keys().collect();
+        names.sort();
+        for n in names {
+            eprintln!(
+                "{org} {n}: provider admitted {:.2}/s; client {:?}",
+                got[n],
+                seen[n.as_str()]
+            );
+        }
+        let total: f64 = got.values().sum();
+        eprintln!(
+            "{org}: {total:.2}/s of {RATE}/s ({:.1} %)",
+            100.0 * total / RATE
+        );
+    };
+    let fleet = |rule: &str, name: &str| -> u64 {
+        proxies
+            .iter()
+            .map(|p| p.stat(&metric(Some(rule), name)).unwrap_or(0))
+            .sum()
+    };
+    for rule in ["p1", "p2"] {
+        eprintln!(
+            "{rule}: lease_claims {} lease_granted {} lease_refused {} share_refused {} limited {}",
+            fleet(rule, "lease_claims"),
+            fleet(rule, "lease_granted"),
+            fleet(rule, "lease_refused"),
+            fleet(rule, "share_refused"),
+            fleet(rule, "limited"),
+        );
+    }
+    // Why requests were refused, from the `shared` lines of the Envoys' logs.
+    let mut why: HashMap<String, u64> = HashMap::new();
+    for p in &proxies {
+        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+        for line in log.lines().filter(|l| l.contains("shared rule=p1")) {
+            let reason = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("reason="))
+                .unwrap_or("?");
+            *why.entry(reason.to_string()).or_default() += 1;
+        }
+    }
+    eprintln!("p1 refusals by reason: {why:?}");
+    let p1 = admitted("p1");
+    report("p1", &p1);
+    let p2 = admitted("p2");
+    report("p2", &p2);
+
+    // Never over the provider's limit: the fleet never holds more than the service grants.
+    assert_eq!(provider.refused(), 0, "the provider refused requests");
+
+    // p2: equal tenants asking for more get equal shares, whichever Envoy they reach.
+    let xs: Vec<f64> = p2.values().copied().collect();
+    assert_eq!(xs.len(), 5);
+    assert!(jain(&xs) >= 0.95, "Jain's index {:.4}", jain(&xs));
+
+    // p1: the light tenants get what they ask (the bound the docs state), the heavy one the
+    // rest.
+    for i in 0..9 {
+        let s = seen[&format!("light{i}")];
+        assert!(
+            s.ok as f64 >= LIGHT_SERVED * s.sent as f64,
+            "light{i}: {} of {} passed",
+            s.ok,
+            s.sent
+        );
+    }
+    let heavy = p1["heavy"];
+    let lights: f64 = (0..9).map(|i| p1[&format!("light{i}")]).sum();
+    assert!(heavy > lights, "heavy {heavy:.2}/s, lights {lights:.2}/s");
+    let p1_total: f64 = p1.values().sum();
+    let p2_total: f64 = xs.iter().sum();
+    for (rule, total) in [("p1", p1_total), ("p2", p2_total)] {
+        assert!(total >= USED * RATE, "{rule} used {total:.2}/s");
+    }
+}
+
+/// The part of its demand each light tenant gets, at least. One Envoy serves the light tenants
+/// whole (share.rs: 99 %); three Envoys leasing the capacity have served 77 % to 81 % of it in
+/// both builds (60 s runs): each Envoy shares its part of the fleet's grants (its part in the service's
+/// last window), and the fleet still runs out of the window's quota at times, refusing whoever
+/// asks then. The bound docs/src/explanation/shared-capacity.md states.
+const LIGHT_SERVED: f64 = 0.70;
+/// The part of the capacity each rule uses, at least (83 % to 92 % measured in 60 s runs).
+const USED: f64 = 0.75;
