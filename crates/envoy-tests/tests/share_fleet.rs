@@ -43,7 +43,7 @@ fn rule(name: &str) -> String {
         r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
             "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
-                        "timeout_ms": 200, "flush_ms": 20}},
+                        "timeout_ms": 200, "flush_ms": 20, "max_block": 5}},
             "share": {{}}}}"#
     )
 }
@@ -171,7 +171,34 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
             rate: 3.0 * RATE / 5.0,
         });
     }
+    // SHARE_SAMPLE=1: each Envoy's capacity in force for p1 (its part), every 500 ms.
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(
+        std::env::var_os("SHARE_SAMPLE").is_some(),
+    ));
+    let sampler = {
+        let sampling = sampling.clone();
+        let admins: Vec<_> = proxies.iter().map(|p| p.admin).collect();
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(500));
+                let parts: Vec<String> = admins
+                    .iter()
+                    .map(|a| {
+                        let body = Client::connect(*a)
+                            .and_then(|mut c| c.get("/stats?filter=share_capacity.*p1"))
+                            .map(|r| r.body)
+                            .unwrap_or_default();
+                        let text = String::from_utf8_lossy(&body).to_string();
+                        text.rsplit(' ').next().unwrap_or("").trim().to_string()
+                    })
+                    .collect();
+                eprintln!("p1 capacity here: {}", parts.join(" "));
+            }
+        })
+    };
     let seen = drive(&addrs, &provider, &tenants, run_s);
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
     let end = provider.elapsed_s() as u64;
     let measured_s = (end - WARMUP_S) as f64;
     let seen: HashMap<String, Seen> = tenants.iter().map(|t| t.name.clone()).zip(seen).collect();
@@ -251,9 +278,9 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
             s.sent
         );
     }
+    // The heavy tenant gets what the light ones leave: well over its own share.
     let heavy = p1["heavy"];
-    let lights: f64 = (0..9).map(|i| p1[&format!("light{i}")]).sum();
-    assert!(heavy > lights, "heavy {heavy:.2}/s, lights {lights:.2}/s");
+    assert!(heavy >= 2.0 * share, "heavy {heavy:.2}/s");
     let p1_total: f64 = p1.values().sum();
     let p2_total: f64 = xs.iter().sum();
     for (rule, total) in [("p1", p1_total), ("p2", p2_total)] {
@@ -261,11 +288,11 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
     }
 }
 
-/// The part of its demand each light tenant gets, at least. One Envoy serves the light tenants
-/// whole (share.rs: 99 %); three Envoys leasing the capacity have served 77 % to 81 % of it in
-/// both builds (60 s runs): each Envoy shares its part of the fleet's grants (its part in the service's
-/// last window), and the fleet still runs out of the window's quota at times, refusing whoever
-/// asks then. The bound docs/src/explanation/shared-capacity.md states.
-const LIGHT_SERVED: f64 = 0.70;
-/// The part of the capacity each rule uses, at least (83 % to 92 % measured in 60 s runs).
+/// The part of its demand each light tenant gets, at least: 98.0 % to 99.6 % in 60 s runs of
+/// both builds (one Envoy: all of it, share.rs). What is refused is refused when the fleet's
+/// quota runs short in a window (`reason=capacity`).
+const LIGHT_SERVED: f64 = 0.97;
+/// The part of the capacity each rule uses, at least: 77.9 % to 88.6 % in 60 s runs (one Envoy:
+/// 95 % or more). The Envoys' parts climb until a window runs short, and the blocks they hold
+/// lapse when a window ends (docs/src/explanation/shared-capacity.md).
 const USED: f64 = 0.75;

@@ -290,26 +290,36 @@ impl<S: Store> Runtime<S> {
         } else {
             self.metrics.add(t.rule, Counter::LeaseRefused, 1);
         }
-        let granted = if granted { claim.block } else { 0 };
-        self.capacity_answered(t.rule, (granted, u64::from(remaining)), now_ms);
+        // Spent: refused with nothing left (a refusal of a block larger than what remains
+        // is followed by a claim of what remains).
+        let answer = (
+            if granted { claim.block } else { 0 },
+            u64::from(remaining),
+            !granted && remaining == 0,
+        );
+        self.capacity_answered(t.rule, answer, (expires_ms, now_ms));
         Ok(s)
     }
 
-    /// The service answered a shared capacity's claim: this proxy's part of the fleet's
-    /// grants, on which its tenants' levels are computed ([`share::lease_answered`]).
-    fn capacity_answered(&self, rule: usize, answer: (u64, u64), now_ms: u64) {
+    /// The service answered a shared capacity's claim (granting a block, or refusing): this
+    /// proxy's part of the capacity, which its tenants share ([`share::lease_answered`]).
+    fn capacity_answered(&self, rule: usize, answer: (u64, u64, bool), at: (u64, u64)) {
         let (Some(c), Some(sh)) = (
             self.compiled.get(rule).filter(|c| c.capacity_key.is_some()),
             self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
         ) else {
             return;
         };
-        let Some(Policy::Lease { limit, .. }) = c.lease else {
+        let Some(lease @ Policy::Lease { limit, .. }) = c.lease else {
             return;
         };
+        let window_ms = lease.limit_and_window().1;
         let bands = Some(sh.params.bands);
         engine::update_share_record(&self.store, c.share_record(), bands, |record| {
-            ((), share::lease_answered(record, limit, answer, now_ms))
+            (
+                (),
+                share::lease_answered(record, (limit, window_ms), answer, at),
+            )
         });
     }
 
@@ -771,31 +781,27 @@ mod tests {
     }
 
     #[test]
-    fn this_proxy_shares_its_part_of_the_fleets_grants() {
+    fn the_fleets_quota_running_out_sets_this_proxys_part() {
         let rt = runtime(SHARED);
         let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
-        // The service grants this proxy a quarter of what it grants the fleet (the others
-        // take three times as much meanwhile).
         let ours = std::cell::Cell::new(0u64);
-        let answered = |hits: u64| {
+        let granted = |hits: u64| {
             ours.set(ours.get() + hits);
-            answer(Code::Ok, u32::try_from(100 - 4 * ours.get()).unwrap())
+            answer(Code::Ok, 50)
         };
         for t in 0..12 {
-            let (_, ok) = request_from(&rt, &mut h, 1_000 + t, answered);
+            let (_, ok) = request_from(&rt, &mut h, 1_000 + t, granted);
             assert!(ok, "request {t}");
         }
         let r = record(&rt);
-        assert_eq!(r.fleet.part_pm, 250, "{:?}", r.fleet);
-        // The tenants share 25 a second here, not 100.
-        assert_eq!(crate::share::fleet_limit(&r, 100, 1_000, 2_000), Some(25));
-        // A part not told again for two windows is forgotten: this proxy alone.
         assert_eq!(
-            crate::share::fleet_limit(&r, 100, 1_000, 1_012 + 2_000),
-            None
+            r.fleet.part_pm, 0,
+            "not known while the fleet's quota lasts"
         );
-        // Refused for the rest of the window: nothing granted, the fleet's all of it.
-        let before = ours.get();
+        assert_eq!(r.fleet.granted, u32::try_from(ours.get()).unwrap());
+        assert_eq!(r.fleet.window_end_ms, 1_000 + 30_000, "the service's reset");
+        assert_eq!(crate::share::fleet_limit(&r, 100, 1_000, 2_000), None);
+        // The service refuses: this proxy's part is cut from what it was granted of the 100.
         let mut refused = 0;
         for t in 12..40 {
             let (_, ok) = request_from(&rt, &mut h, 1_000 + t, |_| answer(Code::OverLimit, 0));
@@ -803,12 +809,15 @@ mod tests {
         }
         assert!(refused >= 1, "the fleet's quota is spent");
         let r = record(&rt);
+        let part = ours.get() * 10 * crate::share::PART_CUT_PM / 1000;
+        assert_eq!(u64::from(r.fleet.part_pm), part, "{:?}", r.fleet);
+        assert!(r.fleet.spent);
+        // Its tenants share that part; a window after the last answer's, this proxy alone.
         assert_eq!(
-            u64::from(r.fleet.part_pm),
-            before * 1000 / 100,
-            "{:?}",
-            r.fleet
+            crate::share::fleet_limit(&r, 100, 1_000, 2_000),
+            Some(part / 10)
         );
+        assert_eq!(crate::share::fleet_limit(&r, 100, 1_000, 32_000), None);
         // A refused request logged why: the capacity.
         let shared: Vec<_> = h
             .logs

@@ -262,32 +262,75 @@ pub fn decide(
     }
 }
 
-/// A capacity of `limit` leased across Envoys: the service answered a claim of this proxy,
-/// granting `granted` (0: refused) and saying `remaining` remains of the fleet's capacity in
-/// its window (a remaining larger than the last one's, with this grant, tells that the window
-/// turned). This proxy's part of what the service granted the fleet in the window is its part
-/// of the capacity ([`fleet_limit`]); it is told once a quarter of the capacity was granted in
-/// the window (before, the last window's part holds). Returns whether the record changed.
+/// What a proxy's part of a leased capacity climbs by, permille of the capacity, in each
+/// service window after one it held tenants to their shares in without the fleet's quota
+/// running out.
+pub const PART_STEP_PM: u16 = 20;
+/// What a proxy's part is cut to, permille of itself, in a window the fleet's quota ran out in.
+pub const PART_CUT_PM: u64 = 950;
+
+/// How far ahead of an even pace (permille of the capacity) the fleet's grants may run before a
+/// window counts as one the quota would run out in: grants run ahead of use by the blocks the
+/// replicas hold.
+pub const AHEAD_PM: u64 = 50;
+
+/// A capacity of `limit` leased across Envoys (`window_ms` its window): the service answered a
+/// claim of this proxy, granting `granted` (0: refused) in its window that ends at
+/// `window_end_ms`. This proxy's part of the capacity, which its tenants share
+/// ([`fleet_limit`]), is additive increase, multiplicative decrease over the service's windows,
+/// the fleet's replicas converging on equal parts while each has more demand than its part
+/// (and a replica with less leaving the rest to the others):
+///
+/// - a window in which the service refused a claim of this proxy (the fleet's quota ran out),
+///   or told it, past the window's middle, that the fleet was granted more than the time
+///   elapsed allows, by over [`AHEAD_PM`] (it will run out), cuts the part to [`PART_CUT_PM`] of itself (the first
+///   such window sets it: that part of what the service had granted this proxy of the
+///   capacity in that window);
+/// - a window that ends without such a refusal, while this proxy held tenants to their shares
+///   (it had more demand than its part), raises it by [`PART_STEP_PM`], at most the whole.
+///
+/// Answers are told apart by their window's end (a quarter of a window either way is the same
+/// window), not by their order: a late answer of a window already gone is not counted.
+/// Returns whether the record changed.
 pub fn lease_answered(
     record: &mut Record,
-    limit: u64,
-    (granted, remaining): (u64, u64),
-    now_ms: u64,
+    (limit, window_ms): (u64, u64),
+    (granted, remaining, refused): (u64, u64, bool),
+    (window_end_ms, now_ms): (u64, u64),
 ) -> bool {
+    let pressed = record.bands.iter().any(|b| b.held_weight() > 0);
     let f = &mut record.fleet;
-    let granted = u32::try_from(granted).unwrap_or(u32::MAX);
-    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-    let turned = u64::from(remaining) + u64::from(granted) > u64::from(f.remaining);
-    if turned || f.answered_ms == 0 {
-        f.granted = 0;
+    let slack = window_ms / 4;
+    if window_end_ms.saturating_add(slack) < f.window_end_ms {
+        return false; // a window gone
     }
-    f.granted = f.granted.saturating_add(granted);
-    f.remaining = remaining;
-    f.answered_ms = now_ms;
-    let fleet = limit.saturating_sub(u64::from(remaining));
-    if fleet > 0 && fleet.saturating_mul(4) >= limit {
-        let part = u64::from(f.granted).saturating_mul(1000) / fleet;
-        f.part_pm = u16::try_from(part.clamp(1, 1000)).unwrap_or(1000);
+    if window_end_ms > f.window_end_ms.saturating_add(slack) {
+        if f.part_pm > 0 && !f.spent && pressed {
+            f.part_pm = f.part_pm.saturating_add(PART_STEP_PM).min(1000);
+        }
+        f.window_end_ms = window_end_ms & 0xffff_ffff_ffff;
+        f.granted = 0;
+        f.spent = false;
+    }
+    f.granted = f
+        .granted
+        .saturating_add(u32::try_from(granted).unwrap_or(u32::MAX));
+    // The fleet granted faster than the capacity lasts: past the window's middle, what the
+    // service granted so far, at that pace, would run out before the window ends. Cut now
+    // rather than once the quota is gone (when whoever asks is refused).
+    let elapsed = window_ms.saturating_sub(window_end_ms.saturating_sub(now_ms));
+    let fleet = limit.saturating_sub(remaining);
+    let pace = u128::from(limit) * u128::from(elapsed) / u128::from(window_ms.max(1));
+    let ahead = u128::from(limit * AHEAD_PM / 1000);
+    let too_fast = elapsed * 2 >= window_ms && u128::from(fleet) > pace + ahead;
+    if (refused || too_fast) && !f.spent {
+        f.spent = true;
+        let part = match f.part_pm {
+            0 => u64::from(f.granted).saturating_mul(1000) / limit.max(1),
+            p => u64::from(p),
+        };
+        let cut = part.saturating_mul(PART_CUT_PM) / 1000;
+        f.part_pm = u16::try_from(cut.clamp(1, 1000)).unwrap_or(1000);
     }
     true
 }
@@ -304,11 +347,11 @@ pub fn in_force_here(capacity: &Policy, record: &Record, share: &Share, now_ms: 
 }
 
 /// The capacity this proxy shares among its tenants when `limit` is leased across Envoys: its
-/// part of the fleet's grants ([`lease_answered`]) while it is recent (the service answered
-/// within two windows); `None` otherwise (this proxy alone), and for a capacity not leased.
+/// part ([`lease_answered`]) while it is recent (until a window after the last one the service
+/// answered it in ends); `None` otherwise (this proxy alone), and for a capacity not leased.
 pub fn fleet_limit(record: &Record, limit: u64, window_ms: u64, now_ms: u64) -> Option<u64> {
     let f = &record.fleet;
-    if f.part_pm == 0 || now_ms >= f.answered_ms.saturating_add(2 * window_ms) {
+    if f.part_pm == 0 || now_ms >= f.window_end_ms.saturating_add(window_ms) {
         return None;
     }
     let part = u128::from(limit) * u128::from(f.part_pm) / 1000;
@@ -611,6 +654,62 @@ mod sim;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leased_part_climbs_while_held_and_is_cut_when_the_fleet_runs_out() {
+        let cut = |pm: u16| u16::try_from(u64::from(pm) * PART_CUT_PM / 1000).unwrap();
+        let mut r = Record::new(1);
+        let lw = (1_000, 1_000); // 1,000 a second
+                                 // Granted 300 of the window, then refused: the part is cut from 300 ‰.
+        assert!(lease_answered(
+            &mut r,
+            lw,
+            (300, 500, false),
+            (10_000, 9_100)
+        ));
+        assert!(lease_answered(&mut r, lw, (0, 0, true), (10_010, 9_200)));
+        let first = cut(300);
+        assert_eq!((r.fleet.part_pm, r.fleet.spent), (first, true));
+        // A second refusal in the window cuts nothing more.
+        lease_answered(&mut r, lw, (0, 0, true), (9_990, 9_300));
+        assert_eq!(r.fleet.part_pm, first);
+        // A window after a spent one: no climb.
+        lease_answered(&mut r, lw, (10, 990, false), (11_000, 10_100));
+        assert_eq!((r.fleet.part_pm, r.fleet.spent), (first, false));
+        // A window ends unspent while nobody was held: no climb either.
+        lease_answered(&mut r, lw, (10, 990, false), (12_000, 11_100));
+        assert_eq!(r.fleet.part_pm, first);
+        // Held tenants (more demand than the part), an unspent window: it climbs.
+        r.bands[0].held_now = 1;
+        lease_answered(&mut r, lw, (10, 990, false), (13_000, 12_100));
+        assert_eq!(r.fleet.part_pm, first + PART_STEP_PM);
+        // A late answer of a window gone counts nothing.
+        let before = r.fleet;
+        assert!(!lease_answered(&mut r, lw, (50, 0, true), (12_000, 12_200)));
+        assert_eq!(r.fleet, before);
+        // The fleet runs out again: cut.
+        lease_answered(&mut r, lw, (0, 0, true), (13_050, 12_300));
+        assert_eq!(r.fleet.part_pm, cut(first + PART_STEP_PM));
+        // Climbs at most to the whole.
+        r.fleet.part_pm = 995;
+        lease_answered(&mut r, lw, (1, 999, false), (14_000, 13_100));
+        lease_answered(&mut r, lw, (1, 999, false), (15_000, 14_100));
+        assert_eq!(r.fleet.part_pm, 1000);
+        assert_eq!(fleet_limit(&r, 1_000, 1_000, 15_500), Some(1_000));
+        // Past the window's middle, the fleet granted more than the time elapsed allows (650
+        // of 1,000 at 0.55 of the window, over 50 ahead): cut before the quota runs out.
+        lease_answered(&mut r, lw, (5, 600, false), (16_000, 15_550));
+        assert_eq!(
+            (r.fleet.part_pm, r.fleet.spent),
+            (1000, false),
+            "50 ahead: not yet"
+        );
+        lease_answered(&mut r, lw, (5, 350, false), (16_000, 15_550));
+        assert_eq!((r.fleet.part_pm, r.fleet.spent), (cut(1000), true));
+        // Before the middle it is not told (grants come in blocks): no cut.
+        lease_answered(&mut r, lw, (5, 100, false), (17_000, 16_300));
+        assert_eq!((r.fleet.part_pm, r.fleet.spent), (cut(1000), false));
+    }
 
     fn share(bands: &[(&str, u64)]) -> Share {
         let mut min_share_pm = [0; MAX_BANDS];

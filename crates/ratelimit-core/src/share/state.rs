@@ -137,15 +137,14 @@ pub struct Record {
 /// the fleet's grants is its part of the capacity ([`super::lease_part`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fleet {
-    /// When the service last answered this proxy, ms (48 bits; 0: never).
-    pub answered_ms: u64,
-    /// What the service granted this proxy in its current window.
+    /// When the service's window of the grants counted here ends, ms (48 bits; 0: none).
+    pub window_end_ms: u64,
+    /// What the service granted this proxy in that window.
     pub granted: u32,
-    /// What the service said remained of the fleet's capacity at its last answer (a larger
-    /// remaining than the last tells that its window turned).
-    pub remaining: u32,
-    /// This proxy's part of what the service granted the fleet, permille (0: not known yet).
+    /// This proxy's part of the fleet's capacity, permille (0: not known yet).
     pub part_pm: u16,
+    /// The service refused a claim in that window (the fleet's quota ran out).
+    pub spent: bool,
 }
 
 impl Record {
@@ -177,7 +176,7 @@ impl Record {
 
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
     /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8, the
-    /// fleet's last answer 6 and part 2, granted 4, remaining 4 (80 in all); then each band.
+    /// fleet's window end 6 and part 2, granted 4, spent 4 (80 in all); then each band.
     pub fn encode(&self) -> RecordBytes {
         let mut out = RecordBytes::new();
         self.encode_into(&mut out);
@@ -219,9 +218,9 @@ impl Record {
             .u64(self.learned_limit)
             .u64(self.learned_until_ms)
             .u64(self.blocked_until_ms)
-            .u64(self.fleet.answered_ms & 0xffff_ffff_ffff | u64::from(self.fleet.part_pm) << 48)
+            .u64(self.fleet.window_end_ms & 0xffff_ffff_ffff | u64::from(self.fleet.part_pm) << 48)
             .u32(self.fleet.granted)
-            .u32(self.fleet.remaining)
+            .u32(u32::from(self.fleet.spent))
             .finish();
         learned.copy_from_slice(&fields);
         push(&head);
@@ -279,12 +278,12 @@ impl Record {
         };
         let mut r = Reader(bytes.get(16 + table::TAGGED_LEN..HEADER_LEN)?);
         let (learned_limit, learned_until_ms, blocked_until_ms) = (r.u64()?, r.u64()?, r.u64()?);
-        let (answered, granted, remaining) = (r.u64()?, r.u32()?, r.u32()?);
+        let (end, granted, spent) = (r.u64()?, r.u32()?, r.u32()?);
         let fleet = Fleet {
-            answered_ms: answered & 0xffff_ffff_ffff,
+            window_end_ms: end & 0xffff_ffff_ffff,
             granted,
-            remaining,
-            part_pm: (answered >> 48) as u16,
+            part_pm: (end >> 48) as u16,
+            spent: spent != 0,
         };
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
         self.bands.clear();
@@ -359,10 +358,10 @@ mod tests {
         r.bands[2].used.current = 5;
         r.bands[0].budget = 1234;
         r.fleet = Fleet {
-            answered_ms: 1_764_000_001_000,
+            window_end_ms: 1_764_000_001_000,
             granted: 77,
-            remaining: 123,
             part_pm: 333,
+            spent: true,
         };
         let bytes = r.encode();
         assert_eq!(bytes.len(), 80 + 3 * 80);
