@@ -328,7 +328,7 @@ def paired(runs, a, b):
 
 
 def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, post=None,
-                 objects=None):
+                 objects=None, read_stats=None):
     """Envoy's instructions per request for each (name, filters) spec, counted by callgrind:
     each Envoy runs under valgrind, is warmed up with as many requests, then counts the
     instructions of all its threads while one client sends `requests` requests one after the
@@ -340,7 +340,8 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
     the filter's usage metrics per request sent). `post`: (headers, body) of a POST each
     request is, instead of a GET. `objects`: parts of the paths of shared objects (the native
     module's) whose own instructions per request are counted too (then returns them as
-    `calls` are, under `object NAME`)."""
+    `calls` are, under `object NAME`). `stats`: names of the filter's counters read at the end,
+    per request sent (returned as `calls` are, under `stat NAME`). `read_stats`: those names."""
     import concurrent.futures
     import http.client
 
@@ -382,6 +383,15 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
                          if line.startswith("totals:"))
             for o in objects or ():
                 calls[name][f"object {o}"] = object_total(text, o) / requests
+            for st in read_stats or ():
+                # Published about once a second: read until two reads agree.
+                last, now, deadline = None, None, time.time() + 15
+                while time.time() < deadline and (now is None or now != last):
+                    time.sleep(1.5)
+                    last, now = now, e.admin_get(f"/stats?filter={st}")
+                total_stat = sum(int(line.rpartition(": ")[2]) for line in now.splitlines()
+                                 if line.strip())
+                calls[name][f"stat {st}"] = total_stat / (2 * requests)
             if count_calls is not None:
                 for fn in count_calls:
                     calls[name][fn] = callgrind_calls(text, fn) / requests
@@ -407,7 +417,7 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
     calls = {name: {} for name, *_ in specs}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         counts = dict(pool.map(one, specs))
-    return (counts, calls) if count_calls or objects else counts
+    return (counts, calls) if count_calls or objects or read_stats else counts
 
 
 def object_total(text, part):
@@ -891,16 +901,44 @@ def share(args, work):
         (rw / "modules").symlink_to(work / "modules")
         counts, seen = instructions(args.envoy, specs, rw, requests=args.requests,
                                     objects=[MODULE])
+        # A request that waits and is released: one client alone over a capacity of
+        # WAIT_RATE a second, one request after the other, each refused, waiting its turn
+        # (max_wait_ms) and released; fewer requests (they come at WAIT_RATE a second).
+        waited, waits = instructions(args.envoy, wait_specs(args), rw, requests=WAIT_REQUESTS,
+                                     objects=[MODULE], read_stats=["share_queued", "share_waited_ms"])
+        counts.update(waited)
+        seen.update(waits)
         rounds.append({"instructions": counts,
-                       "module": {n: c[f"object {MODULE}"] for n, c in seen.items()}})
+                       "module": {n: c[f"object {MODULE}"] for n, c in seen.items()},
+                       "waits": {n: {k: v for k, v in c.items() if k.startswith("stat ")}
+                                 for n, c in waits.items()}})
     median = lambda key, n: statistics.median(r[key][n] for r in rounds)
-    names = [sp[0] for sp in specs]
+    names = [sp[0] for sp in specs] + [sp[0] for sp in wait_specs(args)]
     r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
          "instructions": {n: median("instructions", n) for n in names},
          "module": {n: median("module", n) for n in names if n.startswith("native")},
-         "rounds": rounds, "requests": args.requests}
+         "waits": {n: {k: statistics.median(rd["waits"][n][k] for rd in rounds)
+                       for k in rounds[0]["waits"][n]} for n in rounds[0]["waits"]},
+         "rounds": rounds, "requests": args.requests, "wait_requests": WAIT_REQUESTS,
+         "wait_rate": WAIT_RATE}
     (BENCH / "results-share.json").write_text(json.dumps(r, indent=2) + "\n")
     print(share_report(r))
+
+
+# The capacity a request waits for in the waiting variants, a second, and their requests.
+WAIT_RATE = 50
+WAIT_REQUESTS = 500
+
+
+def wait_specs(args):
+    """The waiting variants, both builds: one rule keyed by client address whose capacity,
+    WAIT_RATE a second, is shared with waits of up to 2 s."""
+    waits = dict(rule("per-client", ["remote_address"], n=WAIT_RATE, unit="second"),
+                 share={"max_wait_ms": 2000})
+    specs = [(f"{b}-waits", ours([waits], build=b)) for b in ("native", "wasm")]
+    if args.only:
+        specs = [sp for sp in specs if sp[0] in args.only.split(",")]
+    return specs
 
 
 def share_report(r):
@@ -916,6 +954,19 @@ def share_report(r):
         m = (f"{mod[f'{b}-plain']:,.0f} | {mod[f'{b}-shared']:,.0f}" if b == "native"
              else "– | –")
         lines.append(f"| {b} | {ins['no-filter']:,.0f} | {p:,.0f} | {s:,.0f} | {s - p:+,.0f} | {m} |")
+    waits = r.get("waits", {})
+    if waits:
+        lines += ["", "| build | shared, never reached | waits and is released | waits − never reached | waited per request | waiting ms per request | module: waits |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for b in ("native", "wasm"):
+            w, s = ins.get(f"{b}-waits"), ins.get(f"{b}-shared")
+            if w is None or s is None:
+                continue
+            st = waits.get(f"{b}-waits", {})
+            m = f"{mod[f'{b}-waits']:,.0f}" if b == "native" and f"{b}-waits" in mod else "–"
+            lines.append(f"| {b} | {s:,.0f} | {w:,.0f} | {w - s:+,.0f} | "
+                         f"{st.get('stat share_queued', 0):.2f} | "
+                         f"{st.get('stat share_waited_ms', 0):.1f} | {m} |")
     return "\n".join(lines)
 
 

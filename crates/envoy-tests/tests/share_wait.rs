@@ -285,6 +285,17 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
         level.is_some_and(|l| l <= 1000),
         "share_level_permille {level:?}"
     );
+    // The waits by band (the rule's one band has them all): as many as the rule's, once the
+    // rule's are published.
+    let queued = stat("share_queued");
+    let band_queued = band_gauge("share_band_queued");
+    assert_eq!(band_queued, Some(queued), "share_band_queued");
+    let band_waited = band_gauge("share_band_waited_ms");
+    assert_eq!(
+        band_waited,
+        Some(stat("share_waited_ms")),
+        "share_band_waited_ms"
+    );
     // Still serving.
     let (status, _) = request(addr, "after", None);
     assert!(status == 200 || status == 429, "{status}");

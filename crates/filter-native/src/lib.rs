@@ -126,6 +126,8 @@ struct MetricIds {
     share_capacity: Option<usize>,
     /// `wasm_ratelimit.share_…{plugin, rule, band}` ([`metrics::SHARE_BAND_GAUGES`]).
     share_bands: [Option<usize>; 3],
+    /// `wasm_ratelimit.share_band_…{plugin, rule, band}` ([`metrics::BandCounter`]).
+    share_band_counters: [Option<usize>; 3],
 }
 
 impl MetricIds {
@@ -146,6 +148,8 @@ impl MetricIds {
             share_capacity: h.define_gauge(&name(metrics::SHARE_CAPACITY), &["plugin", "rule"]),
             share_bands: metrics::SHARE_BAND_GAUGES
                 .map(|g| h.define_gauge(&name(g), &["plugin", "rule", "band"])),
+            share_band_counters: metrics::BandCounter::ALL
+                .map(|c| h.define_counter(&name(c.name()), &["plugin", "rule", "band"])),
         }
     }
 
@@ -171,6 +175,16 @@ impl MetricIds {
         }
         if let Some(id) = self.panics {
             h.increment_counter(id, &[plugin], 0);
+        }
+        for id in self.share_band_counters.iter().flatten() {
+            for rule in rules {
+                let Some(sh) = rule.share.as_ref().filter(|sh| sh.max_wait_ms > 0) else {
+                    continue;
+                };
+                for band in &sh.bands {
+                    h.increment_counter(*id, &[plugin, &rule.name, band], 0);
+                }
+            }
         }
         if let Some(id) = self.elastic {
             for rule in rules.iter().filter(|r| r.elastic.is_some()) {
@@ -317,6 +331,23 @@ impl FilterConfig {
                 }
             },
         );
+        self.rt.metrics().drain_bands(|rule, band, counter, n| {
+            let (Some(Some(id)), Some(r)) = (
+                self.ids.share_band_counters.get(counter as usize),
+                rules.get(rule),
+            ) else {
+                return;
+            };
+            let Some(band) = r
+                .share
+                .as_ref()
+                .and_then(|sh| sh.bands.get(usize::from(band)))
+            else {
+                return;
+            };
+            self.handle
+                .increment_counter(*id, &[&self.plugin, &r.name, band], n);
+        });
         let panics = PANICS.swap(0, Ordering::Relaxed);
         if let (Some(id), true) = (self.ids.panics, panics > 0) {
             self.handle.increment_counter(id, &[&self.plugin], panics);

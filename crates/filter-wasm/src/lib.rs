@@ -160,6 +160,9 @@ struct MetricIds {
     elastic: Vec<Option<u32>>,
     /// Per rule: a shared rule's gauges.
     share: Vec<Option<ShareIds>>,
+    /// Per rule, for a shared rule that lets requests wait: per band, the counters of
+    /// [`metrics::BandCounter::ALL`].
+    share_waits: Vec<Option<Vec<[Option<u32>; 3]>>>,
 }
 
 /// A shared rule's gauges: its capacity's, and per band those of
@@ -213,6 +216,25 @@ impl MetricIds {
                     Some((abi::define_gauge(&capacity).ok(), bands))
                 })
                 .collect(),
+            share_waits: config
+                .rules
+                .iter()
+                .map(|rule| {
+                    let sh = rule.share.as_ref().filter(|sh| sh.max_wait_ms > 0)?;
+                    let bands = sh.bands.iter().map(|band| {
+                        metrics::BandCounter::ALL.map(|c| {
+                            abi::define_counter(&metrics::band_name(
+                                plugin,
+                                &rule.name,
+                                band,
+                                c.name(),
+                            ))
+                            .ok()
+                        })
+                    });
+                    Some(bands.collect())
+                })
+                .collect(),
         }
     }
 
@@ -261,6 +283,17 @@ impl MetricIds {
             },
             |gauge, delta| self.gauge(gauge, delta),
         );
+        rt.metrics().drain_bands(|rule, band, counter, n| {
+            let id = self
+                .share_waits
+                .get(rule)
+                .and_then(Option::as_ref)
+                .and_then(|bands| bands.get(usize::from(band)))
+                .and_then(|ids| ids.get(counter as usize));
+            if let Some(Some(id)) = id {
+                let _ = abi::increment(*id, n);
+            }
+        });
     }
 
     fn gauge(&self, gauge: Gauge, delta: i64) {

@@ -300,7 +300,8 @@ pub fn text(name: &str, config: &Config, options: &Options) -> String {
                     );
                 }
                 if let Some(s) = &a.share {
-                    let _ = writeln!(out, "{pad}{}", share_text(s));
+                    let leased = e.rule.lease_policy().is_some();
+                    let _ = writeln!(out, "{pad}{}", share_text(s, leased));
                 }
             }
         }
@@ -429,7 +430,7 @@ fn cost_text(c: &CostFrom<'_>, rule: &Rule) -> String {
 
 /// `100 per minute (sliding_window), shadow, global sync`.
 /// A shared rule's tenant, as a sentence.
-fn share_text(s: &Shared<'_>) -> String {
+fn share_text(s: &Shared<'_>, leased: bool) -> String {
     let mut out = format!("shared: this tenant weighs {}", s.weight);
     match &s.band_from {
         Some((source, value)) => {
@@ -451,6 +452,12 @@ fn share_text(s: &Shared<'_>) -> String {
          least {base} x {} / the weights of the tenants active then",
         s.weight,
     );
+    if leased {
+        out.push_str(
+            "; leased for the whole fleet: each Envoy shares its part of the limit, learned \
+             from the service's answers, among the tenants it sees",
+        );
+    }
     out
 }
 

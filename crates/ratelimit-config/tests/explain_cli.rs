@@ -431,6 +431,29 @@ fn a_money_rule_names_the_prices_of_the_requests_model() {
 }
 
 #[test]
+fn a_leased_shared_rule_says_each_envoy_shares_its_part() {
+    let config = "crates/ratelimit-core/tests/fixtures/good/share-lease.json";
+    let out = ok(&[
+        config,
+        "--header",
+        "x-team: a",
+        "--header",
+        "x-team-weight: 3",
+    ]);
+    assert!(
+        out.contains("global lease (cluster ratelimit, domain gateway)")
+            && out.contains(
+                "shared: this tenant weighs 3, one band; alone it may use the whole limit; \
+                 while the limit is contended, its share is at least 485 x 3 / the weights of \
+                 the tenants active then; leased for the whole fleet: each Envoy shares its \
+                 part of the limit, learned from the service's answers, among the tenants it \
+                 sees"
+            ),
+        "{out}"
+    );
+}
+
+#[test]
 fn a_shared_rule_names_the_tenants_weight_and_band_and_what_its_share_is() {
     let config = "crates/ratelimit-core/tests/fixtures/good/share.json";
     let out = ok(&[config, "--path", "/v1/chat", "--header", "x-team: a"]);

@@ -250,6 +250,36 @@ pub const SHARE_BAND_GAUGES: [&str; 3] = [
     "share_level_permille",
 ];
 
+/// The counters of each band of a shared rule that lets requests wait (`share.max_wait_ms`),
+/// beside the rule's own (`share_queued`, `share_waited_ms`, `share_queue_timeouts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BandCounter {
+    /// The band's requests that joined the rule's line.
+    Queued,
+    /// Milliseconds the band's requests admitted after waiting waited, summed.
+    WaitedMs,
+    /// The band's requests refused at the end of their wait.
+    Timeouts,
+}
+
+impl BandCounter {
+    /// Every band counter, in publishing order.
+    pub const ALL: [BandCounter; 3] = [
+        BandCounter::Queued,
+        BandCounter::WaitedMs,
+        BandCounter::Timeouts,
+    ];
+
+    /// The metric's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BandCounter::Queued => "share_band_queued",
+            BandCounter::WaitedMs => "share_band_waited_ms",
+            BandCounter::Timeouts => "share_band_queue_timeouts",
+        }
+    }
+}
+
 /// A shared rule's per-band metric's full name: [`name`] with the band as a third tag,
 /// `wasm_ratelimit.plugin=.=<plugin>;.;rule=.=<rule>;.;band=.=<band>;.;<metric>` (a `band`
 /// stats tag makes it a label).
@@ -283,14 +313,22 @@ pub fn name(plugin: &str, rule: Option<&str>, metric: &str) -> String {
 #[derive(Debug)]
 pub struct Metrics {
     counters: Box<[AtomicU64]>,
+    /// Per rule, per band, per [`BandCounter::ALL`].
+    band_counters: Box<[AtomicU64]>,
     gauges: [AtomicI64; Gauge::ALL.len()],
 }
+
+/// The band counters one rule has.
+const PER_RULE_BANDS: usize = crate::share::MAX_BANDS * BandCounter::ALL.len();
 
 impl Metrics {
     /// Accumulators for `rules` rules.
     pub fn new(rules: usize) -> Metrics {
         Metrics {
             counters: (0..rules * Counter::ALL.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            band_counters: (0..rules * PER_RULE_BANDS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             gauges: Default::default(),
@@ -307,6 +345,34 @@ impl Metrics {
             .get(rule * Counter::ALL.len() + counter as usize)
         {
             c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `n` to a shared rule's band's counter.
+    pub fn add_band(&self, rule: usize, band: u8, counter: BandCounter, n: u64) {
+        let band = usize::from(band);
+        if n == 0 || band >= crate::share::MAX_BANDS {
+            return;
+        }
+        let i = rule * PER_RULE_BANDS + band * BandCounter::ALL.len() + counter as usize;
+        if let Some(c) = self.band_counters.get(i) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes every unpublished band count: `counter(rule, band, counter, n)` for each non-zero
+    /// one.
+    pub fn drain_bands(&self, mut counter: impl FnMut(usize, u8, BandCounter, u64)) {
+        for (i, c) in self.band_counters.iter().enumerate() {
+            let n = c.swap(0, Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let (rule, within) = (i / PER_RULE_BANDS, i % PER_RULE_BANDS);
+            let band = u8::try_from(within / BandCounter::ALL.len()).unwrap_or(u8::MAX);
+            if let Some(&which) = BandCounter::ALL.get(within % BandCounter::ALL.len()) {
+                counter(rule, band, which, n);
+            }
         }
     }
 
@@ -343,6 +409,27 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn band_counters_are_kept_apart_and_drained_once() {
+        let m = Metrics::new(2);
+        m.add_band(1, 2, BandCounter::WaitedMs, 30);
+        m.add_band(1, 2, BandCounter::WaitedMs, 12);
+        m.add_band(0, 0, BandCounter::Queued, 1);
+        m.add_band(1, 3, BandCounter::Timeouts, 1);
+        m.add_band(1, 4, BandCounter::Timeouts, 1); // no such band: dropped
+        let mut seen = Vec::new();
+        m.drain_bands(|r, b, c, n| seen.push((r, b, c, n)));
+        assert_eq!(
+            seen,
+            [
+                (0, 0, BandCounter::Queued, 1),
+                (1, 2, BandCounter::WaitedMs, 42),
+                (1, 3, BandCounter::Timeouts, 1)
+            ]
+        );
+        m.drain_bands(|_, _, _, _| panic!("drained already"));
+    }
 
     #[test]
     fn a_tick_a_little_early_still_publishes() {

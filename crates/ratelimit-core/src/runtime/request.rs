@@ -304,8 +304,8 @@ pub struct Pending {
     pub(super) late: bool,
     /// Refused, it is refused at once (it waited in a shared rule's line already).
     pub(super) no_wait: bool,
-    /// The shared rule whose line it waited in, and when it joined it (ms).
-    pub(super) waited: Option<(usize, u64)>,
+    /// The shared rule whose line it waited in, its band there, and when it joined it (ms).
+    pub(super) waited: Option<(usize, u8, u64)>,
 }
 
 impl Pending {
@@ -865,9 +865,11 @@ impl<S: Store> Runtime<S> {
                 return Decision::Queue(q);
             }
         }
-        if let (true, Some((rule, since))) = (allowed, p.waited) {
+        if let (true, Some((rule, band, since))) = (allowed, p.waited) {
+            let waited = now.saturating_sub(since);
+            self.metrics.add(rule, Counter::ShareWaitedMs, waited);
             self.metrics
-                .add(rule, Counter::ShareWaitedMs, now.saturating_sub(since));
+                .add_band(rule, band, crate::metrics::BandCounter::WaitedMs, waited);
         }
         // Held by delay mode: the rules are counted when it goes on; else counted now.
         let delay = match &outcome {

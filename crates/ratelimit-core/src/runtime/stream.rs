@@ -637,7 +637,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::key::Seed;
-    use crate::metrics::{Counter, Gauge};
+    use crate::metrics::{BandCounter, Counter, Gauge};
     use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
     use crate::runtime::POLL_MS;
     use crate::store::MemoryStore;
@@ -1242,6 +1242,19 @@ mod tests {
             "the full line's refusal and the two timeouts"
         );
         assert!(total(Counter::ShareWaitedMs) >= 100 + 200 + 300 + 400 + 500 - 10);
+        // The same by band (the rule has one).
+        let mut bands = Vec::new();
+        rt.metrics()
+            .drain_bands(|_, band, c, n| bands.push((band, c, n)));
+        let waited = total(Counter::ShareWaitedMs);
+        assert_eq!(
+            bands,
+            [
+                (0, BandCounter::Queued, 7),
+                (0, BandCounter::WaitedMs, waited),
+                (0, BandCounter::Timeouts, 2)
+            ]
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::request::{Decision, Host, Pending};
 use super::stream::Late;
 use super::Runtime;
 use crate::engine;
-use crate::metrics::Counter;
+use crate::metrics::{BandCounter, Counter};
 use crate::share::queue::{Offer, ShareQueue, Waiter};
 use crate::share::MAX_BANDS;
 use crate::store::Store;
@@ -152,9 +152,11 @@ impl<S: Store> Runtime<S> {
                 sc.asker.again = true;
             }
         }
-        waiting.waited = Some((rule, now));
+        waiting.waited = Some((rule, waiter.band, now));
         line.waiting.push((ticket, waiting));
         self.metrics.add(rule, Counter::ShareQueued, 1);
+        self.metrics
+            .add_band(rule, waiter.band, BandCounter::Queued, 1);
         Some(Queued {
             rule,
             ticket,
@@ -194,6 +196,8 @@ impl<S: Store> Runtime<S> {
             if let Some(i) = waiting.iter().position(|(t, _)| *t == w.handle) {
                 let (ticket, p) = waiting.swap_remove(i);
                 self.metrics.add(q.rule, Counter::ShareQueueTimeouts, 1);
+                self.metrics
+                    .add_band(q.rule, w.band, BandCounter::Timeouts, 1);
                 let d = self.finish_at(&mut Late { now }, &p, now);
                 decided.push((ticket, d));
             }
