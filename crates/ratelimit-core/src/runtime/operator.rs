@@ -112,8 +112,12 @@ struct Found<'a> {
     compiled: &'a Compiled,
 }
 
-/// Whether a stored state belongs to a rule of `policy` (a global rule's block belongs to any).
-fn fits(policy: &Policy, state: &State) -> bool {
+/// Whether a stored state belongs to a rule of `policy` (a global rule's block belongs to any;
+/// a shared rule's keys are its tenants).
+fn fits(policy: &Policy, shared: bool, state: &State) -> bool {
+    if shared {
+        return matches!(state, State::Tenant(_));
+    }
     matches!(
         (policy, state),
         (_, State::Blocked { .. })
@@ -122,7 +126,18 @@ fn fits(policy: &Policy, state: &State) -> bool {
             | (Policy::Gcra(_), State::Gcra(_))
             | (Policy::SlidingLog { .. }, State::SlidingLog(_))
             | (Policy::InFlight { .. }, State::InFlight(_))
+            | (Policy::Lease { .. }, State::Lease(_))
     )
+}
+
+impl<S: Store> Runtime<S> {
+    /// Whether a found rule shares its limit among its keys (its entries are tenants).
+    fn shared(&self, found: &Found<'_>) -> bool {
+        self.config
+            .rules
+            .get(found.index)
+            .is_some_and(|r| r.share.is_some())
+    }
 }
 
 /// The key's entry in a decoded slot, of any algorithm.
@@ -167,7 +182,8 @@ impl<S: Store> Runtime<S> {
                 break;
             }
         }
-        let state = state.filter(|s| fits(&found.compiled.policy, s));
+        let shared = self.shared(&found);
+        let state = state.filter(|s| fits(&found.compiled.policy, shared, s));
         Ok(self.figures(&found, key, state.as_ref(), now_ms, plan))
     }
 
@@ -195,6 +211,7 @@ impl<S: Store> Runtime<S> {
     ) -> Result<Vec<KeyState>, OperatorError> {
         let found = self.rule_named(rule)?;
         let policy = found.compiled.policy;
+        let shared = self.shared(&found);
         let tag = key::rule_tag(found.compiled.fingerprint);
         let slots = if policy.uses_log() {
             let logs = u64::from(self.config.capacity.max(1));
@@ -221,7 +238,7 @@ impl<S: Store> Runtime<S> {
                 Err(table::Corrupt) => continue,
             };
             for (fp, state) in entries {
-                if fp & key::TAG_MASK != tag || !fits(&policy, &state) {
+                if fp & key::TAG_MASK != tag || !fits(&policy, shared, &state) {
                     continue;
                 }
                 if let Some(weight) = state.weight(now_ms) {
@@ -364,6 +381,20 @@ impl<S: Store> Runtime<S> {
         let policy = match factor {
             Some(f) if f != crate::elastic::BASE => policy.scaled(f),
             _ => policy,
+        };
+        // A shared rule's tenant: its use over the window against the whole capacity (what it
+        // may still use alone; its share while the capacity is contended is the level's).
+        let tenant = match state {
+            Some(State::Tenant(t)) => {
+                let (limit, window_ms) = policy.limit_and_window();
+                let usage = State::SlidingWindow(t.usage);
+                Some((Policy::SlidingWindow { limit, window_ms }, usage))
+            }
+            _ => None,
+        };
+        let (policy, state) = match &tenant {
+            Some((p, s)) => (*p, Some(s)),
+            None => (policy, state),
         };
         let (now, _) = policy.decide(state, now_ms, 0);
         let (next, _) = policy.decide(state, now_ms, 1);
@@ -659,6 +690,26 @@ mod tests {
         assert_eq!(c[0].used, 11);
         // Nothing remembered once the windows have passed.
         assert_eq!(rt.busiest("a", 3, now + 200_000).unwrap(), []);
+    }
+
+    #[test]
+    fn a_shared_rules_keys_are_its_tenants_busiest_first() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "s", "key": ["header:x-api-key"],
+                 "rate_limit": {"requests_per_unit": 100, "unit": "minute"}, "share": {}}]}"#,
+        );
+        let now = api("x").now;
+        for (k, n) in [("t1", 2), ("t2", 7), ("t3", 4)] {
+            for _ in 0..n {
+                assert_eq!(request(&rt, &mut api(k)), None);
+            }
+        }
+        let key = |k| logged(&rt, 0, &mut api(k));
+        let top = rt.busiest("s", 2, now).unwrap();
+        let seen: Vec<_> = top.iter().map(|s| (s.key, s.used, s.remaining)).collect();
+        assert_eq!(seen, [(key("t2"), 7, 93), (key("t3"), 4, 96)]);
+        let one = rt.inspect("s", key("t1"), now).unwrap();
+        assert_eq!((one.tracked, one.used, one.limit), (true, 2, 100));
     }
 
     #[test]
