@@ -85,6 +85,9 @@ pub fn limit_in_force(record: &Record, limit: u64, ramp_ms: u64, now_ms: u64) ->
 /// The capacity's policy in force: `capacity` with its limit (and a bucket's burst, in
 /// proportion) lowered to [`limit_in_force`].
 pub fn policy_in_force(capacity: &Policy, record: &Record, share: &Share, now_ms: u64) -> Policy {
+    if record.learned_limit == 0 {
+        return *capacity; // nothing learned: the usual request
+    }
     let (limit, _) = capacity.limit_and_window();
     lowered(
         capacity,
