@@ -192,7 +192,12 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
     }
     for i in 0..3 {
         let band = [("x-band", "interactive")];
-        tenants.push(tenant("/p4/x", &format!("interactive{i}"), 0.1 * RATE, &band));
+        tenants.push(tenant(
+            "/p4/x",
+            &format!("interactive{i}"),
+            0.1 * RATE,
+            &band,
+        ));
     }
     for i in 0..3 {
         let band = [("x-band", "batch")];
@@ -318,8 +323,15 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
         .iter()
         .map(|(name, w)| p3[*name] / w)
         .collect();
-    eprintln!("p3 per unit of weight {per_weight:.2?}: Jain {:.4}", jain(&per_weight));
-    assert!(jain(&per_weight) >= 0.99, "Jain's index {:.4}", jain(&per_weight));
+    eprintln!(
+        "p3 per unit of weight {per_weight:.2?}: Jain {:.4}",
+        jain(&per_weight)
+    );
+    assert!(
+        jain(&per_weight) >= 0.99,
+        "Jain's index {:.4}",
+        jain(&per_weight)
+    );
     for (name, w) in [("w1", 1.0), ("w2", 2.0), ("w4", 4.0)] {
         let got = p3[name];
         assert!(
