@@ -11,8 +11,11 @@
 //! - [`sweep`]: the default sweep, its markdown table and JSON.
 //! - [`share`]: a shared capacity split statically over the fleet (`C / P` a proxy, each
 //!   counting its own tenants), against the fleet-wide water-filling allocation (`--share`).
+//! - [`leased`]: the same capacity leased for the whole fleet from a rate limit service, each
+//!   proxy sharing the part it learned (`--share --lease`), against the static split.
 
 pub mod fleet;
+pub mod leased;
 pub mod service;
 pub mod share;
 pub mod sweep;

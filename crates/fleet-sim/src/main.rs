@@ -9,7 +9,14 @@
 //! the fleet-wide water-filling allocation. With it, `--quick` is its small sweep, `--proxies`
 //! and `--tenants 10,100,...` its lists, `--seconds S` its run length (default 60, the first 10
 //! left out), `--json FILE` and `--threads N` as above.
+//!
+//! `--share --lease`: each run of the shared-capacity study twice, split statically and leased
+//! for the whole fleet from a rate limit service (`fleet_sim::leased`), side by side. With it,
+//! `--quick` is every fleet size, 10 to 1,000 tenants, the random and sticky balancers;
+//! `--blocks N`: a proxy's blocks at most `C / N` (default 40); `--per-proxy`: at most
+//! `C / (N·P)`, the fleet's blocks together `C / N`.
 
+use fleet_sim::leased;
 use fleet_sim::share::{self, ShareSweep};
 use fleet_sim::sweep::{self, Sweep};
 use std::process::ExitCode;
@@ -17,12 +24,16 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: fleet-sim [--quick] [--json FILE] [--threads N] [--rate R] \
                      [--proxies N,N,...] [--latency MS,MS,...] [--seconds S]\n       \
-                     fleet-sim --share [--quick] [--json FILE] [--threads N] \
-                     [--proxies N,N,...] [--tenants N,N,...] [--seconds S]";
+                     fleet-sim --share [--lease [--blocks N] [--per-proxy]] [--quick] \
+                     [--json FILE] [--threads N] [--proxies N,N,...] [--tenants N,N,...] \
+                     [--seconds S]";
 
 struct Args {
     quick: bool,
     share: bool,
+    lease: bool,
+    blocks: u64,
+    per_proxy: bool,
     tenants: Option<Vec<usize>>,
     json: Option<String>,
     threads: usize,
@@ -52,6 +63,9 @@ fn args() -> Result<Args, String> {
     let mut a = Args {
         quick: false,
         share: false,
+        lease: false,
+        blocks: 40,
+        per_proxy: false,
         tenants: None,
         json: None,
         threads: 2,
@@ -65,6 +79,9 @@ fn args() -> Result<Args, String> {
         match arg.as_str() {
             "--quick" => a.quick = true,
             "--share" => a.share = true,
+            "--lease" => a.lease = true,
+            "--blocks" => a.blocks = number("--blocks", it.next())?,
+            "--per-proxy" => a.per_proxy = true,
             "--tenants" => a.tenants = Some(list("--tenants", it.next())?),
             "--json" => a.json = Some(it.next().ok_or("--json needs a file")?),
             "--threads" => a.threads = number("--threads", it.next())?,
@@ -89,6 +106,10 @@ fn main() -> ExitCode {
     };
     if args.share {
         return share_main(args);
+    }
+    if args.lease {
+        eprintln!("--lease goes with --share\n{USAGE}");
+        return ExitCode::from(2);
     }
     let started = Instant::now();
     let mut sweep = match (args.quick, args.rate) {
@@ -159,10 +180,10 @@ fn main() -> ExitCode {
 /// `--share`: the shared-capacity study's sweep, its tables and JSON.
 fn share_main(args: Args) -> ExitCode {
     let started = Instant::now();
-    let mut sweep = if args.quick {
-        ShareSweep::quick()
-    } else {
-        ShareSweep::standard()
+    let mut sweep = match (args.quick, args.lease) {
+        (true, true) => ShareSweep::lease_quick(),
+        (true, false) => ShareSweep::quick(),
+        (false, _) => ShareSweep::standard(),
     };
     if let Some(p) = args.proxies {
         sweep.proxies = p;
@@ -173,7 +194,16 @@ fn share_main(args: Args) -> ExitCode {
     if let Some(s) = args.seconds {
         sweep.duration_ms = s * 1000;
     }
-    let runs = share::run_all(&sweep.studies(), args.threads);
+    let studies = sweep.studies();
+    if args.lease {
+        let cap = if args.per_proxy {
+            share::BlockCap::PerProxy(args.blocks)
+        } else {
+            share::BlockCap::OfCapacity(args.blocks)
+        };
+        return lease_main(&studies, cap, args.threads, args.json, started);
+    }
+    let runs = share::run_all(&studies, args.threads);
     print!("{}", share::markdown(&runs));
     if let Some(path) = args.json {
         let each: Vec<String> = runs
@@ -181,6 +211,53 @@ fn share_main(args: Args) -> ExitCode {
             .map(|(s, f)| format!("    {}", share::row_json(s, f)))
             .collect();
         let text = format!("{{\n  \"share\": [\n{}\n  ]\n}}\n", each.join(",\n"));
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("fleet-sim: {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!(
+        "{} runs in {:.1} s",
+        runs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+/// `--share --lease`: every study split statically and leased (blocks at most `cap`), side by
+/// side; the JSON holds both runs of each.
+fn lease_main(
+    studies: &[share::Study],
+    cap: share::BlockCap,
+    threads: usize,
+    json: Option<String>,
+    started: Instant,
+) -> ExitCode {
+    let leased = studies.iter().map(|s| share::Study {
+        split: share::Split::Leased(cap),
+        ..s.clone()
+    });
+    let all: Vec<share::Study> = studies.iter().cloned().chain(leased).collect();
+    let runs = share::run_all(&all, threads);
+    let (statics, leased) = runs.split_at(runs.len().min(studies.len()));
+    let pairs: Vec<_> = statics
+        .iter()
+        .cloned()
+        .zip(leased.iter().cloned())
+        .collect();
+    print!("{}", leased::markdown(&pairs));
+    if let Some(path) = json {
+        let each: Vec<String> = pairs
+            .iter()
+            .map(|((s, f), (l, g))| {
+                format!(
+                    "    {{\"static\": {}, \"leased\": {}}}",
+                    share::row_json(s, f),
+                    leased::row_json(l, g)
+                )
+            })
+            .collect();
+        let text = format!("{{\n  \"share_lease\": [\n{}\n  ]\n}}\n", each.join(",\n"));
         if let Err(e) = std::fs::write(&path, text) {
             eprintln!("fleet-sim: {path}: {e}");
             return ExitCode::FAILURE;

@@ -20,10 +20,14 @@
 //! most `C / P` and at most what it is sent: [`Figures::split_bound`], whatever the limiter),
 //! and each proxy's shares, which are those of one record of `C / P` over the tenants it sees
 //! (behind a random balancer, all of them: a `P`-th of their global share).
+//!
+//! The same runs with the capacity leased for the whole fleet instead ([`Split::Leased`]) are
+//! [`crate::leased`]'s: the loop is this one, each admission then covered by the proxy's lease.
 
+use crate::leased::{LeaseFigures, Leases};
 use crate::traffic::{exponential_us, unit};
 use ratelimit_core::limiter::{gcra, Policy};
-use ratelimit_core::share::{decide, Asker, Record, Share, Tenant, MAX_BANDS};
+use ratelimit_core::share::{decide, refund, Asker, Record, Share, Tenant, MAX_BANDS};
 use ratelimit_core::testkit::fair::{jain, water_fill};
 use ratelimit_core::testkit::Rng;
 use serde_json::{json, Value};
@@ -82,6 +86,37 @@ impl Mix {
     }
 }
 
+/// How the capacity is divided among the proxies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// `C / P` each, counted alone (this module).
+    Static,
+    /// Leased for the whole fleet from a rate limit service ([`crate::leased`]): each proxy
+    /// decides over the whole `C`, its tenants sharing the part it learned from the service's
+    /// answers, and each admission is covered by quota claimed from the service in blocks of
+    /// at most this.
+    Leased(BlockCap),
+}
+
+/// The largest block a proxy claims of a leased capacity `C`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockCap {
+    /// `C / n`, whatever the fleet's size.
+    OfCapacity(u64),
+    /// `C / (n·P)`: the fleet's `P` proxies' blocks together `C / n`.
+    PerProxy(u64),
+}
+
+impl BlockCap {
+    /// Its name in the tables: `C/40`, `C/(40·P)`.
+    pub fn label(&self) -> String {
+        match self {
+            BlockCap::OfCapacity(n) => format!("C/{n}"),
+            BlockCap::PerProxy(n) => format!("C/({n}·P)"),
+        }
+    }
+}
+
 /// One run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Study {
@@ -101,6 +136,8 @@ pub struct Study {
     pub warmup_ms: u64,
     /// The seed of every draw.
     pub seed: u64,
+    /// How the capacity is divided.
+    pub split: Split,
 }
 
 /// The default run length, ms: a minute, the first 10 s left out.
@@ -120,6 +157,7 @@ impl Study {
             duration_ms: DURATION_MS,
             warmup_ms: WARMUP_MS,
             seed: 1,
+            split: Split::Static,
         }
     }
 
@@ -133,11 +171,30 @@ impl Study {
         self.per_proxy() * 9 / 10
     }
 
-    /// The most the fleet can admit in any interval of `window_ms`, by construction:
-    /// `C·L/1000 + P·(burst_p + 1)`.
+    /// The most the fleet can admit in any interval of `window_ms`, by construction: split
+    /// statically, `C·L/1000 + P·(burst_p + 1)`; leased, `C` in each service window the
+    /// interval meets.
     pub fn bound(&self, window_ms: u64) -> u64 {
-        let p = self.proxies.max(1) as u64;
-        (self.per_proxy() * p * window_ms).div_ceil(1000) + p * (self.burst_per_proxy() + 1)
+        match self.split {
+            Split::Static => {
+                let p = self.proxies.max(1) as u64;
+                (self.per_proxy() * p * window_ms).div_ceil(1000) + p * (self.burst_per_proxy() + 1)
+            }
+            Split::Leased(_) => {
+                let windows = window_ms.div_ceil(crate::leased::WINDOW_MS) + 1;
+                self.capacity.saturating_mul(windows)
+            }
+        }
+    }
+
+    /// Leased: the largest block a proxy claims (at least 1; 0 split statically).
+    pub fn max_block(&self) -> u64 {
+        let n = match self.split {
+            Split::Static => return 0,
+            Split::Leased(BlockCap::OfCapacity(n)) => n,
+            Split::Leased(BlockCap::PerProxy(n)) => n.saturating_mul(self.proxies.max(1) as u64),
+        };
+        (self.capacity / n.max(1)).max(1)
     }
 
     /// The sharing parameters: the defaults, one band.
@@ -152,12 +209,17 @@ impl Study {
         }
     }
 
-    /// Each proxy's capacity as the rule's policy.
+    /// The rule's policy each proxy decides with: its capacity `C / P` (split statically),
+    /// or the whole `C` (leased: its part is applied from the record), a bucket of 0.9 s.
     pub fn policy(&self) -> Policy {
+        let limit = match self.split {
+            Split::Static => self.per_proxy(),
+            Split::Leased(_) => self.capacity,
+        };
         Policy::Gcra(gcra::Params {
-            limit: self.per_proxy(),
+            limit,
             window_ms: 1000,
-            burst: self.burst_per_proxy(),
+            burst: limit * 9 / 10,
             max_delay_ms: None,
         })
     }
@@ -195,6 +257,8 @@ pub struct Figures {
     pub capacity: f64,
     /// Where the measured part starts, ms.
     pub warmup_ms: u64,
+    /// Leased: what the lease did.
+    pub lease: Option<LeaseFigures>,
 }
 
 impl Figures {
@@ -412,6 +476,8 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let mut admitted = vec![0u64; n];
     let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
     let mut decisions = 0u64;
+    let mut leases = matches!(study.split, Split::Leased(_))
+        .then(|| Leases::new(study, p, start_ms + warmup_us / 1000));
 
     // Each tenant's next arrival, µs (ties: the lower id first).
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = rates
@@ -442,6 +508,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
             continue;
         };
         let entry = proxy.tenants.entry(id).or_default();
+        let now_ms = start_ms + at_us / 1000;
         let d = decide(
             &share,
             &policy,
@@ -452,10 +519,19 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 band: 0,
                 again: false,
             },
-            start_ms + at_us / 1000,
+            now_ms,
             1,
         );
         *entry = d.tenant;
+        // Leased: admitted only if the proxy's lease covers it, else given back.
+        let admits = d.refused.is_none()
+            && leases.as_mut().is_none_or(|l| {
+                let covered = l.cover(q, &mut proxy.record, now_ms);
+                if !covered {
+                    refund(&policy, &mut proxy.record, entry, now_ms, now_ms, 1);
+                }
+                covered
+            });
         decisions += 1;
         let measured = at_us >= warmup_us;
         if measured {
@@ -464,7 +540,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 *o += 1;
             }
         }
-        if d.refused.is_none() {
+        if admits {
             if let Some(slot) = per_ms.get_mut((at_us / 1000) as usize) {
                 *slot += 1;
             }
@@ -492,6 +568,10 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         Balancer::Sticky => (0..p).filter(|q| !home.contains(q)).count(),
         _ => 0,
     };
+    let lease = leases.map(|l| {
+        let records: Vec<&Record> = proxies.iter().map(|x| &x.record).collect();
+        l.figures(&records, &per_ms, (end_us - warmup_us) / 1000)
+    });
     Figures {
         weights,
         offered,
@@ -510,6 +590,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         decisions,
         capacity,
         warmup_ms: study.warmup_ms.min(study.duration_ms),
+        lease,
     }
 }
 
@@ -552,6 +633,16 @@ impl ShareSweep {
         ShareSweep {
             proxies: vec![3, 10],
             tenants: vec![10, 100],
+            ..ShareSweep::standard()
+        }
+    }
+
+    /// The leased comparison's small one (`--share --lease --quick`): every fleet size, 10 to
+    /// 1,000 tenants, the random and sticky balancers.
+    pub fn lease_quick() -> ShareSweep {
+        ShareSweep {
+            tenants: vec![10, 100, 1000],
+            balancers: vec![Balancer::Random, Balancer::Sticky],
             ..ShareSweep::standard()
         }
     }
