@@ -162,7 +162,8 @@ impl Leases {
         let Some(&s) = self.held.get(p) else {
             return false;
         };
-        let (next, covered) = match State::peek(Some(&s), now_ms, 1, self.max_block) {
+        let cap = share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block);
+        let (next, covered) = match State::peek(Some(&s), now_ms, 1, cap) {
             Peek::Covered { low } => {
                 let windows = Windows::every(WINDOW_MS);
                 let (_, taken) = lease::decide(Some(s), now_ms, self.limit, windows, 1);
@@ -190,7 +191,8 @@ impl Leases {
     /// share of what remains, as `Runtime::reclaim` does). The lease after it, and whether the
     /// request got its one.
     fn claim(&mut self, s: State, record: &mut Record, now_ms: u64, ahead: bool) -> (State, bool) {
-        let (s, block) = s.at(now_ms).start_claim(now_ms, (self.max_block, 1), ahead);
+        let cap = share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block);
+        let (s, block) = s.at(now_ms).start_claim(now_ms, (cap, 1), ahead);
         let (s, granted) = self.ask(s, record, now_ms, block.max(1), ahead);
         if granted || ahead || s.refused || s.remaining == 0 {
             return (s, granted);

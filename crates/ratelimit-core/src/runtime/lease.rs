@@ -34,14 +34,27 @@ impl<S: Store> Runtime<S> {
             };
             let claim = match (g.mode, &check.policy) {
                 (GlobalMode::Sync, _) => None,
-                (GlobalMode::Lease, Policy::Lease { max_block, .. }) => {
+                (
+                    GlobalMode::Lease,
+                    Policy::Lease {
+                        max_block, limit, ..
+                    },
+                ) => {
                     let target = Target {
                         rule,
                         slot: check.slot,
                         fingerprint: check.fingerprint,
                     };
-                    let peeked =
-                        self.lease_peek(target, check.cost, *max_block, now_ms, applied, host);
+                    // A shared capacity's blocks follow this proxy's part of it.
+                    let cap = match self.compiled.get(rule).filter(|_| applied.capacity) {
+                        Some(c) => {
+                            let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
+                            let part = u16::try_from(part).unwrap_or(1000);
+                            share::lease_block_cap(part, *limit, *max_block)
+                        }
+                        None => *max_block,
+                    };
+                    let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
                     match peeked {
                         Some(block) => Some(Claim {
                             target,
@@ -315,12 +328,14 @@ impl<S: Store> Runtime<S> {
         };
         let window_ms = lease.limit_and_window().1;
         let bands = Some(sh.params.bands);
-        engine::update_share_record(&self.store, c.share_record(), bands, |record| {
-            (
-                (),
-                share::lease_answered(record, (limit, window_ms), answer, at),
-            )
+        let part = engine::update_share_record(&self.store, c.share_record(), bands, |record| {
+            let changed = share::lease_answered(record, (limit, window_ms), answer, at);
+            (record.fleet.part_pm, changed)
         });
+        if let Some(part) = part {
+            c.part_pm
+                .store(u32::from(part), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// A request refused by another rule gives back what it took of a lease's grant.

@@ -59,6 +59,10 @@ pub(crate) struct Compiled {
     /// A shared capacity leased across Envoys: the keyed hash of its lease, one key for all its
     /// tenants (the rule's key is the tenant's).
     pub capacity_key: Option<u64>,
+    /// A shared capacity leased across Envoys: this proxy's part of it as the service's last
+    /// answer here left it, permille (0: not known; the record holds the part, this copy sizes
+    /// the blocks without reading it: [`crate::share::lease_block_cap`]).
+    pub part_pm: std::sync::atomic::AtomicU32,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -213,6 +217,7 @@ impl<S: Store> Runtime<S> {
                     policy,
                     lease,
                     capacity_key,
+                    part_pm: AtomicU32::new(0),
                     kind: crate::dialect::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(

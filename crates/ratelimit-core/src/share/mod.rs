@@ -335,6 +335,23 @@ pub fn lease_answered(
     true
 }
 
+/// A leased capacity's blocks are at most this fraction (1/10) of this proxy's part: what the
+/// fleet's replicas hold ahead of use (and lapses when a window ends) stays near a tenth of the
+/// capacity in all, whatever their number.
+pub const PART_BLOCKS: u64 = 10;
+
+/// The largest block this proxy claims of a leased capacity of `limit`: a [`PART_BLOCKS`]th of
+/// its part once it is known (`part_pm`, [`lease_answered`]), at least 1 and at most
+/// `max_block` (the configured cap, in force until the part is known).
+pub fn lease_block_cap(part_pm: u16, limit: u64, max_block: u64) -> u64 {
+    if part_pm == 0 {
+        return max_block;
+    }
+    let part = u128::from(limit) * u128::from(part_pm) / 1000;
+    let cap = u64::try_from(part / u128::from(PART_BLOCKS)).unwrap_or(u64::MAX);
+    cap.clamp(1, max_block.max(1))
+}
+
 /// The capacity in force in this proxy: [`learn::policy_in_force`], lowered to
 /// [`fleet_limit`].
 pub fn in_force_here(capacity: &Policy, record: &Record, share: &Share, now_ms: u64) -> Policy {
@@ -706,6 +723,11 @@ mod tests {
         );
         lease_answered(&mut r, lw, (5, 350, false), (16_000, 15_550));
         assert_eq!((r.fleet.part_pm, r.fleet.spent), (cut(1000), true));
+        // Blocks: a tenth of the part, within 1 and the configured cap.
+        assert_eq!(lease_block_cap(0, 1_000, 100), 100, "no part yet");
+        assert_eq!(lease_block_cap(400, 1_000, 100), 40);
+        assert_eq!(lease_block_cap(400, 1_000, 8), 8);
+        assert_eq!(lease_block_cap(5, 1_000, 100), 1);
         // Before the middle it is not told (grants come in blocks): no cut.
         lease_answered(&mut r, lw, (5, 100, false), (17_000, 16_300));
         assert_eq!((r.fleet.part_pm, r.fleet.spent), (cut(1000), false));
