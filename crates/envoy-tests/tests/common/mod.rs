@@ -23,6 +23,7 @@ pub mod llm;
 pub mod pages;
 pub mod provider;
 pub mod replay;
+pub mod share;
 pub mod upstream;
 
 pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
