@@ -11,10 +11,13 @@
 //! - [`sweep`]: the default sweep, its markdown table and JSON.
 //! - [`share`]: a shared capacity split statically over the fleet (`C / P` a proxy, each
 //!   counting its own tenants), against the fleet-wide water-filling allocation (`--share`).
-//! - [`leased`]: the same capacity leased for the whole fleet from a rate limit service, each
-//!   proxy sharing the part it learned (`--share --lease`), against the static split.
+//! - [`lease_model`]: that capacity leased for the whole fleet: the service counting it in
+//!   fixed windows, each proxy's lease of it and the part it learns.
+//! - [`leased`]: the leased runs beside the static split, their tables and JSON
+//!   (`--share --lease`).
 
 pub mod fleet;
+pub mod lease_model;
 pub mod leased;
 pub mod service;
 pub mod share;

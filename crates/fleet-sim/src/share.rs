@@ -24,7 +24,7 @@
 //! The same runs with the capacity leased for the whole fleet instead ([`Split::Leased`]) are
 //! [`crate::leased`]'s: the loop is this one, each admission then covered by the proxy's lease.
 
-use crate::leased::{LeaseFigures, Leases};
+use crate::lease_model::{LeaseFigures, Leases};
 use crate::traffic::{exponential_us, unit};
 use ratelimit_core::limiter::{gcra, Policy};
 use ratelimit_core::share::{decide, refund, Asker, Record, Share, Tenant, MAX_BANDS};
@@ -181,7 +181,7 @@ impl Study {
                 (self.per_proxy() * p * window_ms).div_ceil(1000) + p * (self.burst_per_proxy() + 1)
             }
             Split::Leased(_) => {
-                let windows = window_ms.div_ceil(crate::leased::WINDOW_MS) + 1;
+                let windows = window_ms.div_ceil(crate::lease_model::WINDOW_MS) + 1;
                 self.capacity.saturating_mul(windows)
             }
         }
@@ -476,8 +476,14 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let mut admitted = vec![0u64; n];
     let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
     let mut decisions = 0u64;
-    let mut leases = matches!(study.split, Split::Leased(_))
-        .then(|| Leases::new(study, p, start_ms + warmup_us / 1000));
+    let mut leases = matches!(study.split, Split::Leased(_)).then(|| {
+        Leases::new(
+            study.capacity,
+            study.max_block(),
+            p,
+            start_ms + warmup_us / 1000,
+        )
+    });
 
     // Each tenant's next arrival, µs (ties: the lower id first).
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = rates
