@@ -323,10 +323,9 @@ impl<S: Store> Runtime<S> {
         ) else {
             return;
         };
-        let Some(lease @ Policy::Lease { limit, .. }) = c.lease else {
+        let Some((limit, window_ms)) = c.lease.map(|l| l.limit_and_window()) else {
             return;
         };
-        let window_ms = lease.limit_and_window().1;
         let bands = Some(sh.params.bands);
         let part = engine::update_share_record(&self.store, c.share_record(), bands, |record| {
             let changed = share::lease_answered(record, (limit, window_ms), answer, at);

@@ -912,30 +912,28 @@ impl<S: Store> Runtime<S> {
                         });
                     }
                 } else if allowed {
-                    if a.capacity {
-                        // A shared capacity's lease: what it took settles with the response.
-                        if let Some(debt) = self.capacity_debt(a, check, rule) {
-                            owed.push(debt);
+                    // A shared capacity's lease (`a.capacity`) only takes what the request
+                    // costs, settled with the response: its rule's share check counts, watches
+                    // and reports the request.
+                    if !a.capacity {
+                        if delay > 0 {
+                            held.rules.push((a.rule, v.delay_ms > 0));
+                        } else {
+                            self.metrics.add(a.rule, Counter::Allowed, 1);
                         }
-                        continue;
-                    }
-                    if delay > 0 {
-                        held.rules.push((a.rule, v.delay_ms > 0));
-                    } else {
-                        self.metrics.add(a.rule, Counter::Allowed, 1);
-                    }
-                    if let Some(w) = self.compiled.get(a.rule).and_then(|c| c.watch.as_ref()) {
-                        watched.push(a.rule);
-                        timed |= w.params.latency_ms.is_some();
-                        self.metrics.add(
-                            a.rule,
-                            Counter::ElasticAllowed,
-                            u64::from(out.above_base),
-                        );
-                    } else if rule.share.as_ref().is_some_and(|sh| sh.learn.is_some()) {
-                        // What the provider says of its limit (and its refusals) is read.
-                        watched.push(a.rule);
-                        timed = true;
+                        if let Some(w) = self.compiled.get(a.rule).and_then(|c| c.watch.as_ref()) {
+                            watched.push(a.rule);
+                            timed |= w.params.latency_ms.is_some();
+                            self.metrics.add(
+                                a.rule,
+                                Counter::ElasticAllowed,
+                                u64::from(out.above_base),
+                            );
+                        } else if rule.share.as_ref().is_some_and(|sh| sh.learn.is_some()) {
+                            // What the provider says of its limit (and its refusals) is read.
+                            watched.push(a.rule);
+                            timed = true;
+                        }
                     }
                     let kind = match (check.policy, rule.charge()) {
                         (Policy::InFlight { .. }, _) => Some(DebtKind::Slot(now)),
@@ -984,7 +982,9 @@ impl<S: Store> Runtime<S> {
                         }
                     }
                 }
-                reported.push((a.rule, v));
+                if !a.capacity {
+                    reported.push((a.rule, v));
+                }
             }
         }
         for &n in &asked_ok {
@@ -1363,30 +1363,6 @@ impl<S: Store> Runtime<S> {
         if let Some((hash, sc)) = tenant {
             self.shared_refusal(host, rule, hash, crate::share::Reason::Capacity, sc.asker);
         }
-    }
-
-    /// What a shared capacity's lease is owed by a request it admitted: its reservation,
-    /// trued up on the lease with the response (`None` when the rule is not charged by its
-    /// responses: the lease counted the request once and for all).
-    fn capacity_debt(&self, a: &Applied, check: &Check, rule: &Rule) -> Option<Debt> {
-        let kind = match rule.charge()? {
-            c if c.true_up => DebtKind::Reserved(check.cost),
-            _ => DebtKind::Usage,
-        };
-        let debt = Debt {
-            rule: a.rule,
-            slot: check.slot,
-            fingerprint: check.fingerprint,
-            policy: check.policy,
-            kind,
-            priced: a.priced,
-            report: None,
-            share: None,
-        };
-        if let DebtKind::Reserved(cost) = debt.kind {
-            self.hold_reservation(&debt, cost);
-        }
-        Some(debt)
     }
 
     /// A shared rule refused a request: a second line says why and the tenant's band and weight

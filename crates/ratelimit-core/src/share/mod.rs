@@ -283,9 +283,9 @@ pub const AHEAD_PM: u64 = 50;
 ///
 /// - a window in which the service refused a claim of this proxy (the fleet's quota ran out),
 ///   or told it, past the window's middle, that the fleet was granted more than the time
-///   elapsed allows, by over [`AHEAD_PM`] (it will run out), cuts the part to [`PART_CUT_PM`] of itself (the first
-///   such window sets it: that part of what the service had granted this proxy of the
-///   capacity in that window);
+///   elapsed allows, by over [`AHEAD_PM`] (it will run out), cuts the part to
+///   [`PART_CUT_PM`] of itself (the first such window sets it: that part of what the service
+///   had granted this proxy of the capacity in that window);
 /// - a window that ends without such a refusal, while this proxy held tenants to their shares
 ///   (it had more demand than its part), raises it by [`PART_STEP_PM`], at most the whole.
 ///
