@@ -56,11 +56,12 @@ impl<S: Store> Runtime<S> {
                     };
                     let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
                     match peeked {
-                        Some(block) => Some(Claim {
+                        Some((block, marks)) => Some(Claim {
                             target,
                             block,
                             sent_ms: now_ms,
                             last: false,
+                            marks,
                         }),
                         None => {
                             i += 1;
@@ -113,7 +114,8 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         applied: &mut Applied,
         host: &mut impl Attributes,
-    ) -> Option<u64> {
+    ) -> Option<(u64, bool)> {
+        let mut marks = false;
         let peeked = self.update_lease(target, now_ms, |state| {
             match lease::State::peek(state, now_ms, cost, cap) {
                 Peek::Covered { low: true } => {
@@ -123,6 +125,7 @@ impl<S: Store> Runtime<S> {
                 }
                 Peek::Claim => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
+                    marks = !s.block_on_its_way(now_ms);
                     let (next, block) = s.start_claim(now_ms, (cap, cost), false);
                     ((Peek::Claim, block.max(cost)), Some(next))
                 }
@@ -136,6 +139,7 @@ impl<S: Store> Runtime<S> {
                     block,
                     sent_ms: now_ms,
                     last: false,
+                    marks: true,
                 };
                 let hash = applied.hash;
                 let queued = match self.describe(applied, host) {
@@ -151,7 +155,7 @@ impl<S: Store> Runtime<S> {
                 }
                 None
             }
-            Some((Peek::Claim, block)) => Some(block),
+            Some((Peek::Claim, block)) => Some((block, marks)),
             // Refused, covered, or a store that cannot tell: the lease check decides.
             _ => None,
         }
@@ -200,6 +204,7 @@ impl<S: Store> Runtime<S> {
                     block,
                     sent_ms: now_ms,
                     last: true,
+                    marks: false,
                     ..claim
                 }),
                 retried: false,
@@ -279,6 +284,8 @@ impl<S: Store> Runtime<S> {
             rls::Code::OverLimit => false,
             rls::Code::Unknown => return Err(ServiceError::Unknown),
         };
+        // The answer to the claim in flight ends it (a claim ahead of need is always that one).
+        let marked = background || claim.marks;
         let updated = self.update_lease(t, now_ms, |state| {
             if granted {
                 let grant = Grant {
@@ -287,11 +294,10 @@ impl<S: Store> Runtime<S> {
                     expires_ms,
                     remaining,
                 };
-                let s = lease::State::granted(state, now_ms, grant, background);
+                let s = lease::State::granted(state, now_ms, grant, marked);
                 (s, Some(s))
             } else {
-                let s =
-                    lease::State::refused_claim(state, now_ms, expires_ms, remaining, background);
+                let s = lease::State::refused_claim(state, now_ms, expires_ms, remaining, marked);
                 (s, Some(s))
             }
         });

@@ -38,7 +38,7 @@ pub mod learn;
 pub mod queue;
 pub mod state;
 
-pub use state::{BandSums, Fleet, Record, Tenant, MAX_BANDS, NO_LEVEL};
+pub use state::{BandSums, Fleet, Record, Tenant, FLEET_LEFT_MAX, MAX_BANDS, NO_LEVEL};
 
 use crate::limiter::{sliding_window, Policy, Verdict};
 
@@ -129,6 +129,7 @@ pub fn decide(
     // Leased across Envoys, the levels share this proxy's part of it (its lease checks the
     // fleet's whole).
     let leased = fleet_limit(record, limit, window_ms, now_ms);
+    let whole = limit;
     let limit = leased.unwrap_or(limit);
     let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
     record.roll(epoch);
@@ -150,16 +151,28 @@ pub fn decide(
     }
     let tick = (now_ms / STEP_MS % 16) as u8;
     register(record, &mut t, weight, band as u8, epoch, tick);
+    if leased.is_some() {
+        if let Some(wait_ms) = fleet_reserved(
+            share,
+            record,
+            (band, t.held),
+            (whole, limit),
+            (now_ms, window_ms),
+            cost,
+        ) {
+            // Below the band's level in a band of its own: the share's refusal.
+            let reason = if band == 0 {
+                Reason::Share
+            } else {
+                Reason::Band
+            };
+            return reserved_refusal(capacity, (now_ms, cost, wait_ms), reason, t);
+        }
+    }
 
-    let used_all: u64 = record
-        .bands
-        .iter()
-        .map(|b| b.used.usage(now_ms, window_ms))
-        .sum();
     let Some(sums) = record.bands.get(band).copied() else {
         return admit_nothing(capacity, now_ms, cost, t);
     };
-    let mine = t.usage.usage(now_ms, window_ms);
 
     // The capacity (refusing everyone while the provider asked to wait).
     let (mut v_capacity, next_capacity) = capacity.decide(record.capacity.as_ref(), now_ms, cost);
@@ -171,12 +184,12 @@ pub fn decide(
             .max(record.blocked_until_ms - now_ms);
     }
     // The band's budget (the highest active band may use the headroom above the target).
-    let highest = record
-        .bands
-        .iter()
-        .take(band)
-        .all(|b| b.active_weight() == 0);
     let v_band = (record.bands.len() > 1).then(|| {
+        let highest = record
+            .bands
+            .iter()
+            .take(band)
+            .all(|b| b.active_weight() == 0);
         let headroom = if highest {
             limit.saturating_sub(permille(limit, share.target_pm))
         } else {
@@ -191,15 +204,21 @@ pub fn decide(
     let share_fixed =
         (sums.level != NO_LEVEL).then(|| sums.level.saturating_mul(u64::from(weight)));
     let share_now = share_fixed.map(|s| s.div_ceil(LEVEL_ONE));
-    let room = used_all.saturating_add(cost) <= permille(limit, share.saturation_pm);
-    // A tenant that used nothing over the window may always ask: a share under half a request
-    // a window (many tenants, a small capacity) would otherwise never admit one above the
-    // saturation point. The capacity and the band still hold the whole.
-    let idle = t.usage.usage_in(now_ms, window_ms, LEVEL_ONE) == 0;
-    let v_share = match share_fixed {
-        Some(s) if !room && !idle => Some(under(&t.usage, now_ms, window_ms, s, cost)),
-        _ => None,
-    };
+    // Without a level (the capacity not contended) nobody is held to a share: what the
+    // capacity's use and the tenant's would say is not needed.
+    let v_share = share_fixed.and_then(|s| {
+        let used_all: u64 = record
+            .bands
+            .iter()
+            .map(|b| b.used.usage(now_ms, window_ms))
+            .sum();
+        let room = used_all.saturating_add(cost) <= permille(limit, share.saturation_pm);
+        // A tenant that used nothing over the window may always ask: a share under half a
+        // request a window (many tenants, a small capacity) would otherwise never admit one
+        // above the saturation point. The capacity and the band still hold the whole.
+        let idle = t.usage.usage_in(now_ms, window_ms, LEVEL_ONE) == 0;
+        (!room && !idle).then(|| under(&t.usage, now_ms, window_ms, s, cost))
+    });
     // A held tenant not refused for its share for a second is no longer held (nor is anyone
     // once the band has no level).
     let tick = (now_ms / STEP_MS % 16) as u8;
@@ -224,6 +243,7 @@ pub fn decide(
         // Asking for more than its share, or for capacity while above the band's mean use
         // per weight: the tenant is held to the level. Below the mean, its refused demand
         // lowers the level at the next step.
+        let mine = t.usage.usage(now_ms, window_ms);
         let above_mean = u128::from(mine) * u128::from(sums.active_weight().max(1))
             >= u128::from(sums.used.usage(now_ms, window_ms)) * u128::from(weight);
         if first == Reason::Share || above_mean {
@@ -311,7 +331,12 @@ pub fn lease_answered(
         f.window_end_ms = window_end_ms & 0xffff_ffff_ffff;
         f.granted = 0;
         f.spent = false;
+        f.left = FLEET_LEFT_MAX;
     }
+    // What the fleet has left only falls within a window, whatever order the answers come in.
+    f.left = f
+        .left
+        .min(u32::try_from(remaining).unwrap_or(FLEET_LEFT_MAX));
     f.granted = f
         .granted
         .saturating_add(u32::try_from(granted).unwrap_or(u32::MAX));
@@ -437,6 +462,80 @@ pub fn charge(capacity: &Policy, record: &mut Record, tenant: &mut Tenant, now_m
         }
     }
     tenant.usage = sliding_window::add(tenant.usage, now_ms, window_ms, cost);
+}
+
+/// A capacity leased across Envoys (`whole`, of which this proxy's part is `part`), for a
+/// request of `cost` in band `band` from a tenant held to its share or not (`held`): when what
+/// the fleet has left of the service's window (its latest answer) no longer covers what the
+/// bands above, and the tenants of its band that are not held, will use until that window ends,
+/// the request waits for the next window (returns how long). The fleet's last grants of a
+/// window then go to the higher bands and the tenants below their shares, as the shares do
+/// within a proxy, not to whoever asks first.
+///
+/// What they will use is this proxy's use of them over the last window, scaled to the fleet's
+/// (by the smaller of this proxy's part and its part of what the fleet was granted in the
+/// window) and to the time left: exact when tenants spread over the replicas alike (the blocks
+/// the replicas still hold, granted already, go to the same tenants first). A band still below
+/// its reserved minimum (of this proxy's part) is never held here.
+fn fleet_reserved(
+    share: &Share,
+    record: &Record,
+    (band, held): (usize, bool),
+    (whole, part): (u64, u64),
+    (now_ms, window_ms): (u64, u64),
+    cost: u64,
+) -> Option<u64> {
+    let f = &record.fleet;
+    if (band == 0 && !held) || f.part_pm == 0 || now_ms >= f.window_end_ms {
+        return None;
+    }
+    let mut above: u64 = record
+        .bands
+        .iter()
+        .take(band)
+        .map(|b| b.used.usage(now_ms, window_ms))
+        .sum();
+    let mine = record.bands.get(band)?;
+    let used = mine.used.usage(now_ms, window_ms);
+    if held {
+        above += used.saturating_sub(mine.used_held.usage(now_ms, window_ms));
+    }
+    let kept = permille(
+        permille(part, share.target_pm),
+        share.min_share_pm.get(band).copied().unwrap_or(0),
+    );
+    if above == 0 || (band > 0 && used.saturating_add(cost) <= kept) {
+        return None;
+    }
+    // This proxy's part of the fleet, permille.
+    let fleet_granted = whole.saturating_sub(u64::from(f.left));
+    let of_grants = u64::from(f.granted).saturating_mul(1000) / fleet_granted.max(1);
+    let here_pm = u128::from(u64::from(f.part_pm).min(of_grants.max(1)));
+    let rest = (f.window_end_ms - now_ms).min(window_ms);
+    let need =
+        u128::from(above) * 1000 * u128::from(rest) / (here_pm * u128::from(window_ms.max(1)));
+    (u128::from(f.left) < need + u128::from(cost)).then_some(rest)
+}
+
+/// The refusal of [`fleet_reserved`], for `reason`, until the service's window ends.
+fn reserved_refusal(
+    capacity: &Policy,
+    (now_ms, cost, wait_ms): (u64, u64, u64),
+    reason: Reason,
+    mut t: Tenant,
+) -> Decision {
+    let (mut verdict, _) = capacity.decide(None, now_ms, cost);
+    verdict.allowed = false;
+    verdict.remaining = 0;
+    verdict.retry_after_ms = verdict.retry_after_ms.max(wait_ms);
+    let window_ms = u64::from(t.usage.window_ms).max(1);
+    t.usage = sliding_window::add(t.usage, now_ms, window_ms, 0);
+    Decision {
+        verdict,
+        refused: Some(reason),
+        tenant: t,
+        share: None,
+    }
 }
 
 /// A record the request's band is missing from (never, once resized): the capacity alone.
@@ -731,6 +830,90 @@ mod tests {
         // Before the middle it is not told (grants come in blocks): no cut.
         lease_answered(&mut r, lw, (5, 100, false), (17_000, 16_300));
         assert_eq!((r.fleet.part_pm, r.fleet.spent), (cut(1000), false));
+    }
+
+    #[test]
+    fn a_leased_capacity_keeps_the_fleets_last_grants_for_the_higher_bands() {
+        // Two bands, batch reserving 10 %; this proxy's part a third of 100 a second.
+        let s = share(&[("interactive", 0), ("batch", 100)]);
+        let mut r = Record::new(2);
+        let lw = (100, 1_000);
+        lease_answered(&mut r, lw, (10, 60, false), (10_000, 9_000));
+        r.fleet.part_pm = 333;
+        let (mut i, mut b) = (None, None);
+        // Interactive used 10 of this proxy's last window: 30 for the fleet's, 15 in the half
+        // window left at 9,500.
+        for k in 0..10 {
+            assert_eq!(ask(&s, &mut r, &mut i, 1, 0, 9_000 + k * 40).refused, None);
+        }
+        for k in 0..4 {
+            assert_eq!(ask(&s, &mut r, &mut b, 1, 1, 9_400 + k).refused, None);
+        }
+        // The fleet has 60 left: batch asks on.
+        assert_eq!(ask(&s, &mut r, &mut b, 1, 1, 9_500).refused, None);
+        // The service says 15 are left: batch waits for the next window, interactive does not.
+        lease_answered(&mut r, lw, (5, 15, false), (10_000, 9_500));
+        assert_eq!(r.fleet.left, 15);
+        let d = ask(&s, &mut r, &mut b, 1, 1, 9_500);
+        assert_eq!(d.refused, Some(Reason::Band));
+        assert_eq!(d.verdict.retry_after_ms, 500);
+        assert_eq!(ask(&s, &mut r, &mut i, 1, 0, 9_510).refused, None);
+        // A late answer saying more is left changes nothing; 16 left at 9,600 (14 needed) does.
+        lease_answered(&mut r, lw, (5, 40, false), (10_000, 9_520));
+        assert_eq!(r.fleet.left, 15);
+        lease_answered(&mut r, lw, (0, 16, false), (10_000, 9_600));
+        assert_eq!(r.fleet.left, 15, "still the least said in the window");
+        let d = ask(&s, &mut r, &mut b, 1, 1, 9_900);
+        assert_eq!(d.refused, None, "a tenth of a window left: 4 needed");
+        // The next window: what is left is the service's again.
+        lease_answered(&mut r, lw, (10, 90, false), (11_000, 10_000));
+        assert_eq!(r.fleet.left, 90);
+        // A batch band within its reserved minimum is never held here.
+        let mut r2 = Record::new(2);
+        lease_answered(&mut r2, lw, (10, 0, false), (10_000, 9_000));
+        r2.fleet.part_pm = 1000;
+        let (mut i2, mut b2) = (None, None);
+        ask(&s, &mut r2, &mut i2, 1, 0, 9_000);
+        assert_eq!(ask(&s, &mut r2, &mut b2, 1, 1, 9_001).refused, None);
+        // Nor is anyone when the capacity is not leased.
+        let mut r3 = Record::new(2);
+        let (mut i3, mut b3) = (None, None);
+        ask(&s, &mut r3, &mut i3, 1, 0, 9_000);
+        for k in 0..20 {
+            assert_eq!(ask(&s, &mut r3, &mut b3, 1, 1, 9_001 + k).refused, None);
+        }
+    }
+
+    #[test]
+    fn a_leased_capacity_keeps_the_fleets_last_grants_for_the_tenants_below_their_shares() {
+        let s = share(&[("all", 0)]);
+        let mut r = Record::new(1);
+        let lw = (100, 1_000);
+        lease_answered(&mut r, lw, (10, 60, false), (10_000, 9_000));
+        r.fleet.part_pm = 500;
+        let (mut light, mut heavy) = (None, None);
+        for k in 0..5 {
+            assert_eq!(
+                ask(&s, &mut r, &mut light, 1, 0, 9_000 + k * 50).refused,
+                None
+            );
+        }
+        // The heavy tenant is held to its share.
+        let mut refused = None;
+        for k in 0..120 {
+            refused = refused.or(ask(&s, &mut r, &mut heavy, 1, 0, 9_000 + k * 4).refused);
+        }
+        assert_eq!(refused, Some(Reason::Share));
+        assert!(heavy.is_some_and(|t| t.held));
+        // 5 left for the fleet at 9,500: the light tenant's 5 over the window, doubled for the
+        // fleet, halved for the time left (5 needed, and the request): the held one waits.
+        lease_answered(&mut r, lw, (1, 5, false), (10_000, 9_500));
+        let d = ask(&s, &mut r, &mut heavy, 1, 0, 9_500);
+        assert_eq!(
+            (d.refused, d.verdict.retry_after_ms),
+            (Some(Reason::Share), 500)
+        );
+        assert_eq!(ask(&s, &mut r, &mut light, 1, 0, 9_501).refused, None);
     }
 
     fn share(bands: &[(&str, u64)]) -> Share {

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 /// The most bands a rule may have.
 pub const MAX_BANDS: usize = 4;
 /// The record's format version, its first byte.
-pub const RECORD_VERSION: u8 = 2;
+pub const RECORD_VERSION: u8 = 3;
 /// The longest record: four bands.
 pub const MAX_RECORD_LEN: usize = HEADER_LEN + BAND_LEN * MAX_BANDS;
 /// A record's bytes, on the stack (the longest fits).
@@ -145,7 +145,13 @@ pub struct Fleet {
     pub part_pm: u16,
     /// The service refused a claim in that window (the fleet's quota ran out).
     pub spent: bool,
+    /// What the service said the fleet had left of the capacity in that window, at its latest
+    /// answer (at most [`FLEET_LEFT_MAX`]).
+    pub left: u32,
 }
+
+/// The most [`Fleet::left`] holds (31 bits: it shares its field with `spent`).
+pub const FLEET_LEFT_MAX: u32 = 0x7fff_ffff;
 
 impl Record {
     /// A record with nothing counted, for `bands` bands.
@@ -176,7 +182,7 @@ impl Record {
 
     /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
     /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8, the
-    /// fleet's window end 6 and part 2, granted 4, spent 4 (80 in all); then each band.
+    /// fleet's window end 6 and part 2, granted 4, spent 1 bit and left 31 bits (80 in all); then each band.
     pub fn encode(&self) -> RecordBytes {
         let mut out = RecordBytes::new();
         self.encode_into(&mut out);
@@ -220,7 +226,7 @@ impl Record {
             .u64(self.blocked_until_ms)
             .u64(self.fleet.window_end_ms & 0xffff_ffff_ffff | u64::from(self.fleet.part_pm) << 48)
             .u32(self.fleet.granted)
-            .u32(u32::from(self.fleet.spent))
+            .u32(u32::from(self.fleet.spent) << 31 | self.fleet.left.min(FLEET_LEFT_MAX))
             .finish();
         learned.copy_from_slice(&fields);
         push(&head);
@@ -283,7 +289,8 @@ impl Record {
             window_end_ms: end & 0xffff_ffff_ffff,
             granted,
             part_pm: (end >> 48) as u16,
-            spent: spent != 0,
+            spent: spent >> 31 != 0,
+            left: spent & FLEET_LEFT_MAX,
         };
         let mut r = Reader(bytes.get(HEADER_LEN..)?);
         self.bands.clear();
@@ -362,6 +369,7 @@ mod tests {
             granted: 77,
             part_pm: 333,
             spent: true,
+            left: 12_345,
         };
         let bytes = r.encode();
         assert_eq!(bytes.len(), 80 + 3 * 80);
