@@ -206,11 +206,8 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
             unit * w
         );
     }
-    // p4: the interactive band served while batch absorbs the overload; batch keeps at least
-    // its reserve.
-    // Not starved; how far the band comes first varies across the replicas (98.8 % to 99.7 % in
-    // some runs, 90.3 % to 94 % in others, one of them under the whole suite: 90 % is what first
-    // come, first served gives it), so only starving is refused here.
+    // p4: the interactive band served while batch absorbs the overload (the fleet's last grants
+    // of each window kept for it); batch keeps at least its reserve.
     for i in 0..3 {
         let s = seen[&format!("interactive{i}")];
         assert!(
@@ -234,17 +231,19 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
     }
 }
 
-/// The part of its demand each light tenant gets, at least: 96.5 % to 100 % in 60 s runs of both
-/// builds, 98.6 % under the whole suite (one Envoy: all of it, share.rs). What is refused is
-/// refused when the fleet's quota runs short in a window (`reason=capacity`).
-const LIGHT_SERVED: f64 = 0.95;
-/// The part of its demand each interactive tenant gets, at least.
-const INTERACTIVE_SERVED: f64 = 0.85;
-/// How far each weighted tenant's part may be from its weight's (1:2:4): from within 0.5 % to 26 %
-/// (the lightest tenant above) in 60 s runs; Jain's index of the parts per unit of weight 0.983
-/// to 1.000 (the fleet's bound is 0.95).
-const WEIGHTS: f64 = 0.30;
-/// The part of the capacity each rule uses, at least: 77.9 % to 90.7 % in 60 s runs (one Envoy:
-/// 95 % or more). The Envoys' parts climb until a window runs short, and the blocks they hold
-/// lapse when a window ends (docs/src/explanation/shared-capacity.md).
-const USED: f64 = 0.75;
+/// The part of its demand each light tenant gets, at least: 99.0 % to 100 % in 60 s runs of both
+/// builds (one Envoy: all of it, share.rs). What is refused is refused when the fleet's quota
+/// runs short in a window (`reason=capacity`).
+const LIGHT_SERVED: f64 = 0.97;
+/// The part of its demand each interactive tenant gets, at least: 99.8 % to 100 % in 60 s runs
+/// of both builds (90.3 % to 99.7 % before a refusal at a window's turn stopped refusing a
+/// replica the next window, and before the fleet's last grants were kept for the band).
+const INTERACTIVE_SERVED: f64 = 0.98;
+/// How far each weighted tenant's part may be from its weight's (1:2:4): within 1 % in 60 s runs
+/// since a refusal at a window's turn no longer refuses a replica the next window (up to 26 %
+/// before); Jain's index of the parts per unit of weight 1.000 (the fleet's bound is 0.95).
+const WEIGHTS: f64 = 0.10;
+/// The part of the capacity each rule uses, at least: 84.6 % to 94.0 % in 60 s runs (one
+/// Envoy: 95 % or more). The Envoys' parts climb until a window runs short, and the blocks they
+/// hold lapse when a window ends (docs/src/explanation/shared-capacity.md).
+const USED: f64 = 0.80;

@@ -176,27 +176,24 @@ impl Leases {
     /// request got its one.
     fn claim(&mut self, s: State, record: &mut Record, now_ms: u64, ahead: bool) -> (State, bool) {
         let cap = share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block);
-        let s = s.at(now_ms);
-        // The claim of a block in flight (as `Runtime::promote` marks it): its answer ends it.
-        let marks = ahead || !s.block_on_its_way(now_ms);
-        let (s, block) = s.start_claim(now_ms, (cap, 1), ahead);
-        let (s, granted) = self.ask(s, record, now_ms, block.max(1), (ahead, marks));
+        let (s, block) = s.at(now_ms).start_claim(now_ms, (cap, 1), ahead);
+        let (s, granted) = self.ask(s, record, now_ms, block.max(1), ahead);
         if granted || ahead || s.refused || s.remaining == 0 {
             return (s, granted);
         }
         let block = lease::near_limit(u64::from(s.remaining), 1);
-        self.ask(s, record, now_ms, block, (false, false))
+        self.ask(s, record, now_ms, block, false)
     }
 
-    /// One call to the service for `block` (`background`: ahead of need; `marked`: the claim
-    /// in flight); its answer written into the lease `s` and told to the share `record`.
+    /// One call to the service for `block`; its answer written into the lease `s` and told to
+    /// the share `record`.
     fn ask(
         &mut self,
         s: State,
         record: &mut Record,
         now_ms: u64,
         block: u64,
-        (background, marked): (bool, bool),
+        background: bool,
     ) -> (State, bool) {
         let a = self.service.claim(now_ms, block);
         let remaining = u32::try_from(a.remaining).unwrap_or(u32::MAX);
@@ -207,9 +204,9 @@ impl Leases {
                 expires_ms: a.end_ms,
                 remaining,
             };
-            State::granted(Some(&s), now_ms, grant, marked)
+            State::granted(Some(&s), now_ms, grant, background)
         } else {
-            State::refused_claim(Some(&s), now_ms, a.end_ms, remaining, marked)
+            State::refused_claim(Some(&s), now_ms, a.end_ms, remaining, background)
         };
         let spent = !a.granted && a.remaining == 0;
         let granted = if a.granted { block } else { 0 };

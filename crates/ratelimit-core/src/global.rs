@@ -47,9 +47,6 @@ pub struct Claim {
     pub sent_ms: u64,
     /// A claim of what the service said remained, after it refused a block (no further one).
     pub last: bool,
-    /// The claim of a block the key's lease counts as in flight ([`crate::limiter::lease::
-    /// State::claiming`]): its answer, or its loss, ends that.
-    pub marks: bool,
 }
 
 /// When quota the service granted at `answer` to a claim sent at `sent_ms` lapses: the

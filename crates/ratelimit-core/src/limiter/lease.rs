@@ -58,8 +58,7 @@ pub struct State {
     pub expires_ms: u64,
     /// When the last claim was sent, ms since the epoch (0: never).
     pub claim_ms: u64,
-    /// A claim of a block is in flight (started at `claim_ms`): one ahead of need, or a
-    /// request's own that the requests after it count on.
+    /// A claim ahead of need is in flight (started at `claim_ms`).
     pub claiming: bool,
     /// The service has no quota left until `expires_ms`: no claim before then.
     pub refused: bool,
@@ -196,17 +195,10 @@ impl State {
         }
     }
 
-    /// A claim of a block is in flight at `now_ms` (one that went unanswered for
+    /// A claim ahead of need is in flight at `now_ms` (one that went unanswered for
     /// [`STALE_CLAIM_MS`] no longer counts: its proxy or VM may be gone).
-    pub fn in_flight(&self, now_ms: u64) -> bool {
+    fn in_flight(&self, now_ms: u64) -> bool {
         self.claiming && now_ms < self.claim_ms.saturating_add(STALE_CLAIM_MS)
-    }
-
-    /// A claim of a block is in flight at `now_ms` and recent enough for a request to count
-    /// on it: sent less than [`SHORT_WAIT_MS`] ago (a request's claim whose answer never came
-    /// back, its stream gone, no longer counts after that).
-    pub fn block_on_its_way(&self, now_ms: u64) -> bool {
-        self.in_flight(now_ms) && now_ms < self.claim_ms.saturating_add(SHORT_WAIT_MS)
     }
 
     /// What the lease makes of a request of `cost` at `now_ms`, blocks at most `cap`.
@@ -231,13 +223,6 @@ impl State {
     /// follows how soon the last one was claimed. A key's first block is [`FIRST_SHIFT`]'s.
     /// Returns the new state and the block to claim.
     pub fn start_claim(self, now_ms: u64, (cap, unit): (u64, u64), ahead: bool) -> (State, u64) {
-        // A request finding the key dry while a block is on its way (the service slow to
-        // answer, or the window just turned and every request finds the key dry) claims only
-        // what it costs: the block on its way is for the requests after it, and every request
-        // of that gap claiming a whole block would take the fleet's quota for this proxy.
-        if !ahead && self.block_on_its_way(now_ms) {
-            return (self, unit.max(1));
-        }
         let mut s = self;
         let since = now_ms.saturating_sub(s.claim_ms);
         if s.claim_ms == 0 {
@@ -247,16 +232,15 @@ impl State {
         } else if since > SLOW_MS {
             s.shift = s.shift.saturating_sub(1);
         }
-        s.claiming = true;
+        s.claiming |= ahead;
         s.claim_ms = now_ms;
         (s, s.claim_block(cap, unit, now_ms))
     }
 
     /// The service granted `block` (of which `taken` goes at once to the request that claimed
     /// it) in a window ending at `expires_ms`, leaving `remaining`: the new state (quota held
-    /// past its expiry is replaced: it lapsed). `marked`: the claim is the one in flight
-    /// ([`State::claiming`]), which its answer ends.
-    pub fn granted(state: Option<&State>, now_ms: u64, grant: Grant, marked: bool) -> State {
+    /// past its expiry is replaced: it lapsed).
+    pub fn granted(state: Option<&State>, now_ms: u64, grant: Grant, background: bool) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
         // Quota of two grants lapses at the earlier end: one never outlives its window.
@@ -269,20 +253,20 @@ impl State {
         s.held = s.held.saturating_add(add).min(HELD_BOUND);
         s.refused = false;
         s.remaining = grant.remaining;
-        if marked {
+        if background {
             s.claiming = false;
         }
         s
     }
 
     /// The service refused a claim: none left (`remaining` 0) until `until_ms`, or less than
-    /// the block (a claim of what remains is due). `marked` as for [`State::granted`].
+    /// the block (a claim of what remains is due).
     pub fn refused_claim(
         state: Option<&State>,
         now_ms: u64,
         until_ms: u64,
         remaining: u32,
-        marked: bool,
+        background: bool,
     ) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
@@ -304,7 +288,7 @@ impl State {
             }
         }
         s.remaining = remaining;
-        if marked {
+        if background {
             s.claiming = false;
         }
         s
@@ -523,7 +507,6 @@ mod tests {
                 State {
                     claim_ms: 10_000,
                     shift: 2,
-                    claiming: true,
                     ..s
                 },
                 2
@@ -551,25 +534,6 @@ mod tests {
         // The 4 granted are held; taking 3 runs low: a claim ahead is due.
         assert_eq!(State::peek(Some(&s), t, 3, 64), Peek::Covered { low: true });
         assert_eq!(State::peek(Some(&s), t, 5, 64), Peek::Claim);
-        // While a block is on its way (a claim ahead of need, or a request's own), a request
-        // that must claim takes only its cost, and leaves the claim in flight as it was; a
-        // second after it was sent, a block again (and it is the one on its way).
-        let (ahead, b) = s.start_claim(t, (64, 1), true);
-        assert_eq!((b, ahead.claiming), (64, true));
-        assert_eq!(ahead.start_claim(t + 50, (64, 7), false), (ahead, 7));
-        let (own, b) = ahead.start_claim(t + SHORT_WAIT_MS, (64, 1), false);
-        assert_eq!(
-            (b, own.claiming, own.claim_ms),
-            (64, true, t + SHORT_WAIT_MS)
-        );
-        assert_eq!(own.start_claim(t + SHORT_WAIT_MS + 1, (64, 1), false).1, 1);
-        // Its answer ends it: the next request that finds the key dry claims a block (a
-        // quarter of the 100 the service said remain).
-        let answered = State::granted(Some(&own), t + 1_100, grant(64, 64, 60_000), true);
-        assert!(!answered.claiming);
-        assert_eq!(answered.start_claim(t + 1_101, (64, 1), false).1, 25);
-        let (_, b) = ahead.start_claim(t + STALE_CLAIM_MS, (64, 1), false);
-        assert_eq!(b, 32, "slow: halved");
     }
 
     #[test]
@@ -624,7 +588,6 @@ mod tests {
             remaining: u64,
             due: usize,
             counted: bool,
-            marks: bool,
         }
         let mut states = vec![State::default(); proxies];
         let mut count = 0u64;
@@ -654,9 +617,9 @@ mod tests {
                         remaining,
                     };
                     admitted += 1;
-                    State::granted(s, now, g, c.marks)
+                    State::granted(s, now, g, false)
                 } else {
-                    State::refused_claim(s, now, 60_000_000, remaining, c.marks)
+                    State::refused_claim(s, now, 60_000_000, remaining, false)
                 };
                 for w in waiting.iter_mut().skip(c.proxy * clients).take(clients) {
                     if *w {
@@ -683,7 +646,6 @@ mod tests {
                 }
                 Peek::Refused => {}
                 Peek::Claim => {
-                    let marks = !s.at(now).block_on_its_way(now);
                     let (next, hits) = s.at(now).start_claim(now, (cap, 1), false);
                     states[p] = next;
                     largest = largest.max(hits);
@@ -697,7 +659,6 @@ mod tests {
                         remaining,
                         due: step + lag + 1,
                         counted: false,
-                        marks,
                     });
                 }
             }

@@ -56,12 +56,11 @@ impl<S: Store> Runtime<S> {
                     };
                     let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
                     match peeked {
-                        Some((block, marks)) => Some(Claim {
+                        Some(block) => Some(Claim {
                             target,
                             block,
                             sent_ms: now_ms,
                             last: false,
-                            marks,
                         }),
                         None => {
                             i += 1;
@@ -114,8 +113,7 @@ impl<S: Store> Runtime<S> {
         now_ms: u64,
         applied: &mut Applied,
         host: &mut impl Attributes,
-    ) -> Option<(u64, bool)> {
-        let mut marks = false;
+    ) -> Option<u64> {
         let peeked = self.update_lease(target, now_ms, |state| {
             match lease::State::peek(state, now_ms, cost, cap) {
                 Peek::Covered { low: true } => {
@@ -125,7 +123,6 @@ impl<S: Store> Runtime<S> {
                 }
                 Peek::Claim => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
-                    marks = !s.block_on_its_way(now_ms);
                     let (next, block) = s.start_claim(now_ms, (cap, cost), false);
                     ((Peek::Claim, block.max(cost)), Some(next))
                 }
@@ -139,7 +136,6 @@ impl<S: Store> Runtime<S> {
                     block,
                     sent_ms: now_ms,
                     last: false,
-                    marks: true,
                 };
                 let hash = applied.hash;
                 let queued = match self.describe(applied, host) {
@@ -155,7 +151,7 @@ impl<S: Store> Runtime<S> {
                 }
                 None
             }
-            Some((Peek::Claim, block)) => Some((block, marks)),
+            Some((Peek::Claim, block)) => Some(block),
             // Refused, covered, or a store that cannot tell: the lease check decides.
             _ => None,
         }
@@ -204,7 +200,6 @@ impl<S: Store> Runtime<S> {
                     block,
                     sent_ms: now_ms,
                     last: true,
-                    marks: false,
                     ..claim
                 }),
                 retried: false,
@@ -284,8 +279,6 @@ impl<S: Store> Runtime<S> {
             rls::Code::OverLimit => false,
             rls::Code::Unknown => return Err(ServiceError::Unknown),
         };
-        // The answer to the claim in flight ends it (a claim ahead of need is always that one).
-        let marked = background || claim.marks;
         let updated = self.update_lease(t, now_ms, |state| {
             if granted {
                 let grant = Grant {
@@ -294,10 +287,11 @@ impl<S: Store> Runtime<S> {
                     expires_ms,
                     remaining,
                 };
-                let s = lease::State::granted(state, now_ms, grant, marked);
+                let s = lease::State::granted(state, now_ms, grant, background);
                 (s, Some(s))
             } else {
-                let s = lease::State::refused_claim(state, now_ms, expires_ms, remaining, marked);
+                let s =
+                    lease::State::refused_claim(state, now_ms, expires_ms, remaining, background);
                 (s, Some(s))
             }
         });

@@ -828,9 +828,6 @@ impl<S: Store> Runtime<S> {
                         self.metrics.add(q.rule, Counter::GlobalErrors, 1);
                         self.failed(host, q.rule, now, &e);
                         refused |= self.config.failure_mode == FailureMode::Deny && !rule.shadow;
-                        if claim.marks {
-                            self.claim_lost(claim, now);
-                        }
                     }
                 }
                 continue;
