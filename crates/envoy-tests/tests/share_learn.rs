@@ -390,6 +390,26 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
     let p5_total = report("p5", &rates(&provider, "p5", from, end), REAL);
     let p5_lights = light_served("p5");
     eprintln!("p5 capacity used: {:.3} of {REAL}/s", p5_total / REAL);
+    // Why /p5 refused, from the `shared` lines of the Envoy's log: each tenant (by its key's
+    // hash) and reason, the tenants refused least first (the light ones).
+    let mut why: HashMap<String, u64> = HashMap::new();
+    let log = std::fs::read_to_string(&envoy.log).unwrap_or_default();
+    for line in log
+        .lines()
+        .filter_map(|l| l.split("shared rule=p5 ").nth(1))
+    {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or("?")
+                .to_string()
+        };
+        *why.entry(format!("{} {}", field("key="), field("reason=")))
+            .or_default() += 1;
+    }
+    let mut why: Vec<_> = why.into_iter().collect();
+    why.sort_by_key(|(k, n)| (*n, k.clone()));
+    eprintln!("p5 refusals by tenant and reason: {why:?}");
     let (p7_admitted, p7_refused, _) = totals("p7");
     report("p7", &rates(&provider, "p7", from, end), REAL);
     let (p6_admitted, p6_refused, _) = totals("p6");
