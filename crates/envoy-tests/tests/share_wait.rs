@@ -275,27 +275,39 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     };
     let capacity = envoy.wait_stat_until(&metric(Some("p1"), "share_capacity"), |n| n > 0);
     assert_eq!(capacity, Some(RATE as u64), "share_capacity");
-    assert_eq!(
-        band_gauge("share_active_weight"),
-        Some(6),
-        "share_active_weight"
-    );
+    // Six tenants of weight 1. In the wasm build two first requests of one tenant racing on
+    // the two workers in one interval may both count it (explanation/shared-capacity.md): larger,
+    // never smaller, each tenant at most twice.
+    let active = band_gauge("share_active_weight");
+    match common::build() {
+        common::Build::Native => assert_eq!(active, Some(6), "share_active_weight"),
+        common::Build::Wasm => assert!(
+            active.is_some_and(|w| (6..=12).contains(&w)),
+            "share_active_weight {active:?}"
+        ),
+    }
     let level = band_gauge("share_level_permille");
     assert!(
         level.is_some_and(|l| l <= 1000),
         "share_level_permille {level:?}"
     );
-    // The waits by band (the rule's one band has them all): as many as the rule's, once the
-    // rule's are published.
-    let queued = stat("share_queued");
-    let band_queued = band_gauge("share_band_queued");
-    assert_eq!(band_queued, Some(queued), "share_band_queued");
-    let band_waited = band_gauge("share_band_waited_ms");
-    assert_eq!(
-        band_waited,
-        Some(stat("share_waited_ms")),
-        "share_band_waited_ms"
-    );
+    // The waits by band (the rule's one band has them all): as many as the rule's. The two are
+    // published apart, and the last waits end after the clients stop: read both until they
+    // agree (at most 10 s).
+    let agreed = |rule: &str, band: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (of_rule, of_band) = (stat(rule), band_gauge(band));
+            if of_band == Some(of_rule) || Instant::now() > deadline {
+                return (of_band, Some(of_rule));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (band_queued, queued) = agreed("share_queued", "share_band_queued");
+    assert_eq!(band_queued, queued, "share_band_queued");
+    let (band_waited, waited) = agreed("share_waited_ms", "share_band_waited_ms");
+    assert_eq!(band_waited, waited, "share_band_waited_ms");
     // Still serving.
     let (status, _) = request(addr, "after", None);
     assert!(status == 200 || status == 429, "{status}");
