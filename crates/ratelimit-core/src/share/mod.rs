@@ -166,12 +166,12 @@ pub fn decide(
             } else {
                 Reason::Band
             };
-            return reserved_refusal(capacity, (now_ms, cost, wait_ms), reason, t);
+            return refused_before(capacity, (now_ms, cost, wait_ms), reason, t);
         }
     }
 
     let Some(sums) = record.bands.get(band).copied() else {
-        return admit_nothing(capacity, now_ms, cost, t);
+        return refused_before(capacity, (now_ms, cost, 0), Reason::Capacity, t);
     };
 
     // The capacity (refusing everyone while the provider asked to wait).
@@ -517,8 +517,10 @@ fn fleet_reserved(
     (u128::from(f.left) < need + u128::from(cost)).then_some(rest)
 }
 
-/// The refusal of [`fleet_reserved`], for `reason`, until the service's window ends.
-fn reserved_refusal(
+/// A refusal decided before the capacity is asked ([`fleet_reserved`]'s, for `reason`, until
+/// the service's window ends; a record missing the request's band, never once resized, for the
+/// capacity): the tenant is seen, nothing is counted.
+fn refused_before(
     capacity: &Policy,
     (now_ms, cost, wait_ms): (u64, u64, u64),
     reason: Reason,
@@ -534,18 +536,6 @@ fn reserved_refusal(
         verdict,
         refused: Some(reason),
         tenant: t,
-        share: None,
-    }
-}
-
-/// A record the request's band is missing from (never, once resized): the capacity alone.
-fn admit_nothing(capacity: &Policy, now_ms: u64, cost: u64, tenant: Tenant) -> Decision {
-    let (mut verdict, _) = capacity.decide(None, now_ms, cost);
-    verdict.allowed = false;
-    Decision {
-        verdict,
-        refused: Some(Reason::Capacity),
-        tenant,
         share: None,
     }
 }
