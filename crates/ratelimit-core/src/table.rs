@@ -508,6 +508,31 @@ mod tests {
         assert_ne!(b.put(3, st(later, 2), later), Placement::Evicted);
     }
 
+    /// Keys share buckets of [`WAYS`] by their hash, so a table forgets some live keys before
+    /// it is full: the figures the reference gives for `capacity`.
+    #[test]
+    fn a_table_forgets_a_few_keys_before_it_is_full() {
+        let buckets = buckets_for(16_384);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for (keys, low, high) in [(4_096, 0.2, 0.7), (8_192, 3.0, 4.5), (16_384, 18.0, 21.0)] {
+            let mut table: Vec<Slot> = (0..buckets).map(|_| bucket()).collect();
+            let mut evicted = 0;
+            for _ in 0..keys {
+                // xorshift64: keys as the keyed hash spreads them.
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let b = &mut table[bucket_of(rng, buckets) as usize];
+                evicted += u32::from(b.put(fingerprint_of(rng), st(5, 1), 5) == Placement::Evicted);
+            }
+            let pct = 100.0 * f64::from(evicted) / f64::from(keys);
+            assert!(
+                (low..=high).contains(&pct),
+                "{keys} keys: {pct:.2} % forgotten"
+            );
+        }
+    }
+
     #[test]
     fn bucket_math() {
         assert_eq!(buckets_for(16_384), 4_096);
