@@ -14,8 +14,9 @@
 //!
 //! **The level** is the band's water level, recomputed every [`STEP_MS`] by the first request
 //! that finds it stale (no timer): with `B` the band's budget, `U_free` the use of the tenants
-//! that get all they ask, `W_held` the weight of those held to the level and `R` the demand
-//! refused to tenants below the band's mean (halved at each step),
+//! that get all they ask (lately: whole counts, see `recent`), `W_held` the weight of those
+//! held to the level and `R` the demand refused to tenants below the band's mean (halved at
+//! each step),
 //! `level = max((B − U_free − R) / W_held, B / W_active)`. Its fixed point is the weighted max-min
 //! allocation of `B` (water-filling: the tenants below the level are served whole, the others
 //! share the rest by weight), and it never goes below the plain share `B·w_i / W_active`. It is
@@ -689,8 +690,9 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
     record.step_ms = now_ms;
     let target = permille(limit.saturating_mul(LEVEL_ONE), share.target_pm);
     let mut used = [0u64; MAX_BANDS];
+    let none = sliding_window::State::default();
     for (u, b) in used.iter_mut().zip(&record.bands) {
-        *u = b.used.usage_in(now_ms, window_ms, LEVEL_ONE);
+        *u = recent(&b.used, &none, now_ms, window_ms);
     }
     let reserve = |i: usize| {
         share
@@ -726,8 +728,7 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
         b.budget = budget;
         let active = b.active_weight();
         let held = b.held_weight();
-        let used_here = used.get(i).copied().unwrap_or(0);
-        let free = used_here.saturating_sub(b.used_held.usage_in(now_ms, window_ms, LEVEL_ONE));
+        let free = recent(&b.used, &b.used_held, now_ms, window_ms);
         let plain = budget / active.max(1);
         let left = budget
             .saturating_sub(free)
@@ -739,6 +740,29 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
         };
         b.starved /= 2;
     }
+}
+
+/// What `counter` counted lately, less what `part` (a part of it) did, in cost units ×
+/// [`LEVEL_ONE`] a window: the last whole window's count, or this window's so far where it is
+/// more (use growing); the sliding window's estimate while there is no last window. Whole
+/// counts, not the estimate, which is off by up to a burst whenever requests come in bursts: the
+/// steps, a fixed time apart, can read it at the same point of a periodic traffic's cycle each
+/// time, and its error then does not average out (a level held that much too low or high).
+fn recent(
+    counter: &sliding_window::State,
+    part: &sliding_window::State,
+    now_ms: u64,
+    window_ms: u64,
+) -> u64 {
+    let last = counter.previous(now_ms, window_ms);
+    if last == 0 {
+        let estimate = |c: &sliding_window::State| c.usage_in(now_ms, window_ms, LEVEL_ONE);
+        return estimate(counter).saturating_sub(estimate(part));
+    }
+    let now = counter.current(now_ms, window_ms);
+    let last = last.saturating_sub(part.previous(now_ms, window_ms));
+    let now = now.saturating_sub(part.current(now_ms, window_ms));
+    last.max(now).saturating_mul(LEVEL_ONE)
 }
 
 /// A capacity leased across Envoys, after a [`step`]: a band using its budget of this proxy's
