@@ -542,8 +542,10 @@ fn refused_before(
 }
 
 /// Whether a request of `cost` fits a counter's `limit` (× [`LEVEL_ONE`]) now: it is admitted
-/// while at least half of it fits, so a share is used whole on average whatever its requests
-/// cost (overshot by at most half a request). If not, the verdict says when it will.
+/// while at least half of it fits, so a share is overshot by at most half a request whatever
+/// its requests cost. (It may fall short by up to one: a window's last request passes only as
+/// the window before slides out, which a tenant sending at a fixed period may never hit.) If
+/// not, the verdict says when it will.
 fn under(
     counter: &sliding_window::State,
     now_ms: u64,
