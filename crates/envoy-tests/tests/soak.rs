@@ -897,9 +897,10 @@ fn soak_under_faults() {
     assert_eq!(shared.churn_new_refused.load(Ordering::Relaxed), 0);
     assert!(shared.churn_new.load(Ordering::Relaxed) > 0);
     let steady = shared.steady_admitted.load(Ordering::Relaxed);
+    let evicted = envoy.stat(&metric(Some("churn"), "slot_evictions"));
     assert!(
         steady <= STEADY_KEYS * CHURN_LIMIT * (seconds + 2),
-        "{steady} steady admissions in {seconds} s"
+        "{steady} steady admissions in {seconds} s (the churn rule's slot_evictions: {evicted:?})"
     );
     // Every streamed answer charged its usage, exactly.
     let answered = shared.llm_answered.load(Ordering::Relaxed) + 1; // and the last one
