@@ -108,16 +108,12 @@ impl State {
         u64::try_from(scaled).unwrap_or(u64::MAX)
     }
 
-    /// The whole count of the window before the one holding `now_ms` (windows of
-    /// `window_ms`): exact, where [`State::usage`] assumes that window's requests were spread
-    /// evenly over it.
-    pub fn previous(&self, now_ms: u64, window_ms: u64) -> u64 {
-        self.at(now_ms, window_ms).previous
-    }
-
-    /// The count of the window holding `now_ms` so far (windows of `window_ms`).
-    pub fn current(&self, now_ms: u64, window_ms: u64) -> u64 {
-        self.at(now_ms, window_ms).current
+    /// The counts as seen from `now_ms` in windows of `window_ms`: the window holding it so
+    /// far, and the whole window before it (exact, where [`State::usage`] assumes that window's
+    /// requests were spread evenly over it).
+    pub fn counts(&self, now_ms: u64, window_ms: u64) -> (u64, u64) {
+        let win = self.at(now_ms, window_ms);
+        (win.current, win.previous)
     }
 
     /// How much this entry is still worth keeping at `now_ms`: `None` once it no longer affects

@@ -756,14 +756,14 @@ fn recent(
     now_ms: u64,
     window_ms: u64,
 ) -> u64 {
-    let last = counter.previous(now_ms, window_ms);
+    let (now, last) = counter.counts(now_ms, window_ms);
     if last == 0 {
         let estimate = |c: &sliding_window::State| c.usage_in(now_ms, window_ms, LEVEL_ONE);
         return estimate(counter).saturating_sub(estimate(part));
     }
-    let now = counter.current(now_ms, window_ms);
-    let last = last.saturating_sub(part.previous(now_ms, window_ms));
-    let now = now.saturating_sub(part.current(now_ms, window_ms));
+    let (part_now, part_last) = part.counts(now_ms, window_ms);
+    let last = last.saturating_sub(part_last);
+    let now = now.saturating_sub(part_now);
     last.max(now).saturating_mul(LEVEL_ONE)
 }
 
