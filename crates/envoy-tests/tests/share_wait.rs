@@ -1,13 +1,14 @@
 //! A shared capacity whose refused requests wait for their turn (`share.max_wait_ms`), in a real
 //! Envoy (two workers) in the build under test, in front of the stand-in provider (100 requests
-//! a second). Four equal tenants ask 40 a second each (160 in all) and a light one 8 a second,
-//! for WAIT_SECONDS (20 by default); every request is its own connection, so a waiting request
-//! holds nobody else up, and its time in Envoy is measured. Asserted, from the provider's side
-//! and the clients': the provider refuses nothing, the capacity is used whole, the equal
-//! tenants share it equally, the light one is served, no admitted request waited past
-//! `max_wait_ms`, and no request was refused after waiting less than its whole wait (a refusal
-//! comes at once, when the wait it would be told is longer, or when its wait is over). Clients
-//! that hang up while waiting leave the line.
+//! a second, the rule's default algorithm, the sliding window). Four equal tenants ask twice
+//! their share, 50 a second each, and a light one 8 a second, for WAIT_SECONDS (20 by default);
+//! every request is its own connection, so a waiting request holds nobody else up. Asserted,
+//! from the provider's side, the clients' and Envoy's access log: the provider refuses nothing,
+//! the capacity is used whole, the equal tenants share it equally, the light one is served, no
+//! request was held past `max_wait_ms` (Envoy's own durations), and no request was refused
+//! after waiting less than its whole wait (a refusal comes at once, when the wait it would be
+//! told is longer, or when its wait is over). Clients that hang up while waiting leave the
+//! line. The seconds measured start once Envoy is up and its first seconds are past.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -18,7 +19,7 @@
 mod common;
 
 use common::provider::Provider;
-use common::{bootstrap_with, metric, Envoy, Listener};
+use common::{bootstrap_with, metric, AccessLog, Envoy, Listener};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -29,17 +30,15 @@ use std::time::{Duration, Instant};
 /// second, each equal tenant was held to 11, 96 % of the capacity used in all).
 const RATE: f64 = 100.0;
 // The rule hands out 99 % of the capacity by share (`target`; 97 % by default, the rest kept as
-// headroom for tenants below their share): at the default this case used 94.9 % to 96.0 %.
-// At 99 %, wasm runs used 92.6 %, 97.1 % and 99.7 %; since the levels read whole counts
-// (share.rs's cause), eight wasm runs used 93.7 % to 100 % and one 88.6 %, its equal tenants
-// held at 19.4 to 21.1 a second where the level was about 22.7 (not explained; the rule's
-// waits and the wasm build's looks by ticks are what share.rs does not have), so the test
-// holds 85 %, below the 95 % aimed at.
-const USED: f64 = 0.85;
+// headroom for tenants below their share). The wasm build used as little as 82 % here until
+// two workers deciding one tenant at once counted it twice in the held weight (which lowered
+// every tenant's level; `share::recount`), and the measured seconds began before Envoy was up
+// on a loaded machine.
+const USED: f64 = 0.95;
 const MAX_WAIT_MS: u64 = 1000;
 const WARMUP_S: u64 = 4;
-/// What a wait may exceed `max_wait_ms` by: a look at the line every 10 ms, the host's timer,
-/// and a loaded two-core machine's scheduling.
+/// What a request may be held past `max_wait_ms` by, in Envoy: a look at the line every 10 ms,
+/// the host's timer, and a loaded two-core machine's scheduling.
 const SLACK_MS: u64 = 150;
 
 fn seconds() -> u64 {
@@ -118,6 +117,52 @@ fn drive(
     })
 }
 
+/// What Envoy's access log says of the requests that waited (held over 20 ms): how many, and
+/// the 99th percentile and the longest of their waits past `max_wait_ms`, ms: a refused
+/// request's duration, an admitted one's time until Envoy sent it upstream (not the provider's
+/// answer).
+struct Waits {
+    n: usize,
+    p99_past: i64,
+    max_past: i64,
+}
+
+impl std::fmt::Display for Waits {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "envoy: {} waited, p99 {} ms and at most {} ms past max_wait_ms",
+            self.n, self.p99_past, self.max_past
+        )
+    }
+}
+
+fn envoy_waits(log: &std::path::Path) -> Waits {
+    // The log is flushed every 50 ms: wait until the last lines are in.
+    std::thread::sleep(Duration::from_millis(500));
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut ms: Vec<i64> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| match v["code"].as_i64() {
+            Some(429) => v["ms"].as_i64(),
+            _ => v["held"].as_i64(),
+        })
+        .filter(|&ms| ms > 20)
+        .map(|ms| ms - MAX_WAIT_MS as i64)
+        .collect();
+    ms.sort_unstable();
+    let at = |q: f64| {
+        let i = ((ms.len() as f64 - 1.0) * q).round() as usize;
+        ms.get(i).copied().unwrap_or(i64::MIN)
+    };
+    Waits {
+        n: ms.len(),
+        p99_past: at(0.99),
+        max_past: at(1.0),
+    }
+}
+
 fn jain(xs: &[f64]) -> f64 {
     let sum: f64 = xs.iter().sum();
     let squares: f64 = xs.iter().map(|x| x * x).sum();
@@ -131,16 +176,35 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     let config = format!(
         r#"{{"rules": [{{"name": "p1", "match": {{"path_prefix": "/p1/"}}, "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
-            "algorithm": "token_bucket", "burst": 10,
             "share": {{"max_wait_ms": {MAX_WAIT_MS}, "max_queued": 256, "max_queued_per_tenant": 64,
                        "target": 0.99}}}}]}}"#
     );
+    // Envoy's own durations: what the filter adds to a wait, without the clients' scheduling.
+    let log = common::scratch("share_wait").join("access.log");
     let listener = Listener {
         upstream: Some(provider.addr),
+        access_log: Some(AccessLog {
+            path: &log,
+            json: &[
+                ("code", "%RESPONSE_CODE%"),
+                ("ms", "%DURATION%"),
+                ("held", "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:ms)%"),
+            ],
+        }),
         ..Listener::default()
     };
-    let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
+    let envoy = Envoy::start_yaml_args(
+        &bootstrap_with(&config, &listener),
+        &["--file-flush-interval-msec", "50"],
+    );
     let addr = envoy.addr;
+    let cpu_start = envoy.cpu_ms();
+    // The seconds are the provider's, which started before Envoy (a second or more on a loaded
+    // machine): the run's start is the first whole second once Envoy is up.
+    let start_s = provider.elapsed_s().ceil() as u64;
+    std::thread::sleep(Duration::from_secs_f64(
+        (start_s as f64 - provider.elapsed_s()).max(0.0),
+    ));
 
     let heavy: Vec<_> = (0..4)
         .map(|i| {
@@ -148,7 +212,7 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
                 addr,
                 &provider,
                 &format!("equal{i}"),
-                0.4 * RATE,
+                0.5 * RATE,
                 run_s,
                 None,
             )
@@ -161,17 +225,31 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     let heavy: Vec<Vec<Seen>> = heavy.into_iter().map(|h| h.join().unwrap()).collect();
     let light = light.join().unwrap();
     let leaver = leaver.join().unwrap();
-    // Whole seconds every tenant was sending in, before the leaver came (the run started with
-    // the provider).
-    let end = run_s - 2;
-    let measured_s = (end - WARMUP_S) as f64;
+    let cpu_run = envoy.cpu_ms() - cpu_start;
+    let waits = envoy_waits(&log);
+    // Whole seconds every tenant was sending in, after the warm-up and before the leaver came.
+    let end = start_s + run_s - 2;
+    let warm = start_s + WARMUP_S;
+    let measured_s = (end - warm) as f64;
 
     // The provider refused nothing, and its capacity was used whole.
     assert_eq!(provider.refused(), 0, "provider 429s");
-    let tally = provider.tally("p1", WARMUP_S, end);
+    let tally = provider.tally("p1", warm, end);
     let rate = |t: &str| tally.get(t).map_or(0.0, |(a, _)| *a as f64 / measured_s);
     let used: f64 = tally.values().map(|(a, _)| *a as f64).sum::<f64>() / measured_s;
     eprintln!("capacity used {:.3} ({used:.2}/s)", used / RATE);
+    eprintln!("envoy cpu {cpu_run} ms over {run_s} s");
+    eprintln!("{waits}");
+    let per_s: Vec<u64> = (start_s..start_s + run_s)
+        .map(|s| {
+            provider
+                .tally("p1", s, s + 1)
+                .values()
+                .map(|(a, _)| a)
+                .sum()
+        })
+        .collect();
+    eprintln!("admitted by the provider, by second: {per_s:?}");
 
     // The equal tenants share it equally; the light one gets what it asks.
     let equal: Vec<f64> = (0..4).map(|i| rate(&format!("equal{i}"))).collect();
@@ -192,7 +270,7 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     let all: Vec<Seen> = heavy.iter().flatten().chain(&light).copied().collect();
     let measured: Vec<&Seen> = all
         .iter()
-        .filter(|s| s.at_s >= WARMUP_S as f64 && s.at_s < end as f64)
+        .filter(|s| s.at_s >= warm as f64 && s.at_s < end as f64)
         .collect();
     let waited = measured
         .iter()
@@ -228,20 +306,9 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     assert!(other.is_empty(), "other answers: {other:?}");
     assert!(jain(&equal) >= 0.99, "Jain {:.4}: {equal:?}", jain(&equal));
     assert!(waited > 100, "requests admitted after waiting: {waited}");
-    assert!(
-        longest_ok <= MAX_WAIT_MS + SLACK_MS,
-        "an admitted request waited {longest_ok} ms"
-    );
-    let longest_refused = measured
-        .iter()
-        .filter(|s| s.status == 429)
-        .map(|s| s.ms)
-        .max()
-        .unwrap_or(0);
-    assert!(
-        longest_refused <= MAX_WAIT_MS + SLACK_MS,
-        "a refused request waited {longest_refused} ms"
-    );
+    // Held no longer than max_wait_ms, by Envoy's own clock (the clients' includes the
+    // provider's answer and their own scheduling).
+    assert!(waits.max_past <= SLACK_MS as i64, "{waits}");
     assert!(
         between.is_empty(),
         "refused after waiting less than the whole wait: {between:?}"
@@ -277,17 +344,10 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     };
     let capacity = envoy.wait_stat_until(&metric(Some("p1"), "share_capacity"), |n| n > 0);
     assert_eq!(capacity, Some(RATE as u64), "share_capacity");
-    // Six tenants of weight 1. In the wasm build two first requests of one tenant racing on
-    // the two workers in one interval may both count it (explanation/shared-capacity.md): larger,
-    // never smaller, each tenant at most twice.
+    // Six tenants of weight 1, each counted once in both builds (two workers deciding one
+    // tenant at once included).
     let active = band_gauge("share_active_weight");
-    match common::build() {
-        common::Build::Native => assert_eq!(active, Some(6), "share_active_weight"),
-        common::Build::Wasm => assert!(
-            active.is_some_and(|w| (6..=12).contains(&w)),
-            "share_active_weight {active:?}"
-        ),
-    }
+    assert_eq!(active, Some(6), "share_active_weight");
     let level = band_gauge("share_level_permille");
     assert!(
         level.is_some_and(|l| l <= 1000),

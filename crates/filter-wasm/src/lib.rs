@@ -410,12 +410,19 @@ impl Root {
 
     /// Lets held requests whose turn has come go on.
     fn release_due(&self, now: u64) {
+        // Only the streams that are due move (a tick comes every millisecond while requests
+        // are held, most of them with nothing due).
         let due: Vec<Waiting> = WAITING.with(|w| {
             let mut w = w.borrow_mut();
-            let (due, waiting) = std::mem::take(&mut *w)
-                .into_iter()
-                .partition(|x| x.until_ms <= now);
-            *w = waiting;
+            let mut due = Vec::new();
+            let mut i = 0;
+            while let Some(x) = w.get(i) {
+                if x.until_ms <= now {
+                    due.push(w.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
             due
         });
         for mut w in due {

@@ -317,6 +317,9 @@ fn decide_share(
     let mut decided: Option<share::Decision> = None;
     let mut record_failure = None;
     let mut record_retries = 0;
+    // The tenant's entry the decision was made from, and the one found at the last lost race.
+    let mut read = share::Tenant::default();
+    let mut raced: Option<share::Tenant> = None;
     let updated = update(
         store,
         check.slot,
@@ -330,11 +333,13 @@ fn decide_share(
             };
             if let Some(d) = &decided {
                 // The record holds this decision already: the tenant's part, on its entry now.
+                raced = Some(tenant.unwrap_or_default());
                 return (
                     (),
                     Some(State::Tenant(reapply(d, tenant, now_ms, check.cost))),
                 );
             }
+            read = tenant.unwrap_or_default();
             let mut record = share::Record::empty();
             let decide_on = |record: &mut share::Record, bytes: Option<&[u8]>| {
                 if !bytes.is_some_and(|b| record.decode_from(b)) {
@@ -398,6 +403,14 @@ fn decide_share(
     let Some(d) = decided else {
         return (out, !fails_closed, None);
     };
+    // Another decision of the tenant wrote its entry between this one's read and write: both
+    // counted the tenant in the record; the entry now counts as this one decided.
+    if let Some(found) = raced.filter(|found| *found != read) {
+        let bands = Some(sc.share.bands);
+        update_share_record(store, sc.record, bands, |r| {
+            ((), share::recount(&sc.share, r, &found, &read, now_ms))
+        });
+    }
     out.verdict = Some(d.verdict);
     out.share_refused = d.refused;
     let admitted = d.refused.is_none();
@@ -1850,6 +1863,82 @@ mod share_tests {
         }
         run(Arc::new(MemoryStore::new()));
         run(Arc::new(crate::store::ProcessStore::new(8)));
+    }
+
+    /// A compare-and-swap store (as Envoy's shared data) in which another worker decides a
+    /// request of `racer` (at `racer_ms`) just before the next write of `racer`'s bucket: it
+    /// read the tenant's entry as this request did, and wins the race to write it.
+    struct Racing {
+        inner: MemoryStore,
+        racer: std::sync::Mutex<Option<(Check, u64)>>,
+    }
+
+    impl Store for Racing {
+        fn read<T>(
+            &self,
+            slot: u64,
+            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+        ) -> Result<T, crate::store::StoreError> {
+            self.inner.read(slot, f)
+        }
+
+        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), crate::store::StoreError> {
+            let racer = {
+                let mut r = self.racer.lock().unwrap();
+                match r.as_ref() {
+                    Some((c, _)) if c.slot == slot => r.take(),
+                    _ => None,
+                }
+            };
+            if let Some((check, at_ms)) = racer {
+                decide(&self.inner, &[check], at_ms, FailureMode::Deny);
+            }
+            self.inner.write(slot, value, cas)
+        }
+    }
+
+    #[test]
+    fn two_workers_deciding_one_tenant_at_once_count_it_once() {
+        // Active: the tenant's first request of an epoch on two workers at once.
+        let store = Racing {
+            inner: MemoryStore::new(),
+            racer: std::sync::Mutex::new(Some((shared(3, 9, 100, 2), 1_000))),
+        };
+        assert!(decide(&store, &[shared(3, 9, 100, 2)], 1_000, FailureMode::Deny).allowed);
+        assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+        let r = record(&store.inner);
+        assert_eq!(r.bands[0].active_weight(), 2, "weight 2, counted once");
+        assert_eq!(r.bands[0].used.current, 2, "both requests count");
+        match stored(&store.inner, 3, 9) {
+            State::Tenant(t) => assert_eq!(t.usage.current, 2),
+            other => panic!("{other:?}"),
+        }
+
+        // Held: two tenants of weight 1 over a capacity of 10, both held to their shares; in
+        // the next held epoch tenant 9 is refused on two workers at once: its weight moves to
+        // that epoch's held sum once, and tenant 7's stays in the last one's.
+        let store = Racing {
+            inner: MemoryStore::new(),
+            racer: std::sync::Mutex::new(None),
+        };
+        let mut now = 2_000_000;
+        for i in 0..40 {
+            decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny);
+            decide(&store, &[shared(4, 7, 10, 1)], now, FailureMode::Deny);
+            now += 1 + i % 2;
+        }
+        let b = record(&store.inner).bands[0];
+        assert_eq!((b.held_now, b.held_carry), (2, 0), "both held");
+        now += share::HELD_MS;
+        *store.racer.lock().unwrap() = Some((shared(3, 9, 10, 1), now));
+        assert!(!decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny).allowed);
+        assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+        let b = record(&store.inner).bands[0];
+        assert_eq!(
+            (b.held_now, b.held_carry),
+            (1, 1),
+            "tenant 9 now, tenant 7 before"
+        );
     }
 
     #[test]

@@ -613,6 +613,26 @@ impl Envoy {
         v["allocated"].as_str().unwrap().parse().unwrap()
     }
 
+    /// The CPU time Envoy's process has used so far (user and system), ms; 0 where /proc does
+    /// not say (`ENVOY` a launcher script rather than the binary: its own process is measured).
+    pub fn cpu_ms(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        // The fields after the command's closing parenthesis: utime and stime are the 12th and
+        // 13th, in clock ticks (100 a second on Linux).
+        stat.ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1.to_string();
+                let f: Vec<u64> = rest
+                    .split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                Some(f.iter().sum::<u64>() * 10)
+            })
+            .unwrap_or(0)
+    }
+
     /// Waits (≤ 10 s) until a stat has the `expected` value (the filter publishes its counters
     /// once a second per worker); returns the last value seen.
     pub fn wait_stat(&self, name: &str, expected: u64) -> Option<u64> {

@@ -71,6 +71,10 @@ struct Line {
     /// Decisions made for waiters whose streams have not taken them yet.
     decided: Vec<(u64, Decision)>,
     next_ticket: u64,
+    /// When the last dispatch round ran, ms: one round a millisecond gives every turn that is
+    /// due (the waiters that look in the same millisecond find its decisions), where a round per
+    /// look made the line's cost grow with the square of its length.
+    round_ms: Option<u64>,
 }
 
 /// The lines of a configuration's shared rules that let requests wait (by rule index).
@@ -91,6 +95,7 @@ impl Lines {
                     waiting: Vec::new(),
                     decided: Vec::new(),
                     next_ticket: 0,
+                    round_ms: None,
                 }))
             })
             .collect();
@@ -175,6 +180,26 @@ impl<S: Store> Runtime<S> {
             return Turn::Wait(now); // never: a queued request's rule has a line
         };
         let line = &mut *line;
+        if line.round_ms != Some(now) {
+            line.round_ms = Some(now);
+            self.round(line, q.rule, now);
+        }
+        let decided = &mut line.decided;
+        match decided.iter().position(|(t, _)| *t == q.ticket) {
+            Some(i) => Turn::Decided(decided.swap_remove(i).1),
+            None if line.waiting.iter().any(|(t, _)| *t == q.ticket) => {
+                Turn::Wait(q.next_look(now))
+            }
+            // Neither waiting nor decided (never): refused as it stands.
+            None => Turn::Decided(super::request::Decision::Reply(super::failure_reply(
+                &self.config.response,
+            ))),
+        }
+    }
+
+    /// A dispatch round of rule `rule`'s line at `now`: the waiters whose turn it is are decided
+    /// again, and those past their deadline a last time.
+    fn round(&self, line: &mut Line, rule: usize, now: u64) {
         let (queue, waiting, decided) = (&mut line.queue, &mut line.waiting, &mut line.decided);
         queue.dispatch_offers([false; MAX_BANDS], |w| {
             let Some(i) = waiting.iter().position(|(t, _)| *t == w.handle) else {
@@ -195,21 +220,13 @@ impl<S: Store> Runtime<S> {
         queue.expire(now, |w| {
             if let Some(i) = waiting.iter().position(|(t, _)| *t == w.handle) {
                 let (ticket, p) = waiting.swap_remove(i);
-                self.metrics.add(q.rule, Counter::ShareQueueTimeouts, 1);
+                self.metrics.add(rule, Counter::ShareQueueTimeouts, 1);
                 self.metrics
-                    .add_band(q.rule, w.band, BandCounter::Timeouts, 1);
+                    .add_band(rule, w.band, BandCounter::Timeouts, 1);
                 let d = self.finish_at(&mut Late { now }, &p, now);
                 decided.push((ticket, d));
             }
         });
-        match decided.iter().position(|(t, _)| *t == q.ticket) {
-            Some(i) => Turn::Decided(decided.swap_remove(i).1),
-            None if waiting.iter().any(|(t, _)| *t == q.ticket) => Turn::Wait(q.next_look(now)),
-            // Neither waiting nor decided (never): refused as it stands.
-            None => Turn::Decided(super::request::Decision::Reply(super::failure_reply(
-                &self.config.response,
-            ))),
-        }
     }
 
     /// One turn of a waiting request: decided again. Refused (nothing counted), for what the

@@ -615,6 +615,49 @@ fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u
     adjust(record, t, Slot::Now, 1);
 }
 
+/// Makes the record's active and held sums count a tenant as `after` instead of `before`, at
+/// `now_ms`. Two decisions of one tenant can race where the record and the tenant's entry are
+/// two compare-and-swap values (the wasm build's shared data): both read the same entry and
+/// both count their change of it in the record, but the entry keeps one decision's counting.
+/// The decision whose entry write lost calls this with the entry it found there (`before`, the
+/// other's) and the one it had decided from (`after`): the other's change is taken back, its
+/// own stands, and the tenant is counted once (where it was counted twice, the held weight
+/// lowered every tenant's level, leaving capacity idle).
+/// Returns whether the sums changed.
+pub fn recount(
+    share: &Share,
+    record: &mut Record,
+    before: &Tenant,
+    after: &Tenant,
+    now_ms: u64,
+) -> bool {
+    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
+    record.roll(epoch);
+    record.roll_held((now_ms / HELD_MS) as u16);
+    let epoch = record.epoch.max(epoch);
+    let tick = (now_ms / STEP_MS % 16) as u8;
+    let active_slot = |t: &Tenant| match t.weight {
+        0 => None,
+        _ if t.epoch == epoch as u16 => Some(Slot::Now),
+        _ if t.epoch == epoch.wrapping_sub(1) as u16 => Some(Slot::Carry),
+        _ => None,
+    };
+    let counted = |t: &Tenant| {
+        let (active, held) = (active_slot(t), held_slot(t, tick));
+        (active.is_some() || held.is_some()).then_some((t.weight, t.band, active, held))
+    };
+    if counted(before) == counted(after) {
+        return false;
+    }
+    for (t, sign) in [(before, -1), (after, 1)] {
+        if let Some(slot) = active_slot(t) {
+            adjust(record, t, slot, sign);
+        }
+        move_held(record, t, held_slot(t, tick), sign);
+    }
+    true
+}
+
 /// Holds the tenant to the level at step `tick` (it was refused for its share then: it is
 /// counted in this held epoch's held weight, once), or frees it (its weight leaves the held
 /// sum it is in, if any). A tenant's held epoch is its last refusal's: `refused_tick / 4`.
@@ -663,7 +706,7 @@ fn move_held(record: &mut Record, t: &Tenant, slot: Option<Slot>, sign: i8) {
     };
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Now,
     Carry,
