@@ -41,6 +41,10 @@ const WARMUP_S: u64 = 4;
 /// the host's timer, and a loaded two-core machine's scheduling.
 const SLACK_MS: u64 = 150;
 
+/// The tests of this file one at a time: each measures a capacity's use, which another Envoy
+/// under load beside it would disturb.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn seconds() -> u64 {
     std::env::var("WAIT_SECONDS")
         .ok()
@@ -51,13 +55,18 @@ fn seconds() -> u64 {
 /// One request on its own connection: (status, milliseconds until the answer); status 0 when
 /// `hang_up_ms` passed first and the client closed the connection.
 fn request(addr: SocketAddr, tenant: &str, hang_up_ms: Option<u64>) -> (u16, u64) {
+    request_in(addr, tenant, "", hang_up_ms)
+}
+
+/// [`request`] with more header lines (`extra`, each ending in CRLF).
+fn request_in(addr: SocketAddr, tenant: &str, extra: &str, hang_up_ms: Option<u64>) -> (u16, u64) {
     let start = Instant::now();
     let mut s = TcpStream::connect(addr).unwrap();
     let _ = s.set_nodelay(true);
     let timeout = Duration::from_millis(hang_up_ms.unwrap_or(10_000));
     s.set_read_timeout(Some(timeout)).unwrap();
     let head = format!(
-        "GET /p1/x HTTP/1.1\r\nhost: test\r\nx-tenant: {tenant}\r\nconnection: close\r\n\r\n"
+        "GET /p1/x HTTP/1.1\r\nhost: test\r\nx-tenant: {tenant}\r\n{extra}connection: close\r\n\r\n"
     );
     s.write_all(head.as_bytes()).unwrap();
     let mut buf = [0u8; 64];
@@ -93,6 +102,20 @@ fn drive(
     run_s: u64,
     hang_up_ms: Option<u64>,
 ) -> std::thread::JoinHandle<Vec<Seen>> {
+    drive_in(addr, provider, tenant, "", rate, run_s, hang_up_ms)
+}
+
+/// [`drive`] with more header lines on each request.
+fn drive_in(
+    addr: SocketAddr,
+    provider: &Arc<Provider>,
+    tenant: &str,
+    extra: &str,
+    rate: f64,
+    run_s: u64,
+    hang_up_ms: Option<u64>,
+) -> std::thread::JoinHandle<Vec<Seen>> {
+    let extra = extra.to_string();
     let provider = provider.clone();
     let tenant = tenant.to_string();
     std::thread::spawn(move || {
@@ -106,10 +129,10 @@ fn drive(
             if let Some(wait) = at.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
             }
-            let tenant = tenant.clone();
+            let (tenant, extra) = (tenant.clone(), extra.clone());
             let at_s = provider.elapsed_s();
             threads.push(std::thread::spawn(move || {
-                let (status, ms) = request(addr, &tenant, hang_up_ms);
+                let (status, ms) = request_in(addr, &tenant, &extra, hang_up_ms);
                 Seen { at_s, status, ms }
             }));
         }
@@ -171,6 +194,7 @@ fn jain(xs: &[f64]) -> f64 {
 
 #[test]
 fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let run_s = seconds();
     let provider = Arc::new(Provider::start(RATE));
     let config = format!(
@@ -373,4 +397,116 @@ fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     // Still serving.
     let (status, _) = request(addr, "after", None);
     assert!(status == 200 || status == 429, "{status}");
+}
+
+/// The example's combination (examples/shared-provider: a sliding window, bands, waits), from
+/// the first request: three interactive tenants asking 30 % of the capacity in all beside three
+/// batch ones asking it all each, batch first. Interactive is refused or held only while the
+/// capacity batch used before interactive first asked slides out of the window (the first
+/// window and a tenth of the next, the docs say); after that never, and batch uses the rest.
+#[test]
+fn interactive_is_served_first_from_the_first_request() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let provider = Arc::new(Provider::start(RATE));
+    let config = format!(
+        r#"{{"rules": [{{"name": "p1", "match": {{"path_prefix": "/p1/"}}, "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
+            "share": {{"bands": [{{"name": "interactive", "min_share": 0.2}},
+                                 {{"name": "batch", "min_share": 0.05}}],
+                       "band": {{"from": "header:x-band", "default": "batch"}},
+                       "max_wait_ms": 2000}}}}]}}"#
+    );
+    let listener = Listener {
+        upstream: Some(provider.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
+    let run_s = 10;
+    let batch: Vec<_> = (0..3)
+        .map(|i| {
+            let name = format!("batch{i}");
+            drive_in(
+                envoy.addr,
+                &provider,
+                &name,
+                "x-band: batch\r\n",
+                RATE,
+                run_s,
+                None,
+            )
+        })
+        .collect();
+    // Batch fills the first window before interactive asks.
+    std::thread::sleep(Duration::from_millis(300));
+    let interactive: Vec<_> = (0..3)
+        .map(|i| {
+            let name = format!("interactive{i}");
+            let band = "x-band: interactive\r\n";
+            drive_in(
+                envoy.addr,
+                &provider,
+                &name,
+                band,
+                0.1 * RATE,
+                run_s - 1,
+                None,
+            )
+        })
+        .collect();
+    let interactive: Vec<Vec<Seen>> = interactive.into_iter().map(|t| t.join().unwrap()).collect();
+    let batch: Vec<Vec<Seen>> = batch.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(provider.refused(), 0, "provider 429s");
+    let first = interactive
+        .iter()
+        .flatten()
+        .map(|s| s.at_s)
+        .fold(f64::MAX, f64::min);
+    // The first window, the next one's tenth, and a look at the line (10 ms) for the waits.
+    let settled = first + 1.2;
+    let late: Vec<&Seen> = interactive
+        .iter()
+        .flatten()
+        .filter(|s| s.at_s >= settled && (s.status != 200 || s.ms > 100))
+        .collect();
+    let early = interactive
+        .iter()
+        .flatten()
+        .filter(|s| s.at_s < settled && (s.status != 200 || s.ms > 100))
+        .count();
+    let sent: usize = interactive.iter().map(Vec::len).sum();
+    let batch_ok = batch.iter().flatten().filter(|s| s.status == 200).count();
+    eprintln!(
+        "interactive: {sent} sent, {early} refused or held over 100 ms in the first 1.2 s, {} after; batch admitted {batch_ok}",
+        late.len()
+    );
+    let queued = |band: &str| {
+        let name = match common::build() {
+            common::Build::Wasm => {
+                metric(Some("p1"), &format!("band=.={band};.;share_band_queued"))
+            }
+            common::Build::Native => {
+                format!("{}.band.{band}", metric(Some("p1"), "share_band_queued"))
+            }
+        };
+        envoy.wait_stat_until(&name, |_| true).unwrap_or(0)
+    };
+    let (queued_interactive, queued_batch) = (queued("interactive"), queued("batch"));
+    eprintln!("queued: interactive {queued_interactive}, batch {queued_batch}");
+    assert!(
+        late.is_empty(),
+        "interactive refused or held after the first window: {late:?}"
+    );
+    // Interactive waits only for what batch had taken before it asked: fewer times than it
+    // sent requests in those first 1.2 s (4 to 8 here; 73 to 75, and 18 requests refused or
+    // held later, before higher bands' refused demand and use were kept from batch).
+    let sent_early = interactive
+        .iter()
+        .flatten()
+        .filter(|s| s.at_s < settled)
+        .count();
+    assert!(
+        queued_interactive <= sent_early as u64,
+        "interactive queued {queued_interactive} times ({sent_early} sent in the first 1.2 s)"
+    );
+    assert!(batch_ok > 0, "batch starved");
 }

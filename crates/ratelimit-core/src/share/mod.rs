@@ -196,9 +196,33 @@ pub fn decide(
         } else {
             0
         };
-        let budget = sums
-            .budget
-            .saturating_add(headroom.saturating_mul(LEVEL_ONE));
+        // A capacity with no burst to spare (a sliding window, a leaky bucket) keeps what the
+        // higher bands use now from this band at once, and room for one more request of
+        // theirs: the step's budget reads their whole counts, a step apart, and a higher band's
+        // burst in between would meet a capacity this band had filled. A token bucket's burst
+        // absorbs it.
+        let spare = matches!(capacity, Policy::Gcra(p) if p.burst > cost);
+        let mut budget = sums.budget;
+        if !spare && band > 0 {
+            let above_now: u64 = record
+                .bands
+                .iter()
+                .take(band)
+                .map(|b| b.used.usage_in(now_ms, window_ms, LEVEL_ONE))
+                .sum();
+            if above_now > 0 {
+                let target = permille(limit.saturating_mul(LEVEL_ONE), share.target_pm);
+                let reserve = share
+                    .min_share_pm
+                    .get(band)
+                    .map_or(0, |&pm| permille(target, pm));
+                let room = target
+                    .saturating_sub(above_now)
+                    .saturating_sub(cost.saturating_mul(LEVEL_ONE));
+                budget = budget.min(room.max(reserve));
+            }
+        }
+        let budget = budget.saturating_add(headroom.saturating_mul(LEVEL_ONE));
         under(&sums.used, now_ms, window_ms, budget, cost)
     });
     // The tenant's share of the level, unless there is room for everyone.
@@ -247,7 +271,19 @@ pub fn decide(
         let mine = t.usage.usage(now_ms, window_ms);
         let above_mean = u128::from(mine) * u128::from(sums.active_weight().max(1))
             >= u128::from(sums.used.usage(now_ms, window_ms)) * u128::from(weight);
-        if first == Reason::Share || above_mean {
+        // Refused for a capacity that lower bands are using: its demand is the band's, to be
+        // kept from them at the next step, whatever its own use.
+        let lower_use = first == Reason::Capacity
+            && record
+                .bands
+                .iter()
+                .skip(band + 1)
+                .any(|b| b.used.usage(now_ms, window_ms) > 0);
+        if lower_use {
+            if let Some(b) = record.bands.get_mut(band).filter(|_| !asker.again) {
+                b.starved = b.starved.saturating_add(cost);
+            }
+        } else if first == Reason::Share || above_mean {
             set_held(record, &mut t, true, tick);
         } else if let Some(b) = record.bands.get_mut(band).filter(|_| !asker.again) {
             b.starved = b.starved.saturating_add(cost);
@@ -755,9 +791,16 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
             .saturating_add(b.starved.saturating_mul(LEVEL_ONE));
         *k = asks.min(reserve(i));
     }
+    // What each band used or was refused for lately: higher bands' refused demand is kept
+    // from lower bands as their use is (a band refused for a capacity lower bands filled would
+    // otherwise grow back into it by the headroom alone, a window at a time).
+    let mut asked = used;
+    for (a, b) in asked.iter_mut().zip(&record.bands) {
+        *a = a.saturating_add(b.starved.saturating_mul(LEVEL_ONE));
+    }
     let n = record.bands.len();
     for i in 0..n {
-        let above: u64 = used.iter().take(i).sum();
+        let above: u64 = asked.iter().take(i).sum();
         let below: u64 = kept.iter().take(n).skip(i + 1).sum();
         let budget = if n == 1 {
             target
