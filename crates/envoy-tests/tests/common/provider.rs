@@ -7,8 +7,9 @@
 //! measures the provider's side of a run.
 //!
 //! An organisation may have its own rate ([`Builder::org`]), and may answer honestly on its
-//! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]): a broken or
-//! hostile upstream, whose fields a filter must ignore.
+//! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]), or with its
+//! limit on two lines ([`Builder::two_lines`]): a broken or hostile upstream, whose fields a
+//! filter must ignore.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ pub struct Builder {
     rate: f64,
     orgs: HashMap<String, f64>,
     garbage: Vec<String>,
+    two_lines: HashMap<String, [u64; 2]>,
     tally_by: Vec<String>,
 }
 
@@ -38,6 +40,8 @@ struct Shared {
     orgs: HashMap<String, f64>,
     /// Organisations answering malformed fields.
     garbage: Vec<String>,
+    /// Organisations answering their limit on two lines: the two values, in order.
+    two_lines: HashMap<String, [u64; 2]>,
     /// The request headers naming the tenant in the tally (their values joined by `/`, `-`
     /// for one absent).
     tally_by: Vec<String>,
@@ -90,6 +94,14 @@ impl Builder {
         self
     }
 
+    /// Organisation `org` answers honestly on its own bucket, but states its limit on two lines
+    /// of `x-ratelimit-limit-requests`, `values` in this order, and a remaining of at most the
+    /// lower: either line alone would read as a valid limit, both are a list of two values.
+    pub fn two_lines(mut self, org: &str, values: [u64; 2]) -> Builder {
+        self.two_lines.insert(org.to_string(), values);
+        self
+    }
+
     /// The tally's tenant: these request headers' values, joined by `/` (`-` for an absent
     /// one), instead of `x-tenant`'s.
     pub fn tally_by(mut self, headers: &[&str]) -> Builder {
@@ -105,6 +117,7 @@ impl Builder {
             rate: self.rate,
             orgs: self.orgs,
             garbage: self.garbage,
+            two_lines: self.two_lines,
             tally_by: self.tally_by,
             started: Instant::now(),
             stop: AtomicBool::new(false),
@@ -145,6 +158,7 @@ impl Provider {
             rate,
             orgs: HashMap::new(),
             garbage: Vec::new(),
+            two_lines: HashMap::new(),
             tally_by: vec!["x-tenant".to_string()],
         }
     }
@@ -250,10 +264,17 @@ fn serve(conn: TcpStream, s: &Shared) {
                 (fill(l), fill(r), reset.to_string())
             }
         };
-        let fields = format!(
-            "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
-             x-ratelimit-reset-requests: {reset}\r\n"
-        );
+        let fields = match s.two_lines.get(&org) {
+            None => format!(
+                "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
+                 x-ratelimit-reset-requests: {reset}\r\n"
+            ),
+            Some([a, b]) => format!(
+                "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
+                 x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
+                remaining.min(*a.min(b))
+            ),
+        };
         let head = if admitted {
             format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok")
         } else {
