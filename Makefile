@@ -177,7 +177,7 @@ build-native-panic:
 # run includes versions.rs: each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
 	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain \
-	--test sdk --test tutorials --test hostile --test held --test soak --test share --test share_learn --test share_wait --test share_fleet
+	--test sdk --test tutorials --test hostile --test held --test soak --test share --test share_learn --test share_wait --test share_fleet --test share_tokens
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
 	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \

@@ -416,6 +416,59 @@ impl Stream<'_> {
         }
     }
 
+    /// Gives `line` each value of a header, in order: one lookup when it has one line, and one
+    /// more per further line.
+    fn header_lines(&self, kind: HeaderType, name: &str, mut line: impl FnMut(&[u8])) {
+        let (mut out, mut count) = (EnvoyBuffer::NULL, 0usize);
+        // SAFETY: as for header(); Envoy also writes the number of values to `count` (0 when
+        // the map is not available).
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.ptr,
+                kind,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                &mut count,
+            )
+        };
+        if !found {
+            return;
+        }
+        // SAFETY: a value of the map, valid while the hook runs and `line` sets no header.
+        line(unsafe { out.bytes() });
+        for index in 1..count {
+            let mut out = EnvoyBuffer::NULL;
+            // SAFETY: as above; an index past the values (none: nothing ran on the stream
+            // between the calls) answers false.
+            let found = unsafe {
+                envoy_dynamic_module_callback_http_get_header(
+                    self.ptr,
+                    kind,
+                    ModuleBuffer::of(name.as_bytes()),
+                    &mut out,
+                    index,
+                    null_mut(),
+                )
+            };
+            if found {
+                // SAFETY: as for the first value.
+                line(unsafe { out.bytes() });
+            }
+        }
+    }
+
+    /// Gives `line` each value of a response header (each line of it), in order, in the
+    /// response headers hook.
+    pub fn response_header_lines(&self, name: &str, line: impl FnMut(&[u8])) {
+        self.header_lines(HeaderType::ResponseHeader, name, line);
+    }
+
+    /// Gives `line` each value of a response trailer, in order, in the response trailers hook.
+    pub fn response_trailer_lines(&self, name: &str, line: impl FnMut(&[u8])) {
+        self.header_lines(HeaderType::ResponseTrailer, name, line);
+    }
+
     /// A request header's first value (`Some(b"")` for an empty value).
     pub fn request_header(&self, name: &str) -> Option<&[u8]> {
         self.header(HeaderType::RequestHeader, name)

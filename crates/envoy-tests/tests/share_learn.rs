@@ -13,7 +13,10 @@
 //!   `strip` is false;
 //! - `/p9`, `/p10` (the second Envoy): tenants and bands named by Envoy's own filters before
 //!   this one (`api_key_auth`, Lua), so that a client cannot invent tenants or promote itself
-//!   to a higher band.
+//!   to a higher band;
+//! - `/p11`, `/p12` (a third Envoy, a test of its own, light traffic): the provider states its
+//!   limit on two lines, `50` then `80` and the other way round: a list of two values, counted
+//!   and ignored, not its first line taken for the limit.
 //!
 //! Measured on the provider's side over the run's second 3 to its end (whole seconds), except
 //! what Envoy refused to the clients.
@@ -575,4 +578,62 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
     );
     let n = hostile.wait_stat_until(&metric(Some("p10"), "band_refused"), |n| n > 0);
     assert!(n.is_some_and(|n| n > 0), "p10 band_refused: {n:?}");
+}
+
+/// A provider stating its limit on two lines (`x-ratelimit-limit-requests: 50` then `: 80`, and
+/// the other way round on `/p12`): HTTP reads them as one field, the list `50, 80`, not a limit.
+/// Each answer is counted in `provider_fields_invalid` and ignored: the capacity stays the
+/// configured one (taking the first line would hold it to 50 or 80 for the hold's minute).
+/// Light traffic, run beside the test above.
+#[test]
+fn a_provider_field_on_two_lines_is_ignored_whichever_comes_first() {
+    const CAPACITY: f64 = 100.0;
+    let provider = Arc::new(
+        Provider::builder(10_000.0)
+            .two_lines("p11", [50, 80])
+            .two_lines("p12", [80, 50])
+            .start(),
+    );
+    let learn = format!(r#"{{"learn": {LEARN}}}"#);
+    let config = format!(
+        r#"{{"rules": [{}, {}]}}"#,
+        rule("p11", "header:x-tenant", CAPACITY, &learn),
+        rule("p12", "header:x-tenant", CAPACITY, &learn),
+    );
+    let listener = Listener {
+        upstream: Some(provider.addr),
+        ..Listener::default()
+    };
+    let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
+    let mut c = Client::connect(envoy.addr).unwrap();
+    // 40 requests a path over two seconds, well under either limit.
+    for k in 0..40 {
+        for path in ["/p11/x", "/p12/x"] {
+            let r = c.send("GET", path, &[("x-tenant", "a")]).unwrap();
+            assert_eq!(r.status, 200, "{path} request {k}: {r:?}");
+            // Both lines are taken out (`strip`), not the first alone.
+            assert_eq!(r.header("x-ratelimit-limit-requests"), None, "{r:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for org in ["p11", "p12"] {
+        let (admitted, refused) = provider.total(org);
+        assert_eq!((admitted, refused), (40, 0), "{org} at the provider");
+        // Every answer counted (the counters come about once a second), none synced.
+        counter_is(&envoy, org, "provider_fields_invalid", admitted);
+    }
+    // A gauge published after every answer was read.
+    std::thread::sleep(Duration::from_millis(1500));
+    for org in ["p11", "p12"] {
+        let invalid = envoy.stat(&metric(Some(org), "provider_fields_invalid"));
+        let synced = envoy.stat(&metric(Some(org), "provider_synced"));
+        let capacity = envoy.stat(&metric(Some(org), "share_capacity"));
+        eprintln!(
+            "{org}: provider_fields_invalid {invalid:?}, provider_synced {synced:?}, \
+             share_capacity {capacity:?}"
+        );
+        assert!(invalid.is_some_and(|n| n > 0), "{org}: {invalid:?}");
+        assert_eq!(synced.unwrap_or(0), 0, "{org}: provider_synced");
+        assert_eq!(capacity, Some(CAPACITY as u64), "{org}: share_capacity");
+    }
 }

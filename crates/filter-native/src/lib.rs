@@ -762,6 +762,14 @@ impl runtime::Response for Fields<'_, '_> {
         }
     }
 
+    fn field_lines(&mut self, name: &str, line: &mut dyn FnMut(&[u8])) {
+        if self.trailers {
+            self.stream.response_trailer_lines(name, line);
+        } else {
+            self.stream.response_header_lines(name, line);
+        }
+    }
+
     fn remove(&mut self, name: &str) {
         if !self.trailers {
             self.stream.remove_response_header(name);

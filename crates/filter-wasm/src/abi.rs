@@ -58,6 +58,7 @@ extern "C" {
         out: *mut *mut u8,
         out_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(map: u32, out: *mut *mut u8, out_size: *mut usize) -> u32;
     fn proxy_add_header_map_value(
         map: u32,
         key: *const u8,
@@ -255,6 +256,40 @@ pub fn header(map: Map, name: &str) -> Result<Option<Vec<u8>>, Status> {
         Err(NOT_FOUND) => Ok(None),
         Err(s) => Err(s),
     }
+}
+
+/// Every line of a header map, in one call: the ABI's serialization, a count, each line's name
+/// and value lengths, then each name and value with a NUL after it ([`header_pairs`] reads it).
+pub fn header_map(map: Map) -> Result<Option<Vec<u8>>, Status> {
+    let (mut ptr, mut len) = (null_mut(), 0usize);
+    // SAFETY: out-pointers are locals.
+    match check(unsafe { proxy_get_header_map_pairs(map as u32, &mut ptr, &mut len) }) {
+        // SAFETY: on success `ptr` is null or `len` bytes from `proxy_on_memory_allocate`.
+        Ok(()) => Ok(unsafe { owned(ptr, len) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(s) => Err(s),
+    }
+}
+
+/// The (name, value) lines of a [`header_map`], in order; stops at the first inconsistency.
+pub fn header_pairs(map: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let word = |at: usize| {
+        let b: [u8; 4] = map.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(u32::from_le_bytes(b) as usize)
+    };
+    let count = word(0).unwrap_or(0);
+    // The lengths come first, the bytes after them.
+    let mut sizes = 4;
+    let mut data = 4usize.saturating_add(count.saturating_mul(8));
+    (0..count).map_while(move |_| {
+        let (k, v) = (word(sizes)?, word(sizes.checked_add(4)?)?);
+        sizes += 8;
+        let name = map.get(data..data.checked_add(k)?)?;
+        let value_at = data.checked_add(k)?.checked_add(1)?;
+        let value = map.get(value_at..value_at.checked_add(v)?)?;
+        data = value_at.checked_add(v)?.checked_add(1)?;
+        Some((name, value))
+    })
 }
 
 /// Adds a header line (keeps existing lines of the same name).

@@ -1024,15 +1024,24 @@ fn operator_reply(answer: &runtime::OperatorAnswer) -> Action {
     }
 }
 
-/// A response's header fields or trailers, read from the host one at a time.
+/// A response's header fields or trailers, read from the host one at a time; the provider's
+/// fields, read whole, from every line of the map, fetched once.
 struct HostFields {
     map: Map,
     value: Option<Vec<u8>>,
+    /// The map's lines ([`abi::header_map`]), from the first field read whole until a field is
+    /// taken out: proxy-wasm gives a field's first line only, or every line of the map (one
+    /// call, measured cheaper than the three field reads it replaces).
+    lines: Option<Vec<u8>>,
 }
 
 impl HostFields {
     fn of(map: Map) -> HostFields {
-        HostFields { map, value: None }
+        HostFields {
+            map,
+            value: None,
+            lines: None,
+        }
     }
 }
 
@@ -1042,7 +1051,18 @@ impl runtime::Response for HostFields {
         self.value.as_deref()
     }
 
+    fn field_lines(&mut self, name: &str, line: &mut dyn FnMut(&[u8])) {
+        let map = self.map;
+        let lines = self
+            .lines
+            .get_or_insert_with(|| abi::header_map(map).ok().flatten().unwrap_or_default());
+        abi::header_pairs(lines)
+            .filter(|(n, _)| *n == name.as_bytes())
+            .for_each(|(_, v)| line(v));
+    }
+
     fn remove(&mut self, name: &str) {
+        self.lines = None;
         let _ = abi::remove_header(self.map, name);
     }
 }

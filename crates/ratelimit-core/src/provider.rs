@@ -6,8 +6,9 @@
 //!
 //! These fields come from the upstream, which may be any server: every value is checked whole,
 //! and a measure with one malformed field (a sign, a space, a list of two values, a remaining
-//! above its limit, a wait past a day) is [`Reading::Invalid`] as a whole, never half read. No
-//! parser allocates.
+//! above its limit, a wait past a day) is [`Reading::Invalid`] as a whole, never half read. The
+//! values are given as HTTP reads them: a field on two lines is the list of both. No parser
+//! allocates.
 //!
 //! The building block of a capacity learned from the provider (a shared capacity is held to what
 //! the provider says remains); the formats are the inverses of what [`crate::dialect`] writes.

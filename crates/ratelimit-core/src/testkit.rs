@@ -122,7 +122,8 @@ impl Host for FakeHost {
     }
 }
 
-/// A response's header fields or trailers.
+/// A response's header fields or trailers, one entry a line (a name on several lines is several
+/// entries).
 #[derive(Default)]
 pub struct FakeResponse(pub Vec<(String, Vec<u8>)>);
 
@@ -139,6 +140,13 @@ impl Response for FakeResponse {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
+    }
+
+    fn field_lines(&mut self, name: &str, line: &mut dyn FnMut(&[u8])) {
+        self.0
+            .iter()
+            .filter(|(n, _)| n == name)
+            .for_each(|(_, v)| line(v));
     }
 
     fn remove(&mut self, name: &str) {

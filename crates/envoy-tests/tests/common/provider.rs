@@ -6,13 +6,21 @@
 //! or the headers [`Builder::tally_by`] names), by the second since it started, so a test
 //! measures the provider's side of a run.
 //!
+//! An organisation may also have a limit of tokens a second ([`Builder::tokens`], OpenAI's TPM
+//! by the second): it answers LLM requests (`/{org}/v1/chat/completions` and the other routes
+//! of [`super::llm`]) with the API's JSON and its usage, charges each the tokens that usage
+//! reports when it arrives, refuses one that does not fit with a 429 and OpenAI's rate-limit
+//! error, and states `x-ratelimit-*-tokens` beside the requests' fields.
+//!
 //! An organisation may have its own rate ([`Builder::org`]), and may answer honestly on its
-//! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]): a broken or
-//! hostile upstream, whose fields a filter must ignore.
+//! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]), or with its
+//! limit on two lines ([`Builder::two_lines`]): a broken or hostile upstream, whose fields a
+//! filter must ignore.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use super::llm;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +37,8 @@ pub struct Builder {
     rate: f64,
     orgs: HashMap<String, f64>,
     garbage: Vec<String>,
+    two_lines: HashMap<String, [u64; 2]>,
+    tokens: HashMap<String, f64>,
     tally_by: Vec<String>,
 }
 
@@ -38,6 +48,10 @@ struct Shared {
     orgs: HashMap<String, f64>,
     /// Organisations answering malformed fields.
     garbage: Vec<String>,
+    /// Organisations answering their limit on two lines: the two values, in order.
+    two_lines: HashMap<String, [u64; 2]>,
+    /// Organisations with a limit of tokens a second.
+    tokens: HashMap<String, f64>,
     /// The request headers naming the tenant in the tally (their values joined by `/`, `-`
     /// for one absent).
     tally_by: Vec<String>,
@@ -48,10 +62,14 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// Per organisation: tokens left, and when they were counted.
+    /// Per organisation: requests left, and when they were counted.
     buckets: HashMap<String, (f64, Instant)>,
+    /// Per organisation with a token limit: tokens left, and when they were counted.
+    token_buckets: HashMap<String, (f64, Instant)>,
     /// (organisation, tenant, second) → (admitted, refused).
     tally: HashMap<(String, String, u64), (u64, u64)>,
+    /// (organisation, tenant, second) → tokens of the admitted requests.
+    tokens: HashMap<(String, String, u64), u64>,
     /// Per organisation: when it was first asked, and when it last refused (seconds since the
     /// provider started).
     seen: HashMap<String, (f64, Option<f64>)>,
@@ -90,6 +108,22 @@ impl Builder {
         self
     }
 
+    /// Organisation `org` answers honestly on its own bucket, but states its limit on two lines
+    /// of `x-ratelimit-limit-requests`, `values` in this order, and a remaining of at most the
+    /// lower: either line alone would read as a valid limit, both are a list of two values.
+    pub fn two_lines(mut self, org: &str, values: [u64; 2]) -> Builder {
+        self.two_lines.insert(org.to_string(), values);
+        self
+    }
+
+    /// Organisation `org` also has a limit of `per_s` tokens a second (a bucket of one second's
+    /// worth): each request costs the tokens its answer reports (`x-test-input-tokens` and
+    /// `x-test-output-tokens`, see [`super::llm`]), charged when it arrives.
+    pub fn tokens(mut self, org: &str, per_s: f64) -> Builder {
+        self.tokens.insert(org.to_string(), per_s);
+        self
+    }
+
     /// The tally's tenant: these request headers' values, joined by `/` (`-` for an absent
     /// one), instead of `x-tenant`'s.
     pub fn tally_by(mut self, headers: &[&str]) -> Builder {
@@ -105,6 +139,8 @@ impl Builder {
             rate: self.rate,
             orgs: self.orgs,
             garbage: self.garbage,
+            two_lines: self.two_lines,
+            tokens: self.tokens,
             tally_by: self.tally_by,
             started: Instant::now(),
             stop: AtomicBool::new(false),
@@ -145,6 +181,8 @@ impl Provider {
             rate,
             orgs: HashMap::new(),
             garbage: Vec::new(),
+            two_lines: HashMap::new(),
+            tokens: HashMap::new(),
             tally_by: vec!["x-tenant".to_string()],
         }
     }
@@ -164,6 +202,19 @@ impl Provider {
                 let e = out.entry(tenant.clone()).or_default();
                 e.0 += a;
                 e.1 += r;
+            }
+        }
+        out
+    }
+
+    /// Per tenant of organisation `org`: the tokens of the requests the provider admitted over
+    /// the seconds `from..to` since it started.
+    pub fn tokens(&self, org: &str, from: u64, to: u64) -> HashMap<String, u64> {
+        let state = self.shared.state.lock().unwrap();
+        let mut out: HashMap<String, u64> = HashMap::new();
+        for ((o, tenant, second), n) in &state.tokens {
+            if o == org && (from..to).contains(second) {
+                *out.entry(tenant.clone()).or_default() += n;
             }
         }
         out
@@ -205,7 +256,7 @@ fn serve(conn: TcpStream, s: &Shared) {
         if reader.read_line(&mut request).unwrap_or(0) == 0 {
             return;
         }
-        let mut names: Vec<Option<String>> = vec![None; s.tally_by.len()];
+        let mut headers: Vec<(String, String)> = Vec::new();
         let mut line = String::new();
         loop {
             line.clear();
@@ -217,15 +268,18 @@ fn serve(conn: TcpStream, s: &Shared) {
                 break;
             }
             if let Some((k, v)) = l.split_once(':') {
-                let k = k.trim().to_ascii_lowercase();
-                if let Some(i) = s.tally_by.iter().position(|h| *h == k) {
-                    names[i] = Some(v.trim().to_string());
-                }
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
             }
         }
-        let tenant = names
+        let length = llm::header(&headers, "content-length").and_then(|v| v.parse().ok());
+        let mut body = vec![0u8; length.unwrap_or(0)];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let tenant = s
+            .tally_by
             .iter()
-            .map(|n| n.as_deref().unwrap_or("-"))
+            .map(|h| llm::header(&headers, h).unwrap_or("-"))
             .collect::<Vec<_>>()
             .join("/");
         let path = request.split_whitespace().nth(1).unwrap_or("/");
@@ -235,7 +289,13 @@ fn serve(conn: TcpStream, s: &Shared) {
             .next()
             .unwrap_or("")
             .to_string();
-        let (admitted, remaining, garbage) = take(s, &org, &tenant);
+        // An organisation with a token limit answers as the API its route names.
+        let spec = s
+            .tokens
+            .get(&org)
+            .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, &headers, &body));
+        let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
+        let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
         let limit = s.orgs.get(&org).copied().unwrap_or(s.rate) as u64;
         let remaining = if admitted { remaining } else { 0 };
         let (l, r, reset) = match garbage {
@@ -250,17 +310,52 @@ fn serve(conn: TcpStream, s: &Shared) {
                 (fill(l), fill(r), reset.to_string())
             }
         };
-        let fields = format!(
-            "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
-             x-ratelimit-reset-requests: {reset}\r\n"
-        );
-        let head = if admitted {
-            format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok")
-        } else {
-            format!(
+        let mut fields = match s.two_lines.get(&org) {
+            None => format!(
+                "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
+                 x-ratelimit-reset-requests: {reset}\r\n"
+            ),
+            Some([a, b]) => format!(
+                "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
+                 x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
+                remaining.min(*a.min(b))
+            ),
+        };
+        if let (Some(&per_s), Some(left)) = (s.tokens.get(&org), tokens_left) {
+            // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
+            // short reset.
+            let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
+            fields.push_str(&format!(
+                "x-ratelimit-limit-tokens: {}\r\nx-ratelimit-remaining-tokens: {left}\r\n\
+                 x-ratelimit-reset-tokens: {reset_ms}ms\r\n",
+                per_s as u64
+            ));
+        }
+        let head = match (spec, admitted) {
+            (None, true) => format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok"),
+            (None, false) => format!(
                 "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
                  content-length: 2\r\n\r\nno"
-            )
+            ),
+            (Some(spec), admitted) => {
+                let (status, retry, body) = if admitted {
+                    let body = String::from_utf8(llm::body_bytes(&spec)).unwrap();
+                    ("200 OK", "", body)
+                } else {
+                    // OpenAI's refusal for its token limit.
+                    let body = format!(
+                        r#"{{"error":{{"message":"Rate limit reached for {} in organization {org} on tokens per second: Requested {}. Please try again in 1s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}}}"#,
+                        spec.model,
+                        cost.unwrap_or(0)
+                    );
+                    ("429 Too Many Requests", "retry-after: 1\r\n", body)
+                };
+                format!(
+                    "HTTP/1.1 {status}\r\n{retry}{fields}content-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+            }
         };
         if reader.get_mut().write_all(head.as_bytes()).is_err() {
             return;
@@ -268,9 +363,15 @@ fn serve(conn: TcpStream, s: &Shared) {
     }
 }
 
-/// Takes a token of `org`'s bucket for `tenant`: whether there was one, the whole tokens left,
-/// and for a garbage organisation the answer's number.
-fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64, Option<u64>) {
+/// Takes a token of `org`'s bucket for `tenant`, and `cost` tokens of its token bucket if it
+/// has one: whether there were enough, the whole requests left, the whole tokens left (with a
+/// token limit), and for a garbage organisation the answer's number.
+fn take(
+    s: &Shared,
+    org: &str,
+    tenant: &str,
+    cost: Option<u64>,
+) -> (bool, u64, Option<u64>, Option<u64>) {
     let now = Instant::now();
     let since = now.duration_since(s.started);
     let second = since.as_secs();
@@ -279,15 +380,33 @@ fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64, Option<u64>) {
     let (tokens, at) = state.buckets.entry(org.to_string()).or_insert((rate, now));
     *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
     *at = now;
-    let admitted = *tokens >= 1.0;
+    let mut admitted = *tokens >= 1.0;
+    let per_s = s.tokens.get(org).copied();
+    let token_left = per_s.map(|per_s| {
+        let (left, at) = state
+            .token_buckets
+            .entry(org.to_string())
+            .or_insert((per_s, now));
+        *left = (*left + now.duration_since(*at).as_secs_f64() * per_s).min(per_s);
+        *at = now;
+        let cost = cost.unwrap_or(0) as f64;
+        if admitted && *left >= cost {
+            *left -= cost;
+        } else {
+            admitted = false;
+        }
+        *left as u64
+    });
+    let (tokens, _) = state.buckets.get_mut(org).unwrap();
     if admitted {
         *tokens -= 1.0;
     }
     let left = *tokens as u64;
-    let e = state
-        .tally
-        .entry((org.to_string(), tenant.to_string(), second))
-        .or_default();
+    let key = (org.to_string(), tenant.to_string(), second);
+    if admitted && per_s.is_some() {
+        *state.tokens.entry(key.clone()).or_default() += cost.unwrap_or(0);
+    }
+    let e = state.tally.entry(key).or_default();
     if admitted {
         e.0 += 1;
     } else {
@@ -303,5 +422,5 @@ fn take(s: &Shared, org: &str, tenant: &str) -> (bool, u64, Option<u64>) {
         *n += 1;
         *n - 1
     });
-    (admitted, left, garbage)
+    (admitted, left, token_left, garbage)
 }

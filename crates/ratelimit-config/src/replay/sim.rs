@@ -242,6 +242,13 @@ impl Response for Logged<'_> {
             .map(|(_, v)| v.as_slice())
     }
 
+    fn field_lines(&mut self, name: &str, line: &mut dyn FnMut(&[u8])) {
+        self.0
+            .iter()
+            .filter(|(n, _)| n == name)
+            .for_each(|(_, v)| line(v));
+    }
+
     /// A replay sends no response on: nothing to take out.
     fn remove(&mut self, _name: &str) {}
 }

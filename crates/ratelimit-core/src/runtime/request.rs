@@ -64,10 +64,29 @@ pub trait Host: Attributes {
 /// What the pipeline reads of a response: a header field in [`Runtime::response_headers`], a
 /// trailer in [`Runtime::response_trailers`].
 pub trait Response {
-    /// A field's value by lower-case name.
+    /// A field's value by lower-case name (its first line, if it has several).
     fn field(&mut self, name: &str) -> Option<&[u8]>;
+    /// Gives `line` each line of a field, in order; a host that has them joined by commas
+    /// already may give them as one. HTTP reads several lines of one name as one
+    /// comma-separated list (RFC 9110 §5.3), and so does the pipeline where two values must
+    /// not pass for one (the provider's fields): this may cost a host more than
+    /// [`Response::field`].
+    fn field_lines(&mut self, name: &str, line: &mut dyn FnMut(&[u8]));
     /// Takes a field out (every line of it): a provider's fields a shared rule strips.
     fn remove(&mut self, name: &str);
+}
+
+/// A field's value as HTTP reads it, copied: its lines joined by `, ` (`None`: no line).
+fn combined(response: &mut impl Response, name: &str) -> Option<SmallVec<[u8; 64]>> {
+    let mut value: Option<SmallVec<[u8; 64]>> = None;
+    response.field_lines(name, &mut |line| match &mut value {
+        None => value = Some(SmallVec::from_slice(line)),
+        Some(v) => {
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(line);
+        }
+    });
+    value
 }
 
 /// Takes every limit field of `api` out of a response: they describe the whole account (every
@@ -1248,10 +1267,11 @@ impl<S: Store> Runtime<S> {
         let Some(names) = provider::field_names(l.api, l.measure) else {
             return;
         };
-        // The three fields, copied: each read borrows the response.
+        // The three fields, whole: a field on two lines is two values, malformed as one on a
+        // line `5, 6`, not its first line taken for the limit.
         let mut values: [Option<SmallVec<[u8; 64]>>; 3] = [None, None, None];
         for (slot, name) in values.iter_mut().zip(names) {
-            *slot = response.field(name).map(SmallVec::from_slice);
+            *slot = combined(response, name);
         }
         let reading = provider::read(l.api, l.measure, now_ms, |name| {
             let i = names.iter().position(|n| *n == name)?;
@@ -1266,12 +1286,8 @@ impl<S: Store> Runtime<S> {
             }
         };
         let retry_after_ms = if refused {
-            let ms = response
-                .field("retry-after-ms")
-                .map(SmallVec::<[u8; 32]>::from_slice);
-            let s = response
-                .field("retry-after")
-                .map(SmallVec::<[u8; 64]>::from_slice);
+            let ms = combined(response, "retry-after-ms");
+            let s = combined(response, "retry-after");
             provider::retry_after_ms(ms.as_deref(), s.as_deref(), now_ms)
         } else {
             None
@@ -1782,6 +1798,84 @@ mod tests {
             1,
             "a negative remaining"
         );
+    }
+
+    #[test]
+    fn a_provider_field_on_two_lines_is_two_values_whichever_comes_first() {
+        let config = r#"{"rules": [{"name": "provider", "key": ["header:x-tenant"],
+            "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+            "algorithm": "token_bucket", "burst": 100,
+            "share": {"learn": {"from": "openai", "unit": "second"}}}]}"#;
+        let t0 = 1_800_000_000_000;
+        for (first, second) in [("50", "80"), ("80", "50")] {
+            let rt = runtime(config);
+            let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+            host.now = t0;
+            let Decision::Continue(mut a) = decided(&rt, &mut host) else {
+                panic!("refused")
+            };
+            // HTTP reads the two lines as `50, 80`: no limit, the measure malformed as a whole.
+            let mut response = FakeResponse(vec![
+                (":status".into(), b"200".to_vec()),
+                (
+                    "x-ratelimit-limit-requests".into(),
+                    first.as_bytes().to_vec(),
+                ),
+                ("x-ratelimit-remaining-requests".into(), b"40".to_vec()),
+                ("x-ratelimit-reset-requests".into(), b"1s".to_vec()),
+                (
+                    "x-ratelimit-limit-requests".into(),
+                    second.as_bytes().to_vec(),
+                ),
+            ]);
+            respond(&rt, &mut a, &mut response, t0 + 1);
+            let invalid: u64 = counts(&rt)
+                .iter()
+                .filter(|(_, c, _)| *c == Counter::ProviderFieldsInvalid)
+                .map(|(_, _, n)| n)
+                .sum();
+            assert_eq!(invalid, 1, "{first}, {second}: counted invalid");
+            let capacity: Vec<u64> = rt.share_gauges(t0 + 2).iter().map(|g| g.capacity).collect();
+            assert_eq!(capacity, [100], "{first}, {second}: the capacity unchanged");
+            let names: Vec<&str> = response.0.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, [":status"], "every line taken out");
+        }
+    }
+
+    #[test]
+    fn a_retry_after_on_two_lines_is_no_wait() {
+        let rt = runtime(
+            r#"{"rules": [{"name": "provider", "key": ["header:x-tenant"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+                "share": {"learn": {"from": "openai", "unit": "second", "max_block_s": 60}}}]}"#,
+        );
+        let ask = |now: u64| {
+            let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+            host.now = now;
+            match decided(&rt, &mut host) {
+                Decision::Continue(a) => Some(a),
+                _ => None,
+            }
+        };
+        let t0 = 1_800_000_000_000;
+        let (mut a, mut b) = (ask(t0).unwrap(), ask(t0).unwrap());
+        // `retry-after: 30, 1`: not a number of seconds. The refusal blocks for the wait of a
+        // refusal that states none (a second), not for 30 s.
+        let mut two_lines = FakeResponse(vec![
+            (":status".into(), b"429".to_vec()),
+            ("retry-after".into(), b"30".to_vec()),
+            ("retry-after".into(), b"1".to_vec()),
+        ]);
+        respond(&rt, &mut a, &mut two_lines, t0 + 1);
+        assert!(ask(t0 + 500).is_none(), "blocked");
+        assert!(ask(t0 + 2_000).is_some(), "for a second, not 30");
+        // The control: one line of 30 s blocks for 30 s.
+        let mut one_line = FakeResponse(vec![
+            (":status".into(), b"429".to_vec()),
+            ("retry-after".into(), b"30".to_vec()),
+        ]);
+        respond(&rt, &mut b, &mut one_line, t0 + 2_001);
+        assert!(ask(t0 + 25_000).is_none(), "one line of 30 s blocks");
     }
 
     fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {
