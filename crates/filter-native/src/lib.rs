@@ -263,7 +263,7 @@ impl FilterConfig {
         }
         let mut background = self.background();
         // The ticker's period never changes: requests are held by their own schedulers.
-        let work = background.tick(&self.rt, now_ms(), false);
+        let work = background.tick(&self.rt, now_ms(), None);
         for call in work.calls {
             let frame = rls::grpc_frame(&call.message);
             let id = self

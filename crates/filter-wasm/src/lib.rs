@@ -458,9 +458,9 @@ impl Root {
     /// Does the background work of a tick at `now`.
     fn background(served: &Served, now: u64) {
         let rt = &served.rt;
-        let held = WAITING.with(|w| !w.borrow().is_empty());
+        let next_release = WAITING.with(|w| w.borrow().iter().map(|x| x.until_ms).min());
         let mut background = served.background.borrow_mut();
-        let work = background.tick(rt, now, held);
+        let work = background.tick(rt, now, next_release);
         if let Some(period) = work.period_ms {
             let _ = abi::set_tick_period(period);
         }
@@ -830,7 +830,9 @@ impl Request {
                         })
                     });
                     self.away = true;
-                    let _ = abi::set_tick_period(served.background.borrow_mut().hold());
+                    if let Some(period) = served.background.borrow_mut().hold(until_ms, now_ms()) {
+                        let _ = abi::set_tick_period(period);
+                    }
                     return Action::Pause;
                 }
                 Next::Continue => {

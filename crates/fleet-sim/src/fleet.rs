@@ -535,7 +535,7 @@ impl<'s> Sim<'s> {
         let Some(p) = self.proxies.get_mut(proxy) else {
             return;
         };
-        let work = p.bg.tick(&p.rt, now / 1000, false);
+        let work = p.bg.tick(&p.rt, now / 1000, None);
         for call in work.calls {
             let id = self
                 .wire

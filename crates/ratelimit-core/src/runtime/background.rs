@@ -17,9 +17,9 @@ use crate::rls::GrpcAnswer;
 use crate::store::Store;
 use std::collections::HashMap;
 
-/// The timer's period while requests are held on a host that releases them from its
-/// configuration's timer (the wasm build): they are released within about this much of their
-/// turn.
+/// The shortest period of the timer while requests are held on a host that releases them from
+/// its configuration's timer (the wasm build): they are released within about this much of
+/// their turn. The timer comes at the next held request's turn, at most this often.
 pub const RELEASE_PERIOD_MS: u32 = 1;
 
 /// What a background call is for.
@@ -67,6 +67,13 @@ struct InFlight {
     answer: GrpcAnswer,
 }
 
+/// The timer's period for a request held at `now_ms` until `until_ms`: the time to its turn,
+/// at least [`RELEASE_PERIOD_MS`] and at most `base_ms`.
+fn release_period(until_ms: u64, now_ms: u64, base_ms: u32) -> u32 {
+    let wait = u32::try_from(until_ms.saturating_sub(now_ms)).unwrap_or(u32::MAX);
+    wait.clamp(RELEASE_PERIOD_MS, base_ms.max(RELEASE_PERIOD_MS))
+}
+
 /// One configuration's background work (one per configuration and timer: per process in the
 /// native build, per VM in the wasm build).
 #[derive(Debug)]
@@ -106,31 +113,35 @@ impl Background {
         self.period_ms
     }
 
-    /// A request is held until its turn, to be released from this timer: the period to set
-    /// the timer to.
-    pub fn hold(&mut self) -> u32 {
-        self.period_ms = RELEASE_PERIOD_MS;
-        self.period_ms
+    /// A request is held at `now_ms` until `until_ms`, to be released from this timer: the
+    /// period to set the timer to, if the timer would come too late for it (else `None`: the
+    /// timer stays as it is).
+    pub fn hold(&mut self, until_ms: u64, now_ms: u64) -> Option<u32> {
+        let period = release_period(until_ms, now_ms, self.base_ms);
+        (period < self.period_ms).then(|| {
+            self.period_ms = period;
+            period
+        })
     }
 
-    /// The timer fired at `now_ms`; `held`: requests are still held on this timer (after the
-    /// host released those whose turn has come).
+    /// The timer fired at `now_ms`; `next_release`: when the next request still held on this
+    /// timer (after the host released those whose turn has come, whichever configuration holds
+    /// it: the timer is the host's) is to be released. The timer then comes at that time (at
+    /// least [`RELEASE_PERIOD_MS`] from now), or at the base period when nothing is held: a
+    /// worker whose requests wait 10 ms between looks ticks every 10 ms, not every 1.
     pub fn tick<'rt, S: Store>(
         &mut self,
         rt: &'rt Runtime<S>,
         now_ms: u64,
-        held: bool,
+        next_release: Option<u64>,
     ) -> Work<'rt> {
-        // Requests still held were held at the last tick too: the timer ran fast (whichever
-        // configuration held them: the timer is the host's).
-        let came_at = match held {
-            true => RELEASE_PERIOD_MS,
-            false => self.period_ms,
-        };
+        let came_at = self.period_ms;
         let mut work = Work::default();
-        if !held {
-            self.period_ms = self.base_ms;
-            work.period_ms = Some(self.base_ms);
+        let period =
+            next_release.map_or(self.base_ms, |at| release_period(at, now_ms, self.base_ms));
+        if period != self.period_ms || next_release.is_none() {
+            self.period_ms = period;
+            work.period_ms = Some(period);
         }
         if let Some(period) = rt.flush_period() {
             if now_ms >= self.last_flush_ms.saturating_add(u64::from(period)) {
@@ -382,7 +393,7 @@ mod tests {
         hit(&rt, 1, 3);
         hit(&rt, 2, 1);
         hit(&rt, 1, 2);
-        let work = bg.tick(&rt, 10_000, false);
+        let work = bg.tick(&rt, 10_000, None);
         assert_eq!(work.calls.len(), 2);
         host.carry_out(&mut bg, &rt, work);
         assert_eq!(bg.in_flight(), 2);
@@ -408,12 +419,12 @@ mod tests {
             .all(|(_, cluster, timeout, _)| cluster == "rls" && *timeout == 20));
         // Not due 49 ms later, even with hits to report; due at 50 ms.
         hit(&rt, 3, 1);
-        assert!(bg.tick(&rt, 10_049, false).calls.is_empty());
-        let work = bg.tick(&rt, 10_050, false);
+        assert!(bg.tick(&rt, 10_049, None).calls.is_empty());
+        let work = bg.tick(&rt, 10_050, None);
         assert_eq!(work.calls.len(), 1);
         host.carry_out(&mut bg, &rt, work);
         // Due, with nothing to report: no call.
-        assert!(bg.tick(&rt, 10_100, false).calls.is_empty());
+        assert!(bg.tick(&rt, 10_100, None).calls.is_empty());
         assert_eq!(bg.in_flight(), 3);
     }
 
@@ -426,7 +437,7 @@ mod tests {
             ..FakeHost::default()
         };
         hit(&rt, 1, 1);
-        let work = bg.tick(&rt, 10_000, false);
+        let work = bg.tick(&rt, 10_000, None);
         host.carry_out(&mut bg, &rt, work);
         assert_eq!(bg.in_flight(), 0);
         assert_eq!(errors(&rt), 1);
@@ -439,7 +450,7 @@ mod tests {
         let mut host = FakeHost::default();
         hit(&rt, 1, 1);
         hit(&rt, 2, 1);
-        let work = bg.tick(&rt, 10_000, false);
+        let work = bg.tick(&rt, 10_000, None);
         host.carry_out(&mut bg, &rt, work);
         let id_of = |n: u64| {
             let key = format!("10.0.0.{n}");
@@ -473,7 +484,7 @@ mod tests {
         let mut host = FakeHost::default();
         hit(&rt, 1, 1);
         hit(&rt, 2, 1);
-        let work = bg.tick(&rt, 10_000, false);
+        let work = bg.tick(&rt, 10_000, None);
         host.carry_out(&mut bg, &rt, work);
         // RateLimitResponse { overall_code: OVER_LIMIT }, gRPC-framed, in two pieces.
         let frame = rls::grpc_frame(&[0x08, 0x02]);
@@ -506,34 +517,41 @@ mod tests {
         let rt = runtime(LOCAL);
         let mut bg = Background::new(&rt);
         // The first tick publishes (nothing was published yet).
-        assert!(bg.tick(&rt, 10_000, false).metrics);
+        assert!(bg.tick(&rt, 10_000, None).metrics);
         // Ticks a second apart: one a little early still publishes, one half a tick early
         // does not.
-        assert!(!bg.tick(&rt, 10_400, false).metrics);
-        assert!(bg.tick(&rt, 10_998, false).metrics);
-        assert!(!bg.tick(&rt, 11_497, false).metrics);
-        assert!(bg.tick(&rt, 11_999, false).metrics);
+        assert!(!bg.tick(&rt, 10_400, None).metrics);
+        assert!(bg.tick(&rt, 10_998, None).metrics);
+        assert!(!bg.tick(&rt, 11_497, None).metrics);
+        assert!(bg.tick(&rt, 11_999, None).metrics);
     }
 
     #[test]
     fn a_held_request_speeds_the_timer_up_until_none_is_held() {
         let rt = runtime(LOCAL);
         let mut bg = Background::new(&rt);
-        assert_eq!(bg.tick(&rt, 10_000, false).period_ms, Some(1000));
-        assert_eq!(bg.hold(), RELEASE_PERIOD_MS);
+        assert_eq!(bg.tick(&rt, 10_000, None).period_ms, Some(1000));
+        // Held until 10 ms from now: the timer comes then; a later one changes nothing, a
+        // sooner one brings it forward (at most every RELEASE_PERIOD_MS).
+        assert_eq!(bg.hold(10_010, 10_000), Some(10));
+        assert_eq!(bg.hold(10_030, 10_001), None);
+        assert_eq!(bg.hold(10_001, 10_001), Some(RELEASE_PERIOD_MS));
         assert_eq!(bg.period_ms(), RELEASE_PERIOD_MS);
-        // Still held: the timer stays fast; the metrics wait for a whole period (ticks of 1 ms
-        // have no slack).
-        let work = bg.tick(&rt, 10_999, true);
-        assert_eq!(work.period_ms, None);
+        // At each tick, the next held request's turn sets the period; the metrics wait for a
+        // whole period (ticks of 1 ms have no slack).
+        let work = bg.tick(&rt, 10_999, Some(11_000));
+        assert_eq!(work.period_ms, None, "still 1 ms");
         assert!(!work.metrics);
-        assert!(bg.tick(&rt, 11_000, true).metrics);
+        let work = bg.tick(&rt, 11_000, Some(11_010));
+        assert!(work.metrics);
+        assert_eq!(work.period_ms, Some(10));
         // Released: back to the base period.
-        assert_eq!(bg.tick(&rt, 11_001, false).period_ms, Some(1000));
+        assert_eq!(bg.tick(&rt, 11_010, None).period_ms, Some(1000));
         assert_eq!(bg.period_ms(), 1000);
-        // Requests held by another configuration on the same timer: it ran fast too.
-        assert!(!bg.tick(&rt, 11_999, true).metrics);
-        assert!(bg.tick(&rt, 12_000, true).metrics);
+        // A turn further than the base period away: the base period.
+        assert_eq!(bg.hold(20_000, 11_010), None);
+        assert_eq!(bg.tick(&rt, 12_000, Some(20_000)).period_ms, None);
+        assert_eq!(bg.period_ms(), 1000);
     }
 
     #[test]
@@ -545,21 +563,21 @@ mod tests {
         for _ in 0..10 {
             watch.observe(503, 1);
         }
-        assert!(bg.tick(&rt, 10_000, false).elastic);
+        assert!(bg.tick(&rt, 10_000, None).elastic);
         assert_eq!(rt.elastic_factors().collect::<Vec<_>>(), [(0, 50)]);
         // Not again before the elastic period is up.
-        assert!(!bg.tick(&rt, 10_100, false).elastic);
-        assert!(bg.tick(&rt, 10_250, false).elastic);
+        assert!(!bg.tick(&rt, 10_100, None).elastic);
+        assert!(bg.tick(&rt, 10_250, None).elastic);
         // A configuration without elastic rules has none to publish.
         let local = runtime(LOCAL);
-        assert!(!Background::new(&local).tick(&local, 10_000, false).elastic);
+        assert!(!Background::new(&local).tick(&local, 10_000, None).elastic);
     }
 
     #[test]
     fn no_flush_without_async_rules() {
         let rt = runtime(ELASTIC);
         let mut bg = Background::new(&rt);
-        assert!(bg.tick(&rt, 10_000, false).calls.is_empty());
+        assert!(bg.tick(&rt, 10_000, None).calls.is_empty());
         assert_eq!(bg.in_flight(), 0);
     }
 }

@@ -626,7 +626,7 @@ mod tests {
         }
         assert_eq!(claims(&rt), 1);
         // Running low queued a claim ahead of need: the next tick sends it.
-        let work = bg.tick(&rt, 2_000, false);
+        let work = bg.tick(&rt, 2_000, None);
         assert_eq!(work.calls.len(), 1, "a claim ahead");
         let call = work.calls.into_iter().next().unwrap();
         let block = rls::decode_request(&call.message).unwrap().hits;
@@ -655,7 +655,7 @@ mod tests {
         assert!(held.contains(&1), "admitted from the block: {held:?}");
         assert!(held.contains(&2), "ran low, claims ahead: {held:?}");
         let mut bg = Background::new(&rt);
-        let work = bg.tick(&rt, 2_000, false);
+        let work = bg.tick(&rt, 2_000, None);
         let call = work.calls.first().expect("a claim ahead");
         let entries = rls::decode_request(&call.message).unwrap().descriptors;
         assert_eq!(
