@@ -132,12 +132,7 @@ pub fn decide(
     let leased = fleet_limit(record, limit, window_ms, now_ms);
     let whole = limit;
     let limit = leased.unwrap_or(limit);
-    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
-    record.roll(epoch);
-    record.roll_held((now_ms / HELD_MS) as u16);
-    // A clock behind the record's (another worker's clock, or one set back) counts in the
-    // record's epoch: the active sums never mix two.
-    let epoch = record.epoch.max(epoch);
+    let epoch = roll_to(share, record, now_ms);
     if now_ms >= record.step_ms.saturating_add(STEP_MS) || now_ms < record.step_ms {
         step(share, limit, window_ms, record, now_ms);
         if leased.is_some() {
@@ -651,6 +646,16 @@ fn register(record: &mut Record, t: &mut Tenant, weight: u16, band: u8, epoch: u
     adjust(record, t, Slot::Now, 1);
 }
 
+/// Moves the record's active and held sums to the epochs of `now_ms`; returns the active
+/// epoch to count in. A clock behind the record's (another worker's clock, or one set back)
+/// counts in the record's epoch: the active sums never mix two.
+fn roll_to(share: &Share, record: &mut Record, now_ms: u64) -> u32 {
+    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
+    record.roll(epoch);
+    record.roll_held((now_ms / HELD_MS) as u16);
+    record.epoch.max(epoch)
+}
+
 /// Makes the record's active and held sums count a tenant as `after` instead of `before`, at
 /// `now_ms`. Two decisions of one tenant can race where the record and the tenant's entry are
 /// two compare-and-swap values (the wasm build's shared data): both read the same entry and
@@ -667,10 +672,7 @@ pub fn recount(
     after: &Tenant,
     now_ms: u64,
 ) -> bool {
-    let epoch = u32::try_from(now_ms / share.active_ms.max(1)).unwrap_or(u32::MAX);
-    record.roll(epoch);
-    record.roll_held((now_ms / HELD_MS) as u16);
-    let epoch = record.epoch.max(epoch);
+    let epoch = roll_to(share, record, now_ms);
     let tick = (now_ms / STEP_MS % 16) as u8;
     let active_slot = |t: &Tenant| match t.weight {
         0 => None,
