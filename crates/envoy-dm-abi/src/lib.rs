@@ -400,17 +400,32 @@ impl Stream<'_> {
     }
 
     fn header(&self, kind: HeaderType, name: &str) -> Option<&[u8]> {
+        self.header_at(kind, name, 0, None)
+    }
+
+    /// Value `index` of a header, and, given `count`, how many values it has (0 when the map
+    /// is not available).
+    fn header_at(
+        &self,
+        kind: HeaderType,
+        name: &str,
+        index: usize,
+        count: Option<&mut usize>,
+    ) -> Option<&[u8]> {
         let mut out = EnvoyBuffer::NULL;
+        let count = count.map_or(null_mut(), |c| c as *mut usize);
         // SAFETY: as for attribute() (this filter sets no header of a map it reads while the
-        // value is in use); Envoy copies the key; false when the map is not available.
+        // value is in use); Envoy copies the key, writes the number of values to `count` when
+        // it is not null, and answers false when the map is not available or has no such
+        // value.
         unsafe {
             envoy_dynamic_module_callback_http_get_header(
                 self.ptr,
                 kind,
                 ModuleBuffer::of(name.as_bytes()),
                 &mut out,
-                0,
-                null_mut(),
+                index,
+                count,
             )
             .then(|| out.bytes())
         }
@@ -419,41 +434,15 @@ impl Stream<'_> {
     /// Gives `line` each value of a header, in order: one lookup when it has one line, and one
     /// more per further line.
     fn header_lines(&self, kind: HeaderType, name: &str, mut line: impl FnMut(&[u8])) {
-        let (mut out, mut count) = (EnvoyBuffer::NULL, 0usize);
-        // SAFETY: as for header(); Envoy also writes the number of values to `count` (0 when
-        // the map is not available).
-        let found = unsafe {
-            envoy_dynamic_module_callback_http_get_header(
-                self.ptr,
-                kind,
-                ModuleBuffer::of(name.as_bytes()),
-                &mut out,
-                0,
-                &mut count,
-            )
-        };
-        if !found {
+        let mut count = 0usize;
+        let Some(first) = self.header_at(kind, name, 0, Some(&mut count)) else {
             return;
-        }
-        // SAFETY: a value of the map, valid while the hook runs and `line` sets no header.
-        line(unsafe { out.bytes() });
+        };
+        line(first);
+        // Nothing runs on the stream between the calls: every index below `count` has a value.
         for index in 1..count {
-            let mut out = EnvoyBuffer::NULL;
-            // SAFETY: as above; an index past the values (none: nothing ran on the stream
-            // between the calls) answers false.
-            let found = unsafe {
-                envoy_dynamic_module_callback_http_get_header(
-                    self.ptr,
-                    kind,
-                    ModuleBuffer::of(name.as_bytes()),
-                    &mut out,
-                    index,
-                    null_mut(),
-                )
-            };
-            if found {
-                // SAFETY: as for the first value.
-                line(unsafe { out.bytes() });
+            if let Some(value) = self.header_at(kind, name, index, None) {
+                line(value);
             }
         }
     }

@@ -1736,14 +1736,7 @@ mod tests {
                 "share": {"learn": {"from": "openai", "unit": "second", "hold_s": 5,
                                     "max_block_s": 2}}}]}"#,
         );
-        let ask = |now: u64| {
-            let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
-            host.now = now;
-            match decided(&rt, &mut host) {
-                Decision::Continue(a) => Some(a),
-                _ => None,
-            }
-        };
+        let ask = |now: u64| admitted_at(&rt, "a", now);
         let t0 = 1_800_000_000_000;
         let mut a = ask(t0).unwrap();
         assert!(a.is_some(), "a shared rule's answer is watched");
@@ -1849,14 +1842,7 @@ mod tests {
                 "rate_limit": {"requests_per_unit": 100, "unit": "second"},
                 "share": {"learn": {"from": "openai", "unit": "second", "max_block_s": 60}}}]}"#,
         );
-        let ask = |now: u64| {
-            let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
-            host.now = now;
-            match decided(&rt, &mut host) {
-                Decision::Continue(a) => Some(a),
-                _ => None,
-            }
-        };
+        let ask = |now: u64| admitted_at(&rt, "a", now);
         let t0 = 1_800_000_000_000;
         let (mut a, mut b) = (ask(t0).unwrap(), ask(t0).unwrap());
         // `retry-after: 30, 1`: not a number of seconds. The refusal blocks for the wait of a
@@ -1876,6 +1862,16 @@ mod tests {
         ]);
         respond(&rt, &mut b, &mut one_line, t0 + 2_001);
         assert!(ask(t0 + 25_000).is_none(), "one line of 30 s blocks");
+    }
+
+    /// A request of tenant `tenant` (`x-tenant`) at `now`: what it was admitted with, if it was.
+    fn admitted_at(rt: &Runtime<MemoryStore>, tenant: &str, now: u64) -> Option<Option<Admitted>> {
+        let mut host = FakeHost::new("10.0.0.1", "/").header("x-tenant", tenant);
+        host.now = now;
+        match decided(rt, &mut host) {
+            Decision::Continue(a) => Some(a),
+            _ => None,
+        }
     }
 
     fn decided(rt: &Runtime<MemoryStore>, host: &mut FakeHost) -> Decision {

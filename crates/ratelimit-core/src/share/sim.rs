@@ -333,21 +333,23 @@ fn tenants_between_the_plain_share_and_the_level_get_all_they_ask() {
     }
 }
 
+/// Three interactive tenants asking 30 % of the capacity in all, and three batch ones asking
+/// all of it each.
+fn interactive_and_batch() -> Vec<Client> {
+    let client = |band: u8, rate: f64| Client {
+        weight: 1,
+        band,
+        rate,
+    };
+    let mut clients = vec![client(0, 0.1 * C as f64); 3];
+    clients.extend(vec![client(1, C as f64); 3]);
+    clients
+}
+
 #[test]
 fn the_interactive_band_is_served_while_batch_absorbs_the_overload() {
     let share = share_of(&[200, 50]);
-    let mut clients: Vec<Client> = (0..3)
-        .map(|_| Client {
-            weight: 1,
-            band: 0,
-            rate: 0.1 * C as f64,
-        })
-        .collect();
-    clients.extend((0..3).map(|_| Client {
-        weight: 1,
-        band: 1,
-        rate: C as f64,
-    }));
+    let clients = interactive_and_batch();
     for seed in [13, 14, 15] {
         let o = run(&share, &clients, seed);
         report("bands", &clients, &o);
@@ -370,18 +372,7 @@ fn the_interactive_band_is_served_from_the_first_request_with_every_algorithm() 
     // then, never after the first 1.1 windows. (A leaky bucket refuses any request ahead of its
     // pace, whatever its band: no band is promised anything there.)
     let share = share_of(&[200, 50]);
-    let mut clients: Vec<Client> = (0..3)
-        .map(|_| Client {
-            weight: 1,
-            band: 0,
-            rate: 0.1 * C as f64,
-        })
-        .collect();
-    clients.extend((0..3).map(|_| Client {
-        weight: 1,
-        band: 1,
-        rate: C as f64,
-    }));
+    let clients = interactive_and_batch();
     let sliding = Policy::SlidingWindow {
         limit: C,
         window_ms: 1000,
