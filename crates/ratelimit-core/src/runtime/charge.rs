@@ -8,7 +8,8 @@
 //! rule's default. Each usage settled is handed to the host's `report(rule, usage)` (the
 //! access log's dynamic metadata or filter state).
 
-use super::request::{Admitted, BodyScan, Debt, DebtKind, Host, Pending, Response};
+use super::request::{Admitted, BodyScan, Debt, DebtKind, Host, Pending};
+use super::response::Response;
 use super::Runtime;
 use crate::config::{self, Cost, Usage};
 use crate::engine::{self, Check, Owed};

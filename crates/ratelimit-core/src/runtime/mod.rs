@@ -19,6 +19,7 @@ mod lease;
 pub mod operator;
 pub mod operator_http;
 pub mod request;
+mod response;
 pub mod stream;
 mod wait;
 
@@ -26,9 +27,8 @@ pub use background::{Background, Call, Work};
 pub use explain::Explained;
 pub use operator::{KeyState, LoggedKey, OperatorError};
 pub use operator_http::{OperatorAnswer, OperatorCall};
-pub use request::{
-    failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Response, Start, MAX_HELD,
-};
+pub use request::{failure_reply, Admitted, Decision, Held, Host, Pending, Reply, Start, MAX_HELD};
+pub use response::Response;
 pub use stream::{Next, StreamState};
 pub use wait::{Queued, Turn, POLL_MS};
 
