@@ -363,6 +363,20 @@ fn serve(conn: TcpStream, s: &Shared) {
     }
 }
 
+/// `org`'s bucket in `buckets` (one second of `rate`, full at first), refilled to `now`: what
+/// it holds.
+fn refilled<'a>(
+    buckets: &'a mut HashMap<String, (f64, Instant)>,
+    org: &str,
+    rate: f64,
+    now: Instant,
+) -> &'a mut f64 {
+    let (left, at) = buckets.entry(org.to_string()).or_insert((rate, now));
+    *left = (*left + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+    *at = now;
+    left
+}
+
 /// Takes a token of `org`'s bucket for `tenant`, and `cost` tokens of its token bucket if it
 /// has one: whether there were enough, the whole requests left, the whole tokens left (with a
 /// token limit), and for a garbage organisation the answer's number.
@@ -377,18 +391,12 @@ fn take(
     let second = since.as_secs();
     let rate = s.orgs.get(org).copied().unwrap_or(s.rate);
     let mut state = s.state.lock().unwrap();
-    let (tokens, at) = state.buckets.entry(org.to_string()).or_insert((rate, now));
-    *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
-    *at = now;
+    let state = &mut *state;
+    let tokens = refilled(&mut state.buckets, org, rate, now);
     let mut admitted = *tokens >= 1.0;
     let per_s = s.tokens.get(org).copied();
     let token_left = per_s.map(|per_s| {
-        let (left, at) = state
-            .token_buckets
-            .entry(org.to_string())
-            .or_insert((per_s, now));
-        *left = (*left + now.duration_since(*at).as_secs_f64() * per_s).min(per_s);
-        *at = now;
+        let left = refilled(&mut state.token_buckets, org, per_s, now);
         let cost = cost.unwrap_or(0) as f64;
         if admitted && *left >= cost {
             *left -= cost;
@@ -397,7 +405,6 @@ fn take(
         }
         *left as u64
     });
-    let (tokens, _) = state.buckets.get_mut(org).unwrap();
     if admitted {
         *tokens -= 1.0;
     }
