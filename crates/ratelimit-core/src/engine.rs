@@ -43,12 +43,10 @@ pub struct Check {
     /// An elastic rule's base policy, when the limit in force (`policy`) differs from it: an
     /// admitted request is reported as above the base if the base would have refused it.
     pub base: Option<Policy>,
-    /// A shared capacity's rule: the key is the tenant's, `policy` the capacity all tenants
-    /// share ([`crate::share`]).
-    pub share: Option<ShareCheck>,
 }
 
-/// How a check's capacity is shared among its tenants.
+/// How a check's capacity is shared among its tenants: kept beside the checks, by the check's
+/// index ([`decide_shared`]), so that a check of a plain rule carries nothing of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShareCheck {
     /// The store slot of the rule's record (a [`table::SlotKind::Share`]).
@@ -216,16 +214,33 @@ struct Work {
     committed: Option<State>,
 }
 
-/// Decides a request against every check, at `now_ms`.
+/// A shared capacity's check: the index of its [`Check`] (the key is the tenant's, the check's
+/// `policy` the capacity all tenants share, [`crate::share`]) and how the capacity is shared.
+pub type Shared = (usize, ShareCheck);
+
+/// Decides a request against every check, at `now_ms`, the checks `shares` names deciding
+/// shared capacities ([`decide`] when it names none).
+pub fn decide_shared(
+    store: &impl Store,
+    checks: &[Check],
+    shares: &[Shared],
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> Outcome {
+    if shares.is_empty() {
+        decide(store, checks, now_ms, failure_mode)
+    } else {
+        decide_shares(store, checks, shares, now_ms, failure_mode)
+    }
+}
+
+/// Decides a request against every check, at `now_ms` (none of them a shared capacity's).
 pub fn decide(
     store: &impl Store,
     checks: &[Check],
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
-    if checks.iter().any(|c| c.share.is_some()) {
-        return decide_shares(store, checks, now_ms, failure_mode);
-    }
     if let [check] = checks {
         if !check.policy.uses_log() {
             return decide_one(store, check, now_ms, failure_mode);
@@ -249,20 +264,23 @@ pub fn decide(
 fn decide_shares(
     store: &impl Store,
     checks: &[Check],
+    shares: &[Shared],
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
     let mut rules: PerRule<RuleOutcome> = PerRule::new();
     rules.resize_with(checks.len(), RuleOutcome::default);
-    let mut counted: PerRule<(usize, share::Tenant)> = SmallVec::new();
+    let mut counted: PerRule<(usize, &ShareCheck)> = SmallVec::new();
     let mut allowed = true;
-    for (i, check) in checks.iter().enumerate() {
-        let Some(sc) = &check.share else {
+    let is_shared = |i: usize| shares.iter().any(|(at, _)| *at == i);
+    for (i, sc) in shares {
+        let i = *i;
+        let Some(check) = checks.get(i) else {
             continue;
         };
         let (out, admitted, tenant) = decide_share(store, check, sc, now_ms, failure_mode);
-        if let (true, Some(t)) = (admitted, tenant) {
-            counted.push((i, t));
+        if admitted && tenant.is_some() {
+            counted.push((i, sc));
         }
         if let Some(r) = rules.get_mut(i) {
             *r = out;
@@ -272,11 +290,11 @@ fn decide_shares(
             break;
         }
     }
-    if allowed && checks.iter().any(|c| c.share.is_none()) {
+    if allowed && (0..checks.len()).any(|i| !is_shared(i)) {
         let (others, at): (PerRule<Check>, PerRule<usize>) = checks
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.share.is_none())
+            .filter(|(i, _)| !is_shared(*i))
             .map(|(i, c)| (*c, i))
             .unzip();
         if !others.is_empty() {
@@ -290,9 +308,9 @@ fn decide_shares(
         }
     }
     if !allowed {
-        for (i, _) in counted {
+        for (i, sc) in counted {
             if let Some(check) = checks.get(i) {
-                refund_share(store, check, now_ms);
+                refund_share(store, check, sc, now_ms);
             }
         }
     }
@@ -442,10 +460,7 @@ fn reapply(
 }
 
 /// Gives a shared rule back a request it counted at `now_ms`: the record, then the tenant.
-fn refund_share(store: &impl Store, check: &Check, now_ms: u64) {
-    let Some(sc) = &check.share else {
-        return;
-    };
+fn refund_share(store: &impl Store, check: &Check, sc: &ShareCheck, now_ms: u64) {
     let mut retries = 0;
     let cost = check.cost;
     let _ = after_share(

@@ -17,7 +17,6 @@ fn a_blocked_key_is_refused_until_the_block_ends() {
         shadow: false,
         charge_later: false,
         base: None,
-        share: None,
     };
     assert!(decide(&store, &[check], 1_000, FailureMode::Allow).allowed);
     let (mut slot, cas) = store

@@ -15,24 +15,11 @@ fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
         .unwrap()
 }
 
-fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> Check {
-    Check {
-        share: Some(ShareCheck {
-            record: table::SlotKind::Share.slot(1),
-            share: share::Share {
-                active_ms: 10_000,
-                saturation_pm: 800,
-                target_pm: 970,
-                bands: 1,
-                min_share_pm: [0; share::MAX_BANDS],
-                ramp_ms: 0,
-            },
-            asker: share::Asker {
-                weight,
-                band: 0,
-                again: false,
-            },
-        }),
+/// A shared capacity's check for `tenant`, and how it is shared.
+type SharedCheck = (Check, Option<ShareCheck>);
+
+fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> SharedCheck {
+    let check = Check {
         slot,
         fingerprint: tenant,
         policy: Policy::SlidingWindow {
@@ -43,7 +30,33 @@ fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> Check {
         shadow: false,
         charge_later: false,
         base: None,
-    }
+    };
+    let sc = ShareCheck {
+        record: table::SlotKind::Share.slot(1),
+        share: share::Share {
+            active_ms: 10_000,
+            saturation_pm: 800,
+            target_pm: 970,
+            bands: 1,
+            min_share_pm: [0; share::MAX_BANDS],
+            ramp_ms: 0,
+        },
+        asker: share::Asker {
+            weight,
+            band: 0,
+            again: false,
+        },
+    };
+    (check, Some(sc))
+}
+
+/// [`decide_shared`] on checks each with its share, if it has one.
+fn decide(store: &impl Store, checks: &[SharedCheck], now_ms: u64, mode: FailureMode) -> Outcome {
+    let plain: Vec<Check> = checks.iter().map(|(c, _)| *c).collect();
+    let shares: Vec<Shared> = (checks.iter().enumerate())
+        .filter_map(|(i, (_, sc))| sc.map(|sc| (i, sc)))
+        .collect();
+    decide_shared(store, &plain, &shares, now_ms, mode)
 }
 
 fn record(store: &impl Store) -> share::Record {
@@ -104,7 +117,7 @@ fn a_shared_capacity_admits_its_limit_across_tenants_and_threads() {
 /// read the tenant's entry as this request did, and wins the race to write it.
 struct Racing {
     inner: MemoryStore,
-    racer: std::sync::Mutex<Option<(Check, u64)>>,
+    racer: std::sync::Mutex<Option<(SharedCheck, u64)>>,
 }
 
 impl Store for Racing {
@@ -120,7 +133,7 @@ impl Store for Racing {
         let racer = {
             let mut r = self.racer.lock().unwrap();
             match r.as_ref() {
-                Some((c, _)) if c.slot == slot => r.take(),
+                Some(((c, _), _)) if c.slot == slot => r.take(),
                 _ => None,
             }
         };
@@ -178,15 +191,17 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
 #[test]
 fn a_request_another_rule_refuses_is_given_back_to_the_shared_capacity() {
     let store = MemoryStore::new();
-    let strict = Check {
-        share: None,
-        fingerprint: 77,
-        policy: Policy::SlidingWindow {
-            limit: 2,
-            window_ms: 60_000,
+    let strict = (
+        Check {
+            fingerprint: 77,
+            policy: Policy::SlidingWindow {
+                limit: 2,
+                window_ms: 60_000,
+            },
+            ..shared(5, 77, 2, 1).0
         },
-        ..shared(5, 77, 2, 1)
-    };
+        None,
+    );
     let mut admitted = 0;
     for i in 0..5 {
         let o = decide(

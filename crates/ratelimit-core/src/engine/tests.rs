@@ -20,7 +20,6 @@ fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
         shadow: false,
         charge_later: false,
         base: None,
-        share: None,
     }
 }
 
@@ -83,7 +82,6 @@ fn the_one_bucket_path_matches_the_general_path() {
                 shadow: next(5) == 0,
                 charge_later: next(4) == 0,
                 base: None,
-                share: None,
             };
             if next(500) == 0 {
                 for s in [&fast, &general] {
@@ -154,7 +152,6 @@ fn held_buckets_decide_as_compare_and_swap() {
                     shadow: next(5) == 0,
                     charge_later: next(6) == 0,
                     base: None,
-                    share: None,
                 })
                 .collect();
             if next(300) == 0 {

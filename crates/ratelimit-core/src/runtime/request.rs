@@ -262,6 +262,8 @@ impl Reply {
 #[derive(Clone, Debug, Default)]
 pub struct Pending {
     pub(super) checks: PerRule<Check>,
+    /// The checks of shared capacities, by index in `checks` (none for plain rules).
+    pub(super) shares: Vec<engine::Shared>,
     pub(super) applied: PerRule<Applied>,
     pub(super) questions: Vec<Question>,
     pub(super) answers: Vec<Option<Answer>>,
@@ -283,6 +285,14 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// How check `i`'s capacity is shared, if it is a shared capacity's.
+    pub(super) fn share_of(&self, i: usize) -> Option<&ShareCheck> {
+        self.shares
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, sc)| sc)
+    }
+
     /// Whether reservations wait to be sized from the request's body.
     pub fn reads_body(&self) -> bool {
         !self.sized.is_empty() || !self.deferred.is_empty()
@@ -595,11 +605,14 @@ impl<S: Store> Runtime<S> {
         if sized {
             p.sized.push(p.checks.len());
         }
-        let share = rule.share.as_ref().map(|sh| ShareCheck {
-            record: compiled.share_record(),
-            share: sh.params,
-            asker: asker(sh, host),
-        });
+        if let Some(sh) = &rule.share {
+            let sc = ShareCheck {
+                record: compiled.share_record(),
+                share: sh.params,
+                asker: asker(sh, host),
+            };
+            p.shares.push((p.checks.len(), sc));
+        }
         let check = Check {
             slot,
             fingerprint: table::fingerprint_of(hash),
@@ -608,7 +621,6 @@ impl<S: Store> Runtime<S> {
             shadow: rule.shadow,
             charge_later: rule.charge().is_some_and(|c| !c.true_up),
             base,
-            share,
         };
         p.checks.push(check);
         p.applied.push(Applied {
@@ -629,7 +641,6 @@ impl<S: Store> Runtime<S> {
                 slot: u64::from(table::bucket_of(key, self.buckets)),
                 fingerprint: table::fingerprint_of(key),
                 policy: lease,
-                share: None,
                 base: None,
                 ..check
             });
@@ -827,8 +838,15 @@ impl<S: Store> Runtime<S> {
         }
         let outcome = match decided {
             Some(o) => Some(o),
-            None => (!refused && !p.checks.is_empty())
-                .then(|| engine::decide(&self.store, &p.checks, now, self.config.failure_mode)),
+            None => (!refused && !p.checks.is_empty()).then(|| {
+                engine::decide_shared(
+                    &self.store,
+                    &p.checks,
+                    &p.shares,
+                    now,
+                    self.config.failure_mode,
+                )
+            }),
         };
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
         if !allowed && !refused && !p.late && !p.no_wait && p.questions.is_empty() {
@@ -854,7 +872,8 @@ impl<S: Store> Runtime<S> {
         let mut watched = SmallVec::new();
         let mut timed = false;
         if let Some(outcome) = &outcome {
-            for ((a, out), check) in p.applied.iter().zip(&outcome.rules).zip(&p.checks) {
+            let checked = p.applied.iter().zip(&outcome.rules).zip(&p.checks);
+            for (ci, ((a, out), check)) in checked.enumerate() {
                 let Some(rule) = self.config.rules.get(a.rule) else {
                     continue;
                 };
@@ -867,7 +886,7 @@ impl<S: Store> Runtime<S> {
                 if !v.allowed {
                     v = self.wait_for_reservations(a.rule, check, v);
                     self.refusal(host, a.rule, a.hash, &v, check.cost, check.shadow);
-                    if let (Some(reason), Some(sc)) = (out.share_refused, &check.share) {
+                    if let (Some(reason), Some(sc)) = (out.share_refused, p.share_of(ci)) {
                         self.shared_refusal(host, a.rule, a.hash, reason, sc.asker);
                     }
                     if a.capacity {
@@ -882,7 +901,7 @@ impl<S: Store> Runtime<S> {
                             kind: DebtKind::Usage, // nothing was counted
                             priced: a.priced,
                             report: self.service_report(a, check, 0, host),
-                            share: check.share.as_ref().map(|sc| (sc.record, sc.share)),
+                            share: p.share_of(ci).map(|sc| (sc.record, sc.share)),
                         });
                     }
                 } else if allowed {
@@ -924,7 +943,7 @@ impl<S: Store> Runtime<S> {
                             kind,
                             priced: a.priced,
                             report: self.service_report(a, check, 0, host),
-                            share: check.share.as_ref().map(|sc| (sc.record, sc.share)),
+                            share: p.share_of(ci).map(|sc| (sc.record, sc.share)),
                         };
                         match kind {
                             DebtKind::Slot(_) => self.metrics.gauge(Gauge::InFlight, 1),
@@ -1029,17 +1048,18 @@ impl<S: Store> Runtime<S> {
         now: u64,
     ) -> Option<super::Queued> {
         let mut first = None;
-        for ((a, out), check) in p.applied.iter().zip(&o.rules).zip(&p.checks) {
+        let checked = p.applied.iter().zip(&o.rules).zip(&p.checks);
+        for (ci, ((a, out), check)) in checked.enumerate() {
             let refused = out.verdict.is_some_and(|v| !v.allowed) && !check.shadow;
             if out.failure.is_some() || (refused && !self.lines.has(a.rule)) {
                 return None;
             }
             if refused && first.is_none() {
-                first = Some((a.rule, check, out.verdict?.retry_after_ms));
+                first = Some((a.rule, ci, out.verdict?.retry_after_ms));
             }
         }
-        let (rule, check, wait) = first?;
-        let q = self.join_line(p, rule, check, wait, host, now)?;
+        let (rule, ci, wait) = first?;
+        let q = self.join_line(p, rule, ci, wait, host, now)?;
         for (a, out) in p.applied.iter().zip(&o.rules) {
             self.metrics
                 .add(a.rule, Counter::StoreRetries, u64::from(out.retries));
@@ -1167,11 +1187,10 @@ impl<S: Store> Runtime<S> {
     /// holds too little of it): the `shared` line, for the capacity, with the asking tenant
     /// (its share's check in `p`).
     fn capacity_refusal(&self, host: &mut impl Host, p: &Pending, rule: usize) {
-        let tenant = p
-            .applied
-            .iter()
-            .zip(&p.checks)
-            .find_map(|(a, c)| c.share.filter(|_| a.rule == rule).map(|sc| (a.hash, sc)));
+        let tenant = p.shares.iter().find_map(|(ci, sc)| {
+            let a = p.applied.get(*ci).filter(|a| a.rule == rule)?;
+            Some((a.hash, sc))
+        });
         if let Some((hash, sc)) = tenant {
             self.shared_refusal(host, rule, hash, crate::share::Reason::Capacity, sc.asker);
         }

@@ -121,13 +121,14 @@ impl<S: Store> Runtime<S> {
         &self,
         p: &Pending,
         rule: usize,
-        check: &engine::Check,
+        ci: usize,
         retry_after_ms: u64,
         host: &mut impl Host,
         now: u64,
     ) -> Option<Queued> {
         let sh = self.config.rules.get(rule)?.share.as_ref()?;
-        let asker = check.share.as_ref()?.asker;
+        let check = p.checks.get(ci)?;
+        let asker = p.share_of(ci)?.asker;
         if retry_after_ms > sh.max_wait_ms {
             return None; // it could not pass within the wait
         }
@@ -152,10 +153,8 @@ impl<S: Store> Runtime<S> {
         waiting.no_wait = true;
         // Its turn has no request to read: what the services' reports need is read now.
         self.describe_all(&mut waiting, host);
-        for c in waiting.checks.iter_mut() {
-            if let Some(sc) = c.share.as_mut() {
-                sc.asker.again = true;
-            }
+        for (_, sc) in waiting.shares.iter_mut() {
+            sc.asker.again = true;
         }
         waiting.waited = Some((rule, waiter.band, now));
         line.waiting.push((ticket, waiting));
@@ -233,7 +232,13 @@ impl<S: Store> Runtime<S> {
     /// band shares ([`Offer::Refused`]) or for something of its own ([`Offer::Skipped`]: the
     /// next tenant may pass).
     fn try_turn(&self, p: &Pending, now: u64) -> Result<Decision, Offer> {
-        let outcome = engine::decide(&self.store, &p.checks, now, self.config.failure_mode);
+        let outcome = engine::decide_shared(
+            &self.store,
+            &p.checks,
+            &p.shares,
+            now,
+            self.config.failure_mode,
+        );
         if !outcome.allowed {
             // Refused for what every waiter of the band meets (the shared capacity, the band's
             // budget): the band's turns end. For anything of its own (its tenant's share,
