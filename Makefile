@@ -148,19 +148,14 @@ abi-check: default-envoy-version build-native build-native-prev envoys
 
 # The matrix `make test` proves besides the full suite (pinned Envoy, both builds): the wasm
 # build's core tests (envoy.rs) on every other Envoy with V8 (1.38.3 on PyPI was built without
-# it), and the native build for the previous release on the Envoys it claims.
+# it), and the native build for the previous release on the Envoys it claims. `make integration`
+# runs these jobs with the others; `make compat` runs them alone.
 WASM_ENVOYS := 1.36.4 1.37.0 1.39.3
+COMPAT_JOBS := $(foreach v,$(WASM_ENVOYS),'FILTER=wasm ENVOY=$(call envoy_bin,$(v)) --test envoy') \
+	$(foreach e,$(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN),'FILTER=native NATIVE_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) ENVOY=$(e) --test envoy')
 compat: default-envoy-version build build-native-prev envoys
-	for v in $(WASM_ENVOYS); do \
-		echo "== wasm build, envoy.rs, Envoy $$v"; \
-		$(TEST_ENV) FILTER=wasm ENVOY=$(CURDIR)/$(ENVOYS)/$$v/bin/envoy \
-			cargo test -p envoy-tests --features envoy --test envoy -- --test-threads 2 || exit 1; \
-	done
-	for e in $(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN); do \
-		echo "== native build for $(PREV_ENVOY), envoy.rs, $$e"; \
-		$(TEST_ENV) FILTER=native NATIVE_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) ENVOY=$$e \
-			cargo test -p envoy-tests --features envoy --test envoy -- --test-threads 2 || exit 1; \
-	done
+	cargo test -p envoy-tests --features envoy --no-run
+	$(TEST_ENV) python3 crates/envoy-tests/suite.py $(COMPAT_JOBS)
 
 # The matrix and the version tests assume the default build (the module for $(PINNED_ENVOY)).
 default-envoy-version:
@@ -172,12 +167,20 @@ build-native-panic:
 	cargo build --profile native -p filter-native --features panic-trigger --target-dir target/native-panic
 	cp -f $(PANIC_NATIVE_DIR)/libwasm_ratelimit_native.so $(PANIC_NATIVE_DIR)/libwasm_ratelimit.so
 
-# The tests that drive a real Envoy (the envoy-tests package), against the wasm build, then
-# again against the dynamic module (deploy checks the Istio/OCI wasm artefacts only). The first
-# run includes versions.rs: each native build in the Envoys it was and was not built for.
-ENVOY_TESTS := --test envoy --test algorithms --test calendar --test failure --test reload --test flood --test quota --test elastic \
-	--test global --test examples --test docs --test prometheus --test replay --test tokens --test plans --test operator --test operator_route --test explain \
-	--test sdk --test tutorials --test hostile --test held --test soak --test share --test share_learn --test share_wait --test share_fleet --test share_tokens
+# The tests that drive a real Envoy (the envoy-tests package), against the wasm build and
+# against the dynamic module, and the compat matrix above: one job per build and test file, run
+# side by side by crates/envoy-tests/suite.py (SUITE_JOBS slots, default 3; a heavy job, one
+# that measures rates or CPU, takes two), the longest first. The wasm build also runs the files
+# that test what only it ships (deploy.rs, the Istio/OCI artefacts), or no build at all.
+# versions.rs runs each native build in the Envoys it was and was not built for.
+ENVOY_TESTS := envoy algorithms calendar failure reload flood quota elastic global examples docs prometheus \
+	replay tokens plans operator operator_route explain sdk tutorials hostile held soak share share_learn \
+	share_wait share_fleet share_tokens
+WASM_ONLY_TESTS := deploy envoy_gateway llm_upstream upgrade versions
+HEAVY_TESTS := soak share share_wait share_fleet held flood
+suite_job = '$(if $(filter $(2),$(HEAVY_TESTS)),heavy: )FILTER=$(1) --test $(2)'
+INTEGRATION_JOBS := $(foreach t,$(ENVOY_TESTS) $(WASM_ONLY_TESTS),$(call suite_job,wasm,$(t))) \
+	$(foreach t,$(ENVOY_TESTS),$(call suite_job,native,$(t)))
 TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER=$(CURDIR)/$(RLS_SERVER) \
 	NATIVE_DIR=$(CURDIR)/$(NATIVE_DIR) PANIC_NATIVE_DIR=$(CURDIR)/$(PANIC_NATIVE_DIR) \
 	RATELIMIT_CONFIG=$(CURDIR)/target/debug/ratelimit-config \
@@ -186,8 +189,8 @@ TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER
 integration: default-envoy-version build build-panic build-native build-native-panic build-native-prev \
 	envoy envoys rls-server prometheus sdks
 	cargo build -p ratelimit-config
-	$(TEST_ENV) FILTER=wasm cargo test -p envoy-tests --features envoy -- --test-threads 2
-	$(TEST_ENV) FILTER=native cargo test -p envoy-tests --features envoy $(ENVOY_TESTS) -- --test-threads 2
+	cargo test -p envoy-tests --features envoy --no-run
+	$(TEST_ENV) python3 crates/envoy-tests/suite.py $(INTEGRATION_JOBS) $(COMPAT_JOBS)
 
 # The soak under faults (envoy-tests' soak.rs), each build in turn for SOAK_SECONDS (default
 # 1800; `make test` runs it for 60 s): saturation, key churn, LLM streams, a lease and an async
@@ -253,7 +256,7 @@ deploy-test: build dist envoy $(VENV)/.test-deps
 	python3 deploy/dist/test_dist.py $(DIST)
 	$(VENV)/bin/python schema/test_schema.py
 
-test: unit abi-check integration compat deploy-test
+test: unit abi-check integration deploy-test
 
 lint: target docs
 	cargo fmt --all --check
