@@ -226,7 +226,8 @@ fuzz-test:
 
 # The book (docs/, mdBook): target/book/index.html. The pinned mdBook is installed once into
 # .tools/ (search only: no server, no watcher); the generated pages must be what their generators
-# write (`make docs-gen` rewrites them), and every link and anchor must resolve.
+# write (`make docs-gen` rewrites them), and every link and anchor must resolve. Links to the
+# repository's files go through book.toml's git-repository-url (docs/gen/repo_links.py).
 MDBOOK_VERSION := 0.5.4
 MDBOOK := .tools/bin/mdbook
 DOCS_GEN := docs/gen/configuration.py docs/gen/errors.py
@@ -241,6 +242,7 @@ docs: $(MDBOOK)
 	@# mdBook has no "warnings are errors": fail on any WARN or ERROR line it prints.
 	@mkdir -p target; set -o pipefail; $(MDBOOK) build docs 2>&1 | tee target/mdbook.log; \
 		! grep -E '(WARN|ERROR)' target/mdbook.log >/dev/null
+	python3 docs/gen/check_links.py --built target/book
 	@echo "built target/book/index.html"
 
 docs-gen:
