@@ -3,7 +3,7 @@
 of README.md and docs/src/**/*.md resolves to a file of the repository, every `#anchor` to a
 heading of the target page (mdBook's ids: lowercased, spaces to `-`, punctuation other than `-`
 and `_` dropped, a repeated heading `-1`, `-2`, ...) or an HTML `id`; every page of docs/src is
-listed in SUMMARY.md and every SUMMARY entry exists. `{{#include}}`s are expanded first.
+listed in SUMMARY.md and every SUMMARY entry is a page that exists. `{{#include}}`s are expanded first.
 Links inside code (fenced blocks, `inline code`) are not links; a link's text may run over
 several lines.
 
@@ -177,7 +177,9 @@ def main():
         for m in re.finditer(r"\]\(([^)]*)\)", line):
             target = m.group(1)
             if not target:
-                continue  # a draft chapter
+                errors.append(f"docs/src/SUMMARY.md:{n}: a chapter without a page (a part's label "
+                              f"needs a landing page)")
+                continue
             listed.add((SRC / target).resolve())
             if not (SRC / target).exists():
                 errors.append(f"docs/src/SUMMARY.md:{n}: {target}: no such page")
