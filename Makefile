@@ -73,9 +73,12 @@ envoy:
 	@if [ ! -x "$(ENVOY)" ]; then $(MAKE) --no-print-directory $(patsubst $(CURDIR)/%,%,$(ENVOY)); fi
 	@"$(ENVOY)" --version | grep -o 'version: [^ ]*'
 
+# The Envoy found (ENVOY) runs if the build is tested on its release, else the pinned one
+# (tools/run-envoy.sh says which).
 run: build envoy
 	@echo "Envoy on http://127.0.0.1:10000 (admin :9901). Try: curl -i localhost:10000/"
-	"$(ENVOY)" -c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:debug
+	@tools/run-envoy.sh "$(ENVOY)" "$(CURDIR)/$(VENV)/bin/envoy" "$(sort $(WASM_ENVOYS) $(PINNED_ENVOY))" -- \
+		-c envoy.yaml --concurrency 2 --disable-hot-restart --component-log-level wasm:debug
 
 # The Envoy dynamic module: target/native/libwasm_ratelimit.so (panic = "unwind", so that every
 # hook can catch a panic instead of aborting Envoy). Cargo names it after the crate's library
@@ -89,8 +92,10 @@ build-native:
 
 run-native: build-native envoy
 	@echo "Envoy on http://127.0.0.1:10000 (admin :9901), the filter as a dynamic module. Try: curl -i localhost:10000/"
-	ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) "$(ENVOY)" -c envoy-native.yaml --concurrency 2 \
-		--disable-hot-restart --component-log-level dynamic_modules:debug
+	@ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) tools/run-envoy.sh "$(ENVOY)" \
+		"$(if $(filter $(PINNED_ENVOY),$(ENVOY_VERSION)),$(CURDIR)/$(VENV)/bin/envoy,$(CURDIR)/$(ENVOYS)/$(ENVOY_VERSION)/bin/envoy)" \
+		"$(sort $(ENVOY_VERSION) $(PINNED_ENVOY))" -- \
+		-c envoy-native.yaml --concurrency 2 --disable-hot-restart --component-log-level dynamic_modules:debug
 
 # Every test that needs no Envoy: the core's unit, property and accuracy tests, the CLI's, the
 # ABI's, the fleet model's (`cargo test --workspace`), and the fuzz targets' build and seed
@@ -229,7 +234,8 @@ fuzz-test:
 
 # The book (docs/, mdBook): target/book/index.html. The pinned mdBook is installed once into
 # .tools/ (search only: no server, no watcher); the generated pages must be what their generators
-# write (`make docs-gen` rewrites them), and every link and anchor must resolve.
+# write (`make docs-gen` rewrites them), and every link and anchor must resolve. Links to the
+# repository's files go through book.toml's git-repository-url (docs/gen/repo_links.py).
 MDBOOK_VERSION := 0.5.4
 MDBOOK := .tools/bin/mdbook
 DOCS_GEN := docs/gen/configuration.py docs/gen/errors.py
@@ -244,6 +250,7 @@ docs: $(MDBOOK)
 	@# mdBook has no "warnings are errors": fail on any WARN or ERROR line it prints.
 	@mkdir -p target; set -o pipefail; $(MDBOOK) build docs 2>&1 | tee target/mdbook.log; \
 		! grep -E '(WARN|ERROR)' target/mdbook.log >/dev/null
+	python3 docs/gen/check_links.py --built target/book
 	@echo "built target/book/index.html"
 
 docs-gen:

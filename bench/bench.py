@@ -1520,6 +1520,10 @@ def report(r):
         "open-loop load generator: [`bench/loadgen/`](bench/loadgen); the driver:",
         "[`bench/bench.py`](bench/bench.py).",
         "",
+        "The sizes of the `.wasm` and of the native module as built now are on the performance",
+        "pages ([what the builds weigh](docs/src/performance/cost.md#what-the-builds-weigh)), checked",
+        "against the files built; a size in a section below is that of the build the section names.",
+        "",
     ]
     return "\n".join(lines)
 

@@ -3,12 +3,23 @@
 of README.md and docs/src/**/*.md resolves to a file of the repository, every `#anchor` to a
 heading of the target page (mdBook's ids: lowercased, spaces to `-`, punctuation other than `-`
 and `_` dropped, a repeated heading `-1`, `-2`, ...) or an HTML `id`; every page of docs/src is
-listed in SUMMARY.md and every SUMMARY entry exists. `{{#include}}`s are expanded first.
-Links inside code (fenced blocks, `inline code`) are not links. Python 3, standard library."""
+listed in SUMMARY.md and every SUMMARY entry is a page that exists. `{{#include}}`s are expanded first.
+Links inside code (fenced blocks, `inline code`) are not links; a link's text may run over
+several lines.
 
+A book page (docs/src) links outside the book only through the repository's URL: relatively,
+to a file of the repository, which the repo-links preprocessor (repo_links.py) turns into a
+link under book.toml's `git-repository-url`; never to that URL by hand (the base would then be
+written twice) and never outside the repository. `--built DIR` checks the built book instead:
+no relative `href` or `src` of DIR's pages leads outside DIR. Python 3.11, standard library."""
+
+import os
 import re
 import sys
+import tomllib
 from pathlib import Path
+
+from repo_links import links, rewrite
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SRC = ROOT / "docs/src"
@@ -94,30 +105,71 @@ def anchors(path, cache={}):
     return cache[path]
 
 
-LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+def book_base():
+    """The repository's URL the built book links through (book.toml)."""
+    cfg = tomllib.loads((ROOT / "docs/book.toml").read_text())
+    return cfg["output"]["html"]["git-repository-url"].rstrip("/")
+
+
+def check_built(book):
+    """Errors: relative `href`s and `src`s of the built book's pages that lead outside it."""
+    errors, n = [], 0
+    root = book.resolve()
+    for page in sorted(root.rglob("*.html")):
+        for m in re.finditer(r"""\b(?:href|src)=["']([^"'#?]*)""", page.read_text(errors="replace")):
+            url = m.group(1)
+            if not url or re.match(r"^[a-z][a-z0-9+.-]*:|^/", url, re.I):
+                continue  # a URL, or a path from the site's root (mdBook's 404 page)
+            n += 1
+            dest = Path(os.path.normpath(page.parent / url))
+            if dest != root and root not in dest.parents:
+                errors.append(f"{page.relative_to(root)}: {url}: leads outside the book")
+    return errors, n
 
 
 def main():
+    if sys.argv[1:2] == ["--built"]:
+        errors, n = check_built(Path(sys.argv[2]))
+        for e in errors:
+            print(e, file=sys.stderr)
+        print(f"built book: {n} relative links checked, {len(errors)} leading outside it")
+        return 1 if errors else 0
     errors = []
+    base = book_base()
     pages = [ROOT / "README.md"] + sorted(SRC.rglob("*.md"))
-    links = 0
+    count = 0
     for page in pages:
-        text = prose(expand(page, page.read_text()))
-        for n, line in enumerate(text.splitlines(), 1):
-            for m in LINK.finditer(line):
-                url = m.group(1) or m.group(2)
-                if re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I):
-                    continue  # http:, https:, mailto:
-                links += 1
-                target, _, frag = url.partition("#")
-                dest = (page.parent / target).resolve() if target else page
-                where = f"{page.relative_to(ROOT)}:{n}"
-                if not dest.exists():
-                    errors.append(f"{where}: {url}: no such file")
+        text = expand(page, page.read_text())
+        in_book = SRC in page.parents
+        for start, _, url in links(text):
+            where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, start) + 1}"
+            if in_book and (url == base or url.startswith(base + "/")):
+                errors.append(f"{where}: {url}: link to the repository's file relatively (the build "
+                              f"adds the base, book.toml's git-repository-url)")
+                continue
+            if re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I):
+                continue  # http:, https:, mailto:
+            count += 1
+            target, _, frag = url.partition("#")
+            dest = (page.parent / target).resolve() if target else page
+            if not dest.exists():
+                errors.append(f"{where}: {url}: no such file")
+                continue
+            if in_book and dest != ROOT and ROOT not in dest.parents:
+                errors.append(f"{where}: {url}: outside the repository")
+                continue
+            if frag and dest.is_file() and dest.suffix in (".md", ".html"):
+                if frag not in anchors(dest):
+                    errors.append(f"{where}: {url}: no heading or id #{frag} in {dest.relative_to(ROOT)}")
+        if in_book:
+            # What the built page links to: inside the book, or under the base.
+            built = rewrite(text, page.parent, SRC, ROOT, base, "REV")
+            for start, _, url in links(built):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", url, re.I) or url.startswith("#"):
                     continue
-                if frag and dest.is_file() and dest.suffix in (".md", ".html"):
-                    if frag not in anchors(dest):
-                        errors.append(f"{where}: {url}: no heading or id #{frag} in {dest.relative_to(ROOT)}")
+                dest = (page.parent / url.partition("#")[0]).resolve()
+                if dest != SRC and SRC not in dest.parents:
+                    errors.append(f"{page.relative_to(ROOT)}: {url}: the built page would link outside the book")
     # SUMMARY.md and the pages.
     summary = SRC / "SUMMARY.md"
     listed = set()
@@ -125,7 +177,9 @@ def main():
         for m in re.finditer(r"\]\(([^)]*)\)", line):
             target = m.group(1)
             if not target:
-                continue  # a draft chapter
+                errors.append(f"docs/src/SUMMARY.md:{n}: a chapter without a page (a part's label "
+                              f"needs a landing page)")
+                continue
             listed.add((SRC / target).resolve())
             if not (SRC / target).exists():
                 errors.append(f"docs/src/SUMMARY.md:{n}: {target}: no such page")
@@ -134,7 +188,7 @@ def main():
             errors.append(f"{page.relative_to(ROOT)}: not in docs/src/SUMMARY.md")
     for e in errors:
         print(e, file=sys.stderr)
-    print(f"links: {links} checked in {len(pages)} pages, {len(errors)} errors")
+    print(f"links: {count} checked in {len(pages)} pages, {len(errors)} errors")
     return 1 if errors else 0
 
 

@@ -23,6 +23,8 @@
 //! - Every ```` ```json ```` block with `"rules"` is a valid configuration; every
 //!   ```` ```yaml ```` block parses; the Envoy filter snippet (a ```` ```yaml ```` block that
 //!   starts with `http_filters:`) runs in a real Envoy as written, wherever it is.
+//! - The sizes of the `.wasm` and of the native module that the performance pages quote are
+//!   those of the files built, within 5 %.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -316,6 +318,57 @@ fn every_console_session_replays() {
     let eligible: usize = by_kind.values().map(|c| c.sessions).sum();
     assert!(eligible == 0 || total > 0, "nothing replayed");
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+/// The page that quotes the builds' sizes, and how far a built file may be from its figure.
+const SIZES_PAGE: &str = "docs/src/performance/cost.md";
+const SIZE_TOLERANCE: f64 = 0.05;
+
+#[test]
+fn the_build_sizes_the_book_quotes_are_the_files_built() {
+    let page = std::fs::read_to_string(common::root().join(SIZES_PAGE)).unwrap();
+    // Rows `| `target/…/FILE` | BYTES | … |`: the file, by its name, and its size in bytes.
+    let quoted: BTreeMap<String, u64> = page
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let file = cells.get(1)?.strip_prefix("`target/")?.strip_suffix('`')?;
+            let name = file.rsplit('/').next()?.to_string();
+            let bytes = cells.get(2)?.replace(',', "").parse().ok()?;
+            Some((name, bytes))
+        })
+        .collect();
+    let files = [
+        ("wasm_ratelimit.wasm", wasm_path(), Build::Wasm),
+        (
+            "libwasm_ratelimit.so",
+            common::native_dir().join("libwasm_ratelimit.so"),
+            Build::Native,
+        ),
+    ];
+    for (name, path, build) in files {
+        let want = *quoted
+            .get(name)
+            .unwrap_or_else(|| panic!("{SIZES_PAGE} quotes no size for {name}"));
+        // The build under test must be there; the other is checked when it was built too.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            assert!(build != common::build(), "{} is not built", path.display());
+            continue;
+        };
+        let got = meta.len();
+        let diff = got as f64 / want as f64 - 1.0;
+        let off = diff.abs();
+        println!(
+            "{name}: {got} bytes, the page says {want} ({:+.1} %)",
+            diff * 100.0
+        );
+        assert!(
+            off <= SIZE_TOLERANCE,
+            "{}: {got} bytes, {SIZES_PAGE} says {want}: more than {} % off; update the page",
+            path.display(),
+            SIZE_TOLERANCE * 100.0
+        );
+    }
 }
 
 #[test]

@@ -1121,6 +1121,16 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
         expected.keys().copied().collect(),
         "every alert needs its expected result here"
     );
+    let book = std::fs::read_to_string(common::root().join("docs/book.toml")).unwrap();
+    let repo = book
+        .lines()
+        .find_map(|l| l.strip_prefix("git-repository-url = "))
+        .expect("book.toml: git-repository-url")
+        .trim_matches('"');
+    let runbook = format!(
+        "{{{{ with $externalLabels.wasm_ratelimit_book }}}}{{{{ . }}}}/reference/metrics-and-logs.html\
+         {{{{ else }}}}{repo}/blob/main/docs/src/reference/metrics-and-logs.md{{{{ end }}}}#alerts"
+    );
     for r in &rules {
         let name = r["alert"].as_str().unwrap();
         let what = format!("alert {name}");
@@ -1137,10 +1147,12 @@ fn every_dashboard_query_and_alert_works_in_a_real_prometheus() {
                 "{what}: {a} names no plugin"
             );
         }
-        // The runbook is the book's page of alerts (built from docs/src), which names each one.
+        // The runbook is the book's section of alerts (built from docs/src), which names each
+        // one: absolute, under the book's base URL the operator sets (an external label), else
+        // the page on the repository (book.toml's git-repository-url).
         assert_eq!(
             r["annotations"]["runbook_url"].as_str(),
-            Some("reference/metrics-and-logs.html#alerts"),
+            Some(runbook.as_str()),
             "{what}: runbook_url"
         );
         let page =
