@@ -30,7 +30,7 @@ ENVOY ?= $(CURDIR)/$(ENVOYS)/$(ENVOY_VERSION)/bin/envoy
 endif
 export ENVOY
 
-.PHONY: rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
+.PHONY: bench-guard rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
 	envoy envoys target clean bench bench-fleet bench-tools oci fleet docs docs-gen dist fuzz fuzz-test fuzz-long soak
 
@@ -105,8 +105,12 @@ unit: fuzz-test
 
 # The filter built with a panic trigger, to watch Envoy's failure policies (envoy-tests' failure.rs).
 PANIC_WASM := target/panic/$(TARGET)/release/wasm_ratelimit.wasm
+# Never shipped: built without link-time optimization, in parallel codegen units (a third of
+# the build's time).
+PANIC_PROFILE := CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+	CARGO_PROFILE_NATIVE_LTO=false CARGO_PROFILE_NATIVE_CODEGEN_UNITS=16
 build-panic: target
-	cargo build --release --target $(TARGET) -p filter-wasm --features panic-trigger --target-dir target/panic
+	$(PANIC_PROFILE) cargo build --release --target $(TARGET) -p filter-wasm --features panic-trigger --target-dir target/panic
 
 # The test RLS server (limitador over Redis) for the global rules' tests (envoy-tests' global.rs).
 RLS_SERVER := crates/envoy-tests/rls-server/target/release/rls-server
@@ -169,20 +173,20 @@ default-envoy-version:
 # The dynamic module built with the panic trigger (envoy-tests' failure.rs).
 PANIC_NATIVE_DIR := target/native-panic/native
 build-native-panic:
-	cargo build --profile native -p filter-native --features panic-trigger --target-dir target/native-panic
+	$(PANIC_PROFILE) cargo build --profile native -p filter-native --features panic-trigger --target-dir target/native-panic
 	cp -f $(PANIC_NATIVE_DIR)/libwasm_ratelimit_native.so $(PANIC_NATIVE_DIR)/libwasm_ratelimit.so
 
 # The tests that drive a real Envoy (the envoy-tests package), against the wasm build and
 # against the dynamic module, and the compat matrix above: one job per build and test file, run
-# side by side by crates/envoy-tests/suite.py (SUITE_JOBS slots, default 3; a heavy job, one
-# that measures rates or CPU, takes two), the longest first. The wasm build also runs the files
+# side by side by crates/envoy-tests/suite.py (SUITE_JOBS at once, default 3; a heavy job, one
+# that measures rates or fairness under load, runs alone), the longest first. The wasm build also runs the files
 # that test what only it ships (deploy.rs, the Istio/OCI artefacts), or no build at all.
 # versions.rs runs each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := envoy algorithms calendar failure reload flood quota elastic global examples docs prometheus \
 	replay tokens plans operator operator_route explain sdk tutorials hostile held soak share share_learn \
 	share_wait share_fleet share_tokens
 WASM_ONLY_TESTS := deploy envoy_gateway llm_upstream upgrade versions
-HEAVY_TESTS := soak share share_wait share_fleet held flood
+HEAVY_TESTS := soak share share_wait share_fleet share_learn held flood
 suite_job = '$(if $(filter $(2),$(HEAVY_TESTS)),heavy: )FILTER=$(1) --test $(2)'
 INTEGRATION_JOBS := $(foreach t,$(ENVOY_TESTS) $(WASM_ONLY_TESTS),$(call suite_job,wasm,$(t))) \
 	$(foreach t,$(ENVOY_TESTS),$(call suite_job,native,$(t)))
@@ -298,6 +302,7 @@ bench-tools: build build-native envoy rls-server
 # (bench/summary.py, called when BENCHMARKS.md is written; about 20 minutes from a fresh checkout;
 # BENCH_ARGS=--quick for a two-minute smoke run).
 bench: bench-tools
+	python3 bench/bench.py --envoy $(ENVOY) --guard
 	python3 bench/bench.py $(BENCH_ARGS)
 	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)
 
@@ -306,6 +311,13 @@ bench: bench-tools
 # model" and writes every run's figures to bench/fleet.json (about 15 s of CPU).
 fleet:
 	cargo run --release -q -p fleet-sim -- --json bench/fleet.json
+
+# What a plain rule costs the native build (the module's request hooks, instructions per
+# request, one rule and ten), against bench/guard.json: fails on a rise of more than 0.5 %
+# (`make bench` starts with it; BENCH_GUARD_ARGS=--record records new figures). About 3 minutes.
+bench-guard: build-native envoy
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
+	python3 bench/bench.py --envoy $(ENVOY) --guard $(BENCH_GUARD_ARGS)
 
 # The fleet of `make bench`'s global section alone: three Envoys of two workers,
 # every global mode, into bench/results.json and BENCHMARKS.md (about 20 minutes).

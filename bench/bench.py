@@ -526,7 +526,18 @@ def main():
                     "shared among the clients) against the same rule keyed alike but not "
                     "shared, both builds, the native module's own instructions apart, --rounds "
                     "rounds interleaved; print, write bench/results-share.json")
+    ap.add_argument("--guard", action="store_true",
+                    help="count what a plain rule costs the native build (the instructions of "
+                    "the module's request hooks and of all they call, per request, for one rule "
+                    "and for ten) and fail if either rose more than 0.5 %% over the figures "
+                    "recorded in bench/guard.json (with --record: record them)")
+    ap.add_argument("--record", action="store_true", help="with --guard: record the figures")
     args = ap.parse_args()
+    if args.guard:
+        work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
+        (work / "modules").mkdir()
+        (work / "modules" / "libwasm_ratelimit.so").symlink_to(NATIVE_DIR / "libwasm_ratelimit.so")
+        return guard(args, work)
     if args.share:
         work = Path(tempfile.mkdtemp(prefix="bench-share-"))
         (work / "modules").mkdir()
@@ -678,6 +689,55 @@ def main():
     (BENCH / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     write_benchmarks(report(results))
     print((ROOT / "BENCHMARKS.md").read_text())
+
+
+# The native module's hooks a request goes through (the periodic one, whose work depends on
+# time, not on requests, is left out): their inclusive instructions are the filter's whole cost
+# to Envoy per request, Envoy's callbacks included, and do not move with the machine's load
+# (two runs agree within 0.2 %), unlike the whole process's count.
+REQUEST_HOOKS = [f"envoy_dynamic_module_on_http_filter_{h}" for h in (
+    "new", "request_headers", "request_body", "response_headers", "response_body",
+    "stream_complete", "destroy", "local_reply")]
+GUARD = BENCH / "guard.json"
+GUARD_SLACK = 0.005
+
+
+def guard(args, work):
+    """`make bench`'s first line: one rule per client (both field sets) and ten, native build,
+    counted by callgrind; the figures against bench/guard.json's."""
+    specs = [("native-1", ours([rule("per-client", ["remote_address"])], build="native")),
+             ("native-rules-10", ours([rule(f"r{i}", ["remote_address"]) for i in range(10)],
+                                      build="native"))]
+    dumps = {}
+
+    def keep(name):
+        dumps[name] = sorted(work.glob(f"callgrind-{name}.*.1"))[-1]
+
+    instructions(args.envoy, specs, work, requests=args.requests)
+    for name, _ in specs:
+        keep(name)
+    now = {name: round(sum(callgrind_inclusive(dumps[name], h) for h in REQUEST_HOOKS)
+                       / args.requests) for name, _ in specs}
+    now["per further rule"] = round((now["native-rules-10"] - now["native-1"]) / 9)
+    if args.record:
+        GUARD.write_text(json.dumps({"run": run_info("bench/bench.py --guard --record"),
+                                     "instructions": now}, indent=2) + "\n")
+        print(f"recorded in {GUARD.relative_to(ROOT)}: {now}")
+        return 0
+    recorded = json.loads(GUARD.read_text())["instructions"]
+    failed = False
+    for name, n in now.items():
+        was = recorded.get(name)
+        change = (n - was) / was if was else 0.0
+        over = change > GUARD_SLACK
+        failed |= over
+        print(f"{name:18} {n:7,} instructions/request in the module's hooks (recorded {was:,}; "
+              f"{change:+.2%}){'  ROSE' if over else ''}")
+    if failed:
+        print(f"a plain rule costs more than {GUARD_SLACK:.1%} over bench/guard.json: find why, "
+              "or record the new figures with --guard --record and say why in the commit")
+        return 1
+    return 0
 
 
 def instruction_targets(ins):

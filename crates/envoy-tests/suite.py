@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Runs test binaries of the envoy-tests package side by side: `make integration` and
-`make compat` hand it one job per (build or Envoy, test binary), and it keeps up to --jobs of
-them running, the longest first, so that both cores stay busy while most tests wait on
-Envoy's clocks and windows.
+`make compat` hand it one job per (build or Envoy, test binary), and it runs the heavy ones
+first, one at a time, then keeps up to --jobs of the others running, the longest first, so
+that both cores stay busy while most tests wait on Envoy's clocks and windows.
 
 A job is one string: `VAR=value ...` settings for its environment, then the arguments of
 `cargo test -p envoy-tests --features envoy` (`--test NAME`); the test binary runs with
-`--test-threads 2`. A job marked `heavy:` (its first word) measures rates or CPU and takes
-two of the slots, so it never runs beside more than --jobs - 2 others.
+`--test-threads 2`. A job marked `heavy:` (its first word) measures rates or fairness under
+load and needs most of the machine (up to one and a half cores of Envoys and load): it takes
+every slot, so it runs alone.
 
 Each job's output goes to target/suite/<label>.log and is printed whole if it fails. At the
 end: a table of every job (wall time, CPU time of the job and all it started, result), longest
@@ -55,7 +56,7 @@ class Job:
         self.status = None
 
     def slots(self, jobs):
-        return min(2, jobs) if self.heavy else 1
+        return jobs if self.heavy else 1
 
     def run(self):
         log = OUT / f"{self.label}.log"
@@ -88,7 +89,9 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     jobs = [Job(s) for s in args.job]
     known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    jobs.sort(key=lambda j: -known.get(j.label, ESTIMATES.get(j.test, 15)))
+    # The heavy jobs first, one after the other, then the others side by side: no slot idles
+    # while a heavy job waits for the machine.
+    jobs.sort(key=lambda j: (not j.heavy, -known.get(j.label, ESTIMATES.get(j.test, 15))))
     free = threading.Semaphore(args.jobs)
     lock = threading.Lock()
     started = time.monotonic()
