@@ -16,47 +16,10 @@
 //!   `{"type": "error", "error": {"type": "rate_limit_error", "message"}}`. The `tokens` fields
 //!   report every rule counting tokens (input and output ones too), as Anthropic's do.
 
-use crate::config::{Dialect, Rule};
+use crate::config::{Dialect, Kind};
 use crate::headers::{self, push_u64, Report};
 use crate::limiter::calendar::civil_from_days;
 use crate::limiter::Verdict;
-
-/// What a rule's quota counts, as the APIs name their limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Requests.
-    Requests,
-    /// Tokens, input and output together.
-    Tokens,
-    /// Input tokens.
-    InputTokens,
-    /// Output tokens.
-    OutputTokens,
-}
-
-impl Kind {
-    /// The kind of a rule's quota, by its quota unit.
-    pub fn of(rule: &Rule) -> Option<Kind> {
-        Kind::of_unit(rule.quota_unit.as_deref())
-    }
-
-    /// The kind of a quota counting `unit` (`None`: requests): requests (no unit, or
-    /// `requests`), `tokens`, `input-tokens`, `output-tokens`; `None` for any other unit.
-    pub fn of_unit(unit: Option<&str>) -> Option<Kind> {
-        match unit {
-            None | Some("requests") => Some(Kind::Requests),
-            Some("tokens") => Some(Kind::Tokens),
-            Some("input-tokens") => Some(Kind::InputTokens),
-            Some("output-tokens") => Some(Kind::OutputTokens),
-            Some(_) => None,
-        }
-    }
-
-    /// Whether the quota counts tokens (of any kind).
-    pub fn counts_tokens(self) -> bool {
-        !matches!(self, Kind::Requests)
-    }
-}
 
 /// A rule's verdict with the kind of its quota.
 pub type Classed = (Option<Kind>, Verdict);

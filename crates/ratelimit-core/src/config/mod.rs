@@ -488,6 +488,44 @@ pub const DEFAULT_USAGE_UNIT: &str = "tokens";
 /// The default quota unit of a rule charged in money (`price`): micro-dollars, prices being
 /// micro-dollars per `per` tokens.
 pub const DEFAULT_MONEY_UNIT: &str = "usd-micros";
+/// What a rule's quota counts, as the LLM APIs name their limits: the kind of fields a dialect
+/// answers with, and of the limit a provider states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Requests.
+    Requests,
+    /// Tokens, input and output together.
+    Tokens,
+    /// Input tokens.
+    InputTokens,
+    /// Output tokens.
+    OutputTokens,
+}
+
+impl Kind {
+    /// The kind of a rule's quota, by its quota unit.
+    pub fn of(rule: &Rule) -> Option<Kind> {
+        Kind::of_unit(rule.quota_unit.as_deref())
+    }
+
+    /// The kind of a quota counting `unit` (`None`: requests): requests (no unit, or
+    /// `requests`), `tokens`, `input-tokens`, `output-tokens`; `None` for any other unit.
+    pub fn of_unit(unit: Option<&str>) -> Option<Kind> {
+        match unit {
+            None | Some("requests") => Some(Kind::Requests),
+            Some("tokens") => Some(Kind::Tokens),
+            Some("input-tokens") => Some(Kind::InputTokens),
+            Some("output-tokens") => Some(Kind::OutputTokens),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether the quota counts tokens (of any kind).
+    pub fn counts_tokens(self) -> bool {
+        !matches!(self, Kind::Requests)
+    }
+}
+
 /// The default lease of an in-flight slot, s.
 pub const DEFAULT_LEASE_S: u64 = 300;
 

@@ -801,11 +801,11 @@ impl Validator {
         };
         let measure = match (api, quota_unit) {
             (Some(api), Some(unit)) => {
-                let measure = match crate::dialect::Kind::of_unit(unit) {
-                    Some(crate::dialect::Kind::Requests) => Some(Measure::Requests),
-                    Some(crate::dialect::Kind::Tokens) => Some(Measure::Tokens),
-                    Some(crate::dialect::Kind::InputTokens) => Some(Measure::InputTokens),
-                    Some(crate::dialect::Kind::OutputTokens) => Some(Measure::OutputTokens),
+                let measure = match Kind::of_unit(unit) {
+                    Some(Kind::Requests) => Some(Measure::Requests),
+                    Some(Kind::Tokens) => Some(Measure::Tokens),
+                    Some(Kind::InputTokens) => Some(Measure::InputTokens),
+                    Some(Kind::OutputTokens) => Some(Measure::OutputTokens),
                     None => None,
                 }
                 .filter(|&m| crate::provider::field_names(api, m).is_some());
