@@ -18,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod global;
 pub mod headers;
+pub mod http;
 pub mod key;
 pub mod limiter;
 pub mod metrics;

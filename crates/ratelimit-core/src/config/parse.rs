@@ -1863,7 +1863,7 @@ impl Validator {
     }
 
     fn header_name(&mut self, s: &str, path: &str) -> Option<String> {
-        if s.is_empty() || !s.chars().all(crate::headers::is_tchar) {
+        if s.is_empty() || !s.chars().all(crate::http::is_tchar) {
             self.error(path, format!("invalid header name {s:?}"));
             return None;
         }
@@ -1922,7 +1922,7 @@ impl Validator {
                         match self.string(item, &ip) {
                             Some(s)
                                 if !s.is_empty()
-                                    && s.chars().all(crate::headers::is_tchar)
+                                    && s.chars().all(crate::http::is_tchar)
                                     && !s.chars().any(|c| c.is_ascii_lowercase()) =>
                             {
                                 m.methods.push(s.to_string())
