@@ -312,6 +312,7 @@ fn push_padded(buf: &mut String, n: u64, width: usize) {
 mod tests {
     use super::*;
     use crate::config::CONCURRENT_REQUESTS;
+    use crate::provider;
 
     fn v(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry: u64) -> Verdict {
         Verdict {
@@ -409,6 +410,23 @@ mod tests {
             push_duration(&mut s, ms);
             assert_eq!(s, text, "{ms}");
         }
+        // What it writes, a provider's reader reads back.
+        for ms in [
+            0,
+            1,
+            20,
+            999,
+            1000,
+            1500,
+            59_999,
+            360_000,
+            3_723_004,
+            provider::MAX_WAIT_MS,
+        ] {
+            let mut s = String::new();
+            push_duration(&mut s, ms);
+            assert_eq!(provider::go_duration_ms(s.as_bytes()), Some(ms), "{s}");
+        }
     }
 
     #[test]
@@ -428,6 +446,12 @@ mod tests {
             let mut s = String::new();
             push_rfc3339(&mut s, ms);
             assert_eq!(s, text, "{ms}");
+        }
+        // What it writes, a provider's reader reads back (it rounds up to the second).
+        for ms in [0, 1_000, 1_795_668_053_000, 4_102_444_800_000] {
+            let mut s = String::new();
+            push_rfc3339(&mut s, ms);
+            assert_eq!(provider::rfc3339_ms(s.as_bytes()), Some(ms), "{s}");
         }
         // Every day for 1,000 years against a second calendar: days counted from the year's
         // lengths.
