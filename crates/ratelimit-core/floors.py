@@ -15,23 +15,28 @@ import re
 import sys
 from pathlib import Path
 
+# ANCHOR: floors
 # The floors, lowest first. A module may use the modules of the floors below its own.
 FLOORS = [
-    # Leaves: no other module of the crate.
+    # Leaves: they use no other module of the crate.
     ["error", "seed", "http", "limiter", "usage"],
-    # Stores' layout, rate limit services' messages, providers' fields, what is counted.
+    # The table's layout, elastic limits, rate limit services' messages, what providers say,
+    # what is counted.
     ["table", "elastic", "rls", "provider", "metrics"],
+    # A capacity shared among tenants; the store of per-key state.
     ["share", "store"],
     # The typed rules, read from JSON.
     ["config"],
     # Over the rules: keys, the fields a client is told, the engine.
     ["key", "headers", "engine"],
+    # Global rules over their services; answers in an LLM API's dialect.
     ["global", "dialect"],
     # A configuration ready to serve, and what happens to its requests.
     ["runtime"],
     # A fake host and fixtures, for tests (other crates' too, behind the feature `testkit`).
     ["testkit"],
 ]
+# ANCHOR_END: floors
 # The module that test code on any floor may use as well.
 TEST_KIT = "testkit"
 
