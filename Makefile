@@ -270,6 +270,7 @@ deploy-test: build dist envoy $(VENV)/.test-deps
 test: unit abi-check integration deploy-test
 
 lint: target docs
+	python3 crates/ratelimit-core/floors.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --features envoy-tests/envoy -- -D warnings
 	cargo clippy --release --target $(TARGET) -p filter-wasm -p ratelimit-core -- -D warnings

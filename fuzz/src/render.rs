@@ -8,8 +8,8 @@
 //! Input: the rules (name, unit, verdict), then the clock.
 
 use crate::{assert_json, header_name_ok, header_value_ok, Bytes};
-use ratelimit_core::config::{Dialect, HeaderStyle, CONCURRENT_REQUESTS};
-use ratelimit_core::dialect::{self, Kind};
+use ratelimit_core::config::{Dialect, HeaderStyle, Kind, CONCURRENT_REQUESTS};
+use ratelimit_core::dialect;
 use ratelimit_core::headers::{self, Report, Texts};
 use ratelimit_core::limiter::Verdict;
 

@@ -16,47 +16,10 @@
 //!   `{"type": "error", "error": {"type": "rate_limit_error", "message"}}`. The `tokens` fields
 //!   report every rule counting tokens (input and output ones too), as Anthropic's do.
 
-use crate::config::{Dialect, Rule};
+use crate::config::{Dialect, Kind};
 use crate::headers::{self, push_u64, Report};
 use crate::limiter::calendar::civil_from_days;
 use crate::limiter::Verdict;
-
-/// What a rule's quota counts, as the APIs name their limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Requests.
-    Requests,
-    /// Tokens, input and output together.
-    Tokens,
-    /// Input tokens.
-    InputTokens,
-    /// Output tokens.
-    OutputTokens,
-}
-
-impl Kind {
-    /// The kind of a rule's quota, by its quota unit.
-    pub fn of(rule: &Rule) -> Option<Kind> {
-        Kind::of_unit(rule.quota_unit.as_deref())
-    }
-
-    /// The kind of a quota counting `unit` (`None`: requests): requests (no unit, or
-    /// `requests`), `tokens`, `input-tokens`, `output-tokens`; `None` for any other unit.
-    pub fn of_unit(unit: Option<&str>) -> Option<Kind> {
-        match unit {
-            None | Some("requests") => Some(Kind::Requests),
-            Some("tokens") => Some(Kind::Tokens),
-            Some("input-tokens") => Some(Kind::InputTokens),
-            Some("output-tokens") => Some(Kind::OutputTokens),
-            Some(_) => None,
-        }
-    }
-
-    /// Whether the quota counts tokens (of any kind).
-    pub fn counts_tokens(self) -> bool {
-        !matches!(self, Kind::Requests)
-    }
-}
 
 /// A rule's verdict with the kind of its quota.
 pub type Classed = (Option<Kind>, Verdict);
@@ -349,6 +312,7 @@ fn push_padded(buf: &mut String, n: u64, width: usize) {
 mod tests {
     use super::*;
     use crate::config::CONCURRENT_REQUESTS;
+    use crate::provider;
 
     fn v(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry: u64) -> Verdict {
         Verdict {
@@ -446,6 +410,23 @@ mod tests {
             push_duration(&mut s, ms);
             assert_eq!(s, text, "{ms}");
         }
+        // What it writes, a provider's reader reads back.
+        for ms in [
+            0,
+            1,
+            20,
+            999,
+            1000,
+            1500,
+            59_999,
+            360_000,
+            3_723_004,
+            provider::MAX_WAIT_MS,
+        ] {
+            let mut s = String::new();
+            push_duration(&mut s, ms);
+            assert_eq!(provider::go_duration_ms(s.as_bytes()), Some(ms), "{s}");
+        }
     }
 
     #[test]
@@ -465,6 +446,12 @@ mod tests {
             let mut s = String::new();
             push_rfc3339(&mut s, ms);
             assert_eq!(s, text, "{ms}");
+        }
+        // What it writes, a provider's reader reads back (it rounds up to the second).
+        for ms in [0, 1_000, 1_795_668_053_000, 4_102_444_800_000] {
+            let mut s = String::new();
+            push_rfc3339(&mut s, ms);
+            assert_eq!(provider::rfc3339_ms(s.as_bytes()), Some(ms), "{s}");
         }
         // Every day for 1,000 years against a second calendar: days counted from the year's
         // lengths.

@@ -160,7 +160,7 @@ pub fn verdict(
     let headers = r
         .headers
         .iter()
-        .filter(|(k, v)| crate::headers::is_safe_field(k, v) && !ours(k))
+        .filter(|(k, v)| crate::http::is_safe_field(k, v) && !ours(k))
         .cloned()
         .collect();
     Ok((v, headers))

@@ -119,22 +119,6 @@ fn rate_item_start(buf: &mut String, r: &Report) {
 
 /// Appends the decimal digits of `n`. `core::fmt` is several times slower than `itoa` inside
 /// Envoy's V8, and every allowed response formats five numbers.
-/// A character HTTP allows in a field name (RFC 9110 `tchar`).
-pub fn is_tchar(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
-}
-
-/// Whether a header from elsewhere (a rate limit service's answer) may be written to a
-/// response as it is: a name of `tchar`s, a value without control characters other than tab
-/// (no CR or LF that could split the response, no NUL).
-pub fn is_safe_field(name: &str, value: &str) -> bool {
-    !name.is_empty()
-        && name.chars().all(is_tchar)
-        && value
-            .bytes()
-            .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
-}
-
 pub fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }

@@ -10,6 +10,9 @@
 //! it is plain Rust with no host dependency, compiled and tested natively (`testkit`, behind
 //! the feature of that name, has a fake host). The hosts are the crates `filter-wasm` and
 //! `filter-native` (over `envoy-dm-abi`); the CLI is `ratelimit-config`.
+//!
+//! The modules stand on floors, each using only the modules below its own: `floors.py`, beside
+//! this crate's manifest, declares them, and `make lint` checks them.
 
 pub mod config;
 pub mod dialect;
@@ -18,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod global;
 pub mod headers;
+pub mod http;
 pub mod key;
 pub mod limiter;
 pub mod metrics;

@@ -5,6 +5,7 @@
 //! publishes the sums and the gauges' movements on a timer, once a second. Both hosts define
 //! the same names.
 
+use crate::limiter::tenant::MAX_BANDS;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// How often the hosts publish the counts, ms.
@@ -319,7 +320,7 @@ pub struct Metrics {
 }
 
 /// The band counters one rule has.
-const PER_RULE_BANDS: usize = crate::share::MAX_BANDS * BandCounter::ALL.len();
+const PER_RULE_BANDS: usize = MAX_BANDS * BandCounter::ALL.len();
 
 impl Metrics {
     /// Accumulators for `rules` rules.
@@ -351,7 +352,7 @@ impl Metrics {
     /// Adds `n` to a shared rule's band's counter.
     pub fn add_band(&self, rule: usize, band: u8, counter: BandCounter, n: u64) {
         let band = usize::from(band);
-        if n == 0 || band >= crate::share::MAX_BANDS {
+        if n == 0 || band >= MAX_BANDS {
             return;
         }
         let i = rule * PER_RULE_BANDS + band * BandCounter::ALL.len() + counter as usize;

@@ -348,7 +348,6 @@ fn format_rfc3339(y: u64, mo: usize, d: u64, clock: &[u8]) -> Option<[u8; 20]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::{push_duration, push_rfc3339};
 
     #[test]
     fn go_durations() {
@@ -390,23 +389,6 @@ mod tests {
         ] {
             assert_eq!(go_duration_ms(bad.as_bytes()), None, "{bad:?}");
         }
-        // What the OpenAI dialect writes reads back.
-        for ms in [
-            0,
-            1,
-            20,
-            999,
-            1000,
-            1500,
-            59_999,
-            360_000,
-            3_723_004,
-            MAX_WAIT_MS,
-        ] {
-            let mut s = String::new();
-            push_duration(&mut s, ms);
-            assert_eq!(go_duration_ms(s.as_bytes()), Some(ms), "{s}");
-        }
     }
 
     #[test]
@@ -439,12 +421,6 @@ mod tests {
             "",
         ] {
             assert_eq!(rfc3339_ms(bad.as_bytes()), None, "{bad}");
-        }
-        // What the Anthropic dialect writes reads back (it rounds up to the second).
-        for ms in [0, 1_000, 1_795_668_053_000, 4_102_444_800_000] {
-            let mut s = String::new();
-            push_rfc3339(&mut s, ms);
-            assert_eq!(rfc3339_ms(s.as_bytes()), Some(ms), "{s}");
         }
     }
 

@@ -144,7 +144,7 @@ fn money_rules_count_micro_dollars_which_are_not_tokens() {
     let config = config();
     for rule in &config.rules {
         assert_eq!(rule.quota_unit.as_deref(), Some("usd-micros"));
-        assert_eq!(ratelimit_core::dialect::Kind::of(rule), None);
+        assert_eq!(ratelimit_core::config::Kind::of(rule), None);
     }
 }
 

@@ -221,7 +221,7 @@ mod tests {
         let (v, _) = decide(s, last, 2, MONTHS, 1);
         assert!(!v.allowed);
         assert_eq!((v.retry_after_ms, v.reset_ms, v.remaining), (500, 500, 0));
-        assert_eq!(crate::headers::ceil_seconds(v.retry_after_ms), 1);
+        assert_eq!(v.retry_after_ms.div_ceil(1000), 1, "told as 1 s");
         // Four days before the end of a 31-day month, in whole seconds.
         let (v, s) = decide(None, day(2027, 1, 27, 0), 1, MONTHS, 1);
         let (v2, _) = decide(s, day(2027, 1, 27, 3_600), 1, MONTHS, 1);

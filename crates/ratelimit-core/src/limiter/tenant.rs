@@ -12,7 +12,10 @@ pub const TENANT_LEN: usize = 23;
 pub const KEEP_IDLE_MS: u64 = 2 * 3_600_000;
 /// The tenant is held to its band's level (it asked for more than it).
 const FLAG_HELD: u8 = 1 << 2;
+/// The most bands a shared rule may have: a tenant's band takes two bits of its flags.
+pub const MAX_BANDS: usize = 4;
 const BAND_MASK: u8 = 0b11;
+const _: () = assert!(BAND_MASK as usize == MAX_BANDS - 1);
 /// Bits 3 to 6: the step (mod 16) the tenant was last refused for its share in.
 const TICK_SHIFT: u8 = 3;
 const TICK_MASK: u8 = 0b1111;

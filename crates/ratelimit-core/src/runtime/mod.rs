@@ -69,7 +69,7 @@ pub(crate) struct Compiled {
     pub texts: crate::headers::Texts,
     /// What its quota counts, as the LLM APIs' fields name it (`None`: they have no field for
     /// it).
-    pub kind: Option<crate::dialect::Kind>,
+    pub kind: Option<crate::config::Kind>,
     /// Whether the rule reads fields of the request's body (it waits for the body).
     pub reads_body: bool,
 }
@@ -218,7 +218,7 @@ impl<S: Store> Runtime<S> {
                     lease,
                     capacity_key,
                     part_pm: AtomicU32::new(0),
-                    kind: crate::dialect::Kind::of(rule),
+                    kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(
                         &rule.name,

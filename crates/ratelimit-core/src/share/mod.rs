@@ -869,7 +869,7 @@ fn pressed(record: &mut Record, now_ms: u64, window_ms: u64) {
 }
 
 #[cfg(test)]
-mod sim;
+mod sim_tests;
 
 #[cfg(test)]
 mod tests {

@@ -3,13 +3,11 @@
 //! computed from). Both are fixed-width little-endian, so a store can update them in place.
 
 use crate::limiter::codec::{Reader, Writer};
-pub use crate::limiter::tenant::{Tenant, KEEP_IDLE_MS, TENANT_LEN};
+pub use crate::limiter::tenant::{Tenant, KEEP_IDLE_MS, MAX_BANDS, TENANT_LEN};
 use crate::limiter::{sliding_window, State};
 use crate::table;
 use smallvec::SmallVec;
 
-/// The most bands a rule may have.
-pub const MAX_BANDS: usize = 4;
 /// The record's format version, its first byte.
 pub const RECORD_VERSION: u8 = 3;
 /// The longest record: four bands.
