@@ -138,11 +138,12 @@ const CASES: &[Case] = &[
     Case {
         example: "llm-gateway",
         method: "GET",
-        path: "/v1/models",
+        path: "/v1/chat/completions",
         headers: &[("authorization", "Bearer alice")],
-        // The example's stand-in auth step sets alice's team.
+        // The example's stand-in auth step sets alice's team. Five: her requests a minute (a
+        // refusal by the lease rule would name that rule alone).
         extra: &["--header", "x-team: research"],
-        times: 4,
+        times: 5,
         shadow: false,
     },
     Case {
@@ -214,14 +215,20 @@ fn explain(config: &Path, case: &Case) -> BTreeMap<String, Value> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            (v["rule"].as_str().unwrap().to_string(), v)
-        })
-        .collect()
+    // A file with several configurations (the LLM gateway's, one per provider) may have rules
+    // of one name in each: the one that applies is kept.
+    let mut rules = BTreeMap::new();
+    for l in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let rule = v["rule"].as_str().unwrap().to_string();
+        if rules
+            .get(&rule)
+            .is_none_or(|kept: &Value| kept["applies"] != Value::Bool(true))
+        {
+            rules.insert(rule, v);
+        }
+    }
+    rules
 }
 
 /// (rule, q) of each item of a `RateLimit-Policy` field.

@@ -2,7 +2,7 @@
 //! examples in the build under test:
 //!
 //! - `docs/src/tutorials/llm-gateway.md`: `examples/llm-gateway/client.py` (the official OpenAI
-//!   SDK, from the project virtualenv) against the gateway prints `client.out`;
+//!   and Anthropic SDKs, from the project virtualenv) against the gateway prints `client.out`;
 //! - `docs/src/tutorials/fleet.md`: three Envoys of `examples/fleet/envoy.yaml` sharing one rate
 //!   limit service (the test one, answering one call at a time), three requests to each, give
 //!   `three-envoys.out`: the fleet admits the key's 6, not 3 × 6.
@@ -30,13 +30,13 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(root().join(path)).unwrap()
 }
 
-/// The refusal's wait depends on how long the SDK took between its calls: `retry in N s.` with
-/// N from 25 to 30 is shown as 30.
+/// The refusal's wait is what is left of the service's window, which began at the first of the
+/// SDK's calls: `retry in N s.` with N from 50 to 60 is shown as 60.
 fn fixed_wait(line: &str) -> String {
-    for n in 25..30 {
+    for n in 50..60 {
         let wait = format!("retry in {n} s.");
         if line.contains(&wait) {
-            return line.replace(&wait, "retry in 30 s.");
+            return line.replace(&wait, "retry in 60 s.");
         }
     }
     line.to_string()

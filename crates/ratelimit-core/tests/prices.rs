@@ -154,7 +154,7 @@ fn money_rules_count_micro_dollars_which_are_not_tokens() {
 fn the_gateway_examples_answers_cost_what_its_readme_says() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/llm-gateway/config.json"
+        "/../../examples/llm-gateway/openai.json"
     );
     let config = Config::parse(&std::fs::read(path).unwrap()).unwrap();
     let rule = config

@@ -11,6 +11,11 @@
 //! serialized, the engine never grants beyond the limit. The in-memory storage checks and
 //! counts in two steps too (an atomic read, then an atomic add), nanoseconds apart instead of
 //! a Redis round trip. Test support only.
+//!
+//! With `RLS_LOG=FILE` in its environment, it appends one JSON line per call to FILE: the
+//! domain, each descriptor's entries as `[key, value]` pairs, `hits_addend`, whether the call
+//! was refused, and the names of the limits that counted it (`services.rs` checks the examples'
+//! service configurations against what the filter sends).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -61,6 +66,39 @@ struct Service {
     delay: Duration,
     /// Held across each check and update when calls are serialized.
     serial: Option<tokio::sync::Mutex<()>>,
+    /// Where each call is logged (`RLS_LOG`).
+    log: Option<std::path::PathBuf>,
+}
+
+impl Service {
+    fn log_call(&self, req: &RateLimitRequest, limited: bool, limits: Vec<String>) {
+        use std::io::Write;
+        let Some(path) = &self.log else { return };
+        let descriptors: Vec<Vec<[&str; 2]>> = req
+            .descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| [e.key.as_str(), e.value.as_str()])
+                    .collect()
+            })
+            .collect();
+        let line = serde_json::json!({
+            "domain": req.domain,
+            "descriptors": descriptors,
+            "hits": req.hits_addend,
+            "limited": limited,
+            "limits": limits,
+        });
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
 }
 
 fn unit(seconds: u64) -> (u32, Unit) {
@@ -113,6 +151,15 @@ impl RateLimitService for Service {
             .check_and_update(&namespace, &ctx, hits)
             .await
             .map_err(Status::unavailable)?;
+        self.log_call(
+            &req,
+            result.limited,
+            result
+                .counters
+                .iter()
+                .map(|c| c.limit().name().unwrap_or_default().to_string())
+                .collect(),
+        );
         let code = if result.limited {
             Code::OverLimit
         } else {
@@ -218,6 +265,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             limiter,
             delay,
             serial,
+            log: std::env::var_os("RLS_LOG").map(std::path::PathBuf::from),
         }))
         .serve(addr)
         .await?;
