@@ -178,13 +178,13 @@ build-native-panic:
 
 # The tests that drive a real Envoy (the envoy-tests package), against the wasm build and
 # against the dynamic module, and the compat matrix above: one job per build and test file, run
-# side by side by crates/envoy-tests/suite.py (SUITE_JOBS at once, default 3; a heavy job, one
+# side by side by crates/envoy-tests/suite.py (SUITE_JOBS at once, default 2; a heavy job, one
 # that measures rates or fairness under load, runs alone), the longest first. The wasm build also runs the files
 # that test what only it ships (deploy.rs, the Istio/OCI artefacts), or no build at all.
 # versions.rs runs each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := envoy algorithms calendar failure reload flood quota elastic global examples docs prometheus \
 	replay tokens plans operator operator_route explain sdk tutorials hostile held soak share share_learn \
-	share_wait share_fleet share_tokens
+	share_wait share_fleet share_tokens services
 WASM_ONLY_TESTS := deploy envoy_gateway llm_upstream upgrade versions
 HEAVY_TESTS := soak share share_wait share_fleet share_learn held flood
 suite_job = '$(if $(filter $(2),$(HEAVY_TESTS)),heavy: )FILTER=$(1) --test $(2)'

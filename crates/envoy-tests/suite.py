@@ -80,8 +80,8 @@ class Job:
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "3")),
-                    help="slots: test binaries run at once (SUITE_JOBS, default 3)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "2")),
+                    help="slots: test binaries run at once (SUITE_JOBS, default 2)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the table as markdown (for docs/src/contributing/testing.md)")
     ap.add_argument("job", nargs="+")

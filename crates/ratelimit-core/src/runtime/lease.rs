@@ -83,8 +83,7 @@ impl<S: Store> Runtime<S> {
             };
             let hits = claim.map_or(check.cost, |c| c.block);
             let message = global::request(&g.domain, entries, hits);
-            let check = p.checks.remove(i);
-            let applied = p.applied.remove(i);
+            let (check, applied) = p.take_check(i);
             if claim.is_some() {
                 self.metrics.add(rule, Counter::LeaseClaims, 1);
             }
@@ -791,6 +790,53 @@ mod tests {
             allowed,
             block.min(3),
             "each request counted once: {counts:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_before_a_shared_rule_leaves_its_share_to_it() {
+        // A lease rule's claim takes its check out of the request's (it becomes a question):
+        // the shared rule after it still decides its tenant against the record.
+        let rt = runtime(
+            r#"{"rules": [{"name": "g", "key": ["remote_address"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10}},
+              {"name": "p", "key": ["header:x-tenant"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+                "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                           "max_block": 8},
+                "share": {}}]}"#,
+        );
+        let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+        h.now = 1_000;
+        let mut st = StreamState::default();
+        let mut next = st.request_headers(&rt, &mut h);
+        let (mut calls, mut waiting) = (0, Vec::new());
+        loop {
+            next = match next {
+                Next::Call { .. } => {
+                    calls += 1;
+                    waiting.push(calls);
+                    st.started(&rt, &mut h, Ok(calls))
+                }
+                Next::Wait => {
+                    let id = waiting.remove(0);
+                    st.call_answer(&rt, &mut h, id, Ok(answer(Code::Ok, 90)))
+                }
+                Next::Continue => break,
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(calls, 2, "both rules claim");
+        let slot = rt.compiled[1].share_record();
+        let r = rt
+            .store
+            .read(slot, |b, _| b.and_then(crate::share::Record::decode))
+            .unwrap()
+            .expect("the shared rule's record");
+        assert_eq!(
+            r.bands[0].used.current, 1,
+            "the tenant's request counted once"
         );
     }
 

@@ -293,6 +293,17 @@ impl Pending {
             .map(|(_, sc)| sc)
     }
 
+    /// Takes check `i` (and what its rule made of the request) out of the request's checks,
+    /// keeping the shared capacities' indexes on their checks.
+    pub(super) fn take_check(&mut self, i: usize) -> (Check, Applied) {
+        self.shares.retain_mut(|(at, _)| {
+            let kept = *at != i;
+            *at -= usize::from(*at > i);
+            kept
+        });
+        (self.checks.remove(i), self.applied.remove(i))
+    }
+
     /// Whether reservations wait to be sized from the request's body.
     pub fn reads_body(&self) -> bool {
         !self.sized.is_empty() || !self.deferred.is_empty()
