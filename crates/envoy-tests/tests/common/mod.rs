@@ -19,6 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+pub mod http;
 pub mod llm;
 pub mod pages;
 pub mod provider;
