@@ -17,13 +17,14 @@
 
 mod common;
 
+use common::http::{read_request, Server};
 use common::{native_dir, root, wasm_path, Client, Envoy};
 use ratelimit_config::manifest::yaml_documents;
 use ratelimit_core::config::Config;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn manifests(file: &str) -> Vec<Value> {
     let path = root().join("deploy/envoy-gateway").join(file);
@@ -212,26 +213,21 @@ fn the_native_manifests_register_the_module_the_image_carries() {
     }
 }
 
-/// Serves `file` over HTTP/1.1 on a loopback port, for as long as the test runs (Envoy Gateway
+/// Serves `file` over HTTP/1.1 on a loopback port, until dropped (Envoy Gateway
 /// serves each module from its own cache the same way, to its proxies).
-fn serve(file: PathBuf) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let body = std::fs::read(&file).unwrap();
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: application/wasm\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = s.write_all(head.as_bytes());
-            let _ = s.write_all(&body);
+fn serve(file: PathBuf) -> Server {
+    Server::start(Arc::new(file), |mut s, file| {
+        if read_request(&mut BufReader::new(&mut s)).is_none() {
+            return;
         }
-    });
-    port
+        let body = std::fs::read(file).unwrap();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: application/wasm\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(head.as_bytes());
+        let _ = s.write_all(&body);
+    })
 }
 
 fn sha256(file: &Path) -> String {
@@ -336,7 +332,8 @@ fn statuses(c: &mut Client, method: &str, path: &str, n: usize) -> Vec<u16> {
 fn the_wasm_policies_limit_in_envoy_as_envoy_gateway_configures_them() {
     let docs = manifests("wasm.yaml");
     let wasm = wasm_path();
-    let port = serve(wasm.clone());
+    let server = serve(wasm.clone());
+    let port = server.addr.port();
     let uri = format!("http://127.0.0.1:{port}/{}.wasm", sha256(&wasm));
     let sha = sha256(&wasm);
     let gateway = find(&docs, "ratelimit-gateway");

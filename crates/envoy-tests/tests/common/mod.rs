@@ -12,11 +12,9 @@
     clippy::indexing_slicing
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub mod http;
@@ -27,6 +25,7 @@ pub mod replay;
 pub mod share;
 pub mod upstream;
 
+pub use http::{at_once, get, Client, Response};
 pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
 
 /// The repository's root (examples, README, deploy files, the build's `target/`).
@@ -693,170 +692,6 @@ impl Drop for Envoy {
     }
 }
 
-/// A parsed HTTP response.
-#[derive(Debug, Clone)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// The first value of a header (case-insensitive name).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// How many lines a header has.
-    pub fn header_count(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
-    }
-
-    /// A header parsed as an integer.
-    pub fn header_u64(&self, name: &str) -> Option<u64> {
-        self.header(name)?.parse().ok()
-    }
-
-    pub fn body_str(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection, optionally from a chosen local address.
-pub struct Client {
-    reader: BufReader<TcpStream>,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Client> {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        Client::wrap(stream)
-    }
-
-    /// Connects from `source` (e.g. 127.0.0.2), so Envoy sees that remote address.
-    pub fn connect_from(addr: SocketAddr, source: &str) -> std::io::Result<Client> {
-        use socket2::{Domain, Socket, Type};
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-        let local: SocketAddr = format!("{source}:0").parse().unwrap();
-        socket.bind(&local.into())?;
-        socket.connect_timeout(&addr.into(), Duration::from_secs(5))?;
-        Client::wrap(socket.into())
-    }
-
-    fn wrap(stream: TcpStream) -> std::io::Result<Client> {
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        stream.set_nodelay(true)?;
-        Ok(Client {
-            reader: BufReader::new(stream),
-        })
-    }
-
-    /// Sends one request and reads its response.
-    pub fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> std::io::Result<Response> {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if method == "POST" || method == "PUT" {
-            req.push_str("content-length: 0\r\n");
-        }
-        req.push_str("\r\n");
-        self.reader.get_mut().write_all(req.as_bytes())?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-        let mut headers = Vec::new();
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let chunked = headers
-            .iter()
-            .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-        let mut body = Vec::new();
-        if chunked {
-            loop {
-                line.clear();
-                self.reader.read_line(&mut line)?;
-                let size = usize::from_str_radix(line.trim(), 16)
-                    .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
-                let mut chunk = vec![0; size + 2]; // data and its CRLF
-                self.reader.read_exact(&mut chunk)?;
-                chunk.truncate(size);
-                body.extend_from_slice(&chunk);
-                if size == 0 {
-                    break;
-                }
-            }
-        } else {
-            let len: usize = headers
-                .iter()
-                .find(|(k, _)| k == "content-length")
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(0);
-            body.resize(len, 0);
-            self.reader.read_exact(&mut body)?;
-        }
-        Ok(Response {
-            status,
-            headers,
-            body,
-        })
-    }
-
-    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
-        self.send("GET", path, &[])
-    }
-}
-
-/// One GET on a fresh connection.
-pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
-    Client::connect(addr)?.get(path)
-}
-
-/// `n` clients, each on its own connection opened first, run `f` together (one barrier
-/// releases them once all are connected); their results, in client order.
-pub fn at_once<T: Send + 'static>(
-    addr: SocketAddr,
-    n: usize,
-    f: impl Fn(&mut Client) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let (go, f) = (Arc::new(Barrier::new(n)), Arc::new(f));
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let (go, f, mut c) = (go.clone(), f.clone(), Client::connect(addr).unwrap());
-            std::thread::spawn(move || {
-                go.wait();
-                f(&mut c)
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
-}
-
-/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
 /// GNU `date` with `args`, as an integer: calendar figures computed apart from the filter's.
 pub fn date(args: &[&str]) -> i64 {
     let out = Command::new("date").args(args).output().unwrap();
@@ -881,6 +716,7 @@ pub fn utc_month(t: i64) -> (i64, i64) {
     (start, end)
 }
 
+/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

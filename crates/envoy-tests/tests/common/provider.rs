@@ -16,13 +16,12 @@
 //! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]), or with its
 //! limit on two lines ([`Builder::two_lines`]): a broken or hostile upstream, whose fields a
 //! filter must ignore.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use super::http::{header, read_request, Server};
 use super::llm;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,19 +29,11 @@ use std::time::{Duration, Instant};
 pub struct Provider {
     pub addr: SocketAddr,
     shared: Arc<Shared>,
+    _server: Server,
 }
 
-/// How a provider is started: [`Provider::builder`].
+/// How a provider is started ([`Provider::builder`]): its terms.
 pub struct Builder {
-    rate: f64,
-    orgs: HashMap<String, f64>,
-    garbage: Vec<String>,
-    two_lines: HashMap<String, [u64; 2]>,
-    tokens: HashMap<String, f64>,
-    tally_by: Vec<String>,
-}
-
-struct Shared {
     /// Every organisation's rate but those in `orgs`.
     rate: f64,
     orgs: HashMap<String, f64>,
@@ -55,8 +46,11 @@ struct Shared {
     /// The request headers naming the tenant in the tally (their values joined by `/`, `-`
     /// for one absent).
     tally_by: Vec<String>,
+}
+
+struct Shared {
+    terms: Builder,
     started: Instant,
-    stop: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -93,6 +87,11 @@ const GARBAGE: [(&str, &str, &str); 9] = [
 ];
 
 impl Builder {
+    /// Organisation `org`'s rate, requests a second.
+    fn rate_of(&self, org: &str) -> f64 {
+        self.orgs.get(org).copied().unwrap_or(self.rate)
+    }
+
     /// Organisation `org` gets `rate` requests a second.
     pub fn org(mut self, org: &str, rate: f64) -> Builder {
         self.orgs.insert(org.to_string(), rate);
@@ -133,31 +132,17 @@ impl Builder {
 
     /// Listens on a free loopback port.
     pub fn start(self) -> Provider {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            rate: self.rate,
-            orgs: self.orgs,
-            garbage: self.garbage,
-            two_lines: self.two_lines,
-            tokens: self.tokens,
-            tally_by: self.tally_by,
+            terms: self,
             started: Instant::now(),
-            stop: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         });
-        let s = shared.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let s = s.clone();
-                std::thread::spawn(move || serve(conn, &s));
-            }
-        });
-        Provider { addr, shared }
+        let server = Server::start(shared.clone(), serve);
+        Provider {
+            addr: server.addr,
+            shared,
+            _server: server,
+        }
     }
 }
 
@@ -240,49 +225,20 @@ impl Provider {
     }
 }
 
-impl Drop for Provider {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
-    }
-}
-
 fn serve(conn: TcpStream, s: &Shared) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
     let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn);
-    loop {
-        let mut request = String::new();
-        if reader.read_line(&mut request).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut headers: Vec<(String, String)> = Vec::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let length = llm::header(&headers, "content-length").and_then(|v| v.parse().ok());
-        let mut body = vec![0u8; length.unwrap_or(0)];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+    while let Some(req) = read_request(&mut reader) {
+        let (headers, body) = (&req.headers, &req.body);
         let tenant = s
+            .terms
             .tally_by
             .iter()
-            .map(|h| llm::header(&headers, h).unwrap_or("-"))
+            .map(|h| header(headers, h).unwrap_or("-"))
             .collect::<Vec<_>>()
             .join("/");
-        let path = request.split_whitespace().nth(1).unwrap_or("/");
+        let path = req.path.as_str();
         let org = path
             .trim_start_matches('/')
             .split('/')
@@ -291,12 +247,13 @@ fn serve(conn: TcpStream, s: &Shared) {
             .to_string();
         // An organisation with a token limit answers as the API its route names.
         let spec = s
+            .terms
             .tokens
             .get(&org)
-            .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, &headers, &body));
+            .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, headers, body));
         let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
         let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
-        let limit = s.orgs.get(&org).copied().unwrap_or(s.rate) as u64;
+        let limit = s.terms.rate_of(&org) as u64;
         let remaining = if admitted { remaining } else { 0 };
         let (l, r, reset) = match garbage {
             None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
@@ -310,7 +267,7 @@ fn serve(conn: TcpStream, s: &Shared) {
                 (fill(l), fill(r), reset.to_string())
             }
         };
-        let mut fields = match s.two_lines.get(&org) {
+        let mut fields = match s.terms.two_lines.get(&org) {
             None => format!(
                 "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
                  x-ratelimit-reset-requests: {reset}\r\n"
@@ -321,7 +278,7 @@ fn serve(conn: TcpStream, s: &Shared) {
                 remaining.min(*a.min(b))
             ),
         };
-        if let (Some(&per_s), Some(left)) = (s.tokens.get(&org), tokens_left) {
+        if let (Some(&per_s), Some(left)) = (s.terms.tokens.get(&org), tokens_left) {
             // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
             // short reset.
             let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
@@ -389,12 +346,12 @@ fn take(
     let now = Instant::now();
     let since = now.duration_since(s.started);
     let second = since.as_secs();
-    let rate = s.orgs.get(org).copied().unwrap_or(s.rate);
+    let rate = s.terms.rate_of(org);
     let mut state = s.state.lock().unwrap();
     let state = &mut *state;
     let tokens = refilled(&mut state.buckets, org, rate, now);
     let mut admitted = *tokens >= 1.0;
-    let per_s = s.tokens.get(org).copied();
+    let per_s = s.terms.tokens.get(org).copied();
     let token_left = per_s.map(|per_s| {
         let left = refilled(&mut state.token_buckets, org, per_s, now);
         let cost = cost.unwrap_or(0) as f64;
@@ -424,7 +381,7 @@ fn take(
     if !admitted {
         seen.1 = Some(t);
     }
-    let garbage = s.garbage.iter().any(|g| g == org).then(|| {
+    let garbage = s.terms.garbage.iter().any(|g| g == org).then(|| {
         let n = state.answers.entry(org.to_string()).or_default();
         *n += 1;
         *n - 1

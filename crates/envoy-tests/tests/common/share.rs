@@ -1,7 +1,5 @@
 //! The tenants of the shared-capacity tests (share.rs, share_fleet.rs): each a client thread
 //! sending its requests at its own pace to one or more Envoys, and what it saw; Jain's index.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
-
 use super::provider::Provider;
 use super::Client;
 use std::net::SocketAddr;

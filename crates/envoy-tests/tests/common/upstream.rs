@@ -12,11 +12,11 @@
 //! The test can also make the upstream itself fail a share of its answers (503) or answer
 //! slowly, whatever the requests say ([`Upstream::set_failing`], [`Upstream::set_delay_ms`]).
 //! It counts the requests it is serving right now and the most it ever served at once.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use super::http::{header, read_request, Server};
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use std::time::Duration;
 pub struct Upstream {
     pub addr: SocketAddr,
     counts: Arc<Counts>,
+    _server: Server,
 }
 
 #[derive(Default)]
@@ -31,7 +32,6 @@ struct Counts {
     now: AtomicUsize,
     most: AtomicUsize,
     served: AtomicUsize,
-    stop: AtomicBool,
     /// Answers failed with 503, permille, spread evenly.
     failing: AtomicU64,
     /// Every answer waits this long, ms.
@@ -43,21 +43,13 @@ struct Counts {
 impl Upstream {
     /// Listens on a free loopback port.
     pub fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         let counts = Arc::new(Counts::default());
-        let c = counts.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if c.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let c = c.clone();
-                std::thread::spawn(move || serve(conn, &c));
-            }
-        });
-        Upstream { addr, counts }
+        let server = Server::start(counts.clone(), serve);
+        Upstream {
+            addr: server.addr,
+            counts,
+            _server: server,
+        }
     }
 
     /// Requests being served right now.
@@ -86,13 +78,6 @@ impl Upstream {
     }
 }
 
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.counts.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
-    }
-}
-
 /// Serves one keep-alive connection.
 fn serve(conn: TcpStream, c: &Counts) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
@@ -100,31 +85,8 @@ fn serve(conn: TcpStream, c: &Counts) {
     // body until Envoy's delayed ACK, 40 ms later.
     let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn);
-    loop {
-        let mut headers = Vec::new();
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let get = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+    while let Some(req) = read_request(&mut reader) {
+        let get = |name: &str| header(&req.headers, name).map(str::to_string);
         let num = |name: &str| get(name).and_then(|v| v.parse::<usize>().ok());
         let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
         c.most.fetch_max(now, Ordering::SeqCst);

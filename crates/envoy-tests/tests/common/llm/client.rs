@@ -1,10 +1,10 @@
 //! A client that sends request bodies and reads any response body, whole or as it comes.
 
-use super::super::http::{copy_exact, is_eof, read_headers, BodyHash};
+use super::super::http::{read_body, read_head, BodyHash, Framing};
 use super::header;
 use super::sse::{sse_events, SseEvent};
 use serde_json::Value;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -118,24 +118,7 @@ impl LlmClient {
             w.flush()?;
         }
         w.flush()?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("bad status line {line:?}")))?;
-        let headers = read_headers(&mut self.reader)
-            .ok_or_else(|| io::Error::other("connection closed in the headers"))?;
-        let mut reply = Reply {
-            status,
-            headers,
-            body: Vec::new(),
-            len: 0,
-            hash: 0,
-            chunks: 0,
-            complete: false,
-        };
+        let (status, headers) = read_head(&mut self.reader)?;
         let mut h = BodyHash::default();
         let keep = sink.is_none();
         let mut kept = Vec::new();
@@ -149,57 +132,17 @@ impl LlmClient {
                 None => {}
             }
         };
-        let chunked = reply
-            .header("transfer-encoding")
-            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-        let length = reply
-            .header("content-length")
-            .and_then(|v| v.parse::<u64>().ok());
-        reply.complete = if chunked {
-            let mut chunks = 0;
-            let done = (|| -> io::Result<bool> {
-                loop {
-                    line.clear();
-                    if self.reader.read_line(&mut line)? == 0 {
-                        return Ok(false);
-                    }
-                    let size_text = line.trim().split(';').next().unwrap_or("");
-                    let size = u64::from_str_radix(size_text, 16)
-                        .map_err(|_| io::Error::other(format!("bad chunk size {line:?}")))?;
-                    if size == 0 {
-                        return Ok(read_headers(&mut self.reader).is_some());
-                    }
-                    chunks += 1;
-                    copy_exact(&mut self.reader, size, &mut take)?;
-                    let mut crlf = [0u8; 2];
-                    self.reader.read_exact(&mut crlf)?;
-                    if &crlf != b"\r\n" {
-                        return Err(io::Error::other("chunk without its CRLF"));
-                    }
-                }
-            })();
-            reply.chunks = chunks;
-            match done {
-                Ok(d) => d,
-                Err(e) if is_eof(&e) => false,
-                Err(e) => return Err(e),
-            }
-        } else if let Some(n) = length {
-            match copy_exact(&mut self.reader, n, &mut take) {
-                Ok(()) => true,
-                Err(e) if is_eof(&e) => false,
-                Err(e) => return Err(e),
-            }
-        } else {
-            // Delimited by the end of the connection.
-            copy_exact(&mut self.reader, u64::MAX, &mut take)
-                .err()
-                .is_some_and(|e| e.kind() == io::ErrorKind::UnexpectedEof)
-        };
-        reply.len = len;
-        reply.hash = h.value();
-        reply.body = kept;
-        Ok(reply)
+        let framing = Framing::of(&headers).unwrap_or(Framing::Close);
+        let read = read_body(&mut self.reader, framing, &mut take)?;
+        Ok(Reply {
+            status,
+            headers,
+            body: kept,
+            len,
+            hash: h.value(),
+            chunks: read.chunks,
+            complete: read.complete,
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! Gemini's answers: generateContent (pretty-printed JSON) and streamGenerateContent.
 
 use super::body::{delta_literal, full_text, Gen};
-use std::io::{self, Write};
+use std::io;
 
 const GEMINI_ID: &str = "mKZ0aOq9D4-ejMcP7sTfmQk";
 

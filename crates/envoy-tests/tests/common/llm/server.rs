@@ -1,13 +1,13 @@
 //! The LLM-like upstream: it records every exchange and answers as the request says.
 
-use super::super::http::{hash, read_request, Incoming};
+use super::super::http::{hash, read_request, Incoming, Server};
 use super::body::{wire_len, write_body};
 use super::gzip::Gzip;
 use super::wire::{Transport, Wire};
 use super::{header, max_tokens_of, Spec, DEFAULT_KEEP};
 use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,10 +62,10 @@ pub struct Sent {
 pub struct LlmUpstream {
     pub addr: SocketAddr,
     shared: Arc<Shared>,
+    _server: Server,
 }
 
 struct Shared {
-    stop: AtomicBool,
     keep: AtomicUsize,
     seq: AtomicU64,
     peak: AtomicUsize,
@@ -75,27 +75,18 @@ struct Shared {
 impl LlmUpstream {
     /// Listens on a free loopback port.
     pub fn start() -> LlmUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
             keep: AtomicUsize::new(DEFAULT_KEEP),
             seq: AtomicU64::new(0),
             peak: AtomicUsize::new(0),
             log: Mutex::new(Vec::new()),
         });
-        let s = shared.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let s = s.clone();
-                std::thread::spawn(move || serve(conn, &s));
-            }
-        });
-        LlmUpstream { addr, shared }
+        let server = Server::start(shared.clone(), serve);
+        LlmUpstream {
+            addr: server.addr,
+            shared,
+            _server: server,
+        }
     }
 
     /// From now on, keep the first `bytes` of each response body in its [`Sent`] (all are
@@ -136,13 +127,6 @@ impl LlmUpstream {
     /// The most body bytes any answer held at once on the way to the socket.
     pub fn peak_buffer(&self) -> usize {
         self.shared.peak.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for LlmUpstream {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
     }
 }
 
