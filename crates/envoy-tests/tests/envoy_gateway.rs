@@ -17,14 +17,14 @@
 
 mod common;
 
-use common::http::{read_request, Server};
+use common::http::Server;
 use common::{native_dir, root, wasm_path, Client, Envoy};
 use ratelimit_config::manifest::yaml_documents;
 use ratelimit_core::config::Config;
 use serde_json::{json, Value};
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Duration;
 
 fn manifests(file: &str) -> Vec<Value> {
     let path = root().join("deploy/envoy-gateway").join(file);
@@ -215,18 +215,16 @@ fn the_native_manifests_register_the_module_the_image_carries() {
 
 /// Serves `file` over HTTP/1.1 on a loopback port, until dropped (Envoy Gateway
 /// serves each module from its own cache the same way, to its proxies).
-fn serve(file: PathBuf) -> Server {
-    Server::start(Arc::new(file), |mut s, file| {
-        if read_request(&mut BufReader::new(&mut s)).is_none() {
-            return;
-        }
+fn serve(file: PathBuf) -> Server<PathBuf> {
+    Server::start(file, Duration::from_secs(60), |out, _, file| {
         let body = std::fs::read(file).unwrap();
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: application/wasm\r\nconnection: close\r\n\r\n",
             body.len()
         );
-        let _ = s.write_all(head.as_bytes());
-        let _ = s.write_all(&body);
+        let _ = out.write_all(head.as_bytes());
+        let _ = out.write_all(&body);
+        false
     })
 }
 

@@ -531,7 +531,7 @@ fn body_bombs_are_read_as_documented() {
                 .wait_sent(r.seq().unwrap(), Duration::from_secs(10))
                 .unwrap();
             assert_eq!(
-                ex.body_len,
+                ex.request.body_len,
                 body.len() as u64,
                 "{what}: the body went whole"
             );

@@ -467,7 +467,7 @@ fn reservations_sized_from_the_request_are_trued_up() {
             // The upstream got the request body whole.
             let e = rig.up.exchange(r.seq().unwrap()).unwrap();
             assert_eq!(
-                (e.body_len, e.body_hash),
+                (e.request.body_len, e.request.body_hash),
                 (body.len() as u64, llm::hash(body)),
                 "{what}"
             );
@@ -1078,7 +1078,7 @@ fn a_held_request_keeps_its_body_until_its_turn() {
         );
         let e = rig.up.exchange(r.seq().unwrap()).unwrap();
         assert_eq!(
-            (e.body_len, e.body_hash),
+            (e.request.body_len, e.request.body_hash),
             (body.len() as u64, llm::hash(&body)),
             "{key}: the body changed on the way"
         );
@@ -1198,7 +1198,7 @@ fn per_model_limits_read_the_model_from_the_request_body() {
                 .wait_sent(reply.seq().unwrap(), Duration::from_secs(10))
                 .unwrap();
             assert_eq!(
-                ex.body,
+                ex.request.body,
                 body.as_bytes(),
                 "the upstream got the body unchanged"
             );

@@ -12,28 +12,43 @@ use std::time::Duration;
 // ---------------------------------------------------------------------------------------------
 // A server
 
-/// A loopback listener whose accept loop hands every connection to the stand-in; it stops
-/// accepting when dropped.
-pub struct Server {
+/// A loopback listener whose accept loop hands every connection to a stand-in whose state is
+/// `S`; it stops accepting when dropped.
+pub struct Server<S = ()> {
     pub addr: SocketAddr,
+    state: Arc<S>,
     stop: Arc<AtomicBool>,
 }
 
-impl Server {
-    /// Listens on a free loopback port; each connection is served on its own thread by
-    /// `serve`, with the stand-in's `state`.
-    pub fn start<S: Send + Sync + 'static>(state: Arc<S>, serve: fn(TcpStream, &S)) -> Server {
-        Server::accept(TcpListener::bind("127.0.0.1:0").unwrap(), move |conn| {
-            let s = state.clone();
-            std::thread::spawn(move || serve(conn, &s));
+impl<S: Send + Sync + 'static> Server<S> {
+    /// Listens on a free loopback port and serves each connection on its own thread, one
+    /// request after another: `answer` writes the answer to each (the stand-in's `state` at
+    /// hand) and says whether the connection stays open. A connection waits up to `idle` for
+    /// its next request.
+    pub fn start(
+        state: S,
+        idle: Duration,
+        answer: fn(&mut TcpStream, Incoming, &S) -> bool,
+    ) -> Server<S> {
+        let state = Arc::new(state);
+        let s = state.clone();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Server::accept_with(state, listener, move |conn| {
+            let s = s.clone();
+            std::thread::spawn(move || serve(conn, idle, &*s, answer));
         })
     }
 
-    /// Accepts on `listener`, handing each connection to `take` on the accept loop's thread.
-    pub fn accept(
+    /// The stand-in's state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    fn accept_with(
+        state: Arc<S>,
         listener: TcpListener,
         mut take: impl FnMut(TcpStream) + Send + 'static,
-    ) -> Server {
+    ) -> Server<S> {
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -47,14 +62,40 @@ impl Server {
                 }
             }
         });
-        Server { addr, stop }
+        Server { addr, state, stop }
     }
 }
 
-impl Drop for Server {
+impl Server {
+    /// Accepts on `listener`, handing each connection to `take` on the accept loop's thread.
+    pub fn accept(listener: TcpListener, take: impl FnMut(TcpStream) + Send + 'static) -> Server {
+        Server::accept_with(Arc::new(()), listener, take)
+    }
+}
+
+impl<S> Drop for Server<S> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect(self.addr); // wakes the accept loop
+    }
+}
+
+/// Serves one keep-alive connection.
+fn serve<S>(
+    conn: TcpStream,
+    idle: Duration,
+    state: &S,
+    answer: fn(&mut TcpStream, Incoming, &S) -> bool,
+) {
+    let _ = conn.set_read_timeout(Some(idle));
+    // Each piece of an answer must leave at once: Nagle's algorithm would hold a small one
+    // until the peer's delayed ACK, 40 ms later.
+    let _ = conn.set_nodelay(true);
+    let mut reader = BufReader::new(conn);
+    while let Some(req) = read_request(&mut reader) {
+        if !answer(reader.get_mut(), req, state) {
+            return;
+        }
     }
 }
 
@@ -96,6 +137,7 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
 }
 
 /// A request as read.
+#[derive(Clone, Debug)]
 pub struct Incoming {
     pub method: String,
     /// With the query.

@@ -17,19 +17,18 @@
 //! limit on two lines ([`Builder::two_lines`]): a broken or hostile upstream, whose fields a
 //! filter must ignore.
 
-use super::http::{header, read_request, Server};
+use super::http::{header, Incoming, Server};
 use super::llm;
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A running provider; it stops accepting when dropped.
 pub struct Provider {
     pub addr: SocketAddr,
-    shared: Arc<Shared>,
-    _server: Server,
+    server: Server<Shared>,
 }
 
 /// How a provider is started ([`Provider::builder`]): its terms.
@@ -132,16 +131,15 @@ impl Builder {
 
     /// Listens on a free loopback port.
     pub fn start(self) -> Provider {
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             terms: self,
             started: Instant::now(),
             state: Mutex::new(State::default()),
-        });
-        let server = Server::start(shared.clone(), serve);
+        };
+        let server = Server::start(shared, Duration::from_secs(120), answer);
         Provider {
             addr: server.addr,
-            shared,
-            _server: server,
+            server,
         }
     }
 }
@@ -174,13 +172,13 @@ impl Provider {
 
     /// Seconds since the provider started.
     pub fn elapsed_s(&self) -> f64 {
-        self.shared.started.elapsed().as_secs_f64()
+        self.server.state().started.elapsed().as_secs_f64()
     }
 
     /// Per tenant of organisation `org`: (admitted, refused) over the seconds `from..to`
     /// since the provider started.
     pub fn tally(&self, org: &str, from: u64, to: u64) -> HashMap<String, (u64, u64)> {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         let mut out: HashMap<String, (u64, u64)> = HashMap::new();
         for ((o, tenant, second), (a, r)) in &state.tally {
             if o == org && (from..to).contains(second) {
@@ -195,7 +193,7 @@ impl Provider {
     /// Per tenant of organisation `org`: the tokens of the requests the provider admitted over
     /// the seconds `from..to` since it started.
     pub fn tokens(&self, org: &str, from: u64, to: u64) -> HashMap<String, u64> {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         let mut out: HashMap<String, u64> = HashMap::new();
         for ((o, tenant, second), n) in &state.tokens {
             if o == org && (from..to).contains(second) {
@@ -215,109 +213,110 @@ impl Provider {
     /// When organisation `org` was first asked, and when it last refused, in seconds since the
     /// provider started (`None`: never asked).
     pub fn seen(&self, org: &str) -> Option<(f64, Option<f64>)> {
-        self.shared.state.lock().unwrap().seen.get(org).copied()
+        self.server
+            .state()
+            .state
+            .lock()
+            .unwrap()
+            .seen
+            .get(org)
+            .copied()
     }
 
     /// Requests the provider refused in all, every organisation and second.
     pub fn refused(&self) -> u64 {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         state.tally.values().map(|(_, r)| r).sum()
     }
 }
 
-fn serve(conn: TcpStream, s: &Shared) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
-    let _ = conn.set_nodelay(true);
-    let mut reader = BufReader::new(conn);
-    while let Some(req) = read_request(&mut reader) {
-        let (headers, body) = (&req.headers, &req.body);
-        let tenant = s
-            .terms
-            .tally_by
-            .iter()
-            .map(|h| header(headers, h).unwrap_or("-"))
-            .collect::<Vec<_>>()
-            .join("/");
-        let path = req.path.as_str();
-        let org = path
-            .trim_start_matches('/')
-            .split('/')
-            .next()
-            .unwrap_or("")
-            .to_string();
-        // An organisation with a token limit answers as the API its route names.
-        let spec = s
-            .terms
-            .tokens
-            .get(&org)
-            .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, headers, body));
-        let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
-        let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
-        let limit = s.terms.rate_of(&org) as u64;
-        let remaining = if admitted { remaining } else { 0 };
-        let (l, r, reset) = match garbage {
-            None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
-            Some(n) => {
-                let (l, r, reset) = GARBAGE[n as usize % GARBAGE.len()];
-                let fill = |v: &str| {
-                    v.replace("{limit}", &limit.to_string())
-                        .replace("{remaining}", &remaining.to_string())
-                        .replace("{above}", &(limit + 1000).to_string())
-                };
-                (fill(l), fill(r), reset.to_string())
-            }
-        };
-        let mut fields = match s.terms.two_lines.get(&org) {
-            None => format!(
-                "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
-                 x-ratelimit-reset-requests: {reset}\r\n"
-            ),
-            Some([a, b]) => format!(
-                "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
-                 x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
-                remaining.min(*a.min(b))
-            ),
-        };
-        if let (Some(&per_s), Some(left)) = (s.terms.tokens.get(&org), tokens_left) {
-            // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
-            // short reset.
-            let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
-            fields.push_str(&format!(
-                "x-ratelimit-limit-tokens: {}\r\nx-ratelimit-remaining-tokens: {left}\r\n\
-                 x-ratelimit-reset-tokens: {reset_ms}ms\r\n",
-                per_s as u64
-            ));
+/// Answers one request; false if the connection broke.
+fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
+    let (headers, body) = (&req.headers, &req.body);
+    let tenant = s
+        .terms
+        .tally_by
+        .iter()
+        .map(|h| header(headers, h).unwrap_or("-"))
+        .collect::<Vec<_>>()
+        .join("/");
+    let path = req.path.as_str();
+    let org = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    // An organisation with a token limit answers as the API its route names.
+    let spec = s
+        .terms
+        .tokens
+        .get(&org)
+        .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, headers, body));
+    let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
+    let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
+    let limit = s.terms.rate_of(&org) as u64;
+    let remaining = if admitted { remaining } else { 0 };
+    let (l, r, reset) = match garbage {
+        None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
+        Some(n) => {
+            let (l, r, reset) = GARBAGE[n as usize % GARBAGE.len()];
+            let fill = |v: &str| {
+                v.replace("{limit}", &limit.to_string())
+                    .replace("{remaining}", &remaining.to_string())
+                    .replace("{above}", &(limit + 1000).to_string())
+            };
+            (fill(l), fill(r), reset.to_string())
         }
-        let head = match (spec, admitted) {
-            (None, true) => format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok"),
-            (None, false) => format!(
-                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
-                 content-length: 2\r\n\r\nno"
-            ),
-            (Some(spec), admitted) => {
-                let (status, retry, body) = if admitted {
-                    let body = String::from_utf8(llm::body_bytes(&spec)).unwrap();
-                    ("200 OK", "", body)
-                } else {
-                    // OpenAI's refusal for its token limit.
-                    let body = format!(
-                        r#"{{"error":{{"message":"Rate limit reached for {} in organization {org} on tokens per second: Requested {}. Please try again in 1s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}}}"#,
-                        spec.model,
-                        cost.unwrap_or(0)
-                    );
-                    ("429 Too Many Requests", "retry-after: 1\r\n", body)
-                };
-                format!(
-                    "HTTP/1.1 {status}\r\n{retry}{fields}content-type: application/json\r\n\
-                     content-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-            }
-        };
-        if reader.get_mut().write_all(head.as_bytes()).is_err() {
-            return;
-        }
+    };
+    let mut fields = match s.terms.two_lines.get(&org) {
+        None => format!(
+            "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
+             x-ratelimit-reset-requests: {reset}\r\n"
+        ),
+        Some([a, b]) => format!(
+            "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
+             x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
+            remaining.min(*a.min(b))
+        ),
+    };
+    if let (Some(&per_s), Some(left)) = (s.terms.tokens.get(&org), tokens_left) {
+        // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
+        // short reset.
+        let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
+        fields.push_str(&format!(
+            "x-ratelimit-limit-tokens: {}\r\nx-ratelimit-remaining-tokens: {left}\r\n\
+             x-ratelimit-reset-tokens: {reset_ms}ms\r\n",
+            per_s as u64
+        ));
     }
+    let head = match (spec, admitted) {
+        (None, true) => format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok"),
+        (None, false) => format!(
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
+             content-length: 2\r\n\r\nno"
+        ),
+        (Some(spec), admitted) => {
+            let (status, retry, body) = if admitted {
+                let body = String::from_utf8(llm::body_bytes(&spec)).unwrap();
+                ("200 OK", "", body)
+            } else {
+                // OpenAI's refusal for its token limit.
+                let body = format!(
+                    r#"{{"error":{{"message":"Rate limit reached for {} in organization {org} on tokens per second: Requested {}. Please try again in 1s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}}}"#,
+                    spec.model,
+                    cost.unwrap_or(0)
+                );
+                ("429 Too Many Requests", "retry-after: 1\r\n", body)
+            };
+            format!(
+                "HTTP/1.1 {status}\r\n{retry}{fields}content-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        }
+    };
+    out.write_all(head.as_bytes()).is_ok()
 }
 
 /// `org`'s bucket in `buckets` (one second of `rate`, full at first), refilled to `now`: what

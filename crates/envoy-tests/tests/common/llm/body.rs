@@ -66,27 +66,26 @@ pub fn body_bytes(spec: &Spec) -> Vec<u8> {
 /// The body as it goes on the wire (gzip-encoded when `gzip`): what a client receives.
 pub fn wire_body(spec: &Spec, gzip: bool) -> Vec<u8> {
     let mut out = Vec::new();
-    if gzip {
-        let mut g = Gzip::new(&mut out);
-        write_body(spec, &mut g).unwrap();
-        g.finish().unwrap();
-    } else {
-        write_body(spec, &mut out).unwrap();
-    }
+    write_encoded(spec, gzip, &mut out).unwrap();
     out
 }
 
 /// The length of [`wire_body`], without holding it.
 pub fn wire_len(spec: &Spec, gzip: bool) -> u64 {
     let mut count = Count(0);
-    if gzip {
-        let mut g = Gzip::new(&mut count);
-        write_body(spec, &mut g).unwrap();
-        g.finish().unwrap();
-    } else {
-        write_body(spec, &mut count).unwrap();
-    }
+    write_encoded(spec, gzip, &mut count).unwrap();
     count.0
+}
+
+/// Writes the body to `out` as it goes on the wire (gzip-encoded when `gzip`).
+pub fn write_encoded(spec: &Spec, gzip: bool, out: &mut dyn Write) -> io::Result<()> {
+    if gzip {
+        let mut g = Gzip::new(out);
+        write_body(spec, &mut g)?;
+        g.finish().map(|_| ())
+    } else {
+        write_body(spec, out)
+    }
 }
 
 /// Writes the answer's body to `out`, generating it as it goes, and flushes `out` at the end

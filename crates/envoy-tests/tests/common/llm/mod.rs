@@ -58,7 +58,7 @@ mod sse;
 mod wire;
 
 pub use super::http::{hash, header, BodyHash, REQUEST_KEEP};
-pub use body::{body_bytes, delta_literal, text, wire_body, wire_len, write_body};
+pub use body::{body_bytes, delta_literal, text, wire_body, wire_len, write_body, write_encoded};
 pub use client::{post, LlmClient, Reply, Sink};
 pub use gzip::{crc32, gunzip_stored, Gzip};
 pub use server::{Exchange, LlmUpstream, Sent};

@@ -173,82 +173,80 @@ impl Gen<'_> {
     }
 
     pub(super) fn responses_stream(&mut self) -> io::Result<()> {
-        let s = self.s;
-        let m = self.model.clone();
+        let (s, model) = (self.s, self.model.clone());
+        let m = model.as_str();
+        let part = format!(r#""item_id":"{ITEM_ID}","output_index":0,"content_index":0,"#);
+        let text_part = r#""part":{"type":"output_text","annotations":[],"logprobs":[],"text":""#;
         let mut seq = 0;
+        let object =
+            |completed| move |out: &mut dyn Write| Gen::responses_object(s, m, out, completed);
+        let item = |completed| move |out: &mut dyn Write| Gen::responses_item(s, out, completed);
+        let nothing = |_: &mut dyn Write| Ok(());
         for name in ["response.created", "response.in_progress"] {
-            self.event(Some(name), &|out| {
-                write!(
-                    out,
-                    r#"{{"type":"{name}","sequence_number":{seq},"response":"#
-                )?;
-                Gen::responses_object(s, &m, out, false)?;
-                out.write_all(b"}")
-            })?;
-            seq += 1;
+            self.responses_event(&mut seq, name, r#""response":"#, &object(false), b"}")?;
         }
-        self.event(Some("response.output_item.added"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.output_item.added","sequence_number":{seq},"output_index":0,"item":"#
-            )?;
-            Gen::responses_item(s, out, false)?;
-            out.write_all(b"}")
-        })?;
-        seq += 1;
-        self.event(Some("response.content_part.added"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.content_part.added","sequence_number":{seq},"item_id":"{ITEM_ID}","output_index":0,"content_index":0,"part":{{"type":"output_text","annotations":[],"logprobs":[],"text":""}}}}"#
-            )
-        })?;
-        seq += 1;
+        let at_item = r#""output_index":0,"item":"#;
+        self.responses_event(
+            &mut seq,
+            "response.output_item.added",
+            at_item,
+            &item(false),
+            b"}",
+        )?;
+        let added = format!(r#"{part}{text_part}"}}"#);
+        self.responses_event(
+            &mut seq,
+            "response.content_part.added",
+            &added,
+            &nothing,
+            b"}",
+        )?;
         for i in 0..s.events {
-            self.event(Some("response.output_text.delta"), &|out| {
-                write!(
-                    out,
-                    r#"{{"type":"response.output_text.delta","sequence_number":{seq},"item_id":"{ITEM_ID}","output_index":0,"content_index":0,"delta":""#
-                )?;
-                out.write_all(delta_literal(s, i).as_bytes())?;
-                out.write_all(br#"","logprobs":[]}"#)
-            })?;
-            seq += 1;
+            let delta = |out: &mut dyn Write| out.write_all(delta_literal(s, i).as_bytes());
+            let head = format!(r#"{part}"delta":""#);
+            let name = "response.output_text.delta";
+            self.responses_event(&mut seq, name, &head, &delta, br#"","logprobs":[]}"#)?;
         }
-        self.event(Some("response.output_text.done"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.output_text.done","sequence_number":{seq},"item_id":"{ITEM_ID}","output_index":0,"content_index":0,"text":""#
-            )?;
-            full_text(s, out)?;
-            out.write_all(br#"","logprobs":[]}"#)
-        })?;
-        seq += 1;
-        self.event(Some("response.content_part.done"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.content_part.done","sequence_number":{seq},"item_id":"{ITEM_ID}","output_index":0,"content_index":0,"part":{{"type":"output_text","annotations":[],"logprobs":[],"text":""#
-            )?;
-            full_text(s, out)?;
-            out.write_all(br#""}}"#)
-        })?;
-        seq += 1;
-        self.event(Some("response.output_item.done"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.output_item.done","sequence_number":{seq},"output_index":0,"item":"#
-            )?;
-            Gen::responses_item(s, out, true)?;
-            out.write_all(b"}")
-        })?;
-        seq += 1;
-        self.event(Some("response.completed"), &|out| {
-            write!(
-                out,
-                r#"{{"type":"response.completed","sequence_number":{seq},"response":"#
-            )?;
-            Gen::responses_object(s, &m, out, true)?;
-            out.write_all(b"}")
-        })?;
+        let whole = |out: &mut dyn Write| full_text(s, out);
+        let head = format!(r#"{part}"text":""#);
+        let name = "response.output_text.done";
+        self.responses_event(&mut seq, name, &head, &whole, br#"","logprobs":[]}"#)?;
+        let head = format!("{part}{text_part}");
+        let name = "response.content_part.done";
+        self.responses_event(&mut seq, name, &head, &whole, br#""}}"#)?;
+        self.responses_event(
+            &mut seq,
+            "response.output_item.done",
+            at_item,
+            &item(true),
+            b"}",
+        )?;
+        self.responses_event(
+            &mut seq,
+            "response.completed",
+            r#""response":"#,
+            &object(true),
+            b"}",
+        )?;
         self.end()
+    }
+
+    /// One event of a Responses stream, numbered `seq` (then counted): its type and number,
+    /// then `fields` as written, what `inner` writes, and `tail`.
+    fn responses_event(
+        &mut self,
+        seq: &mut u64,
+        name: &str,
+        fields: &str,
+        inner: Data,
+        tail: &[u8],
+    ) -> io::Result<()> {
+        let n = *seq;
+        *seq += 1;
+        self.event(Some(name), &|out| {
+            write!(out, r#"{{"type":"{name}","sequence_number":{n},{fields}"#)?;
+            inner(out)?;
+            out.write_all(tail)
+        })
     }
 }

@@ -1,14 +1,13 @@
 //! The LLM-like upstream: it records every exchange and answers as the request says.
 
-use super::super::http::{hash, read_request, Incoming, Server};
-use super::body::{wire_len, write_body};
-use super::gzip::Gzip;
+use super::super::http::{hash, Incoming, Server};
+use super::body::{wire_len, write_encoded};
 use super::wire::{Transport, Wire};
 use super::{header, max_tokens_of, Spec, DEFAULT_KEEP};
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One request the upstream got, and what it answered.
@@ -16,15 +15,7 @@ use std::time::{Duration, Instant};
 pub struct Exchange {
     /// Its number (the answer's `x-llm-seq`), from 0.
     pub seq: u64,
-    pub method: String,
-    /// With the query.
-    pub path: String,
-    /// Names in lower case, in the order received.
-    pub headers: Vec<(String, String)>,
-    /// The request body (its first [`REQUEST_KEEP`] bytes).
-    pub body: Vec<u8>,
-    pub body_len: u64,
-    pub body_hash: u64,
+    pub request: Incoming,
     /// The `max_tokens`-like field of the body.
     pub max_tokens: Option<u64>,
     /// What was answered; None for an unknown route.
@@ -36,7 +27,7 @@ pub struct Exchange {
 
 impl Exchange {
     pub fn header(&self, name: &str) -> Option<&str> {
-        header(&self.headers, name)
+        header(&self.request.headers, name)
     }
 }
 
@@ -61,8 +52,7 @@ pub struct Sent {
 /// A running LLM-like upstream; it stops accepting when dropped.
 pub struct LlmUpstream {
     pub addr: SocketAddr,
-    shared: Arc<Shared>,
-    _server: Server,
+    server: Server<Shared>,
 }
 
 struct Shared {
@@ -75,34 +65,33 @@ struct Shared {
 impl LlmUpstream {
     /// Listens on a free loopback port.
     pub fn start() -> LlmUpstream {
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             keep: AtomicUsize::new(DEFAULT_KEEP),
             seq: AtomicU64::new(0),
             peak: AtomicUsize::new(0),
             log: Mutex::new(Vec::new()),
-        });
-        let server = Server::start(shared.clone(), serve);
+        };
+        let server = Server::start(shared, Duration::from_secs(60), answer);
         LlmUpstream {
             addr: server.addr,
-            shared,
-            _server: server,
+            server,
         }
     }
 
     /// From now on, keep the first `bytes` of each response body in its [`Sent`] (all are
     /// hashed whatever this says).
     pub fn keep_bodies(&self, bytes: usize) {
-        self.shared.keep.store(bytes, Ordering::SeqCst);
+        self.server.state().keep.store(bytes, Ordering::SeqCst);
     }
 
     /// Every exchange so far, in the order the requests came.
     pub fn exchanges(&self) -> Vec<Exchange> {
-        self.shared.log.lock().unwrap().clone()
+        self.server.state().log.lock().unwrap().clone()
     }
 
     /// The exchange numbered `seq` (as it is now).
     pub fn exchange(&self, seq: u64) -> Option<Exchange> {
-        let log = self.shared.log.lock().unwrap();
+        let log = self.server.state().log.lock().unwrap();
         log.iter().find(|e| e.seq == seq).cloned()
     }
 
@@ -121,26 +110,12 @@ impl LlmUpstream {
 
     /// Requests received so far.
     pub fn received(&self) -> usize {
-        self.shared.log.lock().unwrap().len()
+        self.server.state().log.lock().unwrap().len()
     }
 
     /// The most body bytes any answer held at once on the way to the socket.
     pub fn peak_buffer(&self) -> usize {
-        self.shared.peak.load(Ordering::SeqCst)
-    }
-}
-
-/// Serves one keep-alive connection.
-fn serve(conn: TcpStream, s: &Shared) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
-    // Each piece must leave at once: Nagle's algorithm would hold small ones back.
-    let _ = conn.set_nodelay(true);
-    let mut reader = BufReader::new(conn);
-    while let Some(req) = read_request(&mut reader) {
-        let close = header(&req.headers, "connection").is_some_and(|v| v == "close");
-        if !answer(reader.get_mut(), req, s) || close {
-            return;
-        }
+        self.server.state().peak.load(Ordering::SeqCst)
     }
 }
 
@@ -158,8 +133,15 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Answers one request; false if the connection is to be closed (a reset, or it broke).
+/// Answers one request; false if the connection is to be closed (asked by the request, a
+/// reset, or it broke).
 fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
+    let close = header(&req.headers, "connection").is_some_and(|v| v == "close");
+    respond(out, req, s) && !close
+}
+
+/// Answers one request; false if the connection broke or was reset.
+fn respond(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
     let seq = s.seq.fetch_add(1, Ordering::SeqCst);
     let spec = Spec::from_request(&req.path, &req.headers, &req.body);
     let transport = spec
@@ -168,12 +150,7 @@ fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
     s.log.lock().unwrap().push(Exchange {
         seq,
         max_tokens: max_tokens_of(&req.path, &req.body),
-        method: req.method,
-        path: req.path,
-        headers: req.headers,
-        body: req.body,
-        body_len: req.body_len,
-        body_hash: req.body_hash,
+        request: req,
         spec: spec.clone(),
         transport: transport.clone(),
         sent: None,
@@ -237,13 +214,7 @@ fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
     }
     let mut sock = &*out;
     let mut wire = Wire::new(&mut sock, &t, s.keep.load(Ordering::SeqCst));
-    let result = if t.gzip {
-        let mut g = Gzip::new(&mut wire);
-        write_body(&spec, &mut g).and_then(|_| g.finish().map(|_| ()))
-    } else {
-        write_body(&spec, &mut wire)
-    };
-    let result = result.and_then(|_| wire.finish());
+    let result = write_encoded(&spec, t.gzip, &mut wire).and_then(|_| wire.finish());
     let reset = wire.reset;
     record(Sent {
         status: spec.status,
