@@ -281,10 +281,7 @@ fn body_upstream() -> bool {
 /// by Envoy; `buffer`: Envoy's buffer filter after the filter (the baseline, where it holds what
 /// the filter would; not on `/body` routed upstream, where the upstream holds it).
 fn yaml(plugin_config: &str, upstream: SocketAddr, buffer: bool) -> String {
-    let listener = Listener {
-        upstream: Some(upstream),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream);
     let yaml = common::bootstrap_with(plugin_config, &listener);
     let mut routes = String::new();
     if body_upstream() {
@@ -423,10 +420,7 @@ struct Held {
 /// How many clients, of each kind: (body, delay, reservation). Delay stays below 4,096 so that
 /// no worker can reach its bound whatever the balance.
 fn mix() -> (usize, usize, usize) {
-    let wanted: usize = std::env::var("HELD_CLIENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let wanted: usize = common::env_number("HELD_CLIENTS", 10_000);
     let limit = nofile();
     // Per client: its socket here; a reservation (and a body stream, in the wasm build) also
     // the upstream's (Envoy holds as many, plus their upstream side).

@@ -56,10 +56,7 @@ fn start(dialect: &str, headers: &str) -> Rig {
  "response": {{"dialect": "{dialect}", "headers": "{headers}"}}}}"#
     );
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     Rig { envoy, _up: up }
 }
@@ -471,10 +468,7 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
  "response": {{"dialect": "openai"}}}}"#
     );
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
     let key = "sk-openai-reserved";
     // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
@@ -549,10 +543,7 @@ fn a_model_without_a_price_is_the_openai_sdks_bad_request() {
      "models": {"gpt-4o-mini": {"input": 150000, "output": 600000}}, "default": "refuse"}}}}],
  "response": {"dialect": "openai"}}"#;
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(config, &listener));
     let priced = run(&envoy, "openai", "sk-priced", "json", "refused", &[]);
     assert_eq!(priced["error"], Value::Null, "{priced}");

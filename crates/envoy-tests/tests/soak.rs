@@ -111,10 +111,7 @@ fn limits() -> String {
 /// The bootstrap: both plugins in one chain; `/v1/` to the LLM upstream, the rest answered by
 /// Envoy; the `ratelimit` cluster.
 fn yaml(llm: SocketAddr, rls_port: u16) -> String {
-    let listener = Listener {
-        upstream: Some(llm),
-        ..Listener::default()
-    };
+    let listener = Listener::to(llm);
     let base = bootstrap_with(&test_config(), &listener);
     let open = http_filter(
         &Plugin {
@@ -610,10 +607,7 @@ fn check_lease(tenant: &str, admitted: &[Seen], restarts: &[u64]) -> (usize, u64
 
 #[test]
 fn soak_under_faults() {
-    let seconds: u64 = std::env::var("SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let seconds: u64 = common::env_number("SOAK_SECONDS", 60);
     let duration = Duration::from_secs(seconds);
     let up = LlmUpstream::start();
     up.keep_bodies(0);

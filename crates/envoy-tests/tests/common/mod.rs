@@ -83,6 +83,14 @@ pub fn cli_line(line: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A number (a run's seconds, a count of clients) from the variable `var`, else `default`.
+pub fn env_number<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
 pub fn envoy_bin() -> String {
     std::env::var("ENVOY").unwrap_or_else(|_| "envoy".into())
@@ -308,6 +316,16 @@ pub struct Listener<'a> {
     pub client_ip_header: Option<&'a str>,
     /// Write an access log.
     pub access_log: Option<AccessLog<'a>>,
+}
+
+impl Listener<'_> {
+    /// A listener routing every request to `upstream`, and nothing more.
+    pub fn to(upstream: SocketAddr) -> Self {
+        Listener {
+            upstream: Some(upstream),
+            ..Listener::default()
+        }
+    }
 }
 
 /// A file access log of the test listener.
@@ -762,22 +780,34 @@ impl Drop for Proc {
 /// A Redis on `port`, in memory only.
 #[allow(dead_code)]
 pub fn redis(port: u16) -> Proc {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "no"])
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .args(["--appendonly", "no"]);
+    listening(
+        &mut cmd,
+        port,
+        "redis-server (apt-get install redis-server; .ci/run does)",
+    )
+}
+
+/// Starts `cmd` (its output discarded) and waits until it listens on `port`; `what` names it
+/// and where it comes from, should it not start.
+fn listening(cmd: &mut Command, port: u16, what: &str) -> Proc {
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server (apt-get install redis-server; .ci/run does)");
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let proc = Proc(child);
     wait_port(port);
-    Proc(child)
+    proc
 }
 
 fn rls_server_bin() -> PathBuf {
@@ -791,20 +821,25 @@ fn rls_server_bin() -> PathBuf {
 /// `serial`.
 #[allow(dead_code)]
 pub fn rls_server(port: u16, redis_port: u16, limits: &str, delay_ms: u64, serial: bool) -> Proc {
-    let child = Command::new(rls_server_bin())
-        .args([
-            format!("127.0.0.1:{port}"),
-            format!("redis://127.0.0.1:{redis_port}"),
-            limits.to_string(),
-            delay_ms.to_string(),
-            if serial { "serial" } else { "concurrent" }.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the test RLS server (make integration builds it)");
-    wait_port(port);
-    Proc(child)
+    let store = format!("redis://127.0.0.1:{redis_port}");
+    rls_service(port, &store, limits, delay_ms, serial)
+}
+
+/// [`rls_server`] over `store`: a Redis URL, or `memory` (the limitador engine's own counters).
+pub fn rls_service(port: u16, store: &str, limits: &str, delay_ms: u64, serial: bool) -> Proc {
+    let mut cmd = Command::new(rls_server_bin());
+    cmd.args([
+        format!("127.0.0.1:{port}"),
+        store.to_string(),
+        limits.to_string(),
+        delay_ms.to_string(),
+        if serial { "serial" } else { "concurrent" }.to_string(),
+    ]);
+    listening(
+        &mut cmd,
+        port,
+        "the test RLS server (make rls-server builds it)",
+    )
 }
 
 /// An example as [`example_yaml`] gives it, with what it needs running: for an example with a

@@ -175,6 +175,22 @@ impl Provider {
         self.server.state().started.elapsed().as_secs_f64()
     }
 
+    /// The seconds measured of traffic that starts now and lasts `run_s`, from `warmup_s` into
+    /// it to its end: whole seconds since the provider started, `from..end`.
+    pub fn window(&self, warmup_s: f64, run_s: u64) -> (u64, u64) {
+        let t0 = self.elapsed_s();
+        (
+            (t0 + warmup_s).ceil() as u64,
+            (t0 + run_s as f64).floor() as u64,
+        )
+    }
+
+    /// Whether a request sent now falls in the seconds `from..end` since the provider started.
+    pub fn measures(&self, (from, end): (u64, u64)) -> bool {
+        let now = self.elapsed_s();
+        now >= from as f64 && now < end as f64
+    }
+
     /// Per tenant of organisation `org`: (admitted, refused) over the seconds `from..to`
     /// since the provider started.
     pub fn tally(&self, org: &str, from: u64, to: u64) -> HashMap<String, (u64, u64)> {
