@@ -1,48 +1,23 @@
 //! The engine's tests of shared capacities: across threads, refunds, and two workers deciding one tenant at once.
 
+use super::tests::{check, stored, MINUTE};
 use super::*;
 use crate::store::MemoryStore;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
-    store
-        .read(slot, |bytes, _| Slot::decode(slot, bytes))
-        .unwrap()
-        .unwrap()
-        .find(fp)
-        .cloned()
-        .unwrap()
-}
-
 fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> Check {
     Check {
         share: Some(ShareCheck {
             record: table::SlotKind::Share.slot(1),
-            share: share::Share {
-                active_ms: 10_000,
-                saturation_pm: 800,
-                target_pm: 970,
-                bands: 1,
-                min_share_pm: [0; share::MAX_BANDS],
-                ramp_ms: 0,
-            },
+            share: share::Share::for_bands(&[0]),
             asker: share::Asker {
                 weight,
                 band: 0,
                 again: false,
             },
         }),
-        slot,
-        fingerprint: tenant,
-        policy: Policy::SlidingWindow {
-            limit,
-            window_ms: 60_000,
-        },
-        cost: 1,
-        shadow: false,
-        charge_later: false,
-        base: None,
+        ..check(slot, tenant, limit, MINUTE)
     }
 }
 
@@ -178,15 +153,7 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
 #[test]
 fn a_request_another_rule_refuses_is_given_back_to_the_shared_capacity() {
     let store = MemoryStore::new();
-    let strict = Check {
-        share: None,
-        fingerprint: 77,
-        policy: Policy::SlidingWindow {
-            limit: 2,
-            window_ms: 60_000,
-        },
-        ..shared(5, 77, 2, 1)
-    };
+    let strict = check(5, 77, 2, MINUTE);
     let mut admitted = 0;
     for i in 0..5 {
         let o = decide(

@@ -5,10 +5,10 @@ use crate::store::MemoryStore;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-const MINUTE: u64 = 60_000;
+pub(super) const MINUTE: u64 = 60_000;
 const HOUR: u64 = 3_600_000;
 
-fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
+pub(super) fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
     Check {
         slot,
         fingerprint: fp,
@@ -24,7 +24,7 @@ fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
     }
 }
 
-fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
+pub(super) fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
     store
         .read(slot, |bytes, _| Slot::decode(slot, bytes))
         .unwrap()
@@ -41,16 +41,10 @@ fn current(state: State) -> u32 {
     }
 }
 
-/// The one-bucket path decides exactly as the general path: the same outcomes and the same
-/// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
-/// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
-/// data) or the store's own bucket under its lock (the native build's process store).
-#[test]
-fn the_one_bucket_path_matches_the_general_path() {
+/// A policy of each kind the one-bucket path decides, small enough to refuse often.
+fn small_policies() -> [Policy; 3] {
     use crate::limiter::{gcra, Windows};
-    let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
-    let mut next = move |n: u64| rng.below(n);
-    let policies = [
+    [
         Policy::SlidingWindow {
             limit: 3,
             window_ms: 1_000,
@@ -65,26 +59,45 @@ fn the_one_bucket_path_matches_the_general_path() {
             burst: 2,
             max_delay_ms: None,
         }),
-    ];
-    fn slot_of(s: &impl Store, slot: u64) -> Slot {
-        s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().unwrap()
+    ]
+}
+
+/// A random request's check on one of three slots: one of `policies`, keys sharing buckets, a
+/// cost of 1 or 2, shadow one time in 5, charged later one time in `later`.
+fn random_check(next: &mut impl FnMut(u64) -> u64, policies: &[Policy], later: u64) -> Check {
+    Check {
+        slot: next(3),
+        fingerprint: 1 + 2 * next(7),
+        policy: policies[next(policies.len() as u64) as usize],
+        cost: 1 + next(2),
+        shadow: next(5) == 0,
+        charge_later: next(later) == 0,
+        base: None,
+        share: None,
     }
+}
+
+/// A slot as stored; `None`: corrupt (until a rule decides on it).
+fn slot_of(s: &impl Store, slot: u64) -> Option<Slot> {
+    s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().ok()
+}
+
+/// The one-bucket path decides exactly as the general path: the same outcomes and the same
+/// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
+/// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
+/// data) or the store's own bucket under its lock (the native build's process store).
+#[test]
+fn the_one_bucket_path_matches_the_general_path() {
+    let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = move |n: u64| rng.below(n);
+    let policies = small_policies();
     for mode in [FailureMode::Allow, FailureMode::Deny] {
         let (fast, general) = (MemoryStore::new(), MemoryStore::new());
         let held = crate::store::ProcessStore::new(3);
         let mut now = 10_000u64;
         for _ in 0..20_000 {
             now = (now + next(300)).saturating_sub(next(50));
-            let check = Check {
-                slot: next(3),
-                fingerprint: 1 + 2 * next(7),
-                policy: policies[next(3) as usize],
-                cost: 1 + next(2),
-                shadow: next(5) == 0,
-                charge_later: next(4) == 0,
-                base: None,
-                share: None,
-            };
+            let check = random_check(&mut next, &policies, 4);
             if next(500) == 0 {
                 for s in [&fast, &general] {
                     s.write(check.slot, b"garbage", 0).unwrap();
@@ -97,8 +110,9 @@ fn the_one_bucket_path_matches_the_general_path() {
             assert_eq!(a, b, "{check:?} at {now}");
             assert_eq!(a, c, "{check:?} at {now}");
             for slot in 0..3 {
-                assert_eq!(slot_of(&fast, slot), slot_of(&general, slot));
-                assert_eq!(slot_of(&fast, slot), slot_of(&held, slot));
+                let kept = slot_of(&fast, slot).unwrap();
+                assert_eq!(Some(&kept), slot_of(&general, slot).as_ref());
+                assert_eq!(Some(&kept), slot_of(&held, slot).as_ref());
             }
         }
     }
@@ -110,34 +124,15 @@ fn the_one_bucket_path_matches_the_general_path() {
 /// evicting one another, refused by some, shadow or charged later, corrupt buckets).
 #[test]
 fn held_buckets_decide_as_compare_and_swap() {
-    use crate::limiter::{gcra, Windows};
     use crate::store::ProcessStore;
     let mut rng = crate::testkit::Rng(0x2545_f491_4f6c_dd1du64);
     let mut next = move |n: u64| rng.below(n);
-    let policies = [
-        Policy::SlidingWindow {
-            limit: 3,
-            window_ms: 1_000,
-        },
-        Policy::FixedWindow {
-            limit: 2,
-            windows: Windows::every(500),
-        },
-        Policy::Gcra(gcra::Params {
-            limit: 4,
-            window_ms: 1_000,
-            burst: 2,
-            max_delay_ms: None,
-        }),
-        Policy::InFlight {
-            max: 2,
-            lease_ms: 2_000,
-        },
-    ];
-    // `None`: corrupt (until a rule decides on it).
-    fn slot_of(s: &impl Store, slot: u64) -> Option<Slot> {
-        s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().ok()
-    }
+    let [sliding, fixed, gcra] = small_policies();
+    let in_flight = Policy::InFlight {
+        max: 2,
+        lease_ms: 2_000,
+    };
+    let policies = [sliding, fixed, gcra, in_flight];
     // Requests: [refused, admitted, refused after a retry (undone), admitted after one].
     let mut seen = [0u32; 4];
     for mode in [FailureMode::Allow, FailureMode::Deny] {
@@ -146,16 +141,7 @@ fn held_buckets_decide_as_compare_and_swap() {
         for _ in 0..20_000 {
             now = (now + next(300)).saturating_sub(next(50));
             let checks: Vec<Check> = (0..1 + next(4))
-                .map(|_| Check {
-                    slot: next(3),
-                    fingerprint: 1 + 2 * next(7),
-                    policy: policies[next(4) as usize],
-                    cost: 1 + next(2),
-                    shadow: next(5) == 0,
-                    charge_later: next(6) == 0,
-                    base: None,
-                    share: None,
-                })
+                .map(|_| random_check(&mut next, &policies, 6))
                 .collect();
             if next(300) == 0 {
                 let slot = next(3);
