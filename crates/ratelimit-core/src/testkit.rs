@@ -5,10 +5,12 @@
 pub mod fair;
 pub mod reference;
 
-use crate::config::Carried;
+use crate::config::{Carried, Config};
 pub use crate::key::Meta;
-use crate::key::{Attributes, PlainRequest};
-use crate::runtime::{Host, Response};
+use crate::key::{Attributes, PlainRequest, Seed};
+use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+use crate::runtime::{Host, Response, Runtime};
+use crate::store::MemoryStore;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -206,4 +208,27 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A runtime over an in-memory store, for the configuration `json` (which must parse) and keys
+/// hashed with `seed`.
+pub fn runtime(json: &str, seed: Seed) -> Runtime<MemoryStore> {
+    let config = Config::parse(json.as_bytes()).unwrap();
+    Runtime::new(config, seed, MemoryStore::new())
+}
+
+/// A rate limit service's answer: `code`, and one status of 10 a minute with `remaining` left,
+/// whole again in 30 s; no headers.
+pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {
+    RlsResponse {
+        overall_code: code,
+        statuses: vec![DescriptorStatus {
+            code,
+            requests_per_unit: Some(10),
+            unit_seconds: Some(60),
+            limit_remaining: remaining,
+            reset_ms: Some(30_000),
+        }],
+        headers: Vec::new(),
+    }
 }
