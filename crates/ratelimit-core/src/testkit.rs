@@ -10,7 +10,7 @@ pub use crate::key::Meta;
 use crate::key::{Attributes, PlainRequest, Seed};
 use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
 use crate::runtime::{Host, Response, Runtime};
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, Store, StoreError};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -230,5 +230,34 @@ pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {
             reset_ms: Some(30_000),
         }],
         headers: Vec::new(),
+    }
+}
+
+/// A store for tests: `inner`, with `before` run just before each write (given `inner` and the
+/// slot): another writer that wins a race, say. An error from `before` is the write's, and the
+/// write does not happen.
+pub struct Intercepted<S, F> {
+    pub inner: S,
+    before: F,
+}
+
+impl<S: Store, F: Fn(&S, u64) -> Result<(), StoreError>> Intercepted<S, F> {
+    pub fn new(inner: S, before: F) -> Self {
+        Intercepted { inner, before }
+    }
+}
+
+impl<S: Store, F: Fn(&S, u64) -> Result<(), StoreError>> Store for Intercepted<S, F> {
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
+        self.inner.read(slot, f)
+    }
+
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        (self.before)(&self.inner, slot)?;
+        self.inner.write(slot, value, cas)
     }
 }

@@ -2,9 +2,10 @@
 
 use super::tests::{check, stored, MINUTE};
 use super::*;
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, StoreError};
+use crate::testkit::Intercepted;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> Check {
     Check {
@@ -77,44 +78,31 @@ fn a_shared_capacity_admits_its_limit_across_tenants_and_threads() {
 /// A compare-and-swap store (as Envoy's shared data) in which another worker decides a
 /// request of `racer` (at `racer_ms`) just before the next write of `racer`'s bucket: it
 /// read the tenant's entry as this request did, and wins the race to write it.
-struct Racing {
-    inner: MemoryStore,
-    racer: std::sync::Mutex<Option<(Check, u64)>>,
-}
-
-impl Store for Racing {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, crate::store::StoreError> {
-        self.inner.read(slot, f)
-    }
-
-    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), crate::store::StoreError> {
+fn racing(
+    racer: &Mutex<Option<(Check, u64)>>,
+) -> Intercepted<MemoryStore, impl Fn(&MemoryStore, u64) -> Result<(), StoreError> + '_> {
+    Intercepted::new(MemoryStore::new(), move |inner, slot| {
         let racer = {
-            let mut r = self.racer.lock().unwrap();
+            let mut r = racer.lock().unwrap();
             match r.as_ref() {
                 Some((c, _)) if c.slot == slot => r.take(),
                 _ => None,
             }
         };
         if let Some((check, at_ms)) = racer {
-            decide(&self.inner, &[check], at_ms, FailureMode::Deny);
+            decide(inner, &[check], at_ms, FailureMode::Deny);
         }
-        self.inner.write(slot, value, cas)
-    }
+        Ok(())
+    })
 }
 
 #[test]
 fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     // Active: the tenant's first request of an epoch on two workers at once.
-    let store = Racing {
-        inner: MemoryStore::new(),
-        racer: std::sync::Mutex::new(Some((shared(3, 9, 100, 2), 1_000))),
-    };
+    let racer = Mutex::new(Some((shared(3, 9, 100, 2), 1_000)));
+    let store = racing(&racer);
     assert!(decide(&store, &[shared(3, 9, 100, 2)], 1_000, FailureMode::Deny).allowed);
-    assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+    assert!(racer.lock().unwrap().is_none(), "the race was run");
     let r = record(&store.inner);
     assert_eq!(r.bands[0].active_weight(), 2, "weight 2, counted once");
     assert_eq!(r.bands[0].used.current, 2, "both requests count");
@@ -126,10 +114,8 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     // Held: two tenants of weight 1 over a capacity of 10, both held to their shares; in
     // the next held epoch tenant 9 is refused on two workers at once: its weight moves to
     // that epoch's held sum once, and tenant 7's stays in the last one's.
-    let store = Racing {
-        inner: MemoryStore::new(),
-        racer: std::sync::Mutex::new(None),
-    };
+    let racer = Mutex::new(None);
+    let store = racing(&racer);
     let mut now = 2_000_000;
     for i in 0..40 {
         decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny);
@@ -139,9 +125,9 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     let b = record(&store.inner).bands[0];
     assert_eq!((b.held_now, b.held_carry), (2, 0), "both held");
     now += share::HELD_MS;
-    *store.racer.lock().unwrap() = Some((shared(3, 9, 10, 1), now));
+    *racer.lock().unwrap() = Some((shared(3, 9, 10, 1), now));
     assert!(!decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny).allowed);
-    assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+    assert!(racer.lock().unwrap().is_none(), "the race was run");
     let b = record(&store.inner).bands[0];
     assert_eq!(
         (b.held_now, b.held_carry),

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::store::MemoryStore;
+use crate::testkit::Intercepted;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -304,42 +305,25 @@ fn shadow_rules_count_and_report_but_never_refuse() {
     // It counted only what it would have admitted.
     assert_eq!(current(stored(&store, 0, 3)), 2);
     // A failing store never makes a shadow rule refuse, even with failure_mode deny.
-    let busy = Busy(MemoryStore::new());
+    let busy = busy();
     let o = decide(&busy, &[shadow], 0, FailureMode::Deny);
     assert!(o.allowed);
     assert_eq!(o.rules[0].failure, Some(Failure::RetriesExhausted));
 }
 
-/// A store where another worker uses up slot 1's quota just before our write to it.
-struct Racing {
-    inner: MemoryStore,
-    raced: std::sync::atomic::AtomicBool,
-}
-impl Store for Racing {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, StoreError> {
-        self.inner.read(slot, f)
-    }
-    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        if slot == 1 && !self.raced.swap(true, Ordering::Relaxed) {
-            let other = [check(1, 5, 2, MINUTE)];
-            for _ in 0..2 {
-                assert!(decide(&self.inner, &other, 1_000, FailureMode::Deny).allowed);
-            }
-        }
-        self.inner.write(slot, value, cas)
-    }
-}
-
 #[test]
 fn losing_a_race_refunds_the_rules_already_committed() {
-    let store = Racing {
-        inner: MemoryStore::new(),
-        raced: Default::default(),
-    };
+    // Another worker uses up slot 1's quota just before our write to it.
+    let raced = std::sync::atomic::AtomicBool::new(false);
+    let store = Intercepted::new(MemoryStore::new(), |inner, slot| {
+        if slot == 1 && !raced.swap(true, Ordering::Relaxed) {
+            let other = [check(1, 5, 2, MINUTE)];
+            for _ in 0..2 {
+                assert!(decide(inner, &other, 1_000, FailureMode::Deny).allowed);
+            }
+        }
+        Ok(())
+    });
     let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
     let o = decide(&store, &checks, 1_000, FailureMode::Deny);
     assert!(!o.allowed);
@@ -351,23 +335,13 @@ fn losing_a_race_refunds_the_rules_already_committed() {
 }
 
 /// A store whose writes always conflict: failure_mode decides.
-struct Busy(MemoryStore);
-impl Store for Busy {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, StoreError> {
-        self.0.read(slot, f)
-    }
-    fn write(&self, _: u64, _: &[u8], _: u32) -> Result<(), StoreError> {
-        Err(StoreError::Conflict)
-    }
+fn busy() -> impl Store {
+    Intercepted::new(MemoryStore::new(), |_, _| Err(StoreError::Conflict))
 }
 
 #[test]
 fn failure_mode_applies_when_the_store_cannot_decide() {
-    let store = Busy(MemoryStore::new());
+    let store = busy();
     let checks = [check(0, 3, 5, MINUTE)];
     let open = decide(&store, &checks, 0, FailureMode::Allow);
     assert!(open.allowed);
