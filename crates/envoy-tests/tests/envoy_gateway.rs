@@ -18,8 +18,7 @@
 mod common;
 
 use common::http::Server;
-use common::{native_dir, root, wasm_path, Client, Envoy};
-use ratelimit_config::manifest::yaml_documents;
+use common::{native_dir, root, str_at, wasm_path, Client, Envoy};
 use ratelimit_core::config::Config;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -27,18 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn manifests(file: &str) -> Vec<Value> {
-    let path = root().join("deploy/envoy-gateway").join(file);
-    yaml_documents(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
-
-fn str_at<'a>(doc: &'a Value, pointer: &str) -> &'a str {
-    doc.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("{pointer} missing"))
+    common::manifests(&format!("deploy/envoy-gateway/{file}"))
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {

@@ -399,15 +399,7 @@ fn answered(c: &TcpStream) -> bool {
 
 /// Waits (≤ 30 s) until an Envoy stat is `n`.
 fn wait_stat(envoy: &Envoy, name: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while envoy.stat(name) != Some(n) {
-        assert!(
-            Instant::now() < deadline,
-            "{name} = {:?}, not {n}",
-            envoy.stat(name)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    envoy.expect_stat(name, Duration::from_secs(30), |v| v == n);
 }
 
 /// The held streams of one run.

@@ -340,19 +340,7 @@ fn the_openai_sdk_reads_openai_answers() {
 
         // Tokens: a call that used 2,012 tokens empties the hour's 1,000; the next is refused
         // by the tokens rule, whose message it shows (type "tokens").
-        let key = format!("sk-openai-{mode}-tokens");
-        let big = call(
-            &rig,
-            "openai",
-            &key,
-            mode,
-            "allowed",
-            &["--output-tokens", "2000"],
-        );
-        assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "openai", &key, mode, "refused", &[]);
-        let e = &refused["error"];
-        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let e = &refused_for_tokens(&rig, "openai", mode);
         let h = &e["headers"];
         assert_eq!(number(h, "x-ratelimit-limit-tokens"), TOKENS_PER_HOUR);
         assert_eq!(number(h, "x-ratelimit-remaining-tokens"), 0);
@@ -363,6 +351,24 @@ fn the_openai_sdk_reads_openai_answers() {
         assert_eq!(e["body"]["type"], "tokens");
         assert_eq!(e["body"]["code"], "rate_limit_exceeded");
     }
+}
+
+/// A call of key `sk-SDK-MODE-tokens` that uses 2,012 tokens empties the hour's 1,000; the next
+/// is refused by the tokens rule: the SDK's error.
+fn refused_for_tokens(rig: &Rig, sdk: &str, mode: &str) -> Value {
+    let key = format!("sk-{sdk}-{mode}-tokens");
+    let big = call(
+        rig,
+        sdk,
+        &key,
+        mode,
+        "allowed",
+        &["--output-tokens", "2000"],
+    );
+    assert_eq!(big["status"], 200, "{big}");
+    let refused = call(rig, sdk, &key, mode, "refused", &[]);
+    assert_eq!(refused["error"]["class"], "RateLimitError", "{refused}");
+    refused["error"].clone()
 }
 
 #[test]
@@ -431,19 +437,7 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
         // Anthropic's SDK waits retry-after, in whole seconds.
         assert_retried_after(&seen.retried, |h| number(h, "retry-after") * 1000);
 
-        let key = format!("sk-anthropic-{mode}-tokens");
-        let big = call(
-            &rig,
-            "anthropic",
-            &key,
-            mode,
-            "allowed",
-            &["--output-tokens", "2000"],
-        );
-        assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "anthropic", &key, mode, "refused", &[]);
-        let e = &refused["error"];
-        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let e = &refused_for_tokens(&rig, "anthropic", mode);
         let h = &e["headers"];
         assert_eq!(number(h, "anthropic-ratelimit-tokens-remaining"), 0);
         let retry = number(h, "retry-after");

@@ -439,6 +439,17 @@ impl Client {
     }
 }
 
+/// GETs `/` once for each of `left`, each admitted with that many requests remaining.
+pub fn assert_remaining(c: &mut Client, left: &[u64]) {
+    for &n in left {
+        let r = c.get("/").unwrap();
+        assert_eq!(
+            (r.status, r.header_u64("x-ratelimit-remaining")),
+            (200, Some(n))
+        );
+    }
+}
+
 /// One GET on a fresh connection.
 pub fn get(addr: SocketAddr, path: &str) -> io::Result<Response> {
     Client::connect(addr)?.get(path)

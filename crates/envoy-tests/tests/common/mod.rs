@@ -213,6 +213,17 @@ pub fn lds_listener(port: u16, plugin_config: &str, wasm: &Path) -> String {
     )
 }
 
+/// A bootstrap whose listeners come from `dir/lds.yaml` (LDS from the filesystem, watched).
+pub fn lds_bootstrap(dir: &Path) -> String {
+    format!(
+        "node: {{id: test, cluster: test}}\n\
+         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
+         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
+        dir.join("lds.yaml").display(),
+        dir.display()
+    )
+}
+
 /// Replaces the LDS file `lds.yaml` in `dir` atomically (Envoy watches for the rename).
 #[allow(dead_code)]
 pub fn publish_lds(dir: &Path, content: &str) {
@@ -659,7 +670,20 @@ impl Envoy {
 
     /// Waits (≤ 10 s) until a stat satisfies `done`; returns the last value seen.
     pub fn wait_stat_until(&self, name: &str, done: impl Fn(u64) -> bool) -> Option<u64> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.poll_stat(name, Duration::from_secs(10), done)
+    }
+
+    /// Waits up to `timeout` until a stat satisfies `done`: its value then; a panic, with the
+    /// last value seen and Envoy's log, if it never does.
+    pub fn expect_stat(&self, name: &str, timeout: Duration, done: impl Fn(u64) -> bool) -> u64 {
+        match self.poll_stat(name, timeout, &done) {
+            Some(v) if done(v) => v,
+            last => panic!("{name} = {last:?} after {timeout:?}:\n{}", self.log()),
+        }
+    }
+
+    fn poll_stat(&self, name: &str, timeout: Duration, done: impl Fn(u64) -> bool) -> Option<u64> {
+        let deadline = Instant::now() + timeout;
         loop {
             let v = self.stat(name);
             if v.is_some_and(&done) || Instant::now() > deadline {
@@ -857,6 +881,24 @@ pub fn example(dir: &Path) -> (String, Vec<Proc>) {
     let service = rls_server(rls_port, redis_port, &limits, 0, true);
     let yaml = yaml.replace("port_value: 8081", &format!("port_value: {rls_port}"));
     (yaml, vec![store, service])
+}
+
+/// The YAML documents of the repository's file `path` (a manifest), as JSON; empty ones
+/// dropped.
+pub fn manifests(path: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    ratelimit_config::manifest::yaml_documents(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// The string at `pointer` in `doc`; a panic naming the pointer where there is none.
+pub fn str_at<'a>(doc: &'a serde_json::Value, pointer: &str) -> &'a str {
+    doc.pointer(pointer)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_else(|| panic!("{pointer} missing"))
 }
 
 /// An Envoy configuration for the build under test: as written for the wasm build; for the
