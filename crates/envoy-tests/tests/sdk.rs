@@ -25,7 +25,6 @@ use common::llm::{Api, LlmClient, LlmUpstream, Mode};
 use common::{bootstrap_with, root, Envoy, Listener};
 use serde_json::{json, Value};
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,13 +60,6 @@ fn start(dialect: &str, headers: &str) -> Rig {
     Rig { envoy, _up: up }
 }
 
-/// The Python of the project virtualenv (or `SDK_PYTHON`).
-fn python() -> PathBuf {
-    std::env::var_os("SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"))
-}
-
 /// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
 /// Runs one step of the SDK client with its options `extra` (`--prime`: first a plain call
 /// that must pass, so that the step's call comes right after it; `--output-tokens N`;
@@ -80,7 +72,7 @@ fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, extra: &[&str])
 /// Runs `client.py` against `envoy` with more arguments `extra`.
 fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[String]) -> Value {
     let base = format!("http://{}", envoy.addr);
-    let mut cmd = Command::new(python());
+    let mut cmd = Command::new(common::python());
     cmd.arg(root().join("crates/envoy-tests/sdk/client.py"))
         .args([sdk, &base, key, mode, step])
         .args(extra);
@@ -92,7 +84,7 @@ fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[Str
         .unwrap_or_else(|e| {
             panic!(
                 "cannot run {}: {e} (make test installs the SDKs)",
-                python().display()
+                common::python().display()
             )
         });
     let mut out = child.stdout.take().unwrap();

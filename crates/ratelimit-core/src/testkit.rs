@@ -13,6 +13,7 @@ use crate::runtime::{Host, Response, Runtime};
 use crate::store::{MemoryStore, Store, StoreError};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A host made of plain fields: a request, a clock, a count of held requests, a log.
@@ -208,6 +209,16 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Runs `cmd` to its end: its exit code (-1 when a signal ended it), stdout and stderr, as text.
+pub fn output(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A runtime over an in-memory store, for the configuration `json` (which must parse) and keys

@@ -327,7 +327,7 @@ fn read_chunks(
 /// Reads exactly `n` bytes, handing them to `take` piece by piece.
 pub fn copy_exact(reader: &mut impl Read, n: u64, take: &mut dyn FnMut(&[u8])) -> io::Result<()> {
     let mut left = n;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; n.min(64 * 1024) as usize];
     while left > 0 {
         let want = (left as usize).min(buf.len());
         let got = reader.read(&mut buf[..want])?;

@@ -26,7 +26,7 @@ pub mod share;
 pub mod upstream;
 
 pub use http::{at_once, get, Client, Response};
-pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
+pub use ratelimit_core::testkit::{fixture_files, fixtures, output, scratch, Rng};
 
 /// The repository's root (examples, README, deploy files, the build's `target/`).
 pub fn root() -> PathBuf {
@@ -75,12 +75,8 @@ pub fn words(line: &str) -> Vec<String> {
 /// the repository root: what it prints (`None` for any other line).
 pub fn cli_line(line: &str) -> Option<String> {
     let args = line.strip_prefix("cargo run -q --bin ratelimit-config -- ")?;
-    let out = Command::new(cli())
-        .current_dir(root())
-        .args(words(args))
-        .output()
-        .unwrap();
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    let (_, stdout, _) = output(Command::new(cli()).current_dir(root()).args(words(args)));
+    Some(stdout)
 }
 
 /// A number (a run's seconds, a count of clients) from the variable `var`, else `default`.
@@ -89,6 +85,13 @@ pub fn env_number<T: std::str::FromStr>(var: &str, default: T) -> T {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// The Python with the LLM SDKs: `$SDK_PYTHON`, else the checkout's `.venv` (`make sdks`).
+pub fn python() -> PathBuf {
+    std::env::var_os("SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"))
 }
 
 /// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
