@@ -178,31 +178,46 @@ static_resources:
 
 
 class Envoy:
-    """One Envoy process for one variant, pinned to ENVOY_CPU (or run under `wrapper`, such as
-    valgrind, unpinned)."""
+    """One Envoy process on free ports (`port`, `admin`), its log in `workdir/NAME.log`. Its
+    bootstrap is `bootstrap` of `filters` (or what `config(port, admin)` returns); it runs one
+    worker pinned to ENVOY_CPU (or under `wrapper`, such as valgrind, unpinned), or `workers`
+    workers unpinned. Started, it is waited for until ready unless `wait` is false (then see
+    `ready`)."""
 
-    def __init__(self, envoy_bin, name, filters, workdir, extra="", wrapper=None, route=None):
+    def __init__(self, envoy_bin, name, filters, workdir, extra="", wrapper=None, route=None,
+                 workers=None, config=None, module_dir=None, cwd=None, wait=True):
         self.name = name
         self.port, self.admin = free_port(), free_port()
         cfg = workdir / f"{name}.yaml"
-        cfg.write_text(bootstrap(self.port, self.admin, filters, extra, route))
-        self.logf = open(workdir / f"{name}.log", "w")
+        cfg.write_text(config(self.port, self.admin) if config
+                       else bootstrap(self.port, self.admin, filters, extra, route))
+        self.log_path = workdir / f"{name}.log"
+        self.logf = open(self.log_path, "w")
         # One folder holds both dynamic modules: this filter's and the floor probe's.
-        env = {**os.environ, "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(workdir / "modules")}
+        env = {**os.environ,
+               "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(module_dir or workdir / "modules")}
+        if workers:
+            prefix, args = [], ["--concurrency", str(workers), "--base-id", str(self.admin)]
+        else:
+            prefix, args = wrapper or ["taskset", "-c", ENVOY_CPU], ["--concurrency", "1"]
         self.proc = subprocess.Popen(
-            (wrapper or ["taskset", "-c", ENVOY_CPU]) +
-            [envoy_bin, "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart", "-l",
-             "warning"],
-            stdout=self.logf, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + (300 if wrapper else 60)
+            prefix + [envoy_bin, "-c", str(cfg)] + args + ["--disable-hot-restart", "-l", "warning"],
+            stdout=self.logf, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        self.timeout = 300 if wrapper else 60
+        if wait:
+            self.ready()
+
+    def ready(self):
+        """Waits until the admin endpoint says LIVE; exits if Envoy ends or takes too long."""
+        deadline = time.time() + self.timeout
         while True:
             try:
                 if self.admin_get("/ready").strip() == "LIVE":
-                    break
+                    return
             except OSError:
                 pass
             if self.proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"envoy for {name} did not start; see {workdir}/{name}.log")
+                raise SystemExit(f"envoy {self.name} did not start; see {self.log_path}")
             time.sleep(0.1)
 
     def admin_get(self, path):

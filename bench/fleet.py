@@ -57,30 +57,8 @@ class Proxy(bench.Envoy):
     """One Envoy of the fleet: WORKERS workers, not pinned (the fleet, its clients and the
     service share the machine). Started without waiting: see `ready`."""
 
-    def __init__(self, envoy_bin, name, filters, work, extra):  # pylint: disable=super-init-not-called
-        self.name = name
-        self.port, self.admin = bench.free_port(), bench.free_port()
-        cfg = work / f"{name}.yaml"
-        cfg.write_text(bench.bootstrap(self.port, self.admin, filters, extra))
-        self.logf = open(work / f"{name}.log", "w")
-        env = {**os.environ, "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(work / "modules")}
-        self.proc = subprocess.Popen(
-            [envoy_bin, "-c", str(cfg), "--concurrency", str(WORKERS), "--disable-hot-restart",
-             "--base-id", str(self.admin), "-l", "warning"],
-            stdout=self.logf, stderr=subprocess.STDOUT, env=env)
-
-    def ready(self):
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if self.admin_get("/ready").strip() == "LIVE":
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise SystemExit(f"envoy {self.name} did not start; see its log")
+    def __init__(self, envoy_bin, name, filters, work, extra):
+        super().__init__(envoy_bin, name, filters, work, extra, workers=WORKERS, wait=False)
 
     def stats(self):
         """Counters: `upstream_rq_total` of the ratelimit cluster, the filter's `lease_claims`

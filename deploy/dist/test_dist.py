@@ -21,7 +21,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -33,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy/oci"))
+sys.path.insert(0, str(ROOT / "bench"))
+import bench  # noqa: E402  (its Envoy: one process, on free ports, waited for)
 import test_oci  # noqa: E402
 from test_oci import check  # noqa: E402
 
@@ -71,12 +72,6 @@ def check_sums(dist, names):
         check("sha256sum -c SHA256SUMS", r.returncode == 0, r.stdout + r.stderr)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(port, path="/"):
     """The status of a GET, or None when nothing answers."""
     try:
@@ -94,35 +89,27 @@ def run_demo(name, envoy, config, module_dir=None):
     if not Path(envoy).is_file():
         skipped.append(f"{name}: no {envoy} (make envoys installs it)")
         return
-    port, admin = free_port(), free_port()
-    text = config.read_text().replace("port_value: 10000", f"port_value: {port}") \
-        .replace("port_value: 9901", f"port_value: {admin}")
+
+    def on_ports(port, admin):
+        return config.read_text().replace("port_value: 10000", f"port_value: {port}") \
+            .replace("port_value: 9901", f"port_value: {admin}")
+
     with tempfile.TemporaryDirectory() as tmp:
-        yaml = Path(tmp) / "envoy.yaml"
-        yaml.write_text(text)
-        env = dict(os.environ)
-        if module_dir is not None:
-            env["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = str(module_dir)
-        log = open(Path(tmp) / "envoy.log", "w")
-        proc = subprocess.Popen([envoy, "-c", str(yaml), "--concurrency", "1", "--disable-hot-restart",
-                                 "-l", "warning"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            status = None
-            deadline = time.time() + 30
-            while status is None and time.time() < deadline and proc.poll() is None:
-                status = get(port)
-                if status is None:
-                    time.sleep(0.2)
-            statuses = [status] + [get(port) for _ in range(5)]
+            proc = bench.Envoy(envoy, "demo", None, Path(tmp), config=on_ports, workers=1,
+                               module_dir=module_dir, cwd=ROOT)
+        except SystemExit as e:
+            check(f"{name}: Envoy starts", False, f"{e}\n{(Path(tmp) / 'demo.log').read_text()[-2000:]}")
+            return
+        try:
+            statuses = [get(proc.port) for _ in range(6)]
             ok = statuses == [200, 200, 200, 200, 200, 429]
             check(f"{name}: 200, then the demo's limit", ok,
-                  f"{statuses}\n{(Path(tmp) / 'envoy.log').read_text()[-2000:]}")
+                  f"{statuses}\n{proc.log_path.read_text()[-2000:]}")
             if ok:
                 print(f"{name}: 200 x5, 429 (Envoy {envoy})")
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            log.close()
+            proc.stop()
 
 
 def check_native(dist, name, minor, tmp):

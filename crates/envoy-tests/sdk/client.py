@@ -79,16 +79,22 @@ def main():
     if sdk == "openai":
         import openai as lib
 
-        client = lib.OpenAI(
-            base_url=base_url + "/v1",
-            api_key=api_key,
-            default_headers=defaults,
-            max_retries=retries,
-            timeout=20,
-            http_client=lib.DefaultHttpxClient(
-                event_hooks={"request": [on_request], "response": [on_response]}
-            ),
-        )
+        make, lib_url = lib.OpenAI, base_url + "/v1"
+    else:
+        import anthropic as lib
+
+        make, lib_url = lib.Anthropic, base_url
+    client = make(
+        base_url=lib_url,
+        api_key=api_key,
+        default_headers=defaults,
+        max_retries=retries,
+        timeout=20,
+        http_client=lib.DefaultHttpxClient(
+            event_hooks={"request": [on_request], "response": [on_response]}
+        ),
+    )
+    if sdk == "openai":
         kwargs = {
             "model": args.model or "gpt-4o-mini",
             "messages": [{"role": "user", "content": "Say hello."}],
@@ -107,18 +113,6 @@ def main():
                 )
             return parsed.choices[0].message.content
     else:
-        import anthropic as lib
-
-        client = lib.Anthropic(
-            base_url=base_url,
-            api_key=api_key,
-            default_headers=defaults,
-            max_retries=retries,
-            timeout=20,
-            http_client=lib.DefaultHttpxClient(
-                event_hooks={"request": [on_request], "response": [on_response]}
-            ),
-        )
         kwargs = {
             "model": args.model or "claude-sonnet-4-5",
             "max_tokens": 64,

@@ -6,30 +6,14 @@
 
 mod common;
 
-use common::{bootstrap_plugin, wasm_path, Client, Envoy, Plugin};
-use ratelimit_config::manifest::yaml_documents;
+use common::{bootstrap_plugin, str_at, wasm_path, Client, Envoy, Plugin};
 use ratelimit_core::config::Config;
 use serde_json::Value;
 
 fn manifests() -> Vec<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/istio/wasmplugin.yaml"
-    );
-    yaml_documents(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
+    common::manifests("deploy/istio/wasmplugin.yaml")
 }
 
-fn field<'a>(doc: &'a Value, pointer: &str) -> &'a str {
-    doc.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("{pointer} missing"))
-}
-
-/// Istio's `failStrategy` as the Envoy `failure_policy` it sets.
 fn failure_policy(strategy: &str) -> &'static str {
     match strategy {
         "FAIL_OPEN" => "FAIL_OPEN",
@@ -42,15 +26,15 @@ fn failure_policy(strategy: &str) -> &'static str {
 fn start(doc: &Value) -> Envoy {
     let name = format!(
         "{}.{}",
-        field(doc, "/metadata/namespace"),
-        field(doc, "/metadata/name")
+        str_at(doc, "/metadata/namespace"),
+        str_at(doc, "/metadata/name")
     );
     let config = doc.pointer("/spec/pluginConfig").unwrap().to_string();
     let plugin = Plugin {
         name: &name,
-        root_id: field(doc, "/spec/pluginName"),
+        root_id: str_at(doc, "/spec/pluginName"),
         vm_id: None,
-        failure_policy: Some(failure_policy(field(doc, "/spec/failStrategy"))),
+        failure_policy: Some(failure_policy(str_at(doc, "/spec/failStrategy"))),
     };
     Envoy::start_yaml(&bootstrap_plugin(&plugin, &config, &wasm_path()))
 }
@@ -61,16 +45,16 @@ fn every_manifest_is_a_complete_valid_wasmplugin() {
     assert_eq!(docs.len(), 2);
     let mut urls = Vec::new();
     for doc in &docs {
-        assert_eq!(field(doc, "/apiVersion"), "extensions.istio.io/v1alpha1");
-        assert_eq!(field(doc, "/kind"), "WasmPlugin");
+        assert_eq!(str_at(doc, "/apiVersion"), "extensions.istio.io/v1alpha1");
+        assert_eq!(str_at(doc, "/kind"), "WasmPlugin");
         assert!(doc.pointer("/spec/selector/matchLabels").is_some());
-        assert!(["AUTHN", "AUTHZ", "STATS"].contains(&field(doc, "/spec/phase")));
+        assert!(["AUTHN", "AUTHZ", "STATS"].contains(&str_at(doc, "/spec/phase")));
         assert!(
-            ["FAIL_OPEN", "FAIL_CLOSE", "FAIL_RELOAD"].contains(&field(doc, "/spec/failStrategy"))
+            ["FAIL_OPEN", "FAIL_CLOSE", "FAIL_RELOAD"].contains(&str_at(doc, "/spec/failStrategy"))
         );
-        assert!(["IfNotPresent", "Always"].contains(&field(doc, "/spec/imagePullPolicy")));
+        assert!(["IfNotPresent", "Always"].contains(&str_at(doc, "/spec/imagePullPolicy")));
         urls.push(
-            field(doc, "/spec/url")
+            str_at(doc, "/spec/url")
                 .split("://")
                 .next()
                 .unwrap()
@@ -78,7 +62,7 @@ fn every_manifest_is_a_complete_valid_wasmplugin() {
         );
         let json = doc.pointer("/spec/pluginConfig").unwrap().to_string();
         if let Err(e) = Config::parse(json.as_bytes()) {
-            panic!("{}: {e}", field(doc, "/metadata/name"));
+            panic!("{}: {e}", str_at(doc, "/metadata/name"));
         }
     }
     urls.sort();
@@ -93,7 +77,7 @@ fn every_manifest_is_a_complete_valid_wasmplugin() {
 fn the_gateway_plugin_limits_logins_in_envoy() {
     let doc = manifests()
         .into_iter()
-        .find(|d| field(d, "/metadata/name") == "ratelimit-gateway")
+        .find(|d| str_at(d, "/metadata/name") == "ratelimit-gateway")
         .unwrap();
     let envoy = start(&doc);
     let mut c = Client::connect(envoy.addr).unwrap();
@@ -122,7 +106,7 @@ fn the_gateway_plugin_limits_logins_in_envoy() {
 fn the_sidecar_plugin_applies_tier_limits_in_envoy() {
     let doc = manifests()
         .into_iter()
-        .find(|d| field(d, "/metadata/name") == "ratelimit-api")
+        .find(|d| str_at(d, "/metadata/name") == "ratelimit-api")
         .unwrap();
     let envoy = start(&doc);
     let mut c = Client::connect(envoy.addr).unwrap();

@@ -124,10 +124,7 @@ fn until_in_force(c: &mut Client, limit: &str) -> Duration {
 #[test]
 fn the_limit_follows_the_upstreams_health() {
     let upstream = Upstream::start();
-    let listener = Listener {
-        upstream: Some(upstream.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(CONFIG, &listener));
     let _traffic = Traffic::start(envoy.addr);
 

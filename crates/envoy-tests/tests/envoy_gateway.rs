@@ -17,27 +17,16 @@
 
 mod common;
 
-use common::{native_dir, root, wasm_path, Client, Envoy};
-use ratelimit_config::manifest::yaml_documents;
+use common::http::Server;
+use common::{native_dir, root, str_at, wasm_path, Client, Envoy};
 use ratelimit_core::config::Config;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn manifests(file: &str) -> Vec<Value> {
-    let path = root().join("deploy/envoy-gateway").join(file);
-    yaml_documents(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
-
-fn str_at<'a>(doc: &'a Value, pointer: &str) -> &'a str {
-    doc.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("{pointer} missing"))
+    common::manifests(&format!("deploy/envoy-gateway/{file}"))
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -212,26 +201,19 @@ fn the_native_manifests_register_the_module_the_image_carries() {
     }
 }
 
-/// Serves `file` over HTTP/1.1 on a loopback port, for as long as the test runs (Envoy Gateway
+/// Serves `file` over HTTP/1.1 on a loopback port, until dropped (Envoy Gateway
 /// serves each module from its own cache the same way, to its proxies).
-fn serve(file: PathBuf) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let body = std::fs::read(&file).unwrap();
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: application/wasm\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = s.write_all(head.as_bytes());
-            let _ = s.write_all(&body);
-        }
-    });
-    port
+fn serve(file: PathBuf) -> Server<PathBuf> {
+    Server::start(file, Duration::from_secs(60), |out, _, file| {
+        let body = std::fs::read(file).unwrap();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncontent-type: application/wasm\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = out.write_all(head.as_bytes());
+        let _ = out.write_all(&body);
+        false
+    })
 }
 
 fn sha256(file: &Path) -> String {
@@ -336,7 +318,8 @@ fn statuses(c: &mut Client, method: &str, path: &str, n: usize) -> Vec<u16> {
 fn the_wasm_policies_limit_in_envoy_as_envoy_gateway_configures_them() {
     let docs = manifests("wasm.yaml");
     let wasm = wasm_path();
-    let port = serve(wasm.clone());
+    let server = serve(wasm.clone());
+    let port = server.addr.port();
     let uri = format!("http://127.0.0.1:{port}/{}.wasm", sha256(&wasm));
     let sha = sha256(&wasm);
     let gateway = find(&docs, "ratelimit-gateway");

@@ -12,7 +12,8 @@
 mod common;
 
 use common::{
-    bootstrap, free_port, redis, rls_cluster, rls_server, wasm_path, Client, Envoy, Proc,
+    bootstrap, free_port, redis, rls_cluster, rls_server, rls_service, wasm_path, Client, Envoy,
+    Proc,
 };
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,11 @@ fn rls_with(
     delay_ms: u64,
     serial: bool,
 ) -> Proc {
+    rls_server(port, redis_port, &limits(rules), delay_ms, serial)
+}
+
+/// Limitador's limits for `rules` (name, limit, seconds): one counter per client address each.
+fn limits(rules: &[(&str, u64, u64)]) -> String {
     let limits: Vec<String> = rules
         .iter()
         .map(|(rule, max, seconds)| {
@@ -47,13 +53,7 @@ fn rls_with(
             )
         })
         .collect();
-    rls_server(
-        port,
-        redis_port,
-        &format!("[{}]", limits.join(",")),
-        delay_ms,
-        serial,
-    )
+    format!("[{}]", limits.join(","))
 }
 
 fn envoy(config: &str, rls_port: u16) -> Envoy {
@@ -477,18 +477,9 @@ enum Engine {
     Memory,
 }
 
-/// A child process killed on drop (the in-memory service, which [`rls_server`] cannot start).
-struct Child(std::process::Child);
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The test service on `rls_port` with one limit `g` of `limit` a minute per client address,
 /// on `engine`; the processes it needs (stopped when dropped).
-fn service(engine: Engine, rls_port: u16, limit: u64) -> (Vec<Proc>, Option<Child>) {
+fn service(engine: Engine, rls_port: u16, limit: u64) -> Vec<Proc> {
     let rules = [("g", limit, 60)];
     match engine {
         Engine::RedisSerial | Engine::Redis => {
@@ -496,29 +487,9 @@ fn service(engine: Engine, rls_port: u16, limit: u64) -> (Vec<Proc>, Option<Chil
             let store = redis(redis_port);
             let serial = matches!(engine, Engine::RedisSerial);
             let rls = rls_with(rls_port, redis_port, &rules, 0, serial);
-            (vec![store, rls], None)
+            vec![store, rls]
         }
-        Engine::Memory => {
-            let bin = std::env::var("RLS_SERVER").unwrap_or_else(|_| {
-                let bin = "crates/envoy-tests/rls-server/target/release/rls-server";
-                common::root().join(bin).display().to_string()
-            });
-            let limits = format!(
-                r#"[{{"namespace": "edge", "name": "g", "max_value": {limit}, "seconds": 60,
-                     "conditions": ["descriptors[0].rule == 'g'"],
-                     "variables": ["descriptors[0].remote_address"]}}]"#
-            );
-            let child = std::process::Command::new(bin)
-                .args([format!("127.0.0.1:{rls_port}"), "memory".into(), limits])
-                .args(["0", "concurrent"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("the test RLS server (make rls-server builds it)");
-            let child = Child(child);
-            common::wait_port(rls_port);
-            (Vec::new(), Some(child))
-        }
+        Engine::Memory => vec![rls_service(rls_port, "memory", &limits(&rules), 0, false)],
     }
 }
 

@@ -25,6 +25,7 @@
 
 mod common;
 
+use common::http::{read_request, read_response, Server};
 use common::{metric, Envoy, Listener};
 use ratelimit_core::config::Config;
 use ratelimit_core::key::Seed;
@@ -32,9 +33,9 @@ use ratelimit_core::runtime::{Next, Runtime, StreamState, MAX_HELD};
 use ratelimit_core::store::MemoryStore;
 use ratelimit_core::testkit::FakeHost;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -207,7 +208,7 @@ fn rss_kb(envoy: &Envoy) -> Option<u64> {
 struct Hold {
     addr: SocketAddr,
     conns: Arc<Mutex<Vec<TcpStream>>>,
-    stop: Arc<AtomicBool>,
+    _server: Server,
 }
 
 impl Hold {
@@ -219,21 +220,14 @@ impl Hold {
         socket.bind(&local.into()).unwrap();
         socket.listen(16384).unwrap();
         let listener: TcpListener = socket.into();
-        let addr = listener.local_addr().unwrap();
         let conns = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, s) = (conns.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.load(Ordering::SeqCst) {
-                    break;
-                }
-                if let Ok(conn) = conn {
-                    c.lock().unwrap().push(conn);
-                }
-            }
-        });
-        Hold { addr, conns, stop }
+        let c = conns.clone();
+        let server = Server::accept(listener, move |conn| c.lock().unwrap().push(conn));
+        Hold {
+            addr: server.addr,
+            conns,
+            _server: server,
+        }
     }
 
     fn held(&self) -> usize {
@@ -252,7 +246,7 @@ impl Hold {
             workers.push(std::thread::spawn(move || {
                 for mut c in part {
                     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                    if read_message(&mut c).is_ok() {
+                    if read_request(&mut BufReader::new(&mut c)).is_some() {
                         let _ = c.write_all(
                             format!(
                                 "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nx-usage-tokens: {USED}\r\n\
@@ -269,41 +263,9 @@ impl Hold {
     }
 }
 
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
-    }
-}
-
-/// Reads one HTTP/1.1 message (headers and a content-length body): its first line.
-fn read_message(c: &mut TcpStream) -> std::io::Result<String> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                return Ok(head.lines().next().unwrap_or_default().to_string());
-            }
-        }
-        let n = c.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::Error::new(ErrorKind::UnexpectedEof, "closed"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
 /// A response's status.
 fn status(c: &mut TcpStream) -> u16 {
-    let line = read_message(c).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    read_response(&mut BufReader::new(c)).unwrap().status
 }
 
 /// Whether body streams are routed to the upstream: in the wasm build a request read for its
@@ -319,10 +281,7 @@ fn body_upstream() -> bool {
 /// by Envoy; `buffer`: Envoy's buffer filter after the filter (the baseline, where it holds what
 /// the filter would; not on `/body` routed upstream, where the upstream holds it).
 fn yaml(plugin_config: &str, upstream: SocketAddr, buffer: bool) -> String {
-    let listener = Listener {
-        upstream: Some(upstream),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream);
     let yaml = common::bootstrap_with(plugin_config, &listener);
     let mut routes = String::new();
     if body_upstream() {
@@ -440,15 +399,7 @@ fn answered(c: &TcpStream) -> bool {
 
 /// Waits (≤ 30 s) until an Envoy stat is `n`.
 fn wait_stat(envoy: &Envoy, name: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while envoy.stat(name) != Some(n) {
-        assert!(
-            Instant::now() < deadline,
-            "{name} = {:?}, not {n}",
-            envoy.stat(name)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    envoy.expect_stat(name, Duration::from_secs(30), |v| v == n);
 }
 
 /// The held streams of one run.
@@ -461,10 +412,7 @@ struct Held {
 /// How many clients, of each kind: (body, delay, reservation). Delay stays below 4,096 so that
 /// no worker can reach its bound whatever the balance.
 fn mix() -> (usize, usize, usize) {
-    let wanted: usize = std::env::var("HELD_CLIENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let wanted: usize = common::env_number("HELD_CLIENTS", 10_000);
     let limit = nofile();
     // Per client: its socket here; a reservation (and a body stream, in the wasm build) also
     // the upstream's (Envoy holds as many, plus their upstream side).

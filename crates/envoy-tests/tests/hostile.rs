@@ -472,10 +472,7 @@ fn body_bombs_are_read_as_documented() {
                   "reserve": {{"from": "openai", "default": {RES_DEFAULT}, "max_body": {MAX_BODY}}}}}}}]}}"#
     );
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     let addr = envoy.addr;
     // One POST of `body` in `pieces` bytes each (`gap` apart), with `headers`.
@@ -531,7 +528,7 @@ fn body_bombs_are_read_as_documented() {
                 .wait_sent(r.seq().unwrap(), Duration::from_secs(10))
                 .unwrap();
             assert_eq!(
-                ex.body_len,
+                ex.request.body_len,
                 body.len() as u64,
                 "{what}: the body went whole"
             );

@@ -47,9 +47,9 @@ fn ask_full(
         .wait_sent(reply.seq().unwrap(), Duration::from_secs(5))
         .unwrap();
     assert_eq!(ex.spec.as_ref(), Some(&spec));
-    assert_eq!(ex.path, path);
-    assert_eq!(ex.body, body.as_bytes());
-    assert_eq!(ex.body_len, body.len() as u64);
+    assert_eq!(ex.request.path, path);
+    assert_eq!(ex.request.body, body.as_bytes());
+    assert_eq!(ex.request.body_len, body.len() as u64);
     assert_eq!(ex.max_tokens, Some(MAX_TOKENS), "{api:?}");
     let sent = ex.sent.as_ref().unwrap();
     assert_eq!(sent.status, reply.status);
@@ -587,10 +587,10 @@ fn requests_are_recorded_on_a_keep_alive_connection() {
         let ex = up
             .wait_sent(reply.seq().unwrap(), Duration::from_secs(5))
             .unwrap();
-        assert_eq!(ex.method, "POST");
+        assert_eq!(ex.request.method, "POST");
         assert_eq!(ex.header("authorization"), Some("Bearer sk-test"));
         assert_eq!(ex.max_tokens, Some(77));
-        assert_eq!(ex.body, body.as_bytes());
+        assert_eq!(ex.request.body, body.as_bytes());
         let sent = ex.sent.unwrap();
         assert_eq!(sent.body, reply.body[..64]);
         assert_eq!(sent.hash, reply.hash);
@@ -612,7 +612,7 @@ fn requests_are_recorded_on_a_keep_alive_connection() {
     let ex = up
         .wait_sent(reply.seq().unwrap(), Duration::from_secs(5))
         .unwrap();
-    assert_eq!(ex.body, body.as_bytes());
+    assert_eq!(ex.request.body, body.as_bytes());
     assert_eq!(ex.max_tokens, Some(5));
 
     // An unknown route.

@@ -41,10 +41,7 @@ const BEFORE: &str = r#"          - name: envoy.filters.http.header_to_metadata
 /// Envoy with `config`, the filters of [`BEFORE`] ahead of it, in front of an upstream.
 fn start(config: &str) -> (Envoy, Upstream) {
     let upstream = Upstream::start();
-    let listener = Listener {
-        upstream: Some(upstream.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream.addr);
     let yaml = bootstrap_with(config, &listener).replacen(
         "          http_filters:\n",
         &format!("          http_filters:\n{BEFORE}"),

@@ -325,10 +325,7 @@ const LOGGED_KEYS: u64 = 3;
 /// listens (the service of the rules "remote" and "lost" is down), and a `live` one: the test
 /// rate limit service on `rls_port`.
 fn bootstrap(upstream: SocketAddr, rls_port: u16) -> String {
-    let listener = Listener {
-        upstream: Some(upstream),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream);
     bootstrap_with(PLUGIN, &listener)
         + &rls_cluster(free_port(), "0.25s")
         + &rls_cluster_named("live", rls_port, "1s")

@@ -18,10 +18,7 @@ use std::time::{Duration, Instant};
 /// Envoy with `config` in front of a fresh upstream.
 fn start(config: &str) -> (Envoy, Upstream) {
     let upstream = Upstream::start();
-    let listener = Listener {
-        upstream: Some(upstream.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(upstream.addr);
     (
         Envoy::start_yaml(&bootstrap_with(config, &listener)),
         upstream,

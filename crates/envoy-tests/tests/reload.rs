@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{free_port, wasm_path, Client, Envoy};
+use common::http::assert_remaining;
+use common::{free_port, scratch, wasm_path, Client, Envoy};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,52 +19,21 @@ fn config(name: &str, limit: u32, unit: &str) -> String {
 
 /// Waits (≤ 15 s) until a counter of the LDS stats reaches `n`.
 fn wait_lds(envoy: &Envoy, stat: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while envoy.stat(&format!("listener_manager.lds.{stat}")) < Some(n) {
-        assert!(
-            Instant::now() < deadline,
-            "lds.{stat} never reached {n}:\n{}",
-            envoy.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// An Envoy whose listeners come from `dir/lds.yaml`.
-fn lds_bootstrap(dir: &Path) -> String {
-    format!(
-        "node: {{id: test, cluster: test}}\n\
-         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
-         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
-        dir.join("lds.yaml").display(),
-        dir.display()
-    )
-}
-
-fn lds_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("wasm-ratelimit-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let name = format!("listener_manager.lds.{stat}");
+    envoy.expect_stat(&name, Duration::from_secs(15), |v| v >= n);
 }
 
 #[test]
 fn reload_keeps_counters_applies_new_limits_and_refuses_bad_updates() {
-    let dir = lds_dir("lds");
+    let dir = scratch("lds");
     let port = free_port();
     common::publish_lds(
         &dir,
         &common::lds_listener(port, &config("r", 5, "hour"), &wasm_path()),
     );
-    let envoy = Envoy::start_yaml(&lds_bootstrap(&dir));
+    let envoy = Envoy::start_yaml(&common::lds_bootstrap(&dir));
     let mut c = Client::connect(envoy.addr).unwrap();
-    for left in [4, 3, 2] {
-        let r = c.get("/").unwrap();
-        assert_eq!(
-            (r.status, r.header_u64("x-ratelimit-remaining")),
-            (200, Some(left))
-        );
-    }
+    assert_remaining(&mut c, &[4, 3, 2]);
 
     // A lower limit, same rule name and key: the 3 counted requests stay counted.
     common::publish_lds(
@@ -119,14 +89,14 @@ fn an_open_connection_gets_the_new_limit_within_the_drain_time() {
     const DRAIN_S: u64 = 2;
     const OLD: Option<&str> = Some("\"d\";q=1000;w=3600");
     const NEW: Option<&str> = Some("\"d\";q=2;w=3600");
-    let dir = lds_dir("drain");
+    let dir = scratch("drain");
     let port = free_port();
     common::publish_lds(
         &dir,
         &common::lds_listener(port, &config("d", 1000, "hour"), &wasm_path()),
     );
     let drain = DRAIN_S.to_string();
-    let envoy = Envoy::start_yaml_args(&lds_bootstrap(&dir), &["--drain-time-s", &drain]);
+    let envoy = Envoy::start_yaml_args(&common::lds_bootstrap(&dir), &["--drain-time-s", &drain]);
     // (client, reconnects when told to close, requests under the old limit, switched after)
     let mut clients: Vec<(Client, bool, u32, Option<Duration>)> = [true, false]
         .into_iter()
@@ -248,7 +218,7 @@ fn ecds_bootstrap(dir: &Path) -> String {
 
 #[test]
 fn with_ecds_an_update_reaches_open_connections_at_once() {
-    let dir = lds_dir("ecds");
+    let dir = scratch("ecds");
     publish_ecds(&dir, &ecds_resource(&config("e", 1000, "hour")));
     let envoy = Envoy::start_yaml(&ecds_bootstrap(&dir));
     let mut open = Client::connect(envoy.addr).unwrap();
@@ -309,7 +279,7 @@ fn configuration_reloads_every_second_under_full_load() {
     const RELOADS: u32 = 20;
     const LIMIT: u64 = 50;
     const SLACK: u64 = 8 * 1024 * 1024;
-    let dir = lds_dir("ecds-load");
+    let dir = scratch("ecds-load");
     publish_ecds(&dir, &ecds_resource(&reload_config(0)));
     let envoy = Envoy::start_yaml(&ecds_bootstrap(&dir));
     let reloaded = "extension_config_discovery.http_filter.ratelimit.config_reload";

@@ -77,16 +77,7 @@ fn wait_for_lines(log: &Path, n: usize) -> String {
 }
 
 fn replay(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(common::cli())
-        .arg("replay")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::output(Command::new(common::cli()).arg("replay").args(args))
 }
 
 /// How many logged requests of a rule may be decided in another window by the filter than by

@@ -25,7 +25,6 @@ use common::llm::{Api, LlmClient, LlmUpstream, Mode};
 use common::{bootstrap_with, root, Envoy, Listener};
 use serde_json::{json, Value};
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -56,19 +55,9 @@ fn start(dialect: &str, headers: &str) -> Rig {
  "response": {{"dialect": "{dialect}", "headers": "{headers}"}}}}"#
     );
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     Rig { envoy, _up: up }
-}
-
-/// The Python of the project virtualenv (or `SDK_PYTHON`).
-fn python() -> PathBuf {
-    std::env::var_os("SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"))
 }
 
 /// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
@@ -83,7 +72,7 @@ fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, extra: &[&str])
 /// Runs `client.py` against `envoy` with more arguments `extra`.
 fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[String]) -> Value {
     let base = format!("http://{}", envoy.addr);
-    let mut cmd = Command::new(python());
+    let mut cmd = Command::new(common::python());
     cmd.arg(root().join("crates/envoy-tests/sdk/client.py"))
         .args([sdk, &base, key, mode, step])
         .args(extra);
@@ -95,7 +84,7 @@ fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[Str
         .unwrap_or_else(|e| {
             panic!(
                 "cannot run {}: {e} (make test installs the SDKs)",
-                python().display()
+                common::python().display()
             )
         });
     let mut out = child.stdout.take().unwrap();
@@ -343,19 +332,7 @@ fn the_openai_sdk_reads_openai_answers() {
 
         // Tokens: a call that used 2,012 tokens empties the hour's 1,000; the next is refused
         // by the tokens rule, whose message it shows (type "tokens").
-        let key = format!("sk-openai-{mode}-tokens");
-        let big = call(
-            &rig,
-            "openai",
-            &key,
-            mode,
-            "allowed",
-            &["--output-tokens", "2000"],
-        );
-        assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "openai", &key, mode, "refused", &[]);
-        let e = &refused["error"];
-        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let e = &refused_for_tokens(&rig, "openai", mode);
         let h = &e["headers"];
         assert_eq!(number(h, "x-ratelimit-limit-tokens"), TOKENS_PER_HOUR);
         assert_eq!(number(h, "x-ratelimit-remaining-tokens"), 0);
@@ -366,6 +343,24 @@ fn the_openai_sdk_reads_openai_answers() {
         assert_eq!(e["body"]["type"], "tokens");
         assert_eq!(e["body"]["code"], "rate_limit_exceeded");
     }
+}
+
+/// A call of key `sk-SDK-MODE-tokens` that uses 2,012 tokens empties the hour's 1,000; the next
+/// is refused by the tokens rule: the SDK's error.
+fn refused_for_tokens(rig: &Rig, sdk: &str, mode: &str) -> Value {
+    let key = format!("sk-{sdk}-{mode}-tokens");
+    let big = call(
+        rig,
+        sdk,
+        &key,
+        mode,
+        "allowed",
+        &["--output-tokens", "2000"],
+    );
+    assert_eq!(big["status"], 200, "{big}");
+    let refused = call(rig, sdk, &key, mode, "refused", &[]);
+    assert_eq!(refused["error"]["class"], "RateLimitError", "{refused}");
+    refused["error"].clone()
 }
 
 #[test]
@@ -434,19 +429,7 @@ fn the_anthropic_sdk_reads_anthropic_answers() {
         // Anthropic's SDK waits retry-after, in whole seconds.
         assert_retried_after(&seen.retried, |h| number(h, "retry-after") * 1000);
 
-        let key = format!("sk-anthropic-{mode}-tokens");
-        let big = call(
-            &rig,
-            "anthropic",
-            &key,
-            mode,
-            "allowed",
-            &["--output-tokens", "2000"],
-        );
-        assert_eq!(big["status"], 200, "{big}");
-        let refused = call(&rig, "anthropic", &key, mode, "refused", &[]);
-        let e = &refused["error"];
-        assert_eq!(e["class"], "RateLimitError", "{refused}");
+        let e = &refused_for_tokens(&rig, "anthropic", mode);
         let h = &e["headers"];
         assert_eq!(number(h, "anthropic-ratelimit-tokens-remaining"), 0);
         let retry = number(h, "retry-after");
@@ -471,10 +454,7 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
  "response": {{"dialect": "openai"}}}}"#
     );
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
     let key = "sk-openai-reserved";
     // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
@@ -549,10 +529,7 @@ fn a_model_without_a_price_is_the_openai_sdks_bad_request() {
      "models": {"gpt-4o-mini": {"input": 150000, "output": 600000}}, "default": "refuse"}}}}],
  "response": {"dialect": "openai"}}"#;
     let up = LlmUpstream::start();
-    let listener = Listener {
-        upstream: Some(up.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(config, &listener));
     let priced = run(&envoy, "openai", "sk-priced", "json", "refused", &[]);
     assert_eq!(priced["error"], Value::Null, "{priced}");

@@ -22,17 +22,11 @@
 mod common;
 
 use common::provider::Provider;
-use common::share::{drive, four_cases, jain, seconds, Outcome, CASES};
+use common::share::{cases_config, drive, four_cases, jain, Outcome, RATE, WARMUP_S};
 use common::{bootstrap_with, metric, Envoy, Listener};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The provider's limit per organisation, requests a second. Shares of tens of requests a
-/// window: a tenant's share is enforced on a count of whole requests over its window, so each
-/// held tenant may land a request either side of its share in a window, which is 1 % of a share
-/// here (10 % of one at 50 a second).
-const RATE: f64 = 200.0;
-const WARMUP_S: u64 = 10;
 /// What a case must use, requests a second, with `held` tenants held to their shares: the 97 %
 /// the shares hand out (`target`), less one request a window for each held tenant (a tenant
 /// whose requests come at a fixed period may miss its share's last request in every window:
@@ -43,27 +37,12 @@ fn used_at_least(held: usize) -> f64 {
     0.97 * RATE - held as f64 - 1.0
 }
 
-fn rule(name: &str, share: &str) -> String {
-    format!(
-        r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, "key": ["header:x-tenant"],
-            "rate_limit": {{"requests_per_unit": 200, "unit": "second"}},
-            "algorithm": "token_bucket", "burst": 180, "share": {share}}}"#
-    )
-}
-
 #[test]
 fn a_provider_capacity_is_shared_fairly_and_never_exceeded() {
-    let run_s = seconds();
+    let run_s = common::env_number("SHARE_SECONDS", 60);
     let provider = Arc::new(Provider::start(RATE));
-    let rules: Vec<String> = CASES
-        .iter()
-        .map(|(name, share)| rule(name, share))
-        .collect();
-    let config = format!(r#"{{"rules": [{}]}}"#, rules.join(", "));
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let config = cases_config(r#""algorithm": "token_bucket", "burst": 180"#);
+    let listener = Listener::to(provider.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
 
     let tenants = four_cases(RATE);

@@ -22,7 +22,7 @@
 mod common;
 
 use common::provider::Provider;
-use common::share::{drive, four_cases, jain, seconds, Outcome, CASES};
+use common::share::{cases_config, drive, four_cases, jain, Outcome, CASES, RATE, WARMUP_S};
 use common::Listener;
 use common::{bootstrap_with, free_port, metric, redis, rls_cluster, rls_server, Client, Envoy};
 use std::collections::HashMap;
@@ -30,22 +30,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The provider's limit per organisation, and the capacity leased, requests a second.
-const RATE: f64 = 200.0;
-const WARMUP_S: u64 = 10;
 const PROXIES: usize = 3;
 
-fn rule(name: &str, share: &str) -> String {
-    format!(
-        r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, "key": ["header:x-tenant"],
-            "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
-            "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
-                        "timeout_ms": 200, "flush_ms": 20, "max_block": 5}},
-            "share": {share}}}"#
-    )
-}
-
-/// The service's limits: one counter per rule (the capacity), `RATE` a second.
+/// The service's limits: one counter per rule (the capacity leased), `RATE` a second.
 fn limits() -> String {
     let one = |rule: &str| {
         format!(
@@ -53,27 +40,23 @@ fn limits() -> String {
                  "conditions": ["descriptors[0].rule == '{rule}'"], "variables": []}}"#
         )
     };
-    let all: Vec<String> = ["p1", "p2", "p3", "p4"].iter().map(|r| one(r)).collect();
+    let all: Vec<String> = CASES.iter().map(|(rule, _)| one(rule)).collect();
     format!("[{}]", all.join(", "))
 }
 
 #[test]
 fn three_envoys_lease_one_capacity_and_share_it_fairly() {
-    let run_s = seconds();
+    let run_s = common::env_number("SHARE_SECONDS", 60);
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
     // One call at a time: the engine's own race would grant past the limit.
     let _rls = rls_server(rls_port, redis_port, &limits(), 0, true);
     let provider = Arc::new(Provider::start(RATE));
-    let rules: Vec<String> = CASES
-        .iter()
-        .map(|(name, share)| rule(name, share))
-        .collect();
-    let config = format!(r#"{{"rules": [{}]}}"#, rules.join(", "));
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let config = cases_config(
+        r#""global": {"cluster": "ratelimit", "domain": "provider", "mode": "lease",
+                      "timeout_ms": 200, "flush_ms": 20, "max_block": 5}"#,
+    );
+    let listener = Listener::to(provider.addr);
     let yaml = format!(
         "{}{}",
         bootstrap_with(&config, &listener),

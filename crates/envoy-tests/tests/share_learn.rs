@@ -30,11 +30,12 @@
 mod common;
 
 use common::provider::Provider;
+use common::share::{or_reconnect, paced, Seen};
 use common::{bootstrap_with, metric, Client, Envoy, Listener};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What every shared rule is configured to (requests a second; a token bucket with a burst of
 /// 180), above what the provider gives `/p5` and `/p7`.
@@ -52,13 +53,6 @@ const WARMUP_S: f64 = 3.0;
 const USED: f64 = 0.90;
 const LEARN: &str = r#"{"from": "openai", "unit": "second", "hold_s": 60, "ramp_s": 30,
     "max_block_s": 60, "strip": true}"#;
-
-fn seconds() -> u64 {
-    std::env::var("SHARE_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30)
-}
 
 /// A shared rule on `/{name}/`, keyed on `key`, at `rate` a second (a bucket of 90 % of it).
 fn rule(name: &str, key: &str, rate: f64, share: &str) -> String {
@@ -120,69 +114,36 @@ struct Tenant {
     headers: Headers,
 }
 
-/// What one client saw over the measured seconds: requests sent, and answered 200 / 429 (by
-/// Envoy or by the provider) / 429 by the provider (its body `no`) / anything else.
-#[derive(Clone, Copy, Debug, Default)]
-struct Seen {
-    sent: u64,
-    ok: u64,
-    refused: u64,
-    by_provider: u64,
-    other: u64,
-}
-
-/// The measured seconds of a provider whose traffic starts now and lasts `run_s`: whole
-/// seconds since it started, from [`WARMUP_S`] into the traffic to its end.
-fn window(provider: &Provider, run_s: u64) -> (u64, u64) {
-    let t0 = provider.elapsed_s();
-    (
-        (t0 + WARMUP_S).ceil() as u64,
-        (t0 + run_s as f64).floor() as u64,
-    )
-}
-
 fn drive(tenants: &[Tenant], run_s: u64) -> HashMap<String, Seen> {
-    let windows: Vec<(u64, u64)> = tenants.iter().map(|t| window(&t.provider, run_s)).collect();
+    let windows: Vec<(u64, u64)> = tenants
+        .iter()
+        .map(|t| t.provider.window(WARMUP_S, run_s))
+        .collect();
     let threads: Vec<_> = tenants
         .iter()
         .cloned()
         .zip(windows)
-        .map(|(t, (from, end))| {
+        .map(|(t, window)| {
             std::thread::spawn(move || {
                 let mut seen = Seen::default();
                 let mut client = Client::connect(t.envoy).unwrap();
-                let start = Instant::now();
-                for k in 0u64.. {
-                    let at = Duration::from_secs_f64(k as f64 / t.rate);
-                    if at >= Duration::from_secs(run_s) {
-                        break;
-                    }
-                    if let Some(wait) = at.checked_sub(start.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
-                    let now = t.provider.elapsed_s();
-                    let measured = now >= from as f64 && now < end as f64;
+                paced(t.rate, Duration::from_secs(run_s), |k| {
+                    let measured = t.provider.measures(window);
                     let owned = (t.headers)(k);
                     let headers: Vec<(&str, &str)> = owned
                         .iter()
                         .map(|(k, v)| (k.as_str(), v.as_str()))
                         .collect();
-                    let response = match client.send("GET", t.path, &headers) {
-                        Ok(r) => r,
-                        Err(_) => {
-                            client = Client::connect(t.envoy).unwrap();
-                            client.send("GET", t.path, &headers).unwrap()
-                        }
-                    };
+                    let response = or_reconnect(
+                        &mut client,
+                        || Client::connect(t.envoy).unwrap(),
+                        |c| c.send("GET", t.path, &headers),
+                    );
                     if measured {
-                        let s = response.status;
-                        seen.sent += 1;
-                        seen.ok += u64::from(s == 200);
-                        seen.refused += u64::from(s == 429);
-                        seen.by_provider += u64::from(s == 429 && response.body == b"no");
-                        seen.other += u64::from(s != 200 && s != 429);
+                        seen.count(response.status, response.body == b"no");
                     }
-                }
+                    true
+                });
                 (t.name, seen)
             })
         })
@@ -234,7 +195,7 @@ fn counter_is(envoy: &Envoy, rule: &str, name: &str, expected: u64) {
 
 #[test]
 fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and_upstreams() {
-    let run_s = seconds();
+    let run_s = common::env_number("SHARE_SECONDS", 30);
     // The first Envoy: the provider gives p5 and p7 120 a second, p6 200 with malformed
     // fields, p8 (the strip probe) plenty.
     let provider = Arc::new(
@@ -267,10 +228,7 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
             r#"{"learn": {"from": "openai", "unit": "second", "strip": false}}"#
         ),
     );
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(provider.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
 
     // The second Envoy: tenants named by api_key_auth, bands set by Lua, before this filter.
@@ -292,10 +250,7 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
                 "band": {"from": "header:x-band", "default": "batch"}}"#
         ),
     );
-    let listener = Listener {
-        upstream: Some(hostile_provider.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(hostile_provider.addr);
     let hostile = Envoy::start_yaml(&with_filters_before(
         &bootstrap_with(&hostile_config, &listener),
         AUTH_AND_BAND,
@@ -330,8 +285,8 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
     tenants.push(client("alice", "/p10/x", 0.3 * HOSTILE, alice));
     tenants.push(client("mallory", "/p10/x", 2.5 * HOSTILE, mallory_band));
 
-    let (from, end) = window(&provider, run_s);
-    let (h_from, h_end) = window(&hostile_provider, run_s);
+    let (from, end) = provider.window(WARMUP_S, run_s);
+    let (h_from, h_end) = hostile_provider.window(WARMUP_S, run_s);
     let seen = drive(&tenants, run_s);
     let measured_s = (end - from) as f64;
     let h_measured_s = (h_end - h_from) as f64;
@@ -568,9 +523,13 @@ fn a_shared_capacity_learns_the_provider_s_limit_and_resists_hostile_clients_and
         "the tenants and bands the provider saw"
     );
     let a = seen["/p10/x:alice"];
-    assert_eq!((a.refused, a.other), (0, 0), "alice (interactive): {a:?}");
+    assert_eq!(
+        (a.refusals(), a.other),
+        (0, 0),
+        "alice (interactive): {a:?}"
+    );
     let m = seen["/p10/x:mallory"];
-    assert!(m.refused > 0, "mallory was never refused: {m:?}");
+    assert!(m.refusals() > 0, "mallory was never refused: {m:?}");
     let (alice_rate, mallory_rate) = (p10["alice/interactive"], p10["mallory/batch"]);
     assert!(
         mallory_rate <= HOSTILE - alice_rate,
@@ -600,10 +559,7 @@ fn a_provider_field_on_two_lines_is_ignored_whichever_comes_first() {
         rule("p11", "header:x-tenant", CAPACITY, &learn),
         rule("p12", "header:x-tenant", CAPACITY, &learn),
     );
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(provider.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     let mut c = Client::connect(envoy.addr).unwrap();
     // 40 requests a path over two seconds, well under either limit.

@@ -20,6 +20,7 @@ mod common;
 
 use common::llm::LlmClient;
 use common::provider::Provider;
+use common::share::{or_reconnect, paced, Seen};
 use common::{bootstrap_with, metric, Envoy, Listener};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,13 +40,6 @@ const INPUT: u64 = 20;
 const TENANTS: [(u64, u64, u64); 3] = [(1, 40, 80), (2, 80, 160), (4, 150, 250)];
 const WARMUP_S: f64 = 5.0;
 
-fn seconds() -> u64 {
-    std::env::var("SHARE_TOKENS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30)
-}
-
 /// The `k`th request's output tokens, `lo` to `hi`, spread evenly.
 fn output(k: u64, lo: u64, hi: u64) -> u64 {
     lo + (k * 37) % (hi - lo + 1)
@@ -58,20 +52,9 @@ fn body(max: u64) -> String {
     )
 }
 
-/// What a tenant saw over the measured seconds: requests sent, answered 200 / 429 by Envoy /
-/// 429 by the provider / anything else.
-#[derive(Clone, Copy, Debug, Default)]
-struct Seen {
-    sent: u64,
-    ok: u64,
-    refused: u64,
-    by_provider: u64,
-    other: u64,
-}
-
 #[test]
 fn a_token_capacity_charged_from_the_answers_is_shared_by_weight() {
-    let run_s = seconds();
+    let run_s = common::env_number("SHARE_TOKENS_SECONDS", 30);
     let provider = Arc::new(Provider::builder(100_000.0).tokens("t1", TOKENS).start());
     // The how-to's rule (a second instead of a minute), weights from a header.
     let config = format!(
@@ -84,18 +67,11 @@ fn a_token_capacity_charged_from_the_answers_is_shared_by_weight() {
             "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 10}}}}}}]}}"#,
         burst = (TOKENS * 0.9) as u64
     );
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(provider.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     let weights: u64 = TENANTS.iter().map(|t| t.0).sum();
 
-    let t0 = provider.elapsed_s();
-    let (from, end) = (
-        (t0 + WARMUP_S).ceil() as u64,
-        (t0 + run_s as f64).floor() as u64,
-    );
+    let (from, end) = provider.window(WARMUP_S, run_s);
     let threads: Vec<_> = TENANTS
         .iter()
         .map(|&(w, lo, hi)| {
@@ -117,18 +93,14 @@ fn a_token_capacity_charged_from_the_answers_is_shared_by_weight() {
                 let weight = w.to_string();
                 let mut seen = Seen::default();
                 let mut client = LlmClient::connect(addr).unwrap();
+                let run = Duration::from_secs(run_s);
                 let start = Instant::now();
-                for k in 0u64.. {
-                    // Paced, and over at `run_s` whether or not every request went.
-                    let at = Duration::from_secs_f64(k as f64 / rate);
-                    if at.max(start.elapsed()) >= Duration::from_secs(run_s) {
-                        break;
+                paced(rate, run, |k| {
+                    // Over at `run_s` whether or not every request went.
+                    if start.elapsed() >= run {
+                        return false;
                     }
-                    if let Some(wait) = at.checked_sub(start.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
-                    let now = provider.elapsed_s();
-                    let measured = now >= from as f64 && now < end as f64;
+                    let measured = provider.measures((from, end));
                     let (input, out) = (INPUT.to_string(), output(k, lo, hi).to_string());
                     let headers = [
                         ("x-tenant", name.as_str()),
@@ -138,30 +110,23 @@ fn a_token_capacity_charged_from_the_answers_is_shared_by_weight() {
                         ("x-test-output-tokens", out.as_str()),
                     ];
                     let path = "/t1/v1/chat/completions";
-                    let reply = match client.post(path, &headers, body.as_bytes()) {
-                        Ok(r) => r,
-                        Err(_) => {
-                            client = LlmClient::connect(addr).unwrap();
-                            client.post(path, &headers, body.as_bytes()).unwrap()
-                        }
-                    };
+                    let reply = or_reconnect(
+                        &mut client,
+                        || LlmClient::connect(addr).unwrap(),
+                        |c| c.post(path, &headers, body.as_bytes()),
+                    );
                     // A refusal before the body was read closes the connection.
                     if reply.header("connection") == Some("close") {
                         client = LlmClient::connect(addr).unwrap();
                     }
                     if measured {
-                        let s = reply.status;
                         // The provider's refusal names its token limit, Envoy's does not.
-                        let provider_429 = s == 429
-                            && String::from_utf8_lossy(&reply.body)
-                                .contains("on tokens per second");
-                        seen.sent += 1;
-                        seen.ok += u64::from(s == 200);
-                        seen.refused += u64::from(s == 429 && !provider_429);
-                        seen.by_provider += u64::from(provider_429);
-                        seen.other += u64::from(s != 200 && s != 429);
+                        let by_provider =
+                            String::from_utf8_lossy(&reply.body).contains("on tokens per second");
+                        seen.count(reply.status, by_provider);
                     }
-                }
+                    true
+                });
                 (name, seen)
             })
         })

@@ -19,6 +19,7 @@
 mod common;
 
 use common::provider::Provider;
+use common::share::paced;
 use common::{bootstrap_with, metric, AccessLog, Envoy, Listener};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -44,13 +45,6 @@ const SLACK_MS: u64 = 150;
 /// The tests of this file one at a time: each measures a capacity's use, which another Envoy
 /// under load beside it would disturb.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn seconds() -> u64 {
-    std::env::var("WAIT_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20)
-}
 
 /// One request on its own connection: (status, milliseconds until the answer); status 0 when
 /// `hang_up_ms` passed first and the client closed the connection.
@@ -119,23 +113,16 @@ fn drive_in(
     let provider = provider.clone();
     let tenant = tenant.to_string();
     std::thread::spawn(move || {
-        let start = Instant::now();
         let mut threads = Vec::new();
-        for k in 0u64.. {
-            let at = Duration::from_secs_f64(k as f64 / rate);
-            if at >= Duration::from_secs(run_s) {
-                break;
-            }
-            if let Some(wait) = at.checked_sub(start.elapsed()) {
-                std::thread::sleep(wait);
-            }
+        paced(rate, Duration::from_secs(run_s), |_| {
             let (tenant, extra) = (tenant.clone(), extra.clone());
             let at_s = provider.elapsed_s();
             threads.push(std::thread::spawn(move || {
                 let (status, ms) = request_in(addr, &tenant, &extra, hang_up_ms);
                 Seen { at_s, status, ms }
             }));
-        }
+            true
+        });
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     })
 }
@@ -195,7 +182,7 @@ fn jain(xs: &[f64]) -> f64 {
 #[test]
 fn refused_requests_wait_their_turn_and_no_longer_than_max_wait() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let run_s = seconds();
+    let run_s = common::env_number("WAIT_SECONDS", 20);
     let provider = Arc::new(Provider::start(RATE));
     let config = format!(
         r#"{{"rules": [{{"name": "p1", "match": {{"path_prefix": "/p1/"}}, "key": ["header:x-tenant"],
@@ -416,10 +403,7 @@ fn interactive_is_served_first_from_the_first_request() {
                        "band": {{"from": "header:x-band", "default": "batch"}},
                        "max_wait_ms": 2000}}}}]}}"#
     );
-    let listener = Listener {
-        upstream: Some(provider.addr),
-        ..Listener::default()
-    };
+    let listener = Listener::to(provider.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
     let run_s = 10;
     let batch: Vec<_> = (0..3)

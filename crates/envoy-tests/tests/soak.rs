@@ -111,10 +111,7 @@ fn limits() -> String {
 /// The bootstrap: both plugins in one chain; `/v1/` to the LLM upstream, the rest answered by
 /// Envoy; the `ratelimit` cluster.
 fn yaml(llm: SocketAddr, rls_port: u16) -> String {
-    let listener = Listener {
-        upstream: Some(llm),
-        ..Listener::default()
-    };
+    let listener = Listener::to(llm);
     let base = bootstrap_with(&test_config(), &listener);
     let open = http_filter(
         &Plugin {
@@ -251,6 +248,26 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// The connection in `c`, opened by `connect` if there is none; None when it cannot be opened
+/// (an error counted, after a pause).
+fn connected<'a, C>(
+    c: &'a mut Option<C>,
+    connect: impl FnOnce() -> std::io::Result<C>,
+    shared: &Shared,
+) -> Option<&'a mut C> {
+    if c.is_none() {
+        match connect() {
+            Ok(conn) => *c = Some(conn),
+            Err(_) => {
+                shared.errors.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+                return None;
+            }
+        }
+    }
+    c.as_mut()
+}
+
 /// Runs `f` on a kept-alive connection until told to stop, reconnecting after an error.
 /// `f` returns the pause before its next request.
 fn client_loop(
@@ -261,16 +278,8 @@ fn client_loop(
     std::thread::spawn(move || {
         let mut c: Option<Client> = None;
         while !shared.stop.load(Ordering::Relaxed) {
-            let conn = match c.as_mut() {
-                Some(conn) => conn,
-                None => match Client::connect(addr) {
-                    Ok(conn) => c.insert(conn),
-                    Err(_) => {
-                        shared.errors.fetch_add(1, Ordering::Relaxed);
-                        std::thread::sleep(Duration::from_millis(100));
-                        continue;
-                    }
-                },
+            let Some(conn) = connected(&mut c, || Client::connect(addr), &shared) else {
+                continue;
             };
             match f(conn, &shared) {
                 Ok(pause) => {
@@ -401,16 +410,8 @@ fn start_clients(addr: SocketAddr, shared: &Arc<Shared>) -> Vec<std::thread::Joi
             let mut c: Option<LlmClient> = None;
             let mut n = 0u64;
             while !shared.stop.load(Ordering::Relaxed) {
-                let conn = match c.as_mut() {
-                    Some(conn) => conn,
-                    None => match LlmClient::connect(addr) {
-                        Ok(conn) => c.insert(conn),
-                        Err(_) => {
-                            shared.errors.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(100));
-                            continue;
-                        }
-                    },
+                let Some(conn) = connected(&mut c, || LlmClient::connect(addr), &shared) else {
+                    continue;
                 };
                 n += 1;
                 let key = format!("llm-{thread}-{n}");
@@ -610,10 +611,7 @@ fn check_lease(tenant: &str, admitted: &[Seen], restarts: &[u64]) -> (usize, u64
 
 #[test]
 fn soak_under_faults() {
-    let seconds: u64 = std::env::var("SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let seconds: u64 = common::env_number("SOAK_SECONDS", 60);
     let duration = Duration::from_secs(seconds);
     let up = LlmUpstream::start();
     up.keep_bodies(0);

@@ -189,6 +189,21 @@ struct Case {
     extra: &'static [(&'static str, &'static str)],
 }
 
+/// A [`Case`].
+fn case(
+    api: Api,
+    mode: Mode,
+    rule: &'static str,
+    extra: &'static [(&'static str, &'static str)],
+) -> Case {
+    Case {
+        api,
+        mode,
+        rule,
+        extra,
+    }
+}
+
 /// What `rule` charges for an answer of `i` input and `o` output tokens.
 fn expected(rule: &str, i: u64, o: u64) -> u64 {
     match rule {
@@ -232,120 +247,25 @@ fn each_api_is_charged_exactly_what_its_answer_reports() {
     let crlf_every: &[(&str, &str)] = &[("x-test-crlf", "1"), ("x-test-split", "every")];
     let multiline: &[(&str, &str)] = &[("x-test-multiline", "1"), ("x-test-split", "random:7")];
     let cases = [
-        Case {
-            api: Api::Chat,
-            mode: Mode::Json,
-            rule: "openai",
-            extra: &[],
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Json,
-            rule: "openai",
-            extra: every,
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Sse,
-            rule: "openai",
-            extra: &[],
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Sse,
-            rule: "openai",
-            extra: every,
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Sse,
-            rule: "openai",
-            extra: crlf_random,
-        },
-        Case {
-            api: Api::Responses,
-            mode: Mode::Sse,
-            rule: "openai",
-            extra: &[],
-        },
-        Case {
-            api: Api::Responses,
-            mode: Mode::Sse,
-            rule: "openai",
-            extra: random,
-        },
-        Case {
-            api: Api::Responses,
-            mode: Mode::Json,
-            rule: "openai",
-            extra: &[],
-        },
-        Case {
-            api: Api::Messages,
-            mode: Mode::Json,
-            rule: "anthropic",
-            extra: &[],
-        },
-        Case {
-            api: Api::Messages,
-            mode: Mode::Json,
-            rule: "anthropic",
-            extra: random,
-        },
-        Case {
-            api: Api::Messages,
-            mode: Mode::Sse,
-            rule: "anthropic",
-            extra: &[],
-        },
-        Case {
-            api: Api::Messages,
-            mode: Mode::Sse,
-            rule: "anthropic",
-            extra: crlf_every,
-        },
-        Case {
-            api: Api::Gemini,
-            mode: Mode::Json,
-            rule: "gemini",
-            extra: &[],
-        },
-        Case {
-            api: Api::Gemini,
-            mode: Mode::Json,
-            rule: "gemini",
-            extra: every,
-        },
-        Case {
-            api: Api::Gemini,
-            mode: Mode::Sse,
-            rule: "gemini",
-            extra: &[],
-        },
-        Case {
-            api: Api::Gemini,
-            mode: Mode::Sse,
-            rule: "gemini",
-            extra: crlf_random,
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Json,
-            rule: "chat_weighted",
-            extra: &[],
-        },
-        Case {
-            api: Api::Chat,
-            mode: Mode::Sse,
-            rule: "chat_weighted",
-            extra: multiline,
-        },
-        Case {
-            api: Api::Messages,
-            mode: Mode::Sse,
-            rule: "claude_weighted",
-            extra: random,
-        },
+        case(Api::Chat, Mode::Json, "openai", &[]),
+        case(Api::Chat, Mode::Json, "openai", every),
+        case(Api::Chat, Mode::Sse, "openai", &[]),
+        case(Api::Chat, Mode::Sse, "openai", every),
+        case(Api::Chat, Mode::Sse, "openai", crlf_random),
+        case(Api::Responses, Mode::Sse, "openai", &[]),
+        case(Api::Responses, Mode::Sse, "openai", random),
+        case(Api::Responses, Mode::Json, "openai", &[]),
+        case(Api::Messages, Mode::Json, "anthropic", &[]),
+        case(Api::Messages, Mode::Json, "anthropic", random),
+        case(Api::Messages, Mode::Sse, "anthropic", &[]),
+        case(Api::Messages, Mode::Sse, "anthropic", crlf_every),
+        case(Api::Gemini, Mode::Json, "gemini", &[]),
+        case(Api::Gemini, Mode::Json, "gemini", every),
+        case(Api::Gemini, Mode::Sse, "gemini", &[]),
+        case(Api::Gemini, Mode::Sse, "gemini", crlf_random),
+        case(Api::Chat, Mode::Json, "chat_weighted", &[]),
+        case(Api::Chat, Mode::Sse, "chat_weighted", multiline),
+        case(Api::Messages, Mode::Sse, "claude_weighted", random),
     ];
     let mut charged: std::collections::BTreeMap<&str, u64> = Default::default();
     for (k, case) in cases.iter().enumerate() {
@@ -467,7 +387,7 @@ fn reservations_sized_from_the_request_are_trued_up() {
             // The upstream got the request body whole.
             let e = rig.up.exchange(r.seq().unwrap()).unwrap();
             assert_eq!(
-                (e.body_len, e.body_hash),
+                (e.request.body_len, e.request.body_hash),
                 (body.len() as u64, llm::hash(body)),
                 "{what}"
             );
@@ -1078,7 +998,7 @@ fn a_held_request_keeps_its_body_until_its_turn() {
         );
         let e = rig.up.exchange(r.seq().unwrap()).unwrap();
         assert_eq!(
-            (e.body_len, e.body_hash),
+            (e.request.body_len, e.request.body_hash),
             (body.len() as u64, llm::hash(&body)),
             "{key}: the body changed on the way"
         );
@@ -1198,7 +1118,7 @@ fn per_model_limits_read_the_model_from_the_request_body() {
                 .wait_sent(reply.seq().unwrap(), Duration::from_secs(10))
                 .unwrap();
             assert_eq!(
-                ex.body,
+                ex.request.body,
                 body.as_bytes(),
                 "the upstream got the body unchanged"
             );

@@ -16,15 +16,7 @@
 mod common;
 
 use common::{root, Client, Envoy};
-use std::path::PathBuf;
 use std::process::Command;
-
-/// The Python of the project virtualenv (or `SDK_PYTHON`), where `make sdks` installs the SDKs.
-fn python() -> PathBuf {
-    std::env::var_os("SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"))
-}
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(root().join(path)).unwrap()
@@ -46,11 +38,16 @@ fn fixed_wait(line: &str) -> String {
 fn the_sdk_client_of_the_llm_gateway_prints_what_the_tutorial_shows() {
     let (yaml, _services) = common::example(&root().join("examples/llm-gateway"));
     let envoy = Envoy::start_yaml(&common::for_build(&yaml));
-    let out = Command::new(python())
+    let out = Command::new(common::python())
         .arg(root().join("examples/llm-gateway/client.py"))
         .env("GATEWAY_URL", format!("http://{}", envoy.addr))
         .output()
-        .unwrap_or_else(|e| panic!("{}: {e} (make sdks installs the SDK)", python().display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (make sdks installs the SDK)",
+                common::python().display()
+            )
+        });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let got: String = String::from_utf8(out.stdout)

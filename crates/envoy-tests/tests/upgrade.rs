@@ -10,9 +10,10 @@
 
 mod common;
 
+use common::http::assert_remaining;
 use common::{free_port, wasm_path, Build, Client, Envoy};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CONFIG: &str = r#"{"rules": [{"name": "r", "key": ["remote_address"],
     "rate_limit": {"requests_per_unit": 5, "unit": "hour"}}]}"#;
@@ -32,50 +33,27 @@ fn other_module(dir: &Path) -> PathBuf {
     path
 }
 
-fn wait_stat_at_least(envoy: &Envoy, stat: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while envoy.stat(stat) < Some(n) {
-        assert!(
-            Instant::now() < deadline,
-            "{stat} never reached {n}:\n{}",
-            envoy.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_new_wasm_with_the_same_vm_id_keeps_the_counters() {
     if common::build() == Build::Native {
         return; // the native build is replaced by a restart only
     }
-    let dir = std::env::temp_dir().join(format!("wasm-ratelimit-upgrade-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("upgrade");
     let port = free_port();
     common::publish_lds(&dir, &common::lds_listener(port, CONFIG, &wasm_path()));
-    let envoy = Envoy::start_yaml(&format!(
-        "node: {{id: test, cluster: test}}\n\
-         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
-         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
-        dir.join("lds.yaml").display(),
-        dir.display()
-    ));
+    let envoy = Envoy::start_yaml(&common::lds_bootstrap(&dir));
     let created = envoy.stat("wasm.envoy.wasm.runtime.v8.created").unwrap();
     let mut c = Client::connect(envoy.addr).unwrap();
-    for left in [4, 3, 2] {
-        let r = c.get("/").unwrap();
-        assert_eq!(
-            (r.status, r.header_u64("x-ratelimit-remaining")),
-            (200, Some(left))
-        );
-    }
+    assert_remaining(&mut c, &[4, 3, 2]);
 
     let next = other_module(&dir);
     common::publish_lds(&dir, &common::lds_listener(port, CONFIG, &next));
-    wait_stat_at_least(&envoy, "listener_manager.lds.update_success", 2);
+    let fifteen_s = Duration::from_secs(15);
+    envoy.expect_stat("listener_manager.lds.update_success", fifteen_s, |v| v >= 2);
     // New VMs, with the new code.
-    wait_stat_at_least(&envoy, "wasm.envoy.wasm.runtime.v8.created", created + 1);
+    envoy.expect_stat("wasm.envoy.wasm.runtime.v8.created", fifteen_s, |v| {
+        v > created
+    });
     let mut c = Client::connect(envoy.addr).unwrap();
     let r = c.get("/").unwrap();
     assert_eq!(

@@ -94,28 +94,43 @@ fn limits(envoy: &Envoy) {
     assert_eq!(r.header("ratelimit-policy"), Some("\"two\";q=2;w=3600"));
 }
 
+/// The module built for an ABI (its folder in `module_var`) runs in Envoy `version` (the
+/// binary in `envoy_var`): its log shows `line`, and the module limits.
+fn runs(envoy_var: &str, version: &str, module_var: &str, line: &str) {
+    let envoy = Envoy::start_on(&envoy(envoy_var, version), BOOTSTRAP, &module(module_var));
+    assert!(envoy.log_shows(line), "{}", envoy.log());
+    limits(&envoy);
+}
+
+/// The module built for an ABI (its folder in `module_var`) in Envoy `version` (the binary in
+/// `envoy_var`): Envoy exits with an error; what it logged.
+fn refused(envoy_var: &str, version: &str, module_var: &str) -> String {
+    let refused = Envoy::refused_on(&envoy(envoy_var, version), BOOTSTRAP, &module(module_var));
+    assert!(!refused.exit_ok);
+    refused.log
+}
+
+/// 1.38 lacks callbacks the module built for `module_var`'s ABI imports: the dynamic linker
+/// refuses it before it runs.
+fn refused_by_1_38_at_load(module_var: &str) {
+    let log = refused("ENVOY_1_38", "1.38.3", module_var);
+    assert!(
+        log.contains("undefined symbol: envoy_dynamic_module_callback_http_filter_config_"),
+        "{log}"
+    );
+}
+
 #[test]
 fn built_for_1_40_runs_on_1_40() {
-    let envoy = Envoy::start_on(
-        &envoy("ENVOY_1_40", "1.40.0"),
-        BOOTSTRAP,
-        &module("NATIVE_1_40_DIR"),
-    );
-    assert!(envoy.log_shows("Dynamic module ABI version v0.2.0 matched."));
-    limits(&envoy);
+    let line = "Dynamic module ABI version v0.2.0 matched.";
+    runs("ENVOY_1_40", "1.40.0", "NATIVE_1_40_DIR", line);
 }
 
 /// Envoy 1.39 would load it (it exports every callback the module imports) and only warn about
 /// the version string; the module refuses itself, saying why, and Envoy exits.
 #[test]
 fn built_for_1_40_refuses_to_load_in_1_39() {
-    let refused = Envoy::refused_on(
-        &envoy("ENVOY_1_39", "1.39.3"),
-        BOOTSTRAP,
-        &module("NATIVE_1_40_DIR"),
-    );
-    assert!(!refused.exit_ok);
-    let log = &refused.log;
+    let log = refused("ENVOY_1_39", "1.39.3", "NATIVE_1_40_DIR");
     assert!(
         log.contains(
             "was built for the dynamic-module ABI of Envoy 1.40.0 (v0.2.0), but this Envoy does \
@@ -127,64 +142,27 @@ fn built_for_1_40_refuses_to_load_in_1_39() {
     assert!(log.contains("Failed to initialize dynamic module"), "{log}");
 }
 
-/// 1.38 lacks callbacks the module imports: the dynamic linker refuses it before it runs.
 #[test]
 fn built_for_1_40_is_refused_by_1_38_at_load() {
-    let refused = Envoy::refused_on(
-        &envoy("ENVOY_1_38", "1.38.3"),
-        BOOTSTRAP,
-        &module("NATIVE_1_40_DIR"),
-    );
-    assert!(!refused.exit_ok);
-    assert!(
-        refused
-            .log
-            .contains("undefined symbol: envoy_dynamic_module_callback_http_filter_config_"),
-        "{}",
-        refused.log
-    );
+    refused_by_1_38_at_load("NATIVE_1_40_DIR");
 }
 
 #[test]
 fn built_for_1_39_runs_on_1_39() {
-    let envoy = Envoy::start_on(
-        &envoy("ENVOY_1_39", "1.39.3"),
-        BOOTSTRAP,
-        &module("NATIVE_1_39_DIR"),
-    );
-    assert!(envoy.log_shows("Dynamic module ABI version v0.1.0 matched."));
-    limits(&envoy);
+    let line = "Dynamic module ABI version v0.1.0 matched.";
+    runs("ENVOY_1_39", "1.39.3", "NATIVE_1_39_DIR", line);
 }
 
 /// Envoy's promise (a module built for 1.N runs on 1.N+1): 1.40 warns about the older ABI
 /// string and runs it.
 #[test]
 fn built_for_1_39_runs_on_1_40_with_a_warning() {
-    let envoy = Envoy::start_on(
-        &envoy("ENVOY_1_40", "1.40.0"),
-        BOOTSTRAP,
-        &module("NATIVE_1_39_DIR"),
-    );
-    assert!(envoy.log_shows(
-        "Dynamic module ABI version v0.1.0 is deprecated. Please recompile the module against \
-         the SDK with the exact Envoy version used by the main program."
-    ));
-    limits(&envoy);
+    let line = "Dynamic module ABI version v0.1.0 is deprecated. Please recompile the module \
+                against the SDK with the exact Envoy version used by the main program.";
+    runs("ENVOY_1_40", "1.40.0", "NATIVE_1_39_DIR", line);
 }
 
 #[test]
 fn built_for_1_39_is_refused_by_1_38_at_load() {
-    let refused = Envoy::refused_on(
-        &envoy("ENVOY_1_38", "1.38.3"),
-        BOOTSTRAP,
-        &module("NATIVE_1_39_DIR"),
-    );
-    assert!(!refused.exit_ok);
-    assert!(
-        refused
-            .log
-            .contains("undefined symbol: envoy_dynamic_module_callback_http_filter_config_"),
-        "{}",
-        refused.log
-    );
+    refused_by_1_38_at_load("NATIVE_1_39_DIR");
 }

@@ -11,15 +11,9 @@ fn fixture_dir(dir: &str) -> PathBuf {
 }
 
 fn check(files: &[&Path]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
-        .arg("check")
-        .args(files)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    let bin = env!("CARGO_BIN_EXE_ratelimit-config");
+    let (code, out, _) = common::output(Command::new(bin).arg("check").args(files));
+    (code, out)
 }
 
 #[test]

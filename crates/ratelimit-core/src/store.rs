@@ -590,40 +590,21 @@ mod tests {
         })
     }
 
-    /// A store in which another writer wins the next `wins` races: it increments the slot
-    /// between each of our reads and our write.
-    struct Contended {
-        inner: MemoryStore,
-        wins: std::cell::Cell<u32>,
-    }
-
-    impl Store for Contended {
-        fn read<T>(
-            &self,
-            slot: u64,
-            f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-        ) -> Result<T, StoreError> {
-            self.inner.read(slot, f)
-        }
-
-        fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-            if self.wins.get() > 0 {
-                self.wins.set(self.wins.get() - 1);
-                increment(&self.inner, slot)?;
-            }
-            self.inner.write(slot, value, cas)
-        }
-    }
-
     #[test]
     fn replace_decides_again_until_its_write_wins() {
-        let s = Contended {
-            inner: MemoryStore::new(),
-            wins: std::cell::Cell::new(0),
-        };
+        // Another writer wins the next `wins` races: it increments the slot between each of
+        // our reads and our write.
+        let wins = std::cell::Cell::new(0);
+        let s = crate::testkit::Intercepted::new(MemoryStore::new(), |inner, slot| {
+            if wins.get() > 0 {
+                wins.set(wins.get() - 1);
+                increment(inner, slot)?;
+            }
+            Ok(())
+        });
         assert_eq!(increment(&s, 1), Ok(1));
         // The other writer wins once: the second attempt builds on its value.
-        s.wins.set(1);
+        wins.set(1);
         let mut seen = Vec::new();
         let got = s.replace(1, MAX_ATTEMPTS, &mut [0], |bytes, value| {
             let n = bytes.and_then(|b| b.first()).copied().unwrap_or(0);
@@ -637,12 +618,12 @@ mod tests {
         assert_eq!(s.replace(1, 1, &mut [9], |_, _| (7, false)), Ok(7));
         assert_eq!(get(&s, 1).0, Some(vec![3]));
         // A writer that keeps winning exhausts the attempts.
-        s.wins.set(5);
+        wins.set(5);
         assert_eq!(increment_within(&s, 1, 3), Err(StoreError::Conflict));
         assert_eq!(get(&s, 1).0, Some(vec![6]));
         // A slot created by two racing writers: the second is refused, then builds on the
         // first (the CAS of creation is [`CREATE_CAS`], not 0).
-        s.wins.set(1);
+        wins.set(1);
         assert_eq!(increment(&s, 2), Ok(2));
     }
 

@@ -5,12 +5,15 @@
 pub mod fair;
 pub mod reference;
 
-use crate::config::Carried;
+use crate::config::{Carried, Config};
 pub use crate::key::Meta;
-use crate::key::{Attributes, PlainRequest};
-use crate::runtime::{Host, Response};
+use crate::key::{Attributes, PlainRequest, Seed};
+use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+use crate::runtime::{Host, Response, Runtime};
+use crate::store::{MemoryStore, Store, StoreError};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A host made of plain fields: a request, a clock, a count of held requests, a log.
@@ -206,4 +209,66 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Runs `cmd` to its end: its exit code (-1 when a signal ended it), stdout and stderr, as text.
+pub fn output(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A runtime over an in-memory store, for the configuration `json` (which must parse) and keys
+/// hashed with `seed`.
+pub fn runtime(json: &str, seed: Seed) -> Runtime<MemoryStore> {
+    let config = Config::parse(json.as_bytes()).unwrap();
+    Runtime::new(config, seed, MemoryStore::new())
+}
+
+/// A rate limit service's answer: `code`, and one status of 10 a minute with `remaining` left,
+/// whole again in 30 s; no headers.
+pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {
+    RlsResponse {
+        overall_code: code,
+        statuses: vec![DescriptorStatus {
+            code,
+            requests_per_unit: Some(10),
+            unit_seconds: Some(60),
+            limit_remaining: remaining,
+            reset_ms: Some(30_000),
+        }],
+        headers: Vec::new(),
+    }
+}
+
+/// A store for tests: `inner`, with `before` run just before each write (given `inner` and the
+/// slot): another writer that wins a race, say. An error from `before` is the write's, and the
+/// write does not happen.
+pub struct Intercepted<S, F> {
+    pub inner: S,
+    before: F,
+}
+
+impl<S: Store, F: Fn(&S, u64) -> Result<(), StoreError>> Intercepted<S, F> {
+    pub fn new(inner: S, before: F) -> Self {
+        Intercepted { inner, before }
+    }
+}
+
+impl<S: Store, F: Fn(&S, u64) -> Result<(), StoreError>> Store for Intercepted<S, F> {
+    fn read<T>(
+        &self,
+        slot: u64,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
+        self.inner.read(slot, f)
+    }
+
+    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        (self.before)(&self.inner, slot)?;
+        self.inner.write(slot, value, cas)
+    }
 }

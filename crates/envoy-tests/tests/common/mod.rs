@@ -12,13 +12,12 @@
     clippy::indexing_slicing
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+pub mod http;
 pub mod llm;
 pub mod pages;
 pub mod provider;
@@ -26,7 +25,8 @@ pub mod replay;
 pub mod share;
 pub mod upstream;
 
-pub use ratelimit_core::testkit::{fixture_files, fixtures, scratch, Rng};
+pub use http::{at_once, get, Client, Response};
+pub use ratelimit_core::testkit::{fixture_files, fixtures, output, scratch, Rng};
 
 /// The repository's root (examples, README, deploy files, the build's `target/`).
 pub fn root() -> PathBuf {
@@ -75,12 +75,23 @@ pub fn words(line: &str) -> Vec<String> {
 /// the repository root: what it prints (`None` for any other line).
 pub fn cli_line(line: &str) -> Option<String> {
     let args = line.strip_prefix("cargo run -q --bin ratelimit-config -- ")?;
-    let out = Command::new(cli())
-        .current_dir(root())
-        .args(words(args))
-        .output()
-        .unwrap();
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    let (_, stdout, _) = output(Command::new(cli()).current_dir(root()).args(words(args)));
+    Some(stdout)
+}
+
+/// A number (a run's seconds, a count of clients) from the variable `var`, else `default`.
+pub fn env_number<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The Python with the LLM SDKs: `$SDK_PYTHON`, else the checkout's `.venv` (`make sdks`).
+pub fn python() -> PathBuf {
+    std::env::var_os("SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"))
 }
 
 /// The Envoy binary: `$ENVOY`, else `envoy` on the PATH.
@@ -205,6 +216,17 @@ pub fn lds_listener(port: u16, plugin_config: &str, wasm: &Path) -> String {
     )
 }
 
+/// A bootstrap whose listeners come from `dir/lds.yaml` (LDS from the filesystem, watched).
+pub fn lds_bootstrap(dir: &Path) -> String {
+    format!(
+        "node: {{id: test, cluster: test}}\n\
+         admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: 0}}\n\
+         dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source:\n      path: {}\n      watched_directory: {{path: {}}}\n",
+        dir.join("lds.yaml").display(),
+        dir.display()
+    )
+}
+
 /// Replaces the LDS file `lds.yaml` in `dir` atomically (Envoy watches for the rename).
 #[allow(dead_code)]
 pub fn publish_lds(dir: &Path, content: &str) {
@@ -308,6 +330,16 @@ pub struct Listener<'a> {
     pub client_ip_header: Option<&'a str>,
     /// Write an access log.
     pub access_log: Option<AccessLog<'a>>,
+}
+
+impl Listener<'_> {
+    /// A listener routing every request to `upstream`, and nothing more.
+    pub fn to(upstream: SocketAddr) -> Self {
+        Listener {
+            upstream: Some(upstream),
+            ..Listener::default()
+        }
+    }
 }
 
 /// A file access log of the test listener.
@@ -641,7 +673,20 @@ impl Envoy {
 
     /// Waits (≤ 10 s) until a stat satisfies `done`; returns the last value seen.
     pub fn wait_stat_until(&self, name: &str, done: impl Fn(u64) -> bool) -> Option<u64> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.poll_stat(name, Duration::from_secs(10), done)
+    }
+
+    /// Waits up to `timeout` until a stat satisfies `done`: its value then; a panic, with the
+    /// last value seen and Envoy's log, if it never does.
+    pub fn expect_stat(&self, name: &str, timeout: Duration, done: impl Fn(u64) -> bool) -> u64 {
+        match self.poll_stat(name, timeout, &done) {
+            Some(v) if done(v) => v,
+            last => panic!("{name} = {last:?} after {timeout:?}:\n{}", self.log()),
+        }
+    }
+
+    fn poll_stat(&self, name: &str, timeout: Duration, done: impl Fn(u64) -> bool) -> Option<u64> {
+        let deadline = Instant::now() + timeout;
         loop {
             let v = self.stat(name);
             if v.is_some_and(&done) || Instant::now() > deadline {
@@ -692,170 +737,6 @@ impl Drop for Envoy {
     }
 }
 
-/// A parsed HTTP response.
-#[derive(Debug, Clone)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// The first value of a header (case-insensitive name).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// How many lines a header has.
-    pub fn header_count(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
-    }
-
-    /// A header parsed as an integer.
-    pub fn header_u64(&self, name: &str) -> Option<u64> {
-        self.header(name)?.parse().ok()
-    }
-
-    pub fn body_str(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection, optionally from a chosen local address.
-pub struct Client {
-    reader: BufReader<TcpStream>,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Client> {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        Client::wrap(stream)
-    }
-
-    /// Connects from `source` (e.g. 127.0.0.2), so Envoy sees that remote address.
-    pub fn connect_from(addr: SocketAddr, source: &str) -> std::io::Result<Client> {
-        use socket2::{Domain, Socket, Type};
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-        let local: SocketAddr = format!("{source}:0").parse().unwrap();
-        socket.bind(&local.into())?;
-        socket.connect_timeout(&addr.into(), Duration::from_secs(5))?;
-        Client::wrap(socket.into())
-    }
-
-    fn wrap(stream: TcpStream) -> std::io::Result<Client> {
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        stream.set_nodelay(true)?;
-        Ok(Client {
-            reader: BufReader::new(stream),
-        })
-    }
-
-    /// Sends one request and reads its response.
-    pub fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> std::io::Result<Response> {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if method == "POST" || method == "PUT" {
-            req.push_str("content-length: 0\r\n");
-        }
-        req.push_str("\r\n");
-        self.reader.get_mut().write_all(req.as_bytes())?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-        let mut headers = Vec::new();
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let chunked = headers
-            .iter()
-            .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-        let mut body = Vec::new();
-        if chunked {
-            loop {
-                line.clear();
-                self.reader.read_line(&mut line)?;
-                let size = usize::from_str_radix(line.trim(), 16)
-                    .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
-                let mut chunk = vec![0; size + 2]; // data and its CRLF
-                self.reader.read_exact(&mut chunk)?;
-                chunk.truncate(size);
-                body.extend_from_slice(&chunk);
-                if size == 0 {
-                    break;
-                }
-            }
-        } else {
-            let len: usize = headers
-                .iter()
-                .find(|(k, _)| k == "content-length")
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(0);
-            body.resize(len, 0);
-            self.reader.read_exact(&mut body)?;
-        }
-        Ok(Response {
-            status,
-            headers,
-            body,
-        })
-    }
-
-    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
-        self.send("GET", path, &[])
-    }
-}
-
-/// One GET on a fresh connection.
-pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
-    Client::connect(addr)?.get(path)
-}
-
-/// `n` clients, each on its own connection opened first, run `f` together (one barrier
-/// releases them once all are connected); their results, in client order.
-pub fn at_once<T: Send + 'static>(
-    addr: SocketAddr,
-    n: usize,
-    f: impl Fn(&mut Client) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let (go, f) = (Arc::new(Barrier::new(n)), Arc::new(f));
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let (go, f, mut c) = (go.clone(), f.clone(), Client::connect(addr).unwrap());
-            std::thread::spawn(move || {
-                go.wait();
-                f(&mut c)
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
-}
-
-/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
 /// GNU `date` with `args`, as an integer: calendar figures computed apart from the filter's.
 pub fn date(args: &[&str]) -> i64 {
     let out = Command::new("date").args(args).output().unwrap();
@@ -880,6 +761,7 @@ pub fn utc_month(t: i64) -> (i64, i64) {
     (start, end)
 }
 
+/// Wall-clock milliseconds since the epoch (the same clock Envoy uses).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -925,22 +807,34 @@ impl Drop for Proc {
 /// A Redis on `port`, in memory only.
 #[allow(dead_code)]
 pub fn redis(port: u16) -> Proc {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "no"])
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .args(["--appendonly", "no"]);
+    listening(
+        &mut cmd,
+        port,
+        "redis-server (apt-get install redis-server; .ci/run does)",
+    )
+}
+
+/// Starts `cmd` (its output discarded) and waits until it listens on `port`; `what` names it
+/// and where it comes from, should it not start.
+fn listening(cmd: &mut Command, port: u16, what: &str) -> Proc {
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server (apt-get install redis-server; .ci/run does)");
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let proc = Proc(child);
     wait_port(port);
-    Proc(child)
+    proc
 }
 
 fn rls_server_bin() -> PathBuf {
@@ -954,20 +848,25 @@ fn rls_server_bin() -> PathBuf {
 /// `serial`.
 #[allow(dead_code)]
 pub fn rls_server(port: u16, redis_port: u16, limits: &str, delay_ms: u64, serial: bool) -> Proc {
-    let child = Command::new(rls_server_bin())
-        .args([
-            format!("127.0.0.1:{port}"),
-            format!("redis://127.0.0.1:{redis_port}"),
-            limits.to_string(),
-            delay_ms.to_string(),
-            if serial { "serial" } else { "concurrent" }.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the test RLS server (make integration builds it)");
-    wait_port(port);
-    Proc(child)
+    let store = format!("redis://127.0.0.1:{redis_port}");
+    rls_service(port, &store, limits, delay_ms, serial)
+}
+
+/// [`rls_server`] over `store`: a Redis URL, or `memory` (the limitador engine's own counters).
+pub fn rls_service(port: u16, store: &str, limits: &str, delay_ms: u64, serial: bool) -> Proc {
+    let mut cmd = Command::new(rls_server_bin());
+    cmd.args([
+        format!("127.0.0.1:{port}"),
+        store.to_string(),
+        limits.to_string(),
+        delay_ms.to_string(),
+        if serial { "serial" } else { "concurrent" }.to_string(),
+    ]);
+    listening(
+        &mut cmd,
+        port,
+        "the test RLS server (make rls-server builds it)",
+    )
 }
 
 /// An example as [`example_yaml`] gives it, with what it needs running: for an example with a
@@ -985,6 +884,24 @@ pub fn example(dir: &Path) -> (String, Vec<Proc>) {
     let service = rls_server(rls_port, redis_port, &limits, 0, true);
     let yaml = yaml.replace("port_value: 8081", &format!("port_value: {rls_port}"));
     (yaml, vec![store, service])
+}
+
+/// The YAML documents of the repository's file `path` (a manifest), as JSON; empty ones
+/// dropped.
+pub fn manifests(path: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    ratelimit_config::manifest::yaml_documents(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// The string at `pointer` in `doc`; a panic naming the pointer where there is none.
+pub fn str_at<'a>(doc: &'a serde_json::Value, pointer: &str) -> &'a str {
+    doc.pointer(pointer)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_else(|| panic!("{pointer} missing"))
 }
 
 /// An Envoy configuration for the build under test: as written for the wasm build; for the

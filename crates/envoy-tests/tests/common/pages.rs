@@ -2,14 +2,6 @@
 //! (docs/src/**/*.md) and every example's README, with mdBook's `{{#include PATH}}` and
 //! `{{#include PATH:ANCHOR}}` expanded (paths relative to the page), split into fenced blocks,
 //! each with the replay marker on the line before its fence (`<!-- replay: KIND ARGS -->`).
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::path::{Path, PathBuf};
 
 /// One page: its path (relative to the repository root) and its lines once includes are

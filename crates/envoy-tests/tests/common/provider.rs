@@ -16,33 +16,23 @@
 //! own bucket but with malformed `x-ratelimit-*` fields ([`Builder::garbage`]), or with its
 //! limit on two lines ([`Builder::two_lines`]): a broken or hostile upstream, whose fields a
 //! filter must ignore.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use super::http::{header, Incoming, Server};
 use super::llm;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A running provider; it stops accepting when dropped.
 pub struct Provider {
     pub addr: SocketAddr,
-    shared: Arc<Shared>,
+    server: Server<Shared>,
 }
 
-/// How a provider is started: [`Provider::builder`].
+/// How a provider is started ([`Provider::builder`]): its terms.
 pub struct Builder {
-    rate: f64,
-    orgs: HashMap<String, f64>,
-    garbage: Vec<String>,
-    two_lines: HashMap<String, [u64; 2]>,
-    tokens: HashMap<String, f64>,
-    tally_by: Vec<String>,
-}
-
-struct Shared {
     /// Every organisation's rate but those in `orgs`.
     rate: f64,
     orgs: HashMap<String, f64>,
@@ -55,8 +45,11 @@ struct Shared {
     /// The request headers naming the tenant in the tally (their values joined by `/`, `-`
     /// for one absent).
     tally_by: Vec<String>,
+}
+
+struct Shared {
+    terms: Builder,
     started: Instant,
-    stop: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -93,6 +86,11 @@ const GARBAGE: [(&str, &str, &str); 9] = [
 ];
 
 impl Builder {
+    /// Organisation `org`'s rate, requests a second.
+    fn rate_of(&self, org: &str) -> f64 {
+        self.orgs.get(org).copied().unwrap_or(self.rate)
+    }
+
     /// Organisation `org` gets `rate` requests a second.
     pub fn org(mut self, org: &str, rate: f64) -> Builder {
         self.orgs.insert(org.to_string(), rate);
@@ -133,31 +131,16 @@ impl Builder {
 
     /// Listens on a free loopback port.
     pub fn start(self) -> Provider {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared {
-            rate: self.rate,
-            orgs: self.orgs,
-            garbage: self.garbage,
-            two_lines: self.two_lines,
-            tokens: self.tokens,
-            tally_by: self.tally_by,
+        let shared = Shared {
+            terms: self,
             started: Instant::now(),
-            stop: AtomicBool::new(false),
             state: Mutex::new(State::default()),
-        });
-        let s = shared.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let s = s.clone();
-                std::thread::spawn(move || serve(conn, &s));
-            }
-        });
-        Provider { addr, shared }
+        };
+        let server = Server::start(shared, Duration::from_secs(120), answer);
+        Provider {
+            addr: server.addr,
+            server,
+        }
     }
 }
 
@@ -189,13 +172,29 @@ impl Provider {
 
     /// Seconds since the provider started.
     pub fn elapsed_s(&self) -> f64 {
-        self.shared.started.elapsed().as_secs_f64()
+        self.server.state().started.elapsed().as_secs_f64()
+    }
+
+    /// The seconds measured of traffic that starts now and lasts `run_s`, from `warmup_s` into
+    /// it to its end: whole seconds since the provider started, `from..end`.
+    pub fn window(&self, warmup_s: f64, run_s: u64) -> (u64, u64) {
+        let t0 = self.elapsed_s();
+        (
+            (t0 + warmup_s).ceil() as u64,
+            (t0 + run_s as f64).floor() as u64,
+        )
+    }
+
+    /// Whether a request sent now falls in the seconds `from..end` since the provider started.
+    pub fn measures(&self, (from, end): (u64, u64)) -> bool {
+        let now = self.elapsed_s();
+        now >= from as f64 && now < end as f64
     }
 
     /// Per tenant of organisation `org`: (admitted, refused) over the seconds `from..to`
     /// since the provider started.
     pub fn tally(&self, org: &str, from: u64, to: u64) -> HashMap<String, (u64, u64)> {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         let mut out: HashMap<String, (u64, u64)> = HashMap::new();
         for ((o, tenant, second), (a, r)) in &state.tally {
             if o == org && (from..to).contains(second) {
@@ -210,7 +209,7 @@ impl Provider {
     /// Per tenant of organisation `org`: the tokens of the requests the provider admitted over
     /// the seconds `from..to` since it started.
     pub fn tokens(&self, org: &str, from: u64, to: u64) -> HashMap<String, u64> {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         let mut out: HashMap<String, u64> = HashMap::new();
         for ((o, tenant, second), n) in &state.tokens {
             if o == org && (from..to).contains(second) {
@@ -230,137 +229,110 @@ impl Provider {
     /// When organisation `org` was first asked, and when it last refused, in seconds since the
     /// provider started (`None`: never asked).
     pub fn seen(&self, org: &str) -> Option<(f64, Option<f64>)> {
-        self.shared.state.lock().unwrap().seen.get(org).copied()
+        self.server
+            .state()
+            .state
+            .lock()
+            .unwrap()
+            .seen
+            .get(org)
+            .copied()
     }
 
     /// Requests the provider refused in all, every organisation and second.
     pub fn refused(&self) -> u64 {
-        let state = self.shared.state.lock().unwrap();
+        let state = self.server.state().state.lock().unwrap();
         state.tally.values().map(|(_, r)| r).sum()
     }
 }
 
-impl Drop for Provider {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
+/// Answers one request; false if the connection broke.
+fn answer(out: &mut TcpStream, req: Incoming, s: &Shared) -> bool {
+    let (headers, body) = (&req.headers, &req.body);
+    let tenant = s
+        .terms
+        .tally_by
+        .iter()
+        .map(|h| header(headers, h).unwrap_or("-"))
+        .collect::<Vec<_>>()
+        .join("/");
+    let path = req.path.as_str();
+    let org = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    // An organisation with a token limit answers as the API its route names.
+    let spec = s
+        .terms
+        .tokens
+        .get(&org)
+        .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, headers, body));
+    let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
+    let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
+    let limit = s.terms.rate_of(&org) as u64;
+    let remaining = if admitted { remaining } else { 0 };
+    let (l, r, reset) = match garbage {
+        None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
+        Some(n) => {
+            let (l, r, reset) = GARBAGE[n as usize % GARBAGE.len()];
+            let fill = |v: &str| {
+                v.replace("{limit}", &limit.to_string())
+                    .replace("{remaining}", &remaining.to_string())
+                    .replace("{above}", &(limit + 1000).to_string())
+            };
+            (fill(l), fill(r), reset.to_string())
+        }
+    };
+    let mut fields = match s.terms.two_lines.get(&org) {
+        None => format!(
+            "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
+             x-ratelimit-reset-requests: {reset}\r\n"
+        ),
+        Some([a, b]) => format!(
+            "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
+             x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
+            remaining.min(*a.min(b))
+        ),
+    };
+    if let (Some(&per_s), Some(left)) = (s.terms.tokens.get(&org), tokens_left) {
+        // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
+        // short reset.
+        let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
+        fields.push_str(&format!(
+            "x-ratelimit-limit-tokens: {}\r\nx-ratelimit-remaining-tokens: {left}\r\n\
+             x-ratelimit-reset-tokens: {reset_ms}ms\r\n",
+            per_s as u64
+        ));
     }
-}
-
-fn serve(conn: TcpStream, s: &Shared) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
-    let _ = conn.set_nodelay(true);
-    let mut reader = BufReader::new(conn);
-    loop {
-        let mut request = String::new();
-        if reader.read_line(&mut request).unwrap_or(0) == 0 {
-            return;
+    let head = match (spec, admitted) {
+        (None, true) => format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok"),
+        (None, false) => format!(
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
+             content-length: 2\r\n\r\nno"
+        ),
+        (Some(spec), admitted) => {
+            let (status, retry, body) = if admitted {
+                let body = String::from_utf8(llm::body_bytes(&spec)).unwrap();
+                ("200 OK", "", body)
+            } else {
+                // OpenAI's refusal for its token limit.
+                let body = format!(
+                    r#"{{"error":{{"message":"Rate limit reached for {} in organization {org} on tokens per second: Requested {}. Please try again in 1s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}}}"#,
+                    spec.model,
+                    cost.unwrap_or(0)
+                );
+                ("429 Too Many Requests", "retry-after: 1\r\n", body)
+            };
+            format!(
+                "HTTP/1.1 {status}\r\n{retry}{fields}content-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
         }
-        let mut headers: Vec<(String, String)> = Vec::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let length = llm::header(&headers, "content-length").and_then(|v| v.parse().ok());
-        let mut body = vec![0u8; length.unwrap_or(0)];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let tenant = s
-            .tally_by
-            .iter()
-            .map(|h| llm::header(&headers, h).unwrap_or("-"))
-            .collect::<Vec<_>>()
-            .join("/");
-        let path = request.split_whitespace().nth(1).unwrap_or("/");
-        let org = path
-            .trim_start_matches('/')
-            .split('/')
-            .next()
-            .unwrap_or("")
-            .to_string();
-        // An organisation with a token limit answers as the API its route names.
-        let spec = s
-            .tokens
-            .get(&org)
-            .and_then(|_| llm::Spec::from_request(path.get(org.len() + 1..)?, &headers, &body));
-        let cost = spec.as_ref().map(|sp| sp.input_tokens + sp.output_tokens);
-        let (admitted, remaining, tokens_left, garbage) = take(s, &org, &tenant, cost);
-        let limit = s.orgs.get(&org).copied().unwrap_or(s.rate) as u64;
-        let remaining = if admitted { remaining } else { 0 };
-        let (l, r, reset) = match garbage {
-            None => (limit.to_string(), remaining.to_string(), "1s".to_string()),
-            Some(n) => {
-                let (l, r, reset) = GARBAGE[n as usize % GARBAGE.len()];
-                let fill = |v: &str| {
-                    v.replace("{limit}", &limit.to_string())
-                        .replace("{remaining}", &remaining.to_string())
-                        .replace("{above}", &(limit + 1000).to_string())
-                };
-                (fill(l), fill(r), reset.to_string())
-            }
-        };
-        let mut fields = match s.two_lines.get(&org) {
-            None => format!(
-                "x-ratelimit-limit-requests: {l}\r\nx-ratelimit-remaining-requests: {r}\r\n\
-                 x-ratelimit-reset-requests: {reset}\r\n"
-            ),
-            Some([a, b]) => format!(
-                "x-ratelimit-limit-requests: {a}\r\nx-ratelimit-remaining-requests: {}\r\n\
-                 x-ratelimit-reset-requests: 1s\r\nx-ratelimit-limit-requests: {b}\r\n",
-                remaining.min(*a.min(b))
-            ),
-        };
-        if let (Some(&per_s), Some(left)) = (s.tokens.get(&org), tokens_left) {
-            // Whole again when the bucket has refilled: milliseconds, as OpenAI writes a
-            // short reset.
-            let reset_ms = ((per_s - left as f64) / per_s * 1000.0).ceil().max(0.0) as u64;
-            fields.push_str(&format!(
-                "x-ratelimit-limit-tokens: {}\r\nx-ratelimit-remaining-tokens: {left}\r\n\
-                 x-ratelimit-reset-tokens: {reset_ms}ms\r\n",
-                per_s as u64
-            ));
-        }
-        let head = match (spec, admitted) {
-            (None, true) => format!("HTTP/1.1 200 OK\r\n{fields}content-length: 2\r\n\r\nok"),
-            (None, false) => format!(
-                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n{fields}\
-                 content-length: 2\r\n\r\nno"
-            ),
-            (Some(spec), admitted) => {
-                let (status, retry, body) = if admitted {
-                    let body = String::from_utf8(llm::body_bytes(&spec)).unwrap();
-                    ("200 OK", "", body)
-                } else {
-                    // OpenAI's refusal for its token limit.
-                    let body = format!(
-                        r#"{{"error":{{"message":"Rate limit reached for {} in organization {org} on tokens per second: Requested {}. Please try again in 1s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}}}"#,
-                        spec.model,
-                        cost.unwrap_or(0)
-                    );
-                    ("429 Too Many Requests", "retry-after: 1\r\n", body)
-                };
-                format!(
-                    "HTTP/1.1 {status}\r\n{retry}{fields}content-type: application/json\r\n\
-                     content-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-            }
-        };
-        if reader.get_mut().write_all(head.as_bytes()).is_err() {
-            return;
-        }
-    }
+    };
+    out.write_all(head.as_bytes()).is_ok()
 }
 
 /// `org`'s bucket in `buckets` (one second of `rate`, full at first), refilled to `now`: what
@@ -389,12 +361,12 @@ fn take(
     let now = Instant::now();
     let since = now.duration_since(s.started);
     let second = since.as_secs();
-    let rate = s.orgs.get(org).copied().unwrap_or(s.rate);
+    let rate = s.terms.rate_of(org);
     let mut state = s.state.lock().unwrap();
     let state = &mut *state;
     let tokens = refilled(&mut state.buckets, org, rate, now);
     let mut admitted = *tokens >= 1.0;
-    let per_s = s.tokens.get(org).copied();
+    let per_s = s.terms.tokens.get(org).copied();
     let token_left = per_s.map(|per_s| {
         let left = refilled(&mut state.token_buckets, org, per_s, now);
         let cost = cost.unwrap_or(0) as f64;
@@ -424,7 +396,7 @@ fn take(
     if !admitted {
         seen.1 = Some(t);
     }
-    let garbage = s.garbage.iter().any(|g| g == org).then(|| {
+    let garbage = s.terms.garbage.iter().any(|g| g == org).then(|| {
         let n = state.answers.entry(org.to_string()).or_default();
         *n += 1;
         *n - 1

@@ -15,14 +15,6 @@
 //! Expected output: compared line by line; `…` in a line stands for any text within that line;
 //! a line that is `…` alone stands for any number of lines. In a response shown with `curl -i`
 //! the value of a header that depends on the clock ([`TIMED`]) is only checked to be there.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use super::llm::LlmClient;
 use super::{cli_line, words, Client, Response};
 use std::collections::HashMap;

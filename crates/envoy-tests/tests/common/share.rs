@@ -1,19 +1,45 @@
-//! The tenants of the shared-capacity tests (share.rs, share_fleet.rs): each a client thread
-//! sending its requests at its own pace to one or more Envoys, and what it saw; Jain's index.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
-
+//! The load of the shared-capacity tests: a paced sender for them all;
+//! the tenants of share.rs and share_fleet.rs, each a client thread sending its requests at its
+//! own pace to one or more Envoys, and what it saw; Jain's index.
 use super::provider::Provider;
 use super::Client;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long the tests run, seconds: SHARE_SECONDS, 60 by default.
-pub fn seconds() -> u64 {
-    std::env::var("SHARE_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60)
+/// Calls `send(k)` for k = 0, 1, ..., each at its time (k / `rate` seconds after the first, or
+/// at once when late), as long as that time is within `run` and `send` returns true: every
+/// request of the run is sent, however late, unless `send` stops it.
+pub fn paced(rate: f64, run: Duration, mut send: impl FnMut(u64) -> bool) {
+    let start = Instant::now();
+    for k in 0u64.. {
+        let at = Duration::from_secs_f64(k as f64 / rate);
+        if at >= run {
+            return;
+        }
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        if !send(k) {
+            return;
+        }
+    }
+}
+
+/// `send` on `client`; if that fails (Envoy closed the idle connection), once more on a new
+/// connection from `connect`.
+pub fn or_reconnect<C, R>(
+    client: &mut C,
+    connect: impl Fn() -> C,
+    send: impl Fn(&mut C) -> std::io::Result<R>,
+) -> R {
+    match send(client) {
+        Ok(r) => r,
+        Err(_) => {
+            *client = connect();
+            send(client).unwrap()
+        }
+    }
 }
 
 /// One client: a tenant (`x-tenant`) sending `rate` requests a second to `path`, with more
@@ -41,12 +67,32 @@ pub fn tenant(
     }
 }
 
-/// What one client saw over the measured seconds: requests sent, and answered 200 / 429.
+/// What one client saw over the measured seconds: requests sent, and answered 200 / 429 by
+/// Envoy / 429 by the provider / anything else.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Seen {
     pub sent: u64,
     pub ok: u64,
     pub refused: u64,
+    pub by_provider: u64,
+    pub other: u64,
+}
+
+impl Seen {
+    /// Counts one answer of `status` (`by_provider`: a 429 the provider gave).
+    pub fn count(&mut self, status: u16, by_provider: bool) {
+        let refused = status == 429;
+        self.sent += 1;
+        self.ok += u64::from(status == 200);
+        self.refused += u64::from(refused && !by_provider);
+        self.by_provider += u64::from(refused && by_provider);
+        self.other += u64::from(status != 200 && !refused);
+    }
+
+    /// Every 429, Envoy's or the provider's.
+    pub fn refusals(&self) -> u64 {
+        self.refused + self.by_provider
+    }
 }
 
 /// Each tenant on its own thread, paced at its rate for `run_s` seconds, its requests sent to
@@ -70,32 +116,23 @@ pub fn drive(
                 let mut seen = Seen::default();
                 let mut clients: Vec<Client> =
                     addrs.iter().map(|a| Client::connect(*a).unwrap()).collect();
-                let start = Instant::now();
                 let mut headers: Vec<(&str, &str)> = vec![("x-tenant", &t.name)];
                 headers.extend(t.headers.iter().map(|(k, v)| (*k, v.as_str())));
-                for k in 0u64.. {
-                    let at = Duration::from_secs_f64(k as f64 / t.rate);
-                    if at >= Duration::from_secs(run_s) {
-                        break;
-                    }
-                    if let Some(wait) = at.checked_sub(start.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
+                paced(t.rate, Duration::from_secs(run_s), |k| {
                     let i = (k as usize + n) % addrs.len();
                     let measured = provider.elapsed_s() >= warmup_s as f64;
-                    let status = match clients[i].send("GET", t.path, &headers) {
-                        Ok(r) => r.status,
-                        Err(_) => {
-                            clients[i] = Client::connect(addrs[i]).unwrap();
-                            clients[i].send("GET", t.path, &headers).unwrap().status
-                        }
-                    };
+                    let status = or_reconnect(
+                        &mut clients[i],
+                        || Client::connect(addrs[i]).unwrap(),
+                        |c| c.send("GET", t.path, &headers),
+                    )
+                    .status;
                     if measured {
-                        seen.sent += 1;
-                        seen.ok += u64::from(status == 200);
-                        seen.refused += u64::from(status == 429);
+                        // Every 429 counts as Envoy's: the provider's are counted on its side.
+                        seen.count(status, false);
                     }
-                }
+                    true
+                });
                 seen
             })
         })
@@ -108,6 +145,31 @@ pub fn jain(xs: &[f64]) -> f64 {
     let sum: f64 = xs.iter().sum();
     let squares: f64 = xs.iter().map(|x| x * x).sum();
     sum * sum / (xs.len() as f64 * squares)
+}
+
+/// The provider's limit per organisation in the four cases, and so each case's capacity,
+/// requests a second. Shares of tens of requests a window: a tenant's share is enforced on a
+/// count of whole requests over its window, so each held tenant may land a request either side
+/// of its share in a window, which is 1 % of a share here (10 % of one at 50 a second).
+pub const RATE: f64 = 200.0;
+/// Seconds of a run before the measure starts.
+pub const WARMUP_S: u64 = 10;
+
+/// The configuration of [`CASES`]: each a rule of [`RATE`] a second on its own path, keyed by
+/// `x-tenant`, with the rule's fields `more` beside its `share`.
+pub fn cases_config(more: &str) -> String {
+    let rules: Vec<String> = CASES
+        .iter()
+        .map(|(name, share)| {
+            format!(
+                r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}},
+                    "key": ["header:x-tenant"],
+                    "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
+                    {more}, "share": {share}}}"#
+            )
+        })
+        .collect();
+    format!(r#"{{"rules": [{}]}}"#, rules.join(", "))
 }
 
 /// The four cases both tests run, each a shared rule on its own path and organisation: its

@@ -12,18 +12,17 @@
 //! The test can also make the upstream itself fail a share of its answers (503) or answer
 //! slowly, whatever the requests say ([`Upstream::set_failing`], [`Upstream::set_delay_ms`]).
 //! It counts the requests it is serving right now and the most it ever served at once.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use super::http::{header, Incoming, Server};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// A running upstream; it stops accepting when dropped.
 pub struct Upstream {
     pub addr: SocketAddr,
-    counts: Arc<Counts>,
+    server: Server<Counts>,
 }
 
 #[derive(Default)]
@@ -31,7 +30,6 @@ struct Counts {
     now: AtomicUsize,
     most: AtomicUsize,
     served: AtomicUsize,
-    stop: AtomicBool,
     /// Answers failed with 503, permille, spread evenly.
     failing: AtomicU64,
     /// Every answer waits this long, ms.
@@ -43,114 +41,68 @@ struct Counts {
 impl Upstream {
     /// Listens on a free loopback port.
     pub fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let counts = Arc::new(Counts::default());
-        let c = counts.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if c.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let c = c.clone();
-                std::thread::spawn(move || serve(conn, &c));
-            }
-        });
-        Upstream { addr, counts }
+        let server = Server::start(Counts::default(), Duration::from_secs(60), answer);
+        Upstream {
+            addr: server.addr,
+            server,
+        }
     }
 
     /// Requests being served right now.
     pub fn in_flight(&self) -> usize {
-        self.counts.now.load(Ordering::SeqCst)
+        self.server.state().now.load(Ordering::SeqCst)
     }
 
     /// The most requests ever served at once.
     pub fn most_in_flight(&self) -> usize {
-        self.counts.most.load(Ordering::SeqCst)
+        self.server.state().most.load(Ordering::SeqCst)
     }
 
     /// From now on, fail this share of answers (permille) with a 503, evenly spread.
     pub fn set_failing(&self, permille: u64) {
-        self.counts.failing.store(permille, Ordering::SeqCst);
+        self.server
+            .state()
+            .failing
+            .store(permille, Ordering::SeqCst);
     }
 
     /// From now on, wait this long before every answer.
     pub fn set_delay_ms(&self, ms: u64) {
-        self.counts.delay_ms.store(ms, Ordering::SeqCst);
+        self.server.state().delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Requests answered (or reset) so far.
     pub fn served(&self) -> usize {
-        self.counts.served.load(Ordering::SeqCst)
+        self.server.state().served.load(Ordering::SeqCst)
     }
 }
 
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.counts.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
+/// Answers one request, counted; false if the connection is to be closed (or broke).
+fn answer(out: &mut TcpStream, req: Incoming, c: &Counts) -> bool {
+    let get = |name: &str| header(&req.headers, name).map(str::to_string);
+    let num = |name: &str| get(name).and_then(|v| v.parse::<usize>().ok());
+    let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
+    c.most.fetch_max(now, Ordering::SeqCst);
+    let delay = num("x-delay-ms").map_or(c.delay_ms.load(Ordering::SeqCst), |ms| ms as u64);
+    if delay > 0 {
+        std::thread::sleep(Duration::from_millis(delay));
     }
-}
-
-/// Serves one keep-alive connection.
-fn serve(conn: TcpStream, c: &Counts) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
-    // Headers and body go out in separate writes: without this, Nagle's algorithm holds the
-    // body until Envoy's delayed ACK, 40 ms later.
-    let _ = conn.set_nodelay(true);
-    let mut reader = BufReader::new(conn);
-    loop {
-        let mut headers = Vec::new();
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let get = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let num = |name: &str| get(name).and_then(|v| v.parse::<usize>().ok());
-        let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
-        c.most.fetch_max(now, Ordering::SeqCst);
-        let delay = num("x-delay-ms").map_or(c.delay_ms.load(Ordering::SeqCst), |ms| ms as u64);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_millis(delay));
-        }
-        // Answer n fails when the running count of failures n × share steps up.
-        let n = c.seq.fetch_add(1, Ordering::SeqCst);
-        let share = c.failing.load(Ordering::SeqCst);
-        let fail = (n + 1) * share / 1000 != n * share / 1000;
-        let num = |name: &str| match name {
-            "x-status" if fail => Some(503),
-            other => num(other),
-        };
-        let kept = answer(reader.get_mut(), &get, &num);
-        c.now.fetch_sub(1, Ordering::SeqCst);
-        c.served.fetch_add(1, Ordering::SeqCst);
-        if !kept {
-            return;
-        }
-    }
+    // Answer n fails when the running count of failures n × share steps up.
+    let n = c.seq.fetch_add(1, Ordering::SeqCst);
+    let share = c.failing.load(Ordering::SeqCst);
+    let fail = (n + 1) * share / 1000 != n * share / 1000;
+    let num = |name: &str| match name {
+        "x-status" if fail => Some(503),
+        other => num(other),
+    };
+    let kept = write_answer(out, &get, &num);
+    c.now.fetch_sub(1, Ordering::SeqCst);
+    c.served.fetch_add(1, Ordering::SeqCst);
+    kept
 }
 
 /// Writes one answer; false if the connection is to be closed (or broke).
-fn answer(
+fn write_answer(
     out: &mut TcpStream,
     get: &dyn Fn(&str) -> Option<String>,
     num: &dyn Fn(&str) -> Option<usize>,

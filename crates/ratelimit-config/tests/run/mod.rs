@@ -13,14 +13,9 @@ pub fn root(path: &str) -> PathBuf {
 
 /// Runs `ratelimit-config ARGS` from the repository root: (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
-        .current_dir(root(""))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ratelimit_core::testkit::output(
+        Command::new(env!("CARGO_BIN_EXE_ratelimit-config"))
+            .current_dir(root(""))
+            .args(args),
     )
 }

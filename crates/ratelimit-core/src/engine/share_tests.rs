@@ -1,53 +1,26 @@
 //! The engine's tests of shared capacities: across threads, refunds, and two workers deciding one tenant at once.
 
+use super::tests::{check, stored, MINUTE};
 use super::*;
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, StoreError};
+use crate::testkit::Intercepted;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-
-fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
-    store
-        .read(slot, |bytes, _| Slot::decode(slot, bytes))
-        .unwrap()
-        .unwrap()
-        .find(fp)
-        .cloned()
-        .unwrap()
-}
+use std::sync::{Arc, Mutex};
 
 /// A shared capacity's check for `tenant`, and how it is shared.
 type SharedCheck = (Check, Option<ShareCheck>);
 
 fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> SharedCheck {
-    let check = Check {
-        slot,
-        fingerprint: tenant,
-        policy: Policy::SlidingWindow {
-            limit,
-            window_ms: 60_000,
-        },
-        cost: 1,
-        shadow: false,
-        charge_later: false,
-        base: None,
-    };
     let sc = ShareCheck {
         record: table::SlotKind::Share.slot(1),
-        share: share::Share {
-            active_ms: 10_000,
-            saturation_pm: 800,
-            target_pm: 970,
-            bands: 1,
-            min_share_pm: [0; share::MAX_BANDS],
-            ramp_ms: 0,
-        },
+        share: share::Share::for_bands(&[0]),
         asker: share::Asker {
             weight,
             band: 0,
             again: false,
         },
     };
-    (check, Some(sc))
+    (check(slot, tenant, limit, MINUTE), Some(sc))
 }
 
 /// [`decide_shared`] on checks each with its share, if it has one.
@@ -115,44 +88,31 @@ fn a_shared_capacity_admits_its_limit_across_tenants_and_threads() {
 /// A compare-and-swap store (as Envoy's shared data) in which another worker decides a
 /// request of `racer` (at `racer_ms`) just before the next write of `racer`'s bucket: it
 /// read the tenant's entry as this request did, and wins the race to write it.
-struct Racing {
-    inner: MemoryStore,
-    racer: std::sync::Mutex<Option<(SharedCheck, u64)>>,
-}
-
-impl Store for Racing {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, crate::store::StoreError> {
-        self.inner.read(slot, f)
-    }
-
-    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), crate::store::StoreError> {
+fn racing(
+    racer: &Mutex<Option<(SharedCheck, u64)>>,
+) -> Intercepted<MemoryStore, impl Fn(&MemoryStore, u64) -> Result<(), StoreError> + '_> {
+    Intercepted::new(MemoryStore::new(), move |inner, slot| {
         let racer = {
-            let mut r = self.racer.lock().unwrap();
+            let mut r = racer.lock().unwrap();
             match r.as_ref() {
                 Some(((c, _), _)) if c.slot == slot => r.take(),
                 _ => None,
             }
         };
         if let Some((check, at_ms)) = racer {
-            decide(&self.inner, &[check], at_ms, FailureMode::Deny);
+            decide(inner, &[check], at_ms, FailureMode::Deny);
         }
-        self.inner.write(slot, value, cas)
-    }
+        Ok(())
+    })
 }
 
 #[test]
 fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     // Active: the tenant's first request of an epoch on two workers at once.
-    let store = Racing {
-        inner: MemoryStore::new(),
-        racer: std::sync::Mutex::new(Some((shared(3, 9, 100, 2), 1_000))),
-    };
+    let racer = Mutex::new(Some((shared(3, 9, 100, 2), 1_000)));
+    let store = racing(&racer);
     assert!(decide(&store, &[shared(3, 9, 100, 2)], 1_000, FailureMode::Deny).allowed);
-    assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+    assert!(racer.lock().unwrap().is_none(), "the race was run");
     let r = record(&store.inner);
     assert_eq!(r.bands[0].active_weight(), 2, "weight 2, counted once");
     assert_eq!(r.bands[0].used.current, 2, "both requests count");
@@ -164,10 +124,8 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     // Held: two tenants of weight 1 over a capacity of 10, both held to their shares; in
     // the next held epoch tenant 9 is refused on two workers at once: its weight moves to
     // that epoch's held sum once, and tenant 7's stays in the last one's.
-    let store = Racing {
-        inner: MemoryStore::new(),
-        racer: std::sync::Mutex::new(None),
-    };
+    let racer = Mutex::new(None);
+    let store = racing(&racer);
     let mut now = 2_000_000;
     for i in 0..40 {
         decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny);
@@ -177,9 +135,9 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
     let b = record(&store.inner).bands[0];
     assert_eq!((b.held_now, b.held_carry), (2, 0), "both held");
     now += share::HELD_MS;
-    *store.racer.lock().unwrap() = Some((shared(3, 9, 10, 1), now));
+    *racer.lock().unwrap() = Some((shared(3, 9, 10, 1), now));
     assert!(!decide(&store, &[shared(3, 9, 10, 1)], now, FailureMode::Deny).allowed);
-    assert!(store.racer.lock().unwrap().is_none(), "the race was run");
+    assert!(racer.lock().unwrap().is_none(), "the race was run");
     let b = record(&store.inner).bands[0];
     assert_eq!(
         (b.held_now, b.held_carry),
@@ -191,17 +149,7 @@ fn two_workers_deciding_one_tenant_at_once_count_it_once() {
 #[test]
 fn a_request_another_rule_refuses_is_given_back_to_the_shared_capacity() {
     let store = MemoryStore::new();
-    let strict = (
-        Check {
-            fingerprint: 77,
-            policy: Policy::SlidingWindow {
-                limit: 2,
-                window_ms: 60_000,
-            },
-            ..shared(5, 77, 2, 1).0
-        },
-        None,
-    );
+    let strict = (check(5, 77, 2, MINUTE), None);
     let mut admitted = 0;
     for i in 0..5 {
         let o = decide(

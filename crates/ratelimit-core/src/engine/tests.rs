@@ -2,13 +2,14 @@
 
 use super::*;
 use crate::store::MemoryStore;
+use crate::testkit::Intercepted;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-const MINUTE: u64 = 60_000;
+pub(super) const MINUTE: u64 = 60_000;
 const HOUR: u64 = 3_600_000;
 
-fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
+pub(super) fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
     Check {
         slot,
         fingerprint: fp,
@@ -23,7 +24,7 @@ fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
     }
 }
 
-fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
+pub(super) fn stored(store: &impl Store, slot: u64, fp: u64) -> State {
     store
         .read(slot, |bytes, _| Slot::decode(slot, bytes))
         .unwrap()
@@ -40,16 +41,10 @@ fn current(state: State) -> u32 {
     }
 }
 
-/// The one-bucket path decides exactly as the general path: the same outcomes and the same
-/// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
-/// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
-/// data) or the store's own bucket under its lock (the native build's process store).
-#[test]
-fn the_one_bucket_path_matches_the_general_path() {
+/// A policy of each kind the one-bucket path decides, small enough to refuse often.
+fn small_policies() -> [Policy; 3] {
     use crate::limiter::{gcra, Windows};
-    let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
-    let mut next = move |n: u64| rng.below(n);
-    let policies = [
+    [
         Policy::SlidingWindow {
             limit: 3,
             window_ms: 1_000,
@@ -64,25 +59,44 @@ fn the_one_bucket_path_matches_the_general_path() {
             burst: 2,
             max_delay_ms: None,
         }),
-    ];
-    fn slot_of(s: &impl Store, slot: u64) -> Slot {
-        s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().unwrap()
+    ]
+}
+
+/// A random request's check on one of three slots: one of `policies`, keys sharing buckets, a
+/// cost of 1 or 2, shadow one time in 5, charged later one time in `later`.
+fn random_check(next: &mut impl FnMut(u64) -> u64, policies: &[Policy], later: u64) -> Check {
+    Check {
+        slot: next(3),
+        fingerprint: 1 + 2 * next(7),
+        policy: policies[next(policies.len() as u64) as usize],
+        cost: 1 + next(2),
+        shadow: next(5) == 0,
+        charge_later: next(later) == 0,
+        base: None,
     }
+}
+
+/// A slot as stored; `None`: corrupt (until a rule decides on it).
+fn slot_of(s: &impl Store, slot: u64) -> Option<Slot> {
+    s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().ok()
+}
+
+/// The one-bucket path decides exactly as the general path: the same outcomes and the same
+/// stored slots over random requests (keys sharing buckets, evictions, refusals, shadow
+/// rules, a clock going back, corrupt slots), whether it updates a copy with CAS (shared
+/// data) or the store's own bucket under its lock (the native build's process store).
+#[test]
+fn the_one_bucket_path_matches_the_general_path() {
+    let mut rng = crate::testkit::Rng(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = move |n: u64| rng.below(n);
+    let policies = small_policies();
     for mode in [FailureMode::Allow, FailureMode::Deny] {
         let (fast, general) = (MemoryStore::new(), MemoryStore::new());
         let held = crate::store::ProcessStore::new(3);
         let mut now = 10_000u64;
         for _ in 0..20_000 {
             now = (now + next(300)).saturating_sub(next(50));
-            let check = Check {
-                slot: next(3),
-                fingerprint: 1 + 2 * next(7),
-                policy: policies[next(3) as usize],
-                cost: 1 + next(2),
-                shadow: next(5) == 0,
-                charge_later: next(4) == 0,
-                base: None,
-            };
+            let check = random_check(&mut next, &policies, 4);
             if next(500) == 0 {
                 for s in [&fast, &general] {
                     s.write(check.slot, b"garbage", 0).unwrap();
@@ -95,8 +109,9 @@ fn the_one_bucket_path_matches_the_general_path() {
             assert_eq!(a, b, "{check:?} at {now}");
             assert_eq!(a, c, "{check:?} at {now}");
             for slot in 0..3 {
-                assert_eq!(slot_of(&fast, slot), slot_of(&general, slot));
-                assert_eq!(slot_of(&fast, slot), slot_of(&held, slot));
+                let kept = slot_of(&fast, slot).unwrap();
+                assert_eq!(Some(&kept), slot_of(&general, slot).as_ref());
+                assert_eq!(Some(&kept), slot_of(&held, slot).as_ref());
             }
         }
     }
@@ -108,34 +123,15 @@ fn the_one_bucket_path_matches_the_general_path() {
 /// evicting one another, refused by some, shadow or charged later, corrupt buckets).
 #[test]
 fn held_buckets_decide_as_compare_and_swap() {
-    use crate::limiter::{gcra, Windows};
     use crate::store::ProcessStore;
     let mut rng = crate::testkit::Rng(0x2545_f491_4f6c_dd1du64);
     let mut next = move |n: u64| rng.below(n);
-    let policies = [
-        Policy::SlidingWindow {
-            limit: 3,
-            window_ms: 1_000,
-        },
-        Policy::FixedWindow {
-            limit: 2,
-            windows: Windows::every(500),
-        },
-        Policy::Gcra(gcra::Params {
-            limit: 4,
-            window_ms: 1_000,
-            burst: 2,
-            max_delay_ms: None,
-        }),
-        Policy::InFlight {
-            max: 2,
-            lease_ms: 2_000,
-        },
-    ];
-    // `None`: corrupt (until a rule decides on it).
-    fn slot_of(s: &impl Store, slot: u64) -> Option<Slot> {
-        s.read(slot, |b, _| Slot::decode(slot, b)).unwrap().ok()
-    }
+    let [sliding, fixed, gcra] = small_policies();
+    let in_flight = Policy::InFlight {
+        max: 2,
+        lease_ms: 2_000,
+    };
+    let policies = [sliding, fixed, gcra, in_flight];
     // Requests: [refused, admitted, refused after a retry (undone), admitted after one].
     let mut seen = [0u32; 4];
     for mode in [FailureMode::Allow, FailureMode::Deny] {
@@ -144,15 +140,7 @@ fn held_buckets_decide_as_compare_and_swap() {
         for _ in 0..20_000 {
             now = (now + next(300)).saturating_sub(next(50));
             let checks: Vec<Check> = (0..1 + next(4))
-                .map(|_| Check {
-                    slot: next(3),
-                    fingerprint: 1 + 2 * next(7),
-                    policy: policies[next(4) as usize],
-                    cost: 1 + next(2),
-                    shadow: next(5) == 0,
-                    charge_later: next(6) == 0,
-                    base: None,
-                })
+                .map(|_| random_check(&mut next, &policies, 6))
                 .collect();
             if next(300) == 0 {
                 let slot = next(3);
@@ -315,42 +303,25 @@ fn shadow_rules_count_and_report_but_never_refuse() {
     // It counted only what it would have admitted.
     assert_eq!(current(stored(&store, 0, 3)), 2);
     // A failing store never makes a shadow rule refuse, even with failure_mode deny.
-    let busy = Busy(MemoryStore::new());
+    let busy = busy();
     let o = decide(&busy, &[shadow], 0, FailureMode::Deny);
     assert!(o.allowed);
     assert_eq!(o.rules[0].failure, Some(Failure::RetriesExhausted));
 }
 
-/// A store where another worker uses up slot 1's quota just before our write to it.
-struct Racing {
-    inner: MemoryStore,
-    raced: std::sync::atomic::AtomicBool,
-}
-impl Store for Racing {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, StoreError> {
-        self.inner.read(slot, f)
-    }
-    fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        if slot == 1 && !self.raced.swap(true, Ordering::Relaxed) {
-            let other = [check(1, 5, 2, MINUTE)];
-            for _ in 0..2 {
-                assert!(decide(&self.inner, &other, 1_000, FailureMode::Deny).allowed);
-            }
-        }
-        self.inner.write(slot, value, cas)
-    }
-}
-
 #[test]
 fn losing_a_race_refunds_the_rules_already_committed() {
-    let store = Racing {
-        inner: MemoryStore::new(),
-        raced: Default::default(),
-    };
+    // Another worker uses up slot 1's quota just before our write to it.
+    let raced = std::sync::atomic::AtomicBool::new(false);
+    let store = Intercepted::new(MemoryStore::new(), |inner, slot| {
+        if slot == 1 && !raced.swap(true, Ordering::Relaxed) {
+            let other = [check(1, 5, 2, MINUTE)];
+            for _ in 0..2 {
+                assert!(decide(inner, &other, 1_000, FailureMode::Deny).allowed);
+            }
+        }
+        Ok(())
+    });
     let checks = [check(0, 3, 5, MINUTE), check(1, 5, 2, MINUTE)];
     let o = decide(&store, &checks, 1_000, FailureMode::Deny);
     assert!(!o.allowed);
@@ -362,23 +333,13 @@ fn losing_a_race_refunds_the_rules_already_committed() {
 }
 
 /// A store whose writes always conflict: failure_mode decides.
-struct Busy(MemoryStore);
-impl Store for Busy {
-    fn read<T>(
-        &self,
-        slot: u64,
-        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
-    ) -> Result<T, StoreError> {
-        self.0.read(slot, f)
-    }
-    fn write(&self, _: u64, _: &[u8], _: u32) -> Result<(), StoreError> {
-        Err(StoreError::Conflict)
-    }
+fn busy() -> impl Store {
+    Intercepted::new(MemoryStore::new(), |_, _| Err(StoreError::Conflict))
 }
 
 #[test]
 fn failure_mode_applies_when_the_store_cannot_decide() {
-    let store = Busy(MemoryStore::new());
+    let store = busy();
     let checks = [check(0, 3, 5, MINUTE)];
     let open = decide(&store, &checks, 0, FailureMode::Allow);
     assert!(open.allowed);

@@ -272,7 +272,6 @@ fn settle<S: Store>(rt: &Runtime<S>, purpose: Purpose, answer: Answer, now_ms: u
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::error::ServiceError;
     use crate::global::Target;
     use crate::key::Seed;
@@ -294,8 +293,7 @@ mod tests {
         r#"{"rules": [{"name": "l", "rate_limit": {"requests_per_unit": 1, "unit": "second"}}]}"#;
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        let config = Config::parse(json.as_bytes()).unwrap();
-        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+        crate::testkit::runtime(json, Seed([3, 4]))
     }
 
     /// Where key `n` of rule 0 is blocked.

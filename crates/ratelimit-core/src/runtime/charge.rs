@@ -587,7 +587,6 @@ impl<S: Store> Runtime<S> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {
-    use crate::config::Config;
     use crate::key::Seed;
     use crate::metrics::Counter;
     use crate::runtime::{Next, Runtime, StreamState};
@@ -597,8 +596,7 @@ mod tests {
     const STREAM: &str = include_str!("../../tests/fixtures/llm/anthropic_stream.sse");
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        let config = Config::parse(json.as_bytes()).unwrap();
-        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+        crate::testkit::runtime(json, Seed([3, 4]))
     }
 
     fn counted(rt: &Runtime<MemoryStore>, which: Counter) -> u64 {

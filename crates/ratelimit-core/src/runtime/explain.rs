@@ -600,11 +600,7 @@ mod tests {
     use crate::testkit::{FakeHost, Meta};
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        Runtime::new(
-            Config::parse(json.as_bytes()).unwrap(),
-            Seed([1, 2]),
-            MemoryStore::new(),
-        )
+        crate::testkit::runtime(json, Seed([1, 2]))
     }
 
     /// The one rule of `json` explained for `host`.

@@ -538,11 +538,7 @@ mod tests {
         "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10}}]}"#;
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        Runtime::new(
-            Config::parse(json.as_bytes()).unwrap(),
-            Seed([3, 4]),
-            MemoryStore::new(),
-        )
+        crate::testkit::runtime(json, Seed([3, 4]))
     }
 
     fn answer(code: Code, remaining: u32) -> rls::Response {

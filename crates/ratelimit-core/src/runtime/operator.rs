@@ -423,18 +423,13 @@ impl<S: Store> Runtime<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::key::Seed;
     use crate::runtime::{Decision, OperatorCall, Start};
     use crate::store::MemoryStore;
     use crate::testkit::FakeHost;
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        Runtime::new(
-            Config::parse(json.as_bytes()).unwrap(),
-            Seed([1, 2]),
-            MemoryStore::new(),
-        )
+        crate::testkit::runtime(json, Seed([1, 2]))
     }
 
     fn api(key: &str) -> FakeHost {

@@ -635,17 +635,15 @@ impl StreamState {
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::key::Seed;
     use crate::metrics::{BandCounter, Counter, Gauge};
-    use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+    use crate::rls::{Code, Response as RlsResponse};
     use crate::runtime::POLL_MS;
     use crate::store::MemoryStore;
-    use crate::testkit::{FakeHost, FakeResponse};
+    use crate::testkit::{rls_answer, FakeHost, FakeResponse};
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
-        let config = Config::parse(json.as_bytes()).unwrap();
-        Runtime::new(config, Seed([3, 4]), MemoryStore::new())
+        crate::testkit::runtime(json, Seed([3, 4]))
     }
 
     fn counts(rt: &Runtime<MemoryStore>) -> Vec<(usize, Counter, u64)> {
@@ -695,17 +693,7 @@ mod tests {
     }
 
     fn service(code: Code) -> Result<RlsResponse, ServiceError> {
-        Ok(RlsResponse {
-            overall_code: code,
-            statuses: vec![DescriptorStatus {
-                code,
-                requests_per_unit: Some(10),
-                unit_seconds: Some(60),
-                limit_remaining: 9,
-                reset_ms: Some(30_000),
-            }],
-            headers: Vec::new(),
-        })
+        Ok(rls_answer(code, 9))
     }
 
     /// A framed `RateLimitResponse` with overall_code OK and one status (OK, 9 remaining), as

@@ -202,16 +202,12 @@ pub fn fold(
 mod tests {
     use super::*;
     use crate::limiter::gcra;
-    use crate::share::{decide, Asker, Reason};
+    use crate::share::{decide, Asker, Decision, Reason, Tenant};
 
     fn share() -> Share {
         Share {
-            active_ms: 10_000,
-            saturation_pm: 800,
-            target_pm: 970,
-            bands: 1,
-            min_share_pm: [0; 4],
             ramp_ms: 30_000,
+            ..Share::for_bands(&[0])
         }
     }
 
@@ -247,6 +243,22 @@ mod tests {
         }
     }
 
+    /// [`fold`] of the provider's `answer` under `learn(w)` and [`share`] into `r`, for a request
+    /// admitted at `at`.
+    fn told(w: u64, cap: &Policy, r: &mut Record, answer: &Answer, at: u64, now: u64) -> Folded {
+        fold(&learn(w), &share(), cap, r, answer, at, now)
+    }
+
+    /// One request (a cost of 1) of a tenant of weight 1 in the first band, `tenant` its state.
+    fn ask(capacity: &Policy, record: &mut Record, tenant: Option<&Tenant>, now: u64) -> Decision {
+        let asker = Asker {
+            weight: 1,
+            band: 0,
+            again: false,
+        };
+        decide(&share(), capacity, record, tenant, asker, now, 1)
+    }
+
     /// Requests admitted over `seconds` of one tenant asking `rate` a second, evenly.
     fn admitted(
         capacity: &Policy,
@@ -259,19 +271,7 @@ mod tests {
         let mut n = 0;
         for i in 0..seconds * rate {
             let now = start_ms + i * 1000 / rate;
-            let d = decide(
-                &share(),
-                capacity,
-                record,
-                t.as_ref(),
-                Asker {
-                    weight: 1,
-                    band: 0,
-                    again: false,
-                },
-                now,
-                1,
-            );
+            let d = ask(capacity, record, t.as_ref(), now);
             t = Some(d.tenant);
             n += u64::from(d.verdict.allowed);
         }
@@ -284,15 +284,7 @@ mod tests {
         let mut r = Record::new(1);
         let now = 1_000_000;
         // The provider says 7200 a minute: 120 a second.
-        let f = fold(
-            &learn(60_000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(7200), None),
-            now,
-            now,
-        );
+        let f = told(60_000, &cap, &mut r, &said(Some(7200), None), now, now);
         assert!(f.changed);
         assert_eq!((r.learned_limit, r.learned_until_ms), (120, now + 60_000));
         assert_eq!(limit_in_force(&r, 200, 30_000, now + 59_999), 120);
@@ -303,9 +295,8 @@ mod tests {
         );
         assert_eq!(limit_in_force(&r, 200, 30_000, now + 90_000), 200);
         // Stated again within the second: nothing to write.
-        let again = fold(
-            &learn(60_000),
-            &share(),
+        let again = told(
+            60_000,
             &cap,
             &mut r,
             &said(Some(7200), None),
@@ -327,38 +318,14 @@ mod tests {
     fn a_stated_limit_never_raises_the_capacity() {
         let cap = bucket(200, 180);
         let mut r = Record::new(1);
-        let f = fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(10_000), None),
-            0,
-            0,
-        );
+        let f = told(1000, &cap, &mut r, &said(Some(10_000), None), 0, 0);
         assert!(!f.changed);
         assert_eq!(r.learned_limit, 0);
         assert_eq!(policy_in_force(&cap, &r, &share(), 0), cap);
         // A huge or zero limit: above, or clamped to one.
-        let f = fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(u64::MAX), None),
-            0,
-            0,
-        );
+        let f = told(1000, &cap, &mut r, &said(Some(u64::MAX), None), 0, 0);
         assert!(!f.changed);
-        fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(0), None),
-            0,
-            0,
-        );
+        told(1000, &cap, &mut r, &said(Some(0), None), 0, 0);
         assert_eq!(
             limit_in_force(&r, 200, 30_000, 0),
             1,
@@ -372,42 +339,18 @@ mod tests {
         let mut r = Record::new(1);
         let now = 5_000_000;
         // Nothing used: 180 remain here. The provider says 100 remain, 2 ms after admission.
-        let f = fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(None, Some(100)),
-            now - 2,
-            now,
-        );
+        let f = told(1000, &cap, &mut r, &said(None, Some(100)), now - 2, now);
         // 180 - (100 + 200·2/1000 + 1) = 79.
         assert_eq!(f.synced, 79);
         let left = cap.decide(r.capacity.as_ref(), now, 0).0.remaining;
         assert_eq!(left, 101);
         // An answer a second old saying less: forgiven within what refilled since.
         let mut r2 = Record::new(1);
-        let f = fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r2,
-            &said(None, Some(0)),
-            now - 1000,
-            now,
-        );
+        let f = told(1000, &cap, &mut r2, &said(None, Some(0)), now - 1000, now);
         assert_eq!(f.synced, 0, "{f:?}");
         // The provider's window is not the rule's: its remaining is another quantity.
         let mut r3 = Record::new(1);
-        let f = fold(
-            &learn(60_000),
-            &share(),
-            &cap,
-            &mut r3,
-            &said(None, Some(0)),
-            now,
-            now,
-        );
+        let f = told(60_000, &cap, &mut r3, &said(None, Some(0)), now, now);
         assert_eq!(f.synced, 0);
     }
 
@@ -421,26 +364,14 @@ mod tests {
             retry_after_ms: Some(2_000),
             ..Answer::default()
         };
-        let f = fold(&learn(1000), &share(), &cap, &mut r, &refused, now, now);
+        let f = told(1000, &cap, &mut r, &refused, now, now);
         assert!(f.changed);
         assert_eq!(r.blocked_until_ms, now + 2_000);
         assert_eq!(
             r.learned_limit, 0,
             "nothing used: the limit is not the cause"
         );
-        let d = decide(
-            &share(),
-            &cap,
-            &mut r,
-            None,
-            Asker {
-                weight: 1,
-                band: 0,
-                again: false,
-            },
-            now + 500,
-            1,
-        );
+        let d = ask(&cap, &mut r, None, now + 500);
         assert!(!d.verdict.allowed);
         assert_eq!(d.refused, Some(Reason::Capacity));
         assert_eq!(d.verdict.retry_after_ms, 1_500);
@@ -450,21 +381,9 @@ mod tests {
             retry_after_ms: Some(3_600_000),
             ..Answer::default()
         };
-        fold(&learn(1000), &share(), &cap, &mut r, &long, now, now);
+        told(1000, &cap, &mut r, &long, now, now);
         assert_eq!(r.blocked_until_ms, now + 5_000);
-        let d = decide(
-            &share(),
-            &cap,
-            &mut r,
-            None,
-            Asker {
-                weight: 1,
-                band: 0,
-                again: false,
-            },
-            now + 5_000,
-            1,
-        );
+        let d = ask(&cap, &mut r, None, now + 5_000);
         assert!(d.verdict.allowed, "the block ends");
     }
 
@@ -479,31 +398,15 @@ mod tests {
             refused: true,
             ..Answer::default()
         };
-        fold(&learn(1000), &share(), &cap, &mut r, &refused, now, now);
+        told(1000, &cap, &mut r, &refused, now, now);
         assert_eq!(r.blocked_until_ms, now + 1000, "no wait said: a second");
         assert_eq!(r.learned_limit, 162, "90 % of the 180 used");
         // The next answers state a higher limit: the lower one holds its time, then the stated
         // one is taken.
-        fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(190), None),
-            now,
-            now + 10,
-        );
+        told(1000, &cap, &mut r, &said(Some(190), None), now, now + 10);
         assert_eq!((r.learned_limit, r.learned_until_ms), (162, now + 60_000));
         let later = now + 60_000;
-        fold(
-            &learn(1000),
-            &share(),
-            &cap,
-            &mut r,
-            &said(Some(190), None),
-            later,
-            later,
-        );
+        told(1000, &cap, &mut r, &said(Some(190), None), later, later);
         assert_eq!(r.learned_limit, 190);
     }
 

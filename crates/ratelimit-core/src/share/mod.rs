@@ -869,6 +869,24 @@ fn pressed(record: &mut Record, now_ms: u64, window_ms: u64) {
 }
 
 #[cfg(test)]
+impl Share {
+    /// A share for tests: tenants active for 10 s, saturation at 80 %, 97 % handed out, no
+    /// ramp; a band for each minimum share of `min_share_pm` (permille), in order.
+    pub(crate) fn for_bands(min_share_pm: &[u64]) -> Share {
+        let mut pm = [0; MAX_BANDS];
+        pm[..min_share_pm.len()].copy_from_slice(min_share_pm);
+        Share {
+            active_ms: 10_000,
+            saturation_pm: 800,
+            target_pm: 970,
+            bands: min_share_pm.len(),
+            min_share_pm: pm,
+            ramp_ms: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 mod sim_tests;
 
 #[cfg(test)]
@@ -939,7 +957,7 @@ mod tests {
     #[test]
     fn a_leased_capacity_keeps_the_fleets_last_grants_for_the_higher_bands() {
         // Two bands, batch reserving 10 %; this proxy's part a third of 100 a second.
-        let s = share(&[("interactive", 0), ("batch", 100)]);
+        let s = Share::for_bands(&[0, 100]); // interactive, batch
         let mut r = Record::new(2);
         let lw = (100, 1_000);
         lease_answered(&mut r, lw, (10, 60, false), (10_000, 9_000));
@@ -990,7 +1008,7 @@ mod tests {
 
     #[test]
     fn a_leased_capacity_keeps_the_fleets_last_grants_for_the_tenants_below_their_shares() {
-        let s = share(&[("all", 0)]);
+        let s = Share::for_bands(&[0]);
         let mut r = Record::new(1);
         let lw = (100, 1_000);
         lease_answered(&mut r, lw, (10, 60, false), (10_000, 9_000));
@@ -1018,21 +1036,6 @@ mod tests {
             (Some(Reason::Share), 500)
         );
         assert_eq!(ask(&s, &mut r, &mut light, 1, 0, 9_501).refused, None);
-    }
-
-    fn share(bands: &[(&str, u64)]) -> Share {
-        let mut min_share_pm = [0; MAX_BANDS];
-        for (i, &(_, pm)) in bands.iter().enumerate() {
-            min_share_pm[i] = pm;
-        }
-        Share {
-            active_ms: 10_000,
-            saturation_pm: 800,
-            target_pm: 970,
-            bands: bands.len(),
-            min_share_pm,
-            ramp_ms: 0,
-        }
     }
 
     const CAPACITY: Policy = Policy::SlidingWindow {
@@ -1067,7 +1070,7 @@ mod tests {
 
     #[test]
     fn a_tenant_is_counted_once_per_epoch_and_leaves_two_epochs_later() {
-        let s = share(&[("default", 0)]);
+        let s = Share::for_bands(&[0]);
         let mut r = Record::new(1);
         let (mut a, mut b) = (None, None);
         let t0 = 1_000_000;
@@ -1092,7 +1095,7 @@ mod tests {
     fn the_active_weight_is_exactly_that_of_the_tenants_seen_this_epoch_or_the_last() {
         // Random tenants, weights, bands and silences against a reference: the latest weight
         // of every tenant whose latest request fell in this epoch or the one before.
-        let s = share(&[("a", 0), ("b", 0)]);
+        let s = Share::for_bands(&[0, 0]);
         let mut r = Record::new(2);
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move |n: u64| {
@@ -1130,7 +1133,7 @@ mod tests {
 
     #[test]
     fn a_refund_takes_back_what_was_counted() {
-        let s = share(&[("default", 0)]);
+        let s = Share::for_bands(&[0]);
         let mut r = Record::new(1);
         let mut a = None;
         let t0 = 9_000_000;
@@ -1159,7 +1162,7 @@ mod tests {
 
     #[test]
     fn alone_a_tenant_may_use_the_whole_capacity() {
-        let s = share(&[("default", 0)]);
+        let s = Share::for_bands(&[0]);
         let mut r = Record::new(1);
         let mut a = None;
         let admitted = (0..150)
@@ -1174,7 +1177,7 @@ mod tests {
 
     #[test]
     fn a_tenant_over_its_share_is_refused_with_the_time_its_share_frees() {
-        let s = share(&[("default", 0)]);
+        let s = Share::for_bands(&[0]);
         let mut r = Record::new(1);
         let (mut heavy, mut light) = (None, None);
         let t0 = 7_000_000;

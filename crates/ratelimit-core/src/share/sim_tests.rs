@@ -16,6 +16,15 @@ struct Client {
     rate: f64,
 }
 
+/// A tenant of weight 1 in the first band, sending `rate` requests a second.
+fn tenant(rate: f64) -> Client {
+    Client {
+        weight: 1,
+        band: 0,
+        rate,
+    }
+}
+
 /// Tokens: what a tenant's requests cost on average (each ±20 %).
 #[derive(Clone, Copy)]
 struct Tokens {
@@ -43,19 +52,6 @@ struct Outcome {
 const C: u64 = 50; // requests per second the provider allows
 const SECONDS: u64 = 60;
 const WARMUP_S: u64 = 10;
-
-fn share_of(bands: &[u64]) -> Share {
-    let mut min_share_pm = [0; MAX_BANDS];
-    min_share_pm[..bands.len()].copy_from_slice(bands);
-    Share {
-        active_ms: 10_000,
-        saturation_pm: 800,
-        target_pm: 970,
-        bands: bands.len(),
-        min_share_pm,
-        ramp_ms: 0,
-    }
-}
 
 /// The rule's capacity: a token bucket at the provider's rate with 90 % of its bucket.
 fn capacity(units: u64) -> Policy {
@@ -179,6 +175,30 @@ fn run_on(
     out
 }
 
+impl Outcome {
+    /// The rule used at least `part` of the capacity.
+    fn assert_used(&self, part: f64) {
+        assert!(
+            self.admitted_rate >= part * self.capacity,
+            "capacity used: {:.2} of {:.2}",
+            self.admitted_rate,
+            self.capacity
+        );
+    }
+
+    /// Each of `tenants` got at least 99 % of what it offered.
+    fn assert_served(&self, tenants: std::ops::Range<usize>, what: &str) {
+        for i in tenants {
+            assert!(
+                self.admitted[i] >= 0.99 * self.offered[i],
+                "{what} {i}: {:.2} of {:.2}",
+                self.admitted[i],
+                self.offered[i]
+            );
+        }
+    }
+}
+
 fn report(name: &str, clients: &[Client], o: &Outcome) {
     eprintln!(
         "{name}: admitted {:.2}/s ({:.1} % of the capacity), provider refused {}",
@@ -208,35 +228,16 @@ fn ideal(share: &Share, clients: &[Client], o: &Outcome) -> Vec<f64> {
 #[test]
 fn one_heavy_tenant_and_nine_light_ones() {
     // One tenant at ten times its share, nine at half of theirs.
-    let share = share_of(&[0]);
+    let share = Share::for_bands(&[0]);
     let plain = C as f64 / 10.0;
-    let mut clients = vec![Client {
-        weight: 1,
-        band: 0,
-        rate: 10.0 * plain,
-    }];
-    clients.extend((0..9).map(|_| Client {
-        weight: 1,
-        band: 0,
-        rate: plain / 2.0,
-    }));
+    let mut clients = vec![tenant(10.0 * plain)];
+    clients.extend((0..9).map(|_| tenant(plain / 2.0)));
     for seed in [1, 2, 3] {
         let o = run(&share, &clients, seed);
         report("heavy and lights", &clients, &o);
         assert_eq!(o.provider_refused, 0);
-        for i in 1..10 {
-            assert!(
-                o.admitted[i] >= 0.99 * o.offered[i],
-                "light tenant {i}: {:.2} of {:.2}",
-                o.admitted[i],
-                o.offered[i]
-            );
-        }
-        assert!(
-            o.admitted_rate >= 0.95 * C as f64,
-            "capacity used: {:.2}",
-            o.admitted_rate
-        );
+        o.assert_served(1..10, "light tenant");
+        o.assert_used(0.95);
         let lights: f64 = o.admitted[1..].iter().sum();
         assert!(
             o.admitted[0] >= 0.95 * (0.97 * C as f64 - lights),
@@ -247,28 +248,21 @@ fn one_heavy_tenant_and_nine_light_ones() {
 
 #[test]
 fn equal_tenants_all_asking_for_more_get_equal_shares() {
-    let share = share_of(&[0]);
-    let clients = vec![
-        Client {
-            weight: 1,
-            band: 0,
-            rate: 3.0 * C as f64 / 5.0,
-        };
-        5
-    ];
+    let share = Share::for_bands(&[0]);
+    let clients = vec![tenant(3.0 * C as f64 / 5.0); 5];
     for seed in [4, 5, 6] {
         let o = run(&share, &clients, seed);
         report("five equal", &clients, &o);
         assert_eq!(o.provider_refused, 0);
         let j = jain(&o.admitted);
         assert!(j >= 0.99, "Jain {j:.4}");
-        assert!(o.admitted_rate >= 0.95 * C as f64, "{:.2}", o.admitted_rate);
+        o.assert_used(0.95);
     }
 }
 
 #[test]
 fn weights_one_two_four_get_shares_one_two_four() {
-    let share = share_of(&[0]);
+    let share = Share::for_bands(&[0]);
     let clients: Vec<Client> = [1, 2, 4]
         .iter()
         .map(|&weight| Client {
@@ -299,31 +293,18 @@ fn tenants_between_the_plain_share_and_the_level_get_all_they_ask() {
     // Max-min, not the plain share: with equal weights, 20 % and 34 % of the capacity are both
     // served whole (34 % is above a third of the target: the plain share would cap it at 95 % of
     // its demand), and the heavy tenant gets the rest.
-    let share = share_of(&[0]);
+    let share = Share::for_bands(&[0]);
     let clients = vec![
-        Client {
-            weight: 1,
-            band: 0,
-            rate: 0.2 * C as f64,
-        },
-        Client {
-            weight: 1,
-            band: 0,
-            rate: 0.34 * C as f64,
-        },
-        Client {
-            weight: 1,
-            band: 0,
-            rate: 2.0 * C as f64,
-        },
+        tenant(0.2 * C as f64),
+        tenant(0.34 * C as f64),
+        tenant(2.0 * C as f64),
     ];
     for seed in [10, 11, 12] {
         let o = run(&share, &clients, seed);
         report("max-min", &clients, &o);
         let want = ideal(&share, &clients, &o);
         assert_eq!(o.provider_refused, 0);
-        assert!(o.admitted[0] >= 0.99 * o.offered[0], "{:.2}", o.admitted[0]);
-        assert!(o.admitted[1] >= 0.99 * o.offered[1], "{:.2}", o.admitted[1]);
+        o.assert_served(0..2, "tenant");
         assert!(
             (o.admitted[2] - want[2]).abs() <= 0.05 * want[2],
             "heavy {:.2}, ideal {:.2}",
@@ -348,7 +329,7 @@ fn interactive_and_batch() -> Vec<Client> {
 
 #[test]
 fn the_interactive_band_is_served_while_batch_absorbs_the_overload() {
-    let share = share_of(&[200, 50]);
+    let share = Share::for_bands(&[200, 50]);
     let clients = interactive_and_batch();
     for seed in [13, 14, 15] {
         let o = run(&share, &clients, seed);
@@ -357,7 +338,7 @@ fn the_interactive_band_is_served_while_batch_absorbs_the_overload() {
         for i in 0..3 {
             assert_eq!(o.refused_by[i], [0, 0, 0], "interactive tenant {i} refused");
         }
-        assert!(o.admitted_rate >= 0.95 * C as f64, "{:.2}", o.admitted_rate);
+        o.assert_used(0.95);
         let batch: Vec<f64> = o.admitted[3..].to_vec();
         assert!(jain(&batch) >= 0.99, "{batch:?}");
     }
@@ -371,7 +352,7 @@ fn the_interactive_band_is_served_from_the_first_request_with_every_algorithm() 
     // until the first window's use slides out: interactive is refused for the capacity only
     // then, never after the first 1.1 windows. (A leaky bucket refuses any request ahead of its
     // pace, whatever its band: no band is promised anything there.)
-    let share = share_of(&[200, 50]);
+    let share = Share::for_bands(&[200, 50]);
     let clients = interactive_and_batch();
     let sliding = Policy::SlidingWindow {
         limit: C,
@@ -395,20 +376,16 @@ fn the_interactive_band_is_served_from_the_first_request_with_every_algorithm() 
                     ),
                 }
             }
-            assert!(o.admitted_rate >= 0.93 * C as f64, "{:.2}", o.admitted_rate);
+            o.assert_used(0.93);
         }
     }
 }
 
 #[test]
 fn a_reserved_minimum_holds_while_the_higher_band_overloads() {
-    let share = share_of(&[0, 200]);
+    let share = Share::for_bands(&[0, 200]);
     let clients = vec![
-        Client {
-            weight: 1,
-            band: 0,
-            rate: 2.0 * C as f64,
-        },
+        tenant(2.0 * C as f64),
         Client {
             weight: 1,
             band: 1,
@@ -425,7 +402,7 @@ fn a_reserved_minimum_holds_while_the_higher_band_overloads() {
             "batch {:.2}",
             o.admitted[1]
         );
-        assert!(o.admitted_rate >= 0.95 * C as f64, "{:.2}", o.admitted_rate);
+        o.assert_used(0.95);
     }
 }
 
@@ -433,22 +410,14 @@ fn a_reserved_minimum_holds_while_the_higher_band_overloads() {
 fn tokens_of_varied_costs_are_shared_like_requests() {
     // The first case in tokens: 20,000 a second; the heavy tenant's requests cost about 1,000
     // (ten times its share at 20 a second), the light ones' about 250 to 700 (half their share).
-    let share = share_of(&[0]);
+    let share = Share::for_bands(&[0]);
     let units = 20_000u64;
     let plain = units as f64 / 10.0;
     let mut costs = [1000; 10];
-    let mut clients = vec![Client {
-        weight: 1,
-        band: 0,
-        rate: 10.0 * plain / 1000.0,
-    }];
+    let mut clients = vec![tenant(10.0 * plain / 1000.0)];
     for (i, cost) in costs.iter_mut().enumerate().skip(1) {
         *cost = 250 + 50 * i as u64;
-        clients.push(Client {
-            weight: 1,
-            band: 0,
-            rate: plain / 2.0 / *cost as f64,
-        });
+        clients.push(tenant(plain / 2.0 / *cost as f64));
     }
     let tokens = Tokens {
         capacity: units,
@@ -458,18 +427,7 @@ fn tokens_of_varied_costs_are_shared_like_requests() {
         let o = run_costing(&share, &clients, seed, Some(tokens));
         report("tokens", &clients, &o);
         assert_eq!(o.provider_refused, 0);
-        for i in 1..10 {
-            assert!(
-                o.admitted[i] >= 0.99 * o.offered[i],
-                "light tenant {i}: {:.0} of {:.0}",
-                o.admitted[i],
-                o.offered[i]
-            );
-        }
-        assert!(
-            o.admitted_rate >= 0.95 * units as f64,
-            "{:.0}",
-            o.admitted_rate
-        );
+        o.assert_served(1..10, "light tenant");
+        o.assert_used(0.95);
     }
 }

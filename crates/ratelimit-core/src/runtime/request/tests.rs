@@ -1,17 +1,15 @@
 //! The request pipeline's unit tests, with a fake host.
 
 use super::*;
-use crate::config::Config;
 use crate::error::ServiceError;
 use crate::key::Seed;
 use crate::metrics::Counter;
-use crate::rls::{Code, DescriptorStatus, Response as RlsResponse};
+use crate::rls::{Code, Response as RlsResponse};
 use crate::store::MemoryStore;
-use crate::testkit::{FakeHost, FakeResponse};
+use crate::testkit::{rls_answer, FakeHost, FakeResponse};
 
 fn runtime(json: &str) -> Runtime<MemoryStore> {
-    let config = Config::parse(json.as_bytes()).unwrap();
-    Runtime::new(config, Seed([1, 2]), MemoryStore::new())
+    crate::testkit::runtime(json, Seed([1, 2]))
 }
 
 #[test]
@@ -592,15 +590,8 @@ const SYNC: &str = r#"{"rules": [
 
 fn ok(code: Code, remaining: u32) -> Answer {
     Ok(RlsResponse {
-        overall_code: code,
-        statuses: vec![DescriptorStatus {
-            code,
-            requests_per_unit: Some(10),
-            unit_seconds: Some(60),
-            limit_remaining: remaining,
-            reset_ms: Some(30_000),
-        }],
         headers: vec![("x-from-service".into(), "1".into())],
+        ..rls_answer(code, remaining)
     })
 }
 
