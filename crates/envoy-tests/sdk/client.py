@@ -22,6 +22,9 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
   --authorization V  send `Authorization: V` instead of the SDK's bearer token (a client whose
                      credentials are of another scheme).
   --model NAME       the model the call names (gpt-4o-mini or claude-sonnet-4-5 by default).
+  --after FILE       once the SDK is imported and its client made, write FILE.ready and wait
+                     (up to 60 s) for FILE before the first call: the test starts what must be
+                     in flight then, whatever this process took to start.
 
   STEP exhaust: plain calls without retries, one after another, until the SDK raises an error:
   how many passed, and the error (as for refused).
@@ -29,6 +32,7 @@ usage: client.py SDK BASE_URL API_KEY MODE STEP [--output-tokens N] [--max-retri
 
 import argparse
 import json
+import os
 import time
 
 
@@ -44,6 +48,7 @@ def main():
     parser.add_argument("--authorization")
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--model")
+    parser.add_argument("--after")
     args = parser.parse_args()
     sdk, base_url, api_key, mode, step = (
         args.sdk,
@@ -134,6 +139,13 @@ def main():
             return "".join(b.text for b in parsed.content if b.type == "text")
 
     out = {"sdk": sdk, "version": lib.__version__}
+    if args.after:
+        open(args.after + ".ready", "w").close()
+        waited = time.monotonic() + 60
+        while not os.path.exists(args.after):
+            if time.monotonic() > waited:
+                raise SystemExit(f"{args.after} never came")
+            time.sleep(0.01)
     if args.prime:
         result = client.with_options(max_retries=0)
         result = (

@@ -152,15 +152,9 @@ fn status_for_host(envoy: &Envoy, host: &str, path: &str) -> String {
 /// of the gateway, and nothing else limited.
 #[test]
 fn the_istio_tutorials_plugin_limits_one_service_and_route() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/per-ip/wasmplugin.yaml"
-    );
-    let doc = yaml_documents(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .remove(0);
-    assert_eq!(field(&doc, "/kind"), "WasmPlugin");
-    let sha = field(&doc, "/spec/sha256");
+    let doc = common::manifests("examples/per-ip/wasmplugin.yaml").remove(0);
+    assert_eq!(str_at(&doc, "/kind"), "WasmPlugin");
+    let sha = str_at(&doc, "/spec/sha256");
     assert!(
         sha.len() == 64
             && sha

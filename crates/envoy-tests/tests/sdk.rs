@@ -457,43 +457,54 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
     let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
     let key = "sk-openai-reserved";
-    // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
-    // 4 s (8 events 500 ms apart); it uses 46.
-    let addr = envoy.addr;
-    let auth = format!("Bearer {key}");
-    let slow = std::thread::spawn(move || {
-        let body = Api::Chat.request_body(Mode::Sse, true, 950);
-        LlmClient::connect(addr)
-            .unwrap()
-            .post(
-                &Api::Chat.path(Mode::Sse),
-                &[
-                    ("authorization", &auth),
-                    ("x-test-events", "8"),
-                    ("x-test-delay-ms", "500"),
-                ],
-                body.as_bytes(),
-            )
-            .unwrap()
+    // The SDK's process starts first and waits, its client made, for the word to call: a
+    // loaded machine takes seconds to start Python and import the SDK.
+    let go = common::scratch("reserved").join("go");
+    let ready = go.with_extension("ready");
+    let args = [
+        "--max-retries".to_string(),
+        "10".to_string(),
+        "--after".to_string(),
+        go.display().to_string(),
+    ];
+    let (retried, slow) = std::thread::scope(|scope| {
+        let sdk = scope.spawn(|| run(&envoy, "openai", key, "json", "retried", &args));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the SDK never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A stream that reserves 950 of the 1,000 tokens (its max_completion_tokens) and lasts
+        // 4 s (8 events 500 ms apart); it uses 46.
+        let addr = envoy.addr;
+        let auth = format!("Bearer {key}");
+        let slow = scope.spawn(move || {
+            let body = Api::Chat.request_body(Mode::Sse, true, 950);
+            LlmClient::connect(addr)
+                .unwrap()
+                .post(
+                    &Api::Chat.path(Mode::Sse),
+                    &[
+                        ("authorization", &auth),
+                        ("x-test-events", "8"),
+                        ("x-test-delay-ms", "500"),
+                    ],
+                    body.as_bytes(),
+                )
+                .unwrap()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while up.received() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the slow stream never reached the upstream"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The SDK's call reserves its max_tokens, 64: 50 are left.
+        std::fs::write(&go, b"").unwrap();
+        (sdk.join().unwrap(), slow.join().unwrap())
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while up.received() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow stream never reached the upstream"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // The SDK's call reserves its max_tokens, 64: 50 are left.
-    let retried = run(
-        &envoy,
-        "openai",
-        key,
-        "json",
-        "retried",
-        &["--max-retries".to_string(), "10".to_string()],
-    );
-    let slow = slow.join().unwrap();
     assert_eq!(slow.status, 200);
     assert_eq!(retried["status"], 200, "{retried}");
     let attempts = retried["attempts"].as_array().unwrap();
