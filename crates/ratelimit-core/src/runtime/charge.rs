@@ -1000,6 +1000,33 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_rule_keyed_on_a_body_field_claims_with_that_field() {
+        // The descriptor is built while the body's fields can be read: the claim names the
+        // model (before, the request was refused without a call, r=0).
+        let rt = runtime(
+            r#"{"max_body": 256, "rules": [{"name": "per-model", "key": ["body:model"],
+                "rate_limit": {"requests_per_unit": 100, "unit": "minute"},
+                "global": {"cluster": "rls", "domain": "llm", "mode": "lease"}}]}"#,
+        );
+        let mut h = host("a");
+        h.req.path = Some("/v1/chat/completions".into());
+        let mut st = StreamState::default();
+        let body = br#"{"model": "gpt-4o-mini", "messages": []}"#;
+        let (next, _) = request(&rt, &mut st, &mut h, body, 7);
+        let Next::Call { message, .. } = next else {
+            panic!("no claim: {next:?}")
+        };
+        let asked = crate::rls::decode_request(&message).unwrap();
+        assert_eq!(
+            asked.descriptors,
+            [vec![
+                ("rule".to_string(), b"per-model".to_vec()),
+                ("body:model".to_string(), b"gpt-4o-mini".to_vec())
+            ]]
+        );
+    }
+
+    #[test]
     fn a_request_answered_before_its_body_was_read_is_not_keyed_on_its_body() {
         let rt = runtime(PER_MODEL);
         let mut h = host("a");

@@ -710,7 +710,15 @@ impl<S: Store> Runtime<S> {
             else {
                 continue;
             };
+            let taken = p.applied.len();
             self.take(p, i, (rule, compiled), host, full, true)?;
+            // A global rule keyed on the body's fields builds its descriptor now, while they
+            // can be read: a lease's claim, an async rule's report come after.
+            if rule.global.is_some() {
+                for a in p.applied.iter_mut().skip(taken) {
+                    self.describe(a, host);
+                }
+            }
         }
         Ok(())
     }
