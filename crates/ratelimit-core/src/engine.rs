@@ -290,7 +290,7 @@ fn decide_shares(
             break;
         }
     }
-    if allowed && (0..checks.len()).any(|i| !is_shared(i)) {
+    if allowed && shares.len() < checks.len() {
         let (others, at): (PerRule<Check>, PerRule<usize>) = checks
             .iter()
             .enumerate()
