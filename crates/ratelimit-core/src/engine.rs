@@ -58,10 +58,6 @@ pub struct ShareCheck {
 }
 
 impl Check {
-    fn state<'a>(&self, slot: &'a Slot) -> Option<&'a State> {
-        slot.find(self.fingerprint)
-    }
-
     /// Decides against the slot as read.
     fn decide(&self, slot: &Slot, now_ms: u64, cost: u64) -> (Verdict, Option<State>) {
         if self.policy.uses_log() {
@@ -70,9 +66,18 @@ impl Check {
                 .cloned()
                 .map(State::SlidingLog);
             self.policy.decide(log.as_ref(), now_ms, cost)
+        } else if let Some(state) = slot.find(self.fingerprint) {
+            self.policy.decide(Some(state), now_ms, cost)
         } else {
-            self.policy.decide(self.state(slot), now_ms, cost)
+            self.policy
+                .decide(self.seeded(slot, now_ms).as_ref(), now_ms, cost)
         }
+    }
+
+    /// The state a key its bucket does not hold starts from: its ghost's, if it has one.
+    fn seeded(&self, slot: &Slot, now_ms: u64) -> Option<State> {
+        let trace = slot.ghost(self.fingerprint, now_ms)?;
+        self.policy.seeded(&trace, now_ms)
     }
 
     /// Whether the base policy of an elastic rule would have refused a request its limit in
@@ -101,8 +106,14 @@ impl Check {
                 .cloned()
                 .map(State::SlidingLog)
         } else {
-            self.state(slot).cloned()
+            slot.find(self.fingerprint).cloned()
         }
+    }
+
+    /// [`Check::current`], or the state its ghost seeds at `now_ms` if the slot has none for
+    /// it: what a decision starts from.
+    fn before(&self, slot: &Slot, now_ms: u64) -> Option<State> {
+        self.current(slot).or_else(|| self.seeded(slot, now_ms))
     }
 }
 
@@ -342,6 +353,7 @@ fn decide_share(
         store,
         check.slot,
         check.fingerprint,
+        None,
         now_ms,
         &mut out.retries,
         |state| {
@@ -498,7 +510,7 @@ fn after_share(
     on_tenant: impl Fn(&mut share::Tenant),
 ) -> Result<Updated<()>, Failure> {
     let mut record_done = false;
-    update(store, slot, fingerprint, now_ms, retries, |state| {
+    update(store, slot, fingerprint, None, now_ms, retries, |state| {
         let tenant = match state {
             Some(State::Tenant(t)) => Some(*t),
             _ => None,
@@ -586,9 +598,9 @@ fn decide_held(
             pending: None,
             committed: None,
         };
-        match held_lookup(held, w.bucket, check) {
-            Ok((found, writes)) => {
-                w.before = found.as_ref().map(|(_, s)| s.clone());
+        match held_lookup(held, w.bucket, check, now_ms) {
+            Ok((index, state, writes)) => {
+                w.before = state;
                 let (verdict, state) = check.policy.decide(w.before.as_ref(), now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
                 out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
@@ -596,7 +608,7 @@ fn decide_held(
                     out.verdict = Some(check.reported(verdict, w.before.as_ref(), now_ms));
                 } else {
                     out.verdict = Some(verdict);
-                    w.pending = state.map(|s| (s, writes, found.map(|(i, _)| i)));
+                    w.pending = state.map(|s| (s, writes, index));
                 }
             }
             Err(f) => {
@@ -629,16 +641,16 @@ fn decide_held(
             .is_none_or(|(_, _, now)| now != writes)
         {
             out.retries += 1;
-            match held_lookup(held, w.bucket, check) {
-                Ok((again, _)) => {
-                    let current = again.as_ref().map(|(_, s)| s);
+            match held_lookup(held, w.bucket, check, now_ms) {
+                Ok((index, again, _)) => {
+                    let current = again.as_ref();
                     let (verdict, next) = check.policy.decide(current, now_ms, check.cost);
                     out.verdict = Some(verdict);
                     out.above_base = check.above_base(&verdict, current, now_ms);
                     match next {
                         Some(s) => {
                             state = s;
-                            found = again.map(|(i, _)| i);
+                            found = index;
                         }
                         None if check.shadow => decided = false, // count nothing
                         None => {
@@ -684,18 +696,30 @@ fn decide_held(
     }
 }
 
-/// The key's entry in its held bucket, and the bucket's write count. A bucket that is not one
-/// is reset (written) and gives [`Failure::Corrupt`].
+/// The key's entry in its held bucket (its index, and its state: the one its ghost seeds if it
+/// has none), and the bucket's write count. A bucket that is not one is reset (written) and
+/// gives [`Failure::Corrupt`].
 fn held_lookup(
     held: &mut Held<'_>,
     bucket: Option<usize>,
     check: &Check,
-) -> Result<(Option<(usize, State)>, u32), Failure> {
+    now_ms: u64,
+) -> Result<(Option<usize>, Option<State>, u32), Failure> {
     let (i, (bytes, present, writes)) = bucket
         .and_then(|i| Some((i, held.get(i)?)))
         .ok_or(Failure::Unavailable(StoreFault::NoSlot(check.slot)))?;
     match table::lookup(present.then_some(&bytes[..]), check.fingerprint) {
-        Ok(found) => Ok((found, writes)),
+        Ok(Some((index, state))) => Ok((Some(index), Some(state), writes)),
+        Ok(None) => {
+            let seeded = seeded_from(
+                &check.policy,
+                &bytes[..],
+                present,
+                check.fingerprint,
+                now_ms,
+            );
+            Ok((None, seeded, writes))
+        }
         Err(table::Corrupt) => {
             if let Ok(empty) = Slot::decode(check.slot, None) {
                 bytes.copy_from_slice(empty.encode().as_ref());
@@ -717,15 +741,16 @@ fn held_place(
     now_ms: u64,
 ) -> Result<Placement, Failure> {
     let (slot, fingerprint) = (check.slot, check.fingerprint);
+    let limit = table::limit_code(check.policy.most());
     let (b, (bytes, present, _)) = bucket
         .and_then(|i| Some((i, held.get(i)?)))
         .ok_or(Failure::Unavailable(StoreFault::NoSlot(slot)))?;
     let placement = match found {
-        Some(i) if table::store_entry(bytes, i, fingerprint, state) => Placement::Updated,
+        Some(i) if table::store_entry(bytes, i, fingerprint, state, limit) => Placement::Updated,
         _ => {
             let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
                 .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
-            let placement = decoded.put(fingerprint, state.clone(), now_ms);
+            let placement = decoded.put_limited(fingerprint, state.clone(), limit, now_ms);
             match decoded.encode() {
                 table::Encoded::Bucket(encoded) => *bytes = encoded,
                 table::Encoded::Log(_) => {
@@ -745,7 +770,7 @@ fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork]) {
         let Some(counted) = &w.committed else {
             continue;
         };
-        let Ok((Some((i, current)), _)) = held_lookup(held, w.bucket, check) else {
+        let Ok((Some(i), Some(current), _)) = held_lookup(held, w.bucket, check, 0) else {
             continue;
         };
         let back = check.policy.refund(current, counted, check.cost);
@@ -794,6 +819,7 @@ fn decide_one(
         store,
         check.slot,
         check.fingerprint,
+        Some(&check.policy),
         now_ms,
         &mut out.retries,
         decide,
@@ -829,8 +855,8 @@ type Updated<T> = (T, Option<Placement>);
 fn update_entry<T>(
     bytes: &mut [u8; BUCKET_LEN],
     present: bool,
-    slot: u64,
-    fingerprint: u64,
+    (slot, fingerprint): (u64, u64),
+    rule: Option<&Policy>,
     now_ms: u64,
     f: impl FnOnce(Option<&State>) -> (T, Option<State>),
 ) -> Result<Updated<T>, Failure> {
@@ -843,24 +869,46 @@ fn update_entry<T>(
             return Err(Failure::Corrupt);
         }
     };
-    let (result, next) = f(found.as_ref().map(|(_, s)| s));
+    let seeded;
+    let state = match &found {
+        Some((_, s)) => Some(s),
+        None => {
+            seeded = rule.and_then(|p| seeded_from(p, &bytes[..], present, fingerprint, now_ms));
+            seeded.as_ref()
+        }
+    };
+    let (result, next) = f(state);
     let Some(next) = next else {
         return Ok((result, None));
     };
+    let limit = rule.map_or(0, |p| table::limit_code(p.most()));
     if let Some((i, _)) = found {
-        if table::store_entry(bytes, i, fingerprint, &next) {
+        if table::store_entry(bytes, i, fingerprint, &next, limit) {
             return Ok((result, Some(Placement::Updated)));
         }
     }
     // `lookup` accepted these bytes, so they decode.
     let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
         .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
-    let placement = decoded.put(fingerprint, next, now_ms);
+    let placement = decoded.put_limited(fingerprint, next, limit, now_ms);
     match decoded.encode() {
         table::Encoded::Bucket(encoded) => *bytes = encoded,
         table::Encoded::Log(_) => return Err(Failure::Unavailable(StoreFault::Undecodable)),
     }
     Ok((result, Some(placement)))
+}
+
+/// The state a key its bucket's bytes do not hold starts from under `policy` at `now_ms`: from
+/// its ghost's trace, if the bucket has one for it ([`table::Ghost`]).
+fn seeded_from(
+    policy: &Policy,
+    bytes: &[u8],
+    present: bool,
+    fingerprint: u64,
+    now_ms: u64,
+) -> Option<State> {
+    let trace = table::ghost_in(present.then_some(bytes), fingerprint, now_ms)?;
+    policy.seeded(&trace, now_ms)
 }
 
 /// [`update_entry`] on the bucket in store slot `slot`: under the store's hold where it can
@@ -871,12 +919,13 @@ fn update<T>(
     store: &impl Store,
     slot: u64,
     fingerprint: u64,
+    rule: Option<&Policy>,
     now_ms: u64,
     retries: &mut u32,
     mut f: impl FnMut(Option<&State>) -> (T, Option<State>),
 ) -> Result<Updated<T>, Failure> {
     let held = store.locked(slot, |bytes, present| {
-        let r = update_entry(bytes, present, slot, fingerprint, now_ms, &mut f);
+        let r = update_entry(bytes, present, (slot, fingerprint), rule, now_ms, &mut f);
         let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
         (r, written)
     });
@@ -894,12 +943,13 @@ fn update<T>(
                 bytes.copy_from_slice(b);
                 true
             }
+            Some(b) if table::upgrade(b, bytes) => true,
             other => {
                 *bytes = [0; BUCKET_LEN];
                 !matches!(other, None | Some([]))
             }
         };
-        let r = update_entry(bytes, present, slot, fingerprint, now_ms, &mut f);
+        let r = update_entry(bytes, present, (slot, fingerprint), rule, now_ms, &mut f);
         // Placed, or a corrupt bucket made an empty one: written back.
         let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
         (r, written)
@@ -928,6 +978,7 @@ pub(crate) fn update_lease<T>(
         store,
         slot,
         fingerprint,
+        None,
         now_ms,
         &mut out.retries,
         |state| {
@@ -975,7 +1026,7 @@ fn decide_general(
                 out.failure = Some(Failure::NoRoom);
             }
             Ok(r) => {
-                w.before = check.current(&r.slot);
+                w.before = check.before(&r.slot, now_ms);
                 let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
                 out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
@@ -1011,7 +1062,10 @@ fn decide_general(
             continue; // the store failed for this rule and failure_mode is allow
         };
         for _ in 0..MAX_ATTEMPTS {
-            let placement = r.slot.put(check.fingerprint, state.clone(), now_ms);
+            let limit = table::limit_code(check.policy.most());
+            let placement = r
+                .slot
+                .put_limited(check.fingerprint, state.clone(), limit, now_ms);
             if placement == Placement::Full {
                 out.failure = Some(Failure::NoRoom);
                 break;
@@ -1038,7 +1092,8 @@ fn decide_general(
             }
             let (verdict, next) = check.decide(&r.slot, now_ms, check.cost);
             out.verdict = Some(verdict);
-            out.above_base = check.above_base(&verdict, check.current(&r.slot).as_ref(), now_ms);
+            out.above_base =
+                check.above_base(&verdict, check.before(&r.slot, now_ms).as_ref(), now_ms);
             match next {
                 Some(s) => state = s,
                 None if check.shadow => break, // it would have refused: count nothing
@@ -1114,6 +1169,7 @@ pub fn settle(
         store,
         slot,
         fingerprint,
+        Some(policy),
         now_ms,
         &mut out.retries,
         |state| {
@@ -1261,3 +1317,6 @@ mod blocked_tests;
 
 #[cfg(test)]
 mod share_tests;
+
+#[cfg(test)]
+mod forget_tests;

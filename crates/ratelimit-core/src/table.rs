@@ -9,15 +9,31 @@
 //! When a new key lands in a full bucket, the entry evicted is, in this order: one whose state
 //! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
+//!
+//! Forgotten is not forgiven: a live key evicted leaves a [`Ghost`] in its bucket, its
+//! [`Trace`] (what it used, until when) under 16 bits of its fingerprint ([`tag_of`]), and a key
+//! that comes back starts from that trace ([`crate::limiter::Policy::seeded`]), not from a
+//! fresh budget. Each entry keeps its rule's limit beside its state (a bucket's burst for
+//! GCRA), so the table knows whether a key it forgets had reached it ("full"). A bucket keeps
+//! [`GHOSTS`] ghosts. With no room for another: while none of them is full, the lightest is
+//! dropped (a flood of one-off keys costs nobody anything); once one is full, none is dropped,
+//! and the two whose merged set of keys is smallest become one that refuses every key it
+//! stands for until the later of their ends (a merged ghost keeps a set of 32 marks, two per
+//! key, taken from its tag). So a key that reached its limit is never forgiven,
+//! a key below it only while its bucket forgets nothing but keys below theirs, and an innocent
+//! key pays only when its tag falls under a merged ghost. The ghost is written in the same write as the eviction, so no other request
+//! can see the key gone and its trace not yet there.
 
 use crate::limiter::{
-    fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, tenant, State,
+    fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, tenant, State, Trace,
 };
 
 /// Entries per bucket.
 pub const WAYS: usize = 4;
-/// Bucket format version, the first byte of every bucket.
-pub const VERSION: u8 = 1;
+/// Ghosts per bucket: traces of the live keys it forgot.
+pub const GHOSTS: usize = 2;
+/// Bucket format version, the first byte of every bucket (version 1: no ghosts).
+pub const VERSION: u8 = 2;
 /// Log slot format version, the first byte of every sliding-log slot.
 pub const LOG_VERSION: u8 = 1;
 /// The longest compact state (sliding window and GCRA: 20 bytes), padded.
@@ -26,8 +42,16 @@ const STATE_LEN: usize = 23;
 pub const TAGGED_LEN: usize = 1 + STATE_LEN;
 /// Bytes per entry: fingerprint (8), algorithm tag (1), state.
 pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
+/// Bytes per ghost: tag (2), flags (1), weight (2, [`weight_code`]), until (4, whole seconds
+/// since the epoch, rounded up; 0: no ghost).
+pub const GHOST_LEN: usize = 9;
 /// Bytes per bucket.
-pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN;
+pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN + GHOSTS * GHOST_LEN;
+/// Bytes of a version 1 bucket (entries, no ghosts): read as a bucket with no ghosts.
+pub const V1_BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN;
+/// Where an entry keeps its rule's limit ([`limit_code`], 2 bytes; 0: not known): after its
+/// fingerprint, tag and a state of at most 20 bytes (every state a ghost can stand for).
+const LIMIT_AT: usize = 8 + 1 + 20;
 /// Store slots from here on hold sliding logs (one key each), below it buckets.
 pub const LOG_SLOTS: u64 = 1 << 32;
 /// Store slots from here on hold the shared health of elastic rules (one per rule), past every
@@ -150,8 +174,9 @@ impl AsRef<[u8]> for Encoded {
 /// What one store slot holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Slot {
-    /// Up to [`WAYS`] keys with compact state.
-    Bucket([Option<(u64, State)>; WAYS]),
+    /// Up to [`WAYS`] keys with compact state, each key's limit ([`limit_code`], 0: not
+    /// known), and the ghosts of keys it forgot.
+    Bucket([Option<(u64, State)>; WAYS], [u16; WAYS], [Ghost; GHOSTS]),
     /// One key's sliding log.
     Log(Option<(u64, sliding_log::State)>),
 }
@@ -162,7 +187,13 @@ impl Slot {
         let log = SlotKind::of(slot) != SlotKind::Bucket;
         let bytes = match bytes {
             None | Some([]) if log => return Ok(Slot::Log(None)),
-            None | Some([]) => return Ok(Slot::Bucket(Default::default())),
+            None | Some([]) => {
+                return Ok(Slot::Bucket(
+                    Default::default(),
+                    [0; WAYS],
+                    Default::default(),
+                ))
+            }
             Some(b) => b,
         };
         let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
@@ -174,32 +205,46 @@ impl Slot {
             let state = sliding_log::State::decode(state).ok_or(Corrupt)?;
             return Ok(Slot::Log(Some((u64::from_le_bytes(*fp), state))));
         }
-        if version != VERSION || rest.len() != WAYS * ENTRY_LEN {
-            return Err(Corrupt);
-        }
+        let (raw_entries, raw_ghosts) = split_bucket(version, rest)?;
         let mut entries: [Option<(u64, State)>; WAYS] = Default::default();
-        for (entry, raw) in entries.iter_mut().zip(rest.chunks_exact(ENTRY_LEN)) {
+        let mut limits = [0u16; WAYS];
+        for ((entry, limit), raw) in entries
+            .iter_mut()
+            .zip(limits.iter_mut())
+            .zip(raw_entries.chunks_exact(ENTRY_LEN))
+        {
             let (fp, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
             let fp = u64::from_le_bytes(*fp);
             if fp == 0 {
                 continue;
             }
-            *entry = Some((fp, decode_state(tagged)?));
+            let state = decode_state(tagged)?;
+            *limit = limit_in(raw, &state);
+            *entry = Some((fp, state));
         }
-        Ok(Slot::Bucket(entries))
+        let mut ghosts = [Ghost::default(); GHOSTS];
+        for (ghost, raw) in ghosts.iter_mut().zip(raw_ghosts.chunks_exact(GHOST_LEN)) {
+            *ghost = Ghost::decode(raw);
+        }
+        Ok(Slot::Bucket(entries, limits, ghosts))
     }
 
     /// Encodes the slot into its store value (a bucket on the stack, a log on the heap).
     pub fn encode(&self) -> Encoded {
         match self {
-            Slot::Bucket(entries) => {
+            Slot::Bucket(entries, limits, ghosts) => {
                 let mut out = [0u8; BUCKET_LEN];
                 if let Some((version, rest)) = out.split_first_mut() {
                     *version = VERSION;
-                    for (entry, raw) in entries.iter().zip(rest.chunks_exact_mut(ENTRY_LEN)) {
+                    let (raw_entries, raw_ghosts) = rest.split_at_mut(WAYS * ENTRY_LEN);
+                    let raw_entries = raw_entries.chunks_exact_mut(ENTRY_LEN);
+                    for ((entry, limit), raw) in entries.iter().zip(limits).zip(raw_entries) {
                         if let Some((fp, state)) = entry {
-                            encode_entry(*fp, state, raw);
+                            encode_entry(*fp, state, *limit, raw);
                         }
+                    }
+                    for (ghost, raw) in ghosts.iter().zip(raw_ghosts.chunks_exact_mut(GHOST_LEN)) {
+                        ghost.encode(raw);
                     }
                 }
                 Encoded::Bucket(out)
@@ -219,11 +264,20 @@ impl Slot {
     /// The state stored for a fingerprint, if any.
     pub fn find(&self, fp: u64) -> Option<&State> {
         match self {
-            Slot::Bucket(entries) => entries
+            Slot::Bucket(entries, ..) => entries
                 .iter()
                 .flatten()
                 .find(|(f, _)| *f == fp)
                 .map(|(_, s)| s),
+            Slot::Log(_) => None,
+        }
+    }
+
+    /// What the bucket's ghosts hold for a fingerprint it does not hold at `now_ms` (the larger
+    /// of each figure, if several stand for it), if any.
+    pub fn ghost(&self, fp: u64, now_ms: u64) -> Option<Trace> {
+        match self {
+            Slot::Bucket(.., ghosts) => haunting(ghosts.iter().copied(), fp, now_ms),
             Slot::Log(_) => None,
         }
     }
@@ -239,14 +293,20 @@ impl Slot {
     /// Whether `fp` can be stored at `now_ms` without losing another live key's log.
     pub fn has_room(&self, fp: u64, now_ms: u64) -> bool {
         match self {
-            Slot::Bucket(_) => true,
+            Slot::Bucket(..) => true,
             Slot::Log(None) => true,
             Slot::Log(Some((f, state))) => *f == fp || state.weight(now_ms).is_none(),
         }
     }
 
-    /// Stores `state` for `fp`, evicting by the module's policy if a bucket is full.
+    /// Stores `state` for `fp`, evicting by the module's policy if a bucket is full; the key's
+    /// limit, if it had one, is kept.
     pub fn put(&mut self, fp: u64, state: State, now_ms: u64) -> Placement {
+        self.put_limited(fp, state, 0, now_ms)
+    }
+
+    /// [`Slot::put`] with the key's limit ([`limit_code`]; 0: keep the one it had, if any).
+    pub fn put_limited(&mut self, fp: u64, state: State, limit: u16, now_ms: u64) -> Placement {
         match (self, state) {
             (Slot::Log(entry), State::SlidingLog(log)) => {
                 let placement = match entry {
@@ -258,19 +318,32 @@ impl Slot {
                 *entry = Some((fp, log));
                 placement
             }
-            (Slot::Log(_), _) | (Slot::Bucket(_), State::SlidingLog(_)) => Placement::Full,
-            (Slot::Bucket(entries), state) => {
-                if let Some(e) = entries.iter_mut().flatten().find(|(f, _)| *f == fp) {
-                    e.1 = state;
+            (Slot::Log(_), _) | (Slot::Bucket(..), State::SlidingLog(_)) => Placement::Full,
+            (Slot::Bucket(entries, limits, ghosts), state) => {
+                let found = entries
+                    .iter()
+                    .position(|e| e.as_ref().is_some_and(|(f, _)| *f == fp));
+                if let Some(i) = found {
+                    if let (Some(e), Some(l)) = (entries.get_mut(i), limits.get_mut(i)) {
+                        *e = Some((fp, state));
+                        if limit != 0 {
+                            *l = limit;
+                        }
+                    }
                     return Placement::Updated;
                 }
+                lay(ghosts, fp, &state, now_ms);
                 // Rank: empty or expired first (weight 0), then fewest remembered requests, then
                 // oldest.
                 let rank = |e: &Option<(u64, State)>| match e {
                     None => (0, 0),
                     Some((_, s)) => (s.weight(now_ms).unwrap_or(0), s.last_ms()),
                 };
-                let Some(victim) = entries.iter_mut().min_by_key(|e| rank(e)) else {
+                let Some((victim, victim_limit)) = entries
+                    .iter_mut()
+                    .zip(limits.iter_mut())
+                    .min_by_key(|(e, _)| rank(e))
+                else {
                     return Placement::Full;
                 };
                 let placement = match (&victim, rank(victim).0) {
@@ -278,7 +351,14 @@ impl Slot {
                     (Some(_), 0) => Placement::Inserted,
                     (Some(_), _) => Placement::Evicted,
                 };
+                if let Some((gone, s)) = victim.as_ref() {
+                    if let Some(trace) = s.trace(now_ms) {
+                        let ghost = Ghost::of(*gone, &trace, *victim_limit);
+                        haunt(ghosts, ghost, now_ms);
+                    }
+                }
                 *victim = Some((fp, state));
+                *victim_limit = limit;
                 placement
             }
         }
@@ -332,11 +412,9 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
         Some(b) => b,
     };
     let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
-    if version != VERSION || rest.len() != WAYS * ENTRY_LEN {
-        return Err(Corrupt);
-    }
+    let (entries, _) = split_bucket(version, rest)?;
     let mut found = None;
-    for (i, raw) in rest.chunks_exact(ENTRY_LEN).enumerate() {
+    for (i, raw) in entries.chunks_exact(ENTRY_LEN).enumerate() {
         let (f, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
         let f = u64::from_le_bytes(*f);
         if f == 0 {
@@ -351,9 +429,290 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
     Ok(found)
 }
 
+/// What the ghosts in a bucket's bytes hold for a fingerprint at `now_ms` ([`Slot::ghost`]);
+/// `None` for bytes that are no bucket (as [`lookup`] checks them).
+pub fn ghost_in(bytes: Option<&[u8]>, fp: u64, now_ms: u64) -> Option<Trace> {
+    let (&version, rest) = bytes?.split_first()?;
+    let (_, ghosts) = split_bucket(version, rest).ok()?;
+    haunting(
+        ghosts.chunks_exact(GHOST_LEN).map(Ghost::decode),
+        fp,
+        now_ms,
+    )
+}
+
+/// A version 1 bucket's bytes (no ghosts) as the current version's, in `out`; false (nothing
+/// written) for bytes that are not a version 1 bucket.
+pub fn upgrade(bytes: &[u8], out: &mut [u8; BUCKET_LEN]) -> bool {
+    match (bytes.len(), bytes.first()) {
+        (V1_BUCKET_LEN, Some(&1)) => {
+            out.fill(0);
+            if let Some(dst) = out.get_mut(..V1_BUCKET_LEN) {
+                dst.copy_from_slice(bytes);
+            }
+            out[0] = VERSION;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A bucket's bytes after its version: its entries and its ghosts (none in version 1).
+fn split_bucket(version: u8, rest: &[u8]) -> Result<(&[u8], &[u8]), Corrupt> {
+    match (version, rest.len()) {
+        (VERSION, n) if n == BUCKET_LEN - 1 => Ok(rest.split_at(WAYS * ENTRY_LEN)),
+        (1, n) if n == V1_BUCKET_LEN - 1 => Ok((rest, &[])),
+        _ => Err(Corrupt),
+    }
+}
+
+/// The trace of a forgotten key, or of several merged into one, kept in its bucket: see the
+/// module's documentation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ghost {
+    /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: the low
+    /// half of its key set ([`Ghost::keys`]).
+    pub tag: u16,
+    /// It stands for several keys: every key whose two marks ([`marks_of`]) are in its set.
+    pub merged: bool,
+    /// Every key it stands for is refused until `until_s`: the fleet had refused the key, or
+    /// the ghost is merged.
+    pub blocked: bool,
+    /// The key(s) had reached their limit (or it was not known).
+    pub full: bool,
+    /// One key's ghost: the requests remembered, as [`weight_code`] (rounded up). A merged
+    /// ghost: the high half of its key set.
+    pub weight: u16,
+    /// When they stop counting, whole seconds since the epoch, rounded up; 0: no ghost.
+    pub until_s: u32,
+}
+
+/// A fingerprint's ghost tag: its bits 32 to 47. Not its top 16 bits, which are its rule's tag
+/// ([`crate::key::TAG_MASK`]: the same for every key of a rule), nor its lowest, which choose
+/// its bucket.
+pub fn tag_of(fp: u64) -> u16 {
+    u16::try_from((fp >> 32) & 0xffff).unwrap_or(u16::MAX)
+}
+
+/// The two marks a key with ghost tag `tag` sets in a merged ghost's set of 32: two 5-bit
+/// fields of its tag, as one 32-bit mask.
+pub fn marks_of(tag: u16) -> u32 {
+    (1u32 << (tag & 31)) | (1u32 << ((tag >> 5) & 31))
+}
+
+/// A weight in 16 bits, rounded up: exact below 2,048, then 11 significant bits (at most 1
+/// part in 2,048 more), up to about 4.4 × 10¹² (the largest code stands for anything more).
+pub fn weight_code(weight: u64) -> u16 {
+    if weight < 0x800 {
+        return u16::try_from(weight).unwrap_or(0);
+    }
+    let shift = 64 - weight.leading_zeros() - 12; // weight >> shift is 2,048..=4,095
+    let mut e = u64::from(shift) + 1;
+    let mut m = weight.div_ceil(1 << shift) - 0x800;
+    if m == 0x800 {
+        e += 1;
+        m = 0;
+    }
+    if e > 31 {
+        return u16::MAX;
+    }
+    u16::try_from((e << 11) | m).unwrap_or(u16::MAX)
+}
+
+/// The weight a [`weight_code`] stands for (the largest code: any weight at all).
+pub fn weight_of(code: u16) -> u64 {
+    let (e, m) = (u64::from(code >> 11), u64::from(code & 0x7ff));
+    if code == u16::MAX {
+        u64::MAX
+    } else if e == 0 {
+        m
+    } else {
+        (0x800 | m) << (e - 1)
+    }
+}
+
+impl Ghost {
+    /// The ghost of the key `fp`, forgotten with `trace`, its limit `limit` ([`limit_code`]; 0:
+    /// not known, taken as reached).
+    pub fn of(fp: u64, trace: &Trace, limit: u16) -> Ghost {
+        Ghost {
+            tag: tag_of(fp),
+            merged: false,
+            blocked: trace.blocked,
+            full: trace.blocked || limit == 0 || trace.weight >= weight_of(limit),
+            weight: weight_code(trace.weight),
+            until_s: u32::try_from(trace.until_ms.div_ceil(1000)).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// What it holds for a key it stands for: at least the trace it was made from; a merged
+    /// ghost refuses until its end.
+    pub fn trace(&self) -> Trace {
+        Trace {
+            weight: if self.merged {
+                u64::MAX
+            } else {
+                weight_of(self.weight)
+            },
+            until_ms: u64::from(self.until_s) * 1000,
+            blocked: self.blocked || self.merged,
+        }
+    }
+
+    /// Whether it still counts at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> bool {
+        u64::from(self.until_s) * 1000 > now_ms
+    }
+
+    /// The set of marks of the keys it stands for.
+    pub fn keys(&self) -> u32 {
+        if self.merged {
+            u32::from(self.tag) | (u32::from(self.weight) << 16)
+        } else {
+            marks_of(self.tag)
+        }
+    }
+
+    /// Whether it stands for the key `fp`.
+    pub fn covers(&self, fp: u64) -> bool {
+        if self.merged {
+            let marks = marks_of(tag_of(fp));
+            self.keys() & marks == marks
+        } else {
+            self.tag == tag_of(fp)
+        }
+    }
+
+    /// One ghost that stands for every key either does: it refuses them all until the later of
+    /// their ends.
+    fn merged(&self, other: &Ghost) -> Ghost {
+        let keys = self.keys() | other.keys();
+        Ghost {
+            tag: u16::try_from(keys & 0xffff).unwrap_or(0),
+            merged: true,
+            blocked: true,
+            full: true,
+            weight: u16::try_from(keys >> 16).unwrap_or(0),
+            until_s: self.until_s.max(other.until_s),
+        }
+    }
+
+    fn encode(&self, out: &mut [u8]) {
+        let mut bytes = [0u8; GHOST_LEN];
+        if self.until_s != 0 {
+            let [t0, t1] = self.tag.to_le_bytes();
+            let [w0, w1] = self.weight.to_le_bytes();
+            let [u0, u1, u2, u3] = self.until_s.to_le_bytes();
+            let flags =
+                u8::from(self.merged) | (u8::from(self.full) << 1) | (u8::from(self.blocked) << 2);
+            bytes = [t0, t1, flags, w0, w1, u0, u1, u2, u3];
+        }
+        if let Some(dst) = out.get_mut(..GHOST_LEN) {
+            dst.copy_from_slice(&bytes);
+        }
+    }
+
+    /// Never fails: any 9 bytes are some ghost.
+    fn decode(raw: &[u8]) -> Ghost {
+        let b = |i: usize| raw.get(i).copied().unwrap_or(0);
+        Ghost {
+            tag: u16::from_le_bytes([b(0), b(1)]),
+            merged: b(2) & 1 != 0,
+            full: b(2) & 2 != 0,
+            blocked: b(2) & 4 != 0,
+            weight: u16::from_le_bytes([b(3), b(4)]),
+            until_s: u32::from_le_bytes([b(5), b(6), b(7), b(8)]),
+        }
+    }
+}
+
+/// What the live ghosts among `ghosts` hold for `fp` at `now_ms`.
+fn haunting(ghosts: impl Iterator<Item = Ghost>, fp: u64, now_ms: u64) -> Option<Trace> {
+    ghosts
+        .filter(|g| g.live(now_ms) && g.covers(fp))
+        .map(|g| g.trace())
+        .reduce(Trace::max)
+}
+
+/// Keeps `ghost` among a bucket's ghosts at `now_ms`: in a free place (no ghost, or one that
+/// no longer counts), else merged with the ghost whose tag it shares most bits with, or those
+/// two merged if they share more.
+fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
+    if let Some(free) = ghosts.iter_mut().find(|g| !g.live(now_ms)) {
+        *free = ghost;
+        return;
+    }
+    // No room. While every ghost is light (its keys below their limits), the lightest goes,
+    // the new one included (among equals, the one that ends first). Once one is full, nothing
+    // is dropped: the two whose tags share the most leading bits become one.
+    let mut all = [ghost; GHOSTS + 1];
+    for (a, g) in all.iter_mut().zip(ghosts.iter()) {
+        *a = *g;
+    }
+    let lightest = if all.iter().any(|g| g.full) {
+        None
+    } else {
+        let by_weight = all
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, g)| (g.weight, g.until_s));
+        by_weight.map(|(i, _)| i)
+    };
+    let (gone, merged) = match lightest {
+        Some(i) => (i, None),
+        None => {
+            // The pair whose merged set is smallest: it stands for the fewest other keys.
+            let mut best: Option<(u32, usize, usize)> = None;
+            for (i, a) in all.iter().enumerate() {
+                for (j, b) in all.iter().enumerate().skip(i + 1) {
+                    let covered = (a.keys() | b.keys()).count_ones();
+                    if best.is_none_or(|(least, ..)| covered < least) {
+                        best = Some((covered, i, j));
+                    }
+                }
+            }
+            let Some((_, i, j)) = best else { return };
+            match (all.get(i), all.get(j)) {
+                (Some(a), Some(b)) => (j, Some((i, a.merged(b)))),
+                _ => return,
+            }
+        }
+    };
+    if let Some((i, m)) = merged {
+        if let Some(a) = all.get_mut(i) {
+            *a = m;
+        }
+    }
+    let kept = all.iter().enumerate().filter(|(k, _)| *k != gone);
+    for (slot, (_, g)) in ghosts.iter_mut().zip(kept) {
+        *slot = *g;
+    }
+}
+
+/// A key placed in a bucket with `state` at `now_ms` takes back its own ghost (one that stands
+/// for it alone) once its state holds at least what the ghost did.
+fn lay(ghosts: &mut [Ghost; GHOSTS], fp: u64, state: &State, now_ms: u64) {
+    let held = state.trace(now_ms);
+    for g in ghosts.iter_mut() {
+        if g.until_s != 0 && !g.merged && g.tag == tag_of(fp) {
+            let own = g.trace();
+            if held.is_some_and(|h| h.weight >= own.weight && h.until_ms >= own.until_ms) {
+                *g = Ghost::default();
+            }
+        }
+    }
+}
+
 /// Overwrites entry `i` of a bucket's bytes with `fp` and `state`, as [`Slot::encode`] writes
-/// it; false (nothing written) if there is no entry `i` or `state` is a sliding log.
-pub fn store_entry(bytes: &mut [u8; BUCKET_LEN], i: usize, fp: u64, state: &State) -> bool {
+/// it, with the key's limit (0: keep the one the entry had); false (nothing written) if there is
+/// no entry `i` or `state` is a sliding log.
+pub fn store_entry(
+    bytes: &mut [u8; BUCKET_LEN],
+    i: usize,
+    fp: u64,
+    state: &State,
+    limit: u16,
+) -> bool {
     if matches!(state, State::SlidingLog(_)) {
         return false;
     }
@@ -361,15 +720,55 @@ pub fn store_entry(bytes: &mut [u8; BUCKET_LEN], i: usize, fp: u64, state: &Stat
     let Some(raw) = bytes.get_mut(start..start + ENTRY_LEN) else {
         return false;
     };
+    let limit = match (limit, raw.get(LIMIT_AT..LIMIT_AT + 2)) {
+        (0, Some(&[a, b])) => u16::from_le_bytes([a, b]),
+        (l, _) => l,
+    };
     raw.fill(0);
-    encode_entry(fp, state, raw);
+    encode_entry(fp, state, limit, raw);
     true
 }
 
-fn encode_entry(fp: u64, state: &State, raw: &mut [u8]) {
+fn encode_entry(fp: u64, state: &State, limit: u16, raw: &mut [u8]) {
     let (f, rest) = raw.split_at_mut(8);
     f.copy_from_slice(&fp.to_le_bytes());
     encode_state(state, rest);
+    if traced(state) {
+        if let Some(dst) = raw.get_mut(LIMIT_AT..LIMIT_AT + 2) {
+            dst.copy_from_slice(&limit.to_le_bytes());
+        }
+    }
+}
+
+/// Whether a state leaves a ghost when forgotten, and has room for its key's limit beside it.
+fn traced(state: &State) -> bool {
+    matches!(
+        state,
+        State::SlidingWindow(_) | State::FixedWindow(_) | State::Gcra(_) | State::InFlight(_)
+    )
+}
+
+/// The limit kept in an entry's bytes (0 for a state that keeps none).
+fn limit_in(raw: &[u8], state: &State) -> u16 {
+    match raw.get(LIMIT_AT..LIMIT_AT + 2) {
+        Some(&[a, b]) if traced(state) => u16::from_le_bytes([a, b]),
+        _ => 0,
+    }
+}
+
+/// A limit in 16 bits, rounded down (a key whose weight reaches the code's value has reached
+/// its limit); 0 stays 0 (no limit known), and any limit above 0 codes as at least 1.
+#[inline]
+pub fn limit_code(limit: u64) -> u16 {
+    if limit < 0x800 {
+        return u16::try_from(limit).unwrap_or(0); // exact
+    }
+    let up = weight_code(limit);
+    if weight_of(up) > limit {
+        up.saturating_sub(1).max(u16::from(limit > 0))
+    } else {
+        up
+    }
 }
 
 /// Writes a compact state, its tag first, at the start of `out` (at least `TAGGED_LEN` bytes;
@@ -397,6 +796,7 @@ pub fn encode_state(state: &State, out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Policy;
 
     #[test]
     fn each_slot_kind_has_its_own_range() {
@@ -422,7 +822,7 @@ mod tests {
     }
 
     fn bucket() -> Slot {
-        Slot::Bucket(Default::default())
+        Slot::Bucket(Default::default(), [0; WAYS], Default::default())
     }
 
     #[test]
@@ -531,6 +931,129 @@ mod tests {
                 "{keys} keys: {pct:.2} % forgotten"
             );
         }
+    }
+
+    #[test]
+    fn weights_code_rounded_up_and_limits_rounded_down() {
+        let mut last = 0;
+        for w in (0..5_000u64).chain((12..62).map(|b| (1u64 << b) + 12_345)) {
+            let code = weight_code(w);
+            let back = weight_of(code);
+            assert!(back >= w, "{w} -> {back}");
+            assert!(
+                back - w <= w / 2048 + 1 || code == u16::MAX,
+                "{w} -> {back}"
+            );
+            assert!(code >= last, "monotone at {w}");
+            last = code;
+            let l = limit_code(w);
+            assert!(
+                weight_of(l) <= w && (w == 0) == (l == 0),
+                "{w} -> {}",
+                weight_of(l)
+            );
+        }
+        assert_eq!(weight_of(weight_code(u64::MAX)), u64::MAX);
+    }
+
+    #[test]
+    fn ghosts_round_trip_and_cover_what_they_stand_for() {
+        let fp = 0x7700_abcd_0000_1235u64;
+        let trace = Trace {
+            weight: 70_000,
+            until_ms: 61_001,
+            blocked: false,
+        };
+        let g = Ghost::of(fp, &trace, limit_code(100_000));
+        assert!(!g.full && !g.merged && g.covers(fp) && !g.covers(fp ^ (1 << 40)));
+        assert!(g.trace().weight >= 70_000 && g.trace().until_ms >= 61_001);
+        let mut raw = [0u8; GHOST_LEN];
+        g.encode(&mut raw);
+        assert_eq!(Ghost::decode(&raw), g);
+        assert!(Ghost::of(fp, &trace, limit_code(70_000)).full);
+        assert!(
+            Ghost::of(fp, &trace, 0).full,
+            "a limit not known counts as reached"
+        );
+        // A merged ghost stands for both keys, refuses them, and for few others.
+        let other = 0x7700_1234_0000_0001u64;
+        let m = g.merged(&Ghost::of(other, &trace, 0));
+        assert!(m.covers(fp) && m.covers(other) && m.trace().blocked);
+        let mut rng = crate::testkit::Rng(7);
+        let strangers = (0..10_000).filter(|_| m.covers(rng.next() >> 16)).count();
+        assert!(strangers < 300, "{strangers} of 10,000 other keys covered");
+        m.encode(&mut raw);
+        assert_eq!(Ghost::decode(&raw), m);
+    }
+
+    fn sw_full(last_ms: u64) -> State {
+        st(last_ms, 5)
+    }
+
+    /// The key forgotten leaves its trace; one-off keys' traces are dropped, lightest first,
+    /// while none is full; once one is, none is dropped and merged ghosts refuse their keys.
+    #[test]
+    fn evicted_keys_leave_ghosts_that_light_floods_drop_and_full_ones_keep() {
+        let now = 10_000;
+        let limit = limit_code(5);
+        let mut b = bucket();
+        for fp in [3, 5, 7, 9] {
+            b.put_limited(fp << 32 | 1, sw_full(now), limit, now);
+        }
+        // Four more keys at their limit push the first four out: every trace is kept.
+        for fp in [11, 13, 15, 17] {
+            b.put_limited(fp << 32 | 1, sw_full(now + 1), limit, now + 1);
+        }
+        for fp in [3, 5, 7, 9] {
+            let t = b.ghost(fp << 32 | 1, now + 2).expect("a trace");
+            assert!(t.weight >= 5, "{fp}: {t:?}");
+        }
+        assert!(b.find(3 << 32 | 1).is_none());
+        // One-off keys in a bucket of light traces: the lightest traces go, nobody is refused.
+        let mut light = bucket();
+        for fp in 1..=40u64 {
+            light.put_limited(fp << 32 | 1, st(now, 1), limit, now);
+            if let Slot::Bucket(_, _, ghosts) = &light {
+                assert!(ghosts.iter().all(|g| !g.merged && !g.full), "{ghosts:?}");
+            }
+        }
+        assert!(light.ghost(41 << 32 | 1, now).is_none_or(|t| t.weight <= 1));
+        // A key that comes back takes its own ghost back once its state holds what it did.
+        let mut back = bucket();
+        for fp in [3, 5, 7, 9, 11] {
+            back.put_limited(fp << 32 | 1, st(now, 2), limit, now);
+        }
+        let t = back.ghost(3 << 32 | 1, now).expect("3 was forgotten");
+        back.put_limited(11 << 32 | 1, st(now, 1), limit, now); // keeps its entry
+        let seeded = Policy::SlidingWindow {
+            limit: 5,
+            window_ms: 60_000,
+        }
+        .seeded(&t, now)
+        .unwrap();
+        assert_eq!(
+            back.put_limited(3 << 32 | 1, seeded, limit, now),
+            Placement::Evicted
+        );
+        assert!(back.ghost(3 << 32 | 1, now).is_none_or(|g| g.weight >= 2));
+    }
+
+    #[test]
+    fn a_version_1_bucket_reads_as_one_without_ghosts() {
+        let mut b = bucket();
+        b.put_limited(11, st(5, 3), limit_code(9), 5);
+        let v2 = b.encode().as_ref().to_vec();
+        let mut v1 = v2[..V1_BUCKET_LEN].to_vec();
+        v1[0] = 1;
+        assert_eq!(
+            Slot::decode(0, Some(&v1)).unwrap().find(11),
+            Some(&st(5, 3))
+        );
+        assert_eq!(lookup(Some(&v1), 11).unwrap().map(|(i, _)| i), Some(0));
+        let mut up = [0u8; BUCKET_LEN];
+        assert!(upgrade(&v1, &mut up));
+        assert_eq!(Slot::decode(0, Some(&up)), Slot::decode(0, Some(&v2)));
+        assert!(!upgrade(&v2, &mut up));
     }
 
     #[test]

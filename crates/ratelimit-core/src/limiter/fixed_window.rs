@@ -117,6 +117,12 @@ fn at(state: Option<State>, now_ms: u64, windows: Windows) -> (u64, (u64, u64), 
     (now, bounds, count)
 }
 
+/// The state of `used` counted at `now` in the window `(start, end)` (also a forgotten key's
+/// when it comes back, [`super::trace`]).
+pub fn counted(now: u64, bounds: (u64, u64), used: u64) -> State {
+    stored(now, bounds, used)
+}
+
 /// The state of `used` counted at `now` in the window `(start, end)`.
 fn stored(now: u64, (start, end): (u64, u64), used: u64) -> State {
     State {

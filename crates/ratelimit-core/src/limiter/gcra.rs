@@ -191,6 +191,17 @@ pub fn charge(state: Option<State>, now_ms: u64, p: &Params, cost: u64) -> (Verd
     (verdict, State::from_scaled(tat, l, p.window_ms))
 }
 
+/// The state of a key that owes `weight` requests at `now_ms`, or until `until_ms` if that is
+/// sooner (a forgotten key's when it comes back, [`super::trace`]): its arrival time is the
+/// earlier of `now + weight·T` and `until_ms`.
+pub fn owing(now_ms: u64, p: &Params, weight: u64, until_ms: u64) -> State {
+    let l = u128::from(p.limit.max(1));
+    let w = u128::from(p.window_ms.max(1));
+    let by_weight = u128::from(now_ms) * l + u128::from(weight) * w;
+    let tat = by_weight.min(u128::from(until_ms) * l);
+    State::from_scaled(tat, l, p.window_ms)
+}
+
 /// Takes back `cost` counted by a [`decide`] (the arrival time moves back by `cost·T`).
 pub fn refund(state: State, cost: u64) -> State {
     let l = u128::from(state.limit.max(1));

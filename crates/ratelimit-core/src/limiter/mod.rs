@@ -12,8 +12,10 @@ pub mod lease;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod tenant;
+pub mod trace;
 
 pub use calendar::Windows;
+pub use trace::Trace;
 
 /// `limit` scaled by `factor` permille, at least 1.
 pub fn scale(limit: u64, factor: u32) -> u64 {

@@ -143,7 +143,7 @@ impl<S: Store> Runtime<S> {
 /// The key's entry in a decoded slot, of any algorithm.
 fn entry_of(slot: &Slot, key: LoggedKey) -> Option<State> {
     match slot {
-        Slot::Bucket(_) => slot.find(key.0).cloned(),
+        Slot::Bucket(..) => slot.find(key.0).cloned(),
         Slot::Log(_) => slot.find_log(key.0).cloned().map(State::SlidingLog),
     }
 }
@@ -230,7 +230,7 @@ impl<S: Store> Runtime<S> {
                 .store
                 .read(slot, |bytes, _| Slot::decode(slot, bytes))?;
             let entries: Vec<(u64, State)> = match read {
-                Ok(Slot::Bucket(entries)) => entries.into_iter().flatten().collect(),
+                Ok(Slot::Bucket(entries, ..)) => entries.into_iter().flatten().collect(),
                 Ok(Slot::Log(entry)) => entry
                     .into_iter()
                     .map(|(fp, log)| (fp, State::SlidingLog(log)))
@@ -336,7 +336,7 @@ impl<S: Store> Runtime<S> {
                     return (false, false);
                 };
                 let removed = match &mut decoded {
-                    Slot::Bucket(entries) => entries
+                    Slot::Bucket(entries, ..) => entries
                         .iter_mut()
                         .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
                         .map(Option::take)

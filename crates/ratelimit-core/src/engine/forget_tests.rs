@@ -1,0 +1,166 @@
+//! Forgotten, not forgiven: floods that make the table forget a limited key never let it past
+//! its limit, on both kinds of store and through every decision path; and what the traces cost
+//! the innocent keys that arrive meanwhile.
+
+use super::tests::check;
+use super::*;
+use crate::store::{MemoryStore, ProcessStore};
+use crate::testkit::Rng;
+use std::collections::HashMap;
+
+const LIMIT: u64 = 5;
+const WINDOW: u64 = 60_000;
+
+/// How a flood picks its keys and how many requests each sends.
+#[derive(Clone, Copy, Debug)]
+enum Flood {
+    /// Keys never seen again, one request each: `n` of them.
+    OneOff(u64),
+    /// `n` keys, each sent up to its limit.
+    UpToTheLimit(u64),
+    /// `n` keys that land in the victim's bucket (the key seed known), each up to its limit.
+    Aimed(u64),
+}
+
+/// What one flood did: requests admitted past the limit, over every key (the victim's
+/// included), and innocent new keys refused out of those sent.
+#[derive(Debug, Default)]
+struct Run {
+    past_the_limit: u64,
+    innocents: u64,
+    innocents_refused: u64,
+    evictions: u64,
+}
+
+/// Runs `flood` against a table of `buckets` buckets in `store` beside a victim key used up to
+/// its limit that keeps asking, and innocent new keys, one request each, every `innocent_every`
+/// flood requests. Every key is also decided against its own exact state, never forgotten: a
+/// key admitted where that state refuses is past its limit. `two_rules`: each request also
+/// carries a generous rule of its own (the several-rules paths).
+fn run(store: &impl Store, buckets: u32, flood: Flood, two_rules: bool, seed: u64) -> Run {
+    let mut rng = Rng(seed);
+    let mut exact: HashMap<u64, State> = HashMap::new();
+    let mut out = Run::default();
+    let mut now = 1_000_000u64;
+    // Keys as the runtime makes them: the rule's tag in the top 16 bits, the hash below.
+    let key_of = |rng: &mut Rng| 0x5eed_u64 << 48 | rng.next() >> 16 | 1;
+    let victim = key_of(&mut rng);
+    let victim_bucket = table::bucket_of(victim, buckets);
+    let mut ask = |key: u64, now: u64, out: &mut Run| -> bool {
+        let rule = check(
+            u64::from(table::bucket_of(key, buckets)),
+            key | 1,
+            LIMIT,
+            WINDOW,
+        );
+        let other_key = 0x0dd5_u64 << 48 | (key.rotate_left(17) >> 16) | 1;
+        let other = check(
+            u64::from(table::bucket_of(other_key, buckets)),
+            other_key,
+            1_000_000,
+            WINDOW,
+        );
+        let checks: &[Check] = if two_rules { &[rule, other] } else { &[rule] };
+        let outcome = decide(store, checks, now, FailureMode::Allow);
+        out.evictions += outcome.rules.iter().filter(|r| r.evicted).count() as u64;
+        let (verdict, next) = rule.policy.decide(exact.get(&key), now, 1);
+        if outcome.allowed && !verdict.allowed {
+            out.past_the_limit += 1;
+        }
+        if outcome.allowed {
+            if let Some(next) = next {
+                exact.insert(key, next);
+            }
+        }
+        outcome.allowed
+    };
+    for _ in 0..LIMIT {
+        assert!(ask(victim, now, &mut out));
+    }
+    let keys = match flood {
+        Flood::OneOff(n) | Flood::UpToTheLimit(n) | Flood::Aimed(n) => n,
+    };
+    let per_key = match flood {
+        Flood::OneOff(_) => 1,
+        _ => LIMIT,
+    };
+    let innocent_every = 7;
+    // The flood lasts three windows: keys forgotten in one window come back in the next.
+    let step = (3 * WINDOW / (keys * per_key)).max(1);
+    let mut sent = 0u64;
+    for _ in 0..keys {
+        let key = match flood {
+            Flood::Aimed(_) => loop {
+                let k = key_of(&mut rng);
+                if table::bucket_of(k, buckets) == victim_bucket {
+                    break k;
+                }
+            },
+            _ => key_of(&mut rng),
+        };
+        for _ in 0..per_key {
+            now += step;
+            ask(key, now, &mut out);
+            sent += 1;
+            if sent % innocent_every == 0 {
+                let innocent = key_of(&mut rng);
+                out.innocents += 1;
+                out.innocents_refused += u64::from(!ask(innocent, now, &mut out));
+            }
+            if sent % 3 == 0 {
+                ask(victim, now, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// Every flood shape, over three windows, at a capacity of 256 keys, with one rule and two:
+/// no key is ever admitted where its own exact count refuses it, on either store (they decide
+/// alike). What innocent new keys pay: nothing under one-off keys (their traces are light and
+/// dropped, so no merged ghost covers anyone), at most about the share that lands in the aimed
+/// bucket under an aimed flood; under keys each up to its limit (a table over-full with keys
+/// at their limits) the figure is printed: the price of giving none of them a fresh budget.
+#[test]
+fn no_flood_lets_a_forgotten_key_past_its_limit() {
+    let buckets = 64; // a capacity of 256 keys
+    let capacity = u64::from(buckets) * table::WAYS as u64;
+    for flood in [
+        Flood::OneOff(8 * capacity),
+        Flood::UpToTheLimit(capacity),
+        Flood::UpToTheLimit(4 * capacity),
+        Flood::Aimed(64),
+    ] {
+        for two_rules in [false, true] {
+            for seed in 1..=3u64 {
+                let cas = run(&MemoryStore::new(), buckets, flood, two_rules, seed);
+                let held = run(&ProcessStore::new(buckets), buckets, flood, two_rules, seed);
+                let what = format!("{flood:?}, two rules {two_rules}, seed {seed}");
+                assert!(
+                    cas.evictions > 0,
+                    "{what}: nothing forgotten, nothing tested"
+                );
+                assert_eq!(cas.past_the_limit, 0, "{what} (shared data): {cas:?}");
+                assert_eq!(held.past_the_limit, 0, "{what} (process store): {held:?}");
+                assert_eq!(
+                    (cas.innocents_refused, cas.evictions),
+                    (held.innocents_refused, held.evictions),
+                    "{what}: the stores decide alike"
+                );
+                let refused = cas.innocents_refused as f64 / cas.innocents.max(1) as f64;
+                match flood {
+                    Flood::OneOff(_) => assert_eq!(cas.innocents_refused, 0, "{what}"),
+                    Flood::Aimed(_) => assert!(refused <= 0.1, "{what}: {cas:?}"),
+                    Flood::UpToTheLimit(_) => {}
+                }
+                println!(
+                    "{what}: innocents refused {}/{} ({:.1} %), {} evictions",
+                    cas.innocents_refused,
+                    cas.innocents,
+                    100.0 * refused,
+                    cas.evictions,
+                );
+            }
+        }
+    }
+}
