@@ -11,18 +11,18 @@
 //! own kind first, and a heavy hitter being limited survives), else the oldest.
 //!
 //! Forgotten is not forgiven: a live key evicted leaves a [`Ghost`] in its bucket, its
-//! [`Trace`] (what it used, until when) under 16 bits of its fingerprint ([`tag_of`]), and a key
+//! [`Trace`] (what it used, until when) under 32 bits of its fingerprint ([`tag_of`]), and a key
 //! that comes back starts from that trace ([`crate::limiter::Policy::seeded`]), not from a
 //! fresh budget. Each entry keeps its rule's limit beside its state (a bucket's burst for
 //! GCRA), so the table knows whether a key it forgets had reached it ("full"). A bucket keeps
-//! [`GHOSTS`] ghosts. With no room for another: while none of them is full, the lightest is
-//! dropped (a flood of one-off keys costs nobody anything); once one is full, none is dropped,
-//! and the two whose merged set of keys is smallest become one that refuses every key it
-//! stands for until the later of their ends (a merged ghost keeps a set of 32 marks, two per
-//! key, taken from its tag). So a key that reached its limit is never forgiven,
-//! a key below it only while its bucket forgets nothing but keys below theirs, and an innocent
-//! key pays only when its tag falls under a merged ghost. The ghost is written in the same write as the eviction, so no other request
-//! can see the key gone and its trace not yet there.
+//! [`GHOSTS`] ghosts. With no room for another: while fewer than two of them (the new one
+//! included) are full, the lightest light one is dropped (a flood of one-off keys costs nobody
+//! anything); otherwise two full ones become one that refuses every key it stands for until
+//! the later of their ends (a merged ghost keeps a set of 32 marks, two per key, taken from its
+//! tag). So a key that reached its limit is never forgiven, a key below it only what it had
+//! used, and only when its ghost is the lightest of its bucket's light ones; an innocent
+//! key pays only when its marks fall under a merged ghost. The ghost is written in the same
+//! write as the eviction, so no other request can see the key gone and its trace not yet there.
 
 use crate::limiter::{
     fixed_window, gcra, in_flight, lease, sliding_log, sliding_window, tenant, State, Trace,
@@ -42,9 +42,9 @@ const STATE_LEN: usize = 23;
 pub const TAGGED_LEN: usize = 1 + STATE_LEN;
 /// Bytes per entry: fingerprint (8), algorithm tag (1), state.
 pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
-/// Bytes per ghost: tag (2), flags (1), weight (2, [`weight_code`]), until (4, whole seconds
+/// Bytes per ghost: tag (4), flags (1), weight (2, [`weight_code`]), until (4, whole seconds
 /// since the epoch, rounded up; 0: no ghost).
-pub const GHOST_LEN: usize = 9;
+pub const GHOST_LEN: usize = 11;
 /// Bytes per bucket.
 pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN + GHOSTS * GHOST_LEN;
 /// Bytes of a version 1 bucket (entries, no ghosts): read as a bucket with no ghosts.
@@ -470,9 +470,9 @@ fn split_bucket(version: u8, rest: &[u8]) -> Result<(&[u8], &[u8]), Corrupt> {
 /// module's documentation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ghost {
-    /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: the low
-    /// half of its key set ([`Ghost::keys`]).
-    pub tag: u16,
+    /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: its set of keys
+    /// ([`Ghost::keys`]).
+    pub tag: u32,
     /// It stands for several keys: every key whose two marks ([`marks_of`]) are in its set.
     pub merged: bool,
     /// Every key it stands for is refused until `until_s`: the fleet had refused the key, or
@@ -480,23 +480,22 @@ pub struct Ghost {
     pub blocked: bool,
     /// The key(s) had reached their limit (or it was not known).
     pub full: bool,
-    /// One key's ghost: the requests remembered, as [`weight_code`] (rounded up). A merged
-    /// ghost: the high half of its key set.
+    /// The requests remembered, as [`weight_code`] (rounded up); a merged ghost refuses.
     pub weight: u16,
     /// When they stop counting, whole seconds since the epoch, rounded up; 0: no ghost.
     pub until_s: u32,
 }
 
-/// A fingerprint's ghost tag: its bits 32 to 47. Not its top 16 bits, which are its rule's tag
-/// ([`crate::key::TAG_MASK`]: the same for every key of a rule), nor its lowest, which choose
-/// its bucket.
-pub fn tag_of(fp: u64) -> u16 {
-    u16::try_from((fp >> 32) & 0xffff).unwrap_or(u16::MAX)
+/// A fingerprint's ghost tag: its top 32 bits, its rule's tag ([`crate::key::TAG_MASK`]) and
+/// 16 bits of the key's own hash above the bits that choose its bucket. Two keys of a bucket
+/// share one about once in 2³² pairs.
+pub fn tag_of(fp: u64) -> u32 {
+    u32::try_from(fp >> 32).unwrap_or(u32::MAX)
 }
 
 /// The two marks a key with ghost tag `tag` sets in a merged ghost's set of 32: two 5-bit
-/// fields of its tag, as one 32-bit mask.
-pub fn marks_of(tag: u16) -> u32 {
+/// fields of the key's own bits of its tag, as one 32-bit mask.
+pub fn marks_of(tag: u32) -> u32 {
     (1u32 << (tag & 31)) | (1u32 << ((tag >> 5) & 31))
 }
 
@@ -567,7 +566,7 @@ impl Ghost {
     /// The set of marks of the keys it stands for.
     pub fn keys(&self) -> u32 {
         if self.merged {
-            u32::from(self.tag) | (u32::from(self.weight) << 16)
+            self.tag
         } else {
             marks_of(self.tag)
         }
@@ -586,13 +585,12 @@ impl Ghost {
     /// One ghost that stands for every key either does: it refuses them all until the later of
     /// their ends.
     fn merged(&self, other: &Ghost) -> Ghost {
-        let keys = self.keys() | other.keys();
         Ghost {
-            tag: u16::try_from(keys & 0xffff).unwrap_or(0),
+            tag: self.keys() | other.keys(),
             merged: true,
             blocked: true,
             full: true,
-            weight: u16::try_from(keys >> 16).unwrap_or(0),
+            weight: u16::MAX,
             until_s: self.until_s.max(other.until_s),
         }
     }
@@ -600,28 +598,28 @@ impl Ghost {
     fn encode(&self, out: &mut [u8]) {
         let mut bytes = [0u8; GHOST_LEN];
         if self.until_s != 0 {
-            let [t0, t1] = self.tag.to_le_bytes();
+            let [t0, t1, t2, t3] = self.tag.to_le_bytes();
             let [w0, w1] = self.weight.to_le_bytes();
             let [u0, u1, u2, u3] = self.until_s.to_le_bytes();
             let flags =
                 u8::from(self.merged) | (u8::from(self.full) << 1) | (u8::from(self.blocked) << 2);
-            bytes = [t0, t1, flags, w0, w1, u0, u1, u2, u3];
+            bytes = [t0, t1, t2, t3, flags, w0, w1, u0, u1, u2, u3];
         }
         if let Some(dst) = out.get_mut(..GHOST_LEN) {
             dst.copy_from_slice(&bytes);
         }
     }
 
-    /// Never fails: any 9 bytes are some ghost.
+    /// Never fails: any 11 bytes are some ghost.
     fn decode(raw: &[u8]) -> Ghost {
         let b = |i: usize| raw.get(i).copied().unwrap_or(0);
         Ghost {
-            tag: u16::from_le_bytes([b(0), b(1)]),
-            merged: b(2) & 1 != 0,
-            full: b(2) & 2 != 0,
-            blocked: b(2) & 4 != 0,
-            weight: u16::from_le_bytes([b(3), b(4)]),
-            until_s: u32::from_le_bytes([b(5), b(6), b(7), b(8)]),
+            tag: u32::from_le_bytes([b(0), b(1), b(2), b(3)]),
+            merged: b(4) & 1 != 0,
+            full: b(4) & 2 != 0,
+            blocked: b(4) & 4 != 0,
+            weight: u16::from_le_bytes([b(5), b(6)]),
+            until_s: u32::from_le_bytes([b(7), b(8), b(9), b(10)]),
         }
     }
 }
@@ -642,40 +640,39 @@ fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
         *free = ghost;
         return;
     }
-    // No room. While every ghost is light (its keys below their limits), the lightest goes,
-    // the new one included (among equals, the one that ends first). Once one is full, nothing
-    // is dropped: the two whose tags share the most leading bits become one.
+    // No room. While fewer than two of the ghosts (the new one included) are full, the lightest
+    // light one goes (among equals, the one that ends first): a key below its limit loses what
+    // it had used, and no key at its limit is ever dropped. Otherwise two full ones whose merged
+    // set of keys is smallest become one (it refuses them all, and the few others it covers).
     let mut all = [ghost; GHOSTS + 1];
     for (a, g) in all.iter_mut().zip(ghosts.iter()) {
         *a = *g;
     }
-    let lightest = if all.iter().any(|g| g.full) {
-        None
-    } else {
-        let by_weight = all
+    let (gone, merged) = if all.iter().filter(|g| g.full).count() < 2 {
+        let lightest = all
             .iter()
             .enumerate()
+            .filter(|(_, g)| !g.full)
             .min_by_key(|(_, g)| (g.weight, g.until_s));
-        by_weight.map(|(i, _)| i)
-    };
-    let (gone, merged) = match lightest {
-        Some(i) => (i, None),
-        None => {
-            // The pair whose merged set is smallest: it stands for the fewest other keys.
-            let mut best: Option<(u32, usize, usize)> = None;
-            for (i, a) in all.iter().enumerate() {
-                for (j, b) in all.iter().enumerate().skip(i + 1) {
-                    let covered = (a.keys() | b.keys()).count_ones();
-                    if best.is_none_or(|(least, ..)| covered < least) {
-                        best = Some((covered, i, j));
-                    }
+        match lightest {
+            Some((i, _)) => (i, None),
+            None => return,
+        }
+    } else {
+        // The pair whose merged set is smallest: it stands for the fewest other keys.
+        let mut best: Option<(u32, usize, usize)> = None;
+        for (i, a) in all.iter().enumerate().filter(|(_, g)| g.full) {
+            for (j, b) in all.iter().enumerate().skip(i + 1).filter(|(_, g)| g.full) {
+                let covered = (a.keys() | b.keys()).count_ones();
+                if best.is_none_or(|(least, ..)| covered < least) {
+                    best = Some((covered, i, j));
                 }
             }
-            let Some((_, i, j)) = best else { return };
-            match (all.get(i), all.get(j)) {
-                (Some(a), Some(b)) => (j, Some((i, a.merged(b)))),
-                _ => return,
-            }
+        }
+        let Some((_, i, j)) = best else { return };
+        match (all.get(i), all.get(j)) {
+            (Some(a), Some(b)) => (j, Some((i, a.merged(b)))),
+            _ => return,
         }
     };
     if let Some((i, m)) = merged {

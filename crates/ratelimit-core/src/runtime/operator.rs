@@ -336,11 +336,21 @@ impl<S: Store> Runtime<S> {
                     return (false, false);
                 };
                 let removed = match &mut decoded {
-                    Slot::Bucket(entries, ..) => entries
-                        .iter_mut()
-                        .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
-                        .map(Option::take)
-                        .is_some(),
+                    Slot::Bucket(entries, _, ghosts) => {
+                        // Its counter, and its own trace if the table had forgotten it (a
+                        // merged trace stands for other keys too, and stays).
+                        let entry = entries
+                            .iter_mut()
+                            .find(|e| e.as_ref().is_some_and(|(fp, _)| *fp == key.0))
+                            .map(Option::take)
+                            .is_some();
+                        let ghost = ghosts
+                            .iter_mut()
+                            .find(|g| !g.merged && g.live(0) && g.tag == table::tag_of(key.0))
+                            .map(|g| *g = table::Ghost::default())
+                            .is_some();
+                        entry || ghost
+                    }
                     Slot::Log(entry) => entry.take_if(|(fp, _)| *fp == key.0).is_some(),
                 };
                 if removed {
@@ -571,6 +581,33 @@ mod tests {
             Ok(false)
         );
         assert_eq!(resets(&rt), []);
+    }
+
+    /// A key the table forgot at its limit stays refused (its ghost); a reset takes the ghost
+    /// too, and it passes at once.
+    #[test]
+    fn a_forgotten_key_at_its_limit_is_reset_with_its_ghost() {
+        // One bucket of four: a fifth key at its limit pushes the oldest one out.
+        let json = r#"{"capacity": 4, "rules": [{"name": "customer", "key": ["header:x-api-key"],
+            "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}]}"#;
+        let rt = runtime(json);
+        let mut first = api("k0");
+        let key = logged(&rt, 0, &mut first);
+        for k in 0..5 {
+            let mut host = api(&format!("k{k}"));
+            assert_eq!(request(&rt, &mut host), None);
+            assert_eq!(request(&rt, &mut host), None);
+        }
+        assert!(!rt.inspect("customer", key, first.now).unwrap().tracked);
+        assert!(
+            request(&rt, &mut first).is_some(),
+            "forgotten, not forgiven"
+        );
+        assert_eq!(
+            rt.reset("customer", key, first.now, "x", |_, _| {}),
+            Ok(true)
+        );
+        assert_eq!(request(&rt, &mut first), None, "passes once reset");
     }
 
     /// Fills a key of the one rule of `json` until it is refused, checking that inspect
