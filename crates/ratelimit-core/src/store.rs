@@ -327,10 +327,10 @@ struct Bucket {
 /// Sliding-log slots are spread over this many locks.
 const LOG_SHARDS: usize = 64;
 
-/// The native host's store: every bucket of the table allocated up front (`BUCKET_LEN` bytes
-/// and a lock each, about 36 bytes per key), so memory is fixed by the capacity; sliding logs,
-/// whose size varies, in a map under sharded locks (at most one entry per log slot). Reads
-/// copy nothing: the caller decodes under the bucket's lock.
+/// The native host's store: every bucket of the table allocated up front (`BUCKET_LEN` bytes,
+/// a version and a lock each: 160 bytes per bucket of 4 keys on Linux, 40 per key), so memory
+/// is fixed by the capacity; sliding logs, whose size varies, in a map under sharded locks (at
+/// most one entry per log slot). Reads copy nothing: the caller decodes under the bucket's lock.
 #[derive(Debug)]
 pub struct ProcessStore {
     buckets: Box<[Mutex<Bucket>]>,

@@ -36,10 +36,14 @@ use crate::elastic;
 use crate::limiter::{gcra, Policy};
 use std::fmt;
 
-/// The default number of client keys tracked at once: about 1.2 MiB of Envoy memory when the
-/// table is full (70-80 bytes per key measured in the wasm build, Envoy's own overhead included). See the README.
+/// The default number of client keys tracked at once: about 1.4 MiB of Envoy memory when the
+/// table is full in the wasm build (88 bytes per key of capacity at the peak of a 200,000-key
+/// flood, Envoy's own buffers included), about 0.6 MiB allocated up front in the native one
+/// (147-byte buckets with their lock and version: 40 bytes per key). See the book's
+/// performance/evidence.md.
 pub const DEFAULT_CAPACITY: u32 = 16_384;
-/// The largest `capacity` accepted: about 80 MiB of Envoy memory if every slot fills (wasm).
+/// The largest `capacity` accepted: about 80 to 90 MiB of Envoy memory if every slot fills
+/// (wasm), 40 MiB up front (native).
 pub const MAX_CAPACITY: u32 = 1 << 20;
 /// The longest rule name accepted.
 pub const MAX_NAME_LEN: usize = 64;
