@@ -427,7 +427,7 @@ fn memory_stays_bounded_under_many_keys() {
         // Shared-data entries are made as keys arrive: the table is full after the first 20k
         // (5× capacity), and the second 20k adds (almost) nothing.
         common::Build::Wasm => {
-            // The README's figure: 69 B per tracked key measured, under 96 B.
+            // Under 96 B per tracked key (the figure measured is on the performance pages).
             assert!(first / 4096 <= 96, "table grew {first} B");
             assert!(
                 second < first / 4,
@@ -463,8 +463,9 @@ fn native_table_memory_per_key() {
     let (small, big) = (allocated(4_096), allocated(262_144));
     let per_key = big.saturating_sub(small) as f64 / (262_144 - 4_096) as f64;
     eprintln!("native table: {small} -> {big} B allocated, {per_key:.1} B per key of capacity");
-    // The README's figure: 36 B (a lock, a version and 4 entries of 32 bytes per 4 keys).
-    assert!((35.5..=37.0).contains(&per_key), "{per_key:.1} B per key");
+    // The figure the book gives: 41 B (a bucket of 151 bytes, its version, four entries of 32
+    // bytes and two ghosts of 11, with its CAS and lock: 164 bytes per 4 keys).
+    assert!((40.5..=42.0).contains(&per_key), "{per_key:.1} B per key");
 }
 
 #[test]

@@ -328,7 +328,7 @@ struct Bucket {
 const LOG_SHARDS: usize = 64;
 
 /// The native host's store: every bucket of the table allocated up front (`BUCKET_LEN` bytes,
-/// a version and a lock each: 160 bytes per bucket of 4 keys on Linux, 40 per key), so memory
+/// a CAS and a lock each: 164 bytes per bucket of 4 keys on Linux, 41 per key), so memory
 /// is fixed by the capacity; sliding logs, whose size varies, in a map under sharded locks (at
 /// most one entry per log slot). Reads copy nothing: the caller decodes under the bucket's lock.
 #[derive(Debug)]

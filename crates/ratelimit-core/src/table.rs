@@ -171,7 +171,9 @@ impl AsRef<[u8]> for Encoded {
     }
 }
 
-/// What one store slot holds.
+/// What one store slot holds. A bucket is decoded on the stack for a request: boxing it to
+/// make the enum smaller would cost an allocation each time.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// Up to [`WAYS`] keys with compact state, each key's limit ([`limit_code`], 0: not

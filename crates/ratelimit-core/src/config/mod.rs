@@ -39,7 +39,7 @@ use std::fmt;
 /// The default number of client keys tracked at once: about 1.4 MiB of Envoy memory when the
 /// table is full in the wasm build (88 bytes per key of capacity at the peak of a 200,000-key
 /// flood, Envoy's own buffers included), about 0.6 MiB allocated up front in the native one
-/// (147-byte buckets with their lock and version: 40 bytes per key). See the book's
+/// (151-byte buckets with their lock and CAS: 41 bytes per key). See the book's
 /// performance/evidence.md.
 pub const DEFAULT_CAPACITY: u32 = 16_384;
 /// The largest `capacity` accepted: about 80 to 90 MiB of Envoy memory if every slot fills
