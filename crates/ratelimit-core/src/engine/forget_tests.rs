@@ -198,12 +198,10 @@ fn the_soak_churn_never_frees_its_steady_keys() {
         let now = start + ms;
         for _ in 0..26 {
             let churn = key_of(&mut rng, 0x5eed);
-            let b = u64::from(table::bucket_of(churn, buckets));
-            let before = store.read(b, |bytes, _| Slot::decode(b, bytes)).unwrap();
             let o = decide(&store, &[steady_rule(churn)], now, FailureMode::Allow);
             assert!(
                 o.allowed,
-                "a new key is always admitted: {churn:x} at {ms} in {before:?}"
+                "a new key is always admitted: {churn:x} at {ms} ms"
             );
             evictions += u64::from(o.rules.iter().any(|r| r.evicted));
         }
