@@ -224,3 +224,38 @@ fn the_soak_churn_never_frees_its_steady_keys() {
     );
     println!("soak churn: {admitted} steady admissions in {seconds} s (bound {bound}), {evictions} evictions");
 }
+
+/// A bucket written before ghosts (version 1, by a plugin upgraded in place) keeps its counts:
+/// the one-bucket path and the general path both read it, and write it back as version 2.
+#[test]
+fn a_bucket_of_version_1_keeps_its_counts() {
+    let key = 0x5eed_u64 << 48 | 0x1234_5678_9abc | 1;
+    let rule = check(0, key, 3, 60_000);
+    for path in 0..2 {
+        let store = MemoryStore::new();
+        let now = 1_000_000;
+        assert!(decide(&store, &[rule], now, FailureMode::Allow).allowed);
+        let v2 = store
+            .read(0, |b, _| b.map(<[u8]>::to_vec))
+            .unwrap()
+            .unwrap();
+        let mut v1 = v2[..table::V1_BUCKET_LEN].to_vec();
+        v1[0] = 1;
+        let cas = store.read(0, |_, cas| cas).unwrap().unwrap();
+        store.write(0, &v1, cas).unwrap();
+        let twice = [rule, check(0, key ^ (1 << 40), 3, 60_000)];
+        let checks: &[Check] = if path == 0 { &[rule] } else { &twice };
+        assert!(decide(&store, checks, now, FailureMode::Allow).allowed);
+        let third = decide(&store, &[rule], now, FailureMode::Allow);
+        assert!(third.allowed, "path {path}: 3 of 3");
+        assert!(
+            !decide(&store, &[rule], now, FailureMode::Allow).allowed,
+            "path {path}"
+        );
+        let bytes = store
+            .read(0, |b, _| b.map(<[u8]>::to_vec))
+            .unwrap()
+            .unwrap();
+        assert_eq!((bytes.len(), bytes[0]), (table::BUCKET_LEN, table::VERSION));
+    }
+}
