@@ -58,22 +58,6 @@ pub struct ShareCheck {
 }
 
 impl Check {
-    /// Decides against the slot as read.
-    fn decide(&self, slot: &Slot, now_ms: u64, cost: u64) -> (Verdict, Option<State>) {
-        if self.policy.uses_log() {
-            let log = slot
-                .find_log(self.fingerprint)
-                .cloned()
-                .map(State::SlidingLog);
-            self.policy.decide(log.as_ref(), now_ms, cost)
-        } else if let Some(state) = slot.find(self.fingerprint) {
-            self.policy.decide(Some(state), now_ms, cost)
-        } else {
-            self.policy
-                .decide(self.seeded(slot, now_ms).as_ref(), now_ms, cost)
-        }
-    }
-
     /// The state a key its bucket does not hold starts from: its ghost's, if it has one.
     fn seeded(&self, slot: &Slot, now_ms: u64) -> Option<State> {
         let trace = slot.ghost(self.fingerprint, now_ms)?;
@@ -1027,7 +1011,7 @@ fn decide_general(
             }
             Ok(r) => {
                 w.before = check.before(&r.slot, now_ms);
-                let (verdict, state) = check.decide(&r.slot, now_ms, check.cost);
+                let (verdict, state) = check.policy.decide(w.before.as_ref(), now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
                 out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
                 if check.charge_later {
@@ -1090,10 +1074,10 @@ fn decide_general(
                     break;
                 }
             }
-            let (verdict, next) = check.decide(&r.slot, now_ms, check.cost);
+            let before = check.before(&r.slot, now_ms);
+            let (verdict, next) = check.policy.decide(before.as_ref(), now_ms, check.cost);
             out.verdict = Some(verdict);
-            out.above_base =
-                check.above_base(&verdict, check.before(&r.slot, now_ms).as_ref(), now_ms);
+            out.above_base = check.above_base(&verdict, before.as_ref(), now_ms);
             match next {
                 Some(s) => state = s,
                 None if check.shadow => break, // it would have refused: count nothing
