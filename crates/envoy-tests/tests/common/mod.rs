@@ -498,6 +498,13 @@ fn spawn_with(
     std::fs::write(&cfg, yaml).unwrap();
     let log = dir.join("envoy.log");
     let admin_file = dir.join("admin-address");
+    // Envoy flushes its log file every 10 s by default: every 100 ms here, so that a test waiting
+    // for a line waits for the line, not for the flush (unless the caller sets its own interval).
+    let flush: &[&str] = if extra.contains(&"--file-flush-interval-msec") {
+        &[]
+    } else {
+        &["--file-flush-interval-msec", "100"]
+    };
     let child = Command::new(bin)
         .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir)
         .arg("-c")
@@ -509,6 +516,7 @@ fn spawn_with(
         .arg(&admin_file)
         .arg("--log-path")
         .arg(&log)
+        .args(flush)
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -539,16 +547,9 @@ impl Envoy {
         Envoy::start_full(&envoy_bin(), yaml, concurrency, module_dir, &[])
     }
 
-    /// Starts the Envoy binary `bin` with dynamic modules searched in `module_dir` (its log file
-    /// flushed every 100 ms, so that start-up lines show at once).
+    /// Starts the Envoy binary `bin` with dynamic modules searched in `module_dir`.
     pub fn start_on(bin: &str, yaml: &str, module_dir: &Path) -> Envoy {
-        Envoy::start_full(
-            bin,
-            yaml,
-            2,
-            module_dir,
-            &["--file-flush-interval-msec", "100"],
-        )
+        Envoy::start_full(bin, yaml, 2, module_dir, &[])
     }
 
     /// Starts Envoy with more command-line arguments.
