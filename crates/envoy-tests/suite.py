@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """Runs test binaries of the envoy-tests package side by side: `make integration` and
-`make compat` hand it one job per (build or Envoy, test binary), and it runs the heavy ones
-first, one at a time, then keeps up to --jobs of the others running, the longest first, so
-that both cores stay busy while most tests wait on Envoy's clocks and windows.
+`make compat` hand it one job per (build or Envoy, test binary), and it keeps the machine's
+cores busy without letting the jobs starve each other.
 
 A job is one string: `VAR=value ...` settings for its environment, then the arguments of
 `cargo test -p envoy-tests --features envoy` (`--test NAME`); the test binary runs with
 `--test-threads 2`. A job marked `heavy:` (its first word) measures rates or fairness under
-load and needs most of the machine (up to one and a half cores of Envoys and load): it takes
-every slot, so it runs alone.
+load: no other heavy job runs beside it, and only jobs that mostly wait (at most
+--beside-heavy cores on average) run beside it.
+
+Scheduling by CPU: each job's cores are its CPU time over its wall time, as measured at the
+last run here (target/suite/times.json) or, for a job never run here, in a clean-clone CI run
+(ESTIMATES). A job starts when the cores of the jobs running plus its own stay within --cores
+(default: the machine's), at most --jobs at once; the heavy jobs first, then the longest. Most
+of the suite waits on Envoy's clocks and windows, so several of those run at once on two cores.
 
 Each job's output goes to target/suite/<label>.log and is printed whole if it fails. At the
 end: a table of every job (wall time, CPU time of the job and all it started, result), longest
 first, and the wall time of the whole run; the exit status is 1 if any job failed. No job is
-retried. The wall times are kept in target/suite/times.json and order the next run."""
+retried."""
 
 import argparse
 import json
@@ -29,11 +34,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUT = ROOT / "target" / "suite"
 TIMES = OUT / "times.json"
-# Wall seconds of each job in a clean-clone CI run (its order when no run here measured it).
-ESTIMATES = {"sdk": 80, "explain": 78, "global": 60, "share_fleet": 63, "soak": 63, "share": 60,
-             "envoy": 36, "elastic": 34, "share_wait": 34, "share_learn": 33, "share_tokens": 31,
-             "algorithms": 27, "docs": 22, "reload": 23, "flood": 30, "tokens": 20,
-             "operator_route": 20, "held": 18, "prometheus": 14, "quota": 14, "operator": 10}
+# Wall and CPU seconds of each job in a clean-clone CI run (when no run here measured it).
+ESTIMATES = {
+    "wasm-share_fleet": (65, 100), "native-soak": (63, 120), "native-share_fleet": (62, 72),
+    "wasm-soak": (65, 120), "wasm-share": (61, 58), "native-share": (60, 52),
+    "wasm-share_wait": (35, 17), "native-share_wait": (33, 16), "wasm-share_learn": (35, 37),
+    "native-share_learn": (31, 25), "wasm-flood": (54, 104), "native-flood": (36, 69),
+    "wasm-held": (20, 21), "native-held": (16, 12), "native-sdk": (109, 101),
+    "wasm-sdk": (118, 120), "wasm-explain": (74, 32), "native-explain": (65, 3),
+    "native-global": (44, 31), "wasm-envoy": (56, 44), "wasm-global": (111, 130),
+    "native-envoy": (33, 11), "wasm@1.36.4-envoy": (41, 36), "wasm@1.37.0-envoy": (44, 36),
+    "wasm@1.39.3-envoy": (44, 36), "native@1.39.3-abi-1.39.3-envoy": (32, 10),
+    "native@.venv-abi-1.39.3-envoy": (33, 12), "wasm-elastic": (35, 9), "native-elastic": (32, 6),
+    "wasm-share_tokens": (32, 21), "native-share_tokens": (30, 12), "native-algorithms": (22, 3),
+    "wasm-algorithms": (36, 34), "native-reload": (21, 18), "wasm-reload": (27, 29),
+    "native-docs": (11, 5), "wasm-tokens": (32, 29), "wasm-docs": (50, 53), "native-tokens": (16, 5),
+    "native-operator_route": (10, 1), "wasm-operator_route": (30, 9), "wasm-calendar": (3, 5),
+    "wasm-examples": (1, 1), "wasm-replay": (7, 6), "wasm-failure": (15, 9), "wasm-plans": (9, 10),
+    "wasm-hostile": (7, 6), "wasm-services": (4, 5), "wasm-tutorials": (14, 16),
+    "wasm-envoy_gateway": (5, 3), "wasm-deploy": (7, 9), "wasm-llm_upstream": (2, 2),
+    "wasm-versions": (2, 2), "native-calendar": (1, 1), "wasm-upgrade": (4, 5),
+    "native-examples": (1, 1), "native-replay": (4, 1), "native-failure": (6, 1),
+    "native-plans": (4, 1), "native-hostile": (2, 1), "native-tutorials": (6, 6),
+    "native-services": (1, 1), "wasm-prometheus": (19, 6), "wasm-quota": (20, 22),
+    "native-quota": (11, 2), "wasm-operator": (1, 1), "native-prometheus": (13, 3),
+    "native-operator": (20, 1),
+}
+# A job nothing is known of: as long as most, using one core.
+UNKNOWN = (30, 30)
 
 
 class Job:
@@ -55,8 +83,15 @@ class Job:
         self.wall = self.cpu = 0.0
         self.status = None
 
-    def slots(self, jobs):
-        return jobs if self.heavy else 1
+    def expect(self, known):
+        """The wall seconds and cores this job is expected to take."""
+        seen = known.get(self.label)
+        if isinstance(seen, dict):
+            wall, cpu = seen.get("wall", 0), seen.get("cpu", 0)
+        else:
+            wall, cpu = ESTIMATES.get(self.label, UNKNOWN)
+        wall = max(wall, 1)
+        return wall, min(cpu / wall, 2.0)
 
     def run(self):
         log = OUT / f"{self.label}.log"
@@ -80,8 +115,15 @@ class Job:
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "2")),
-                    help="slots: test binaries run at once (SUITE_JOBS, default 2)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "6")),
+                    help="test binaries run at once, at most (SUITE_JOBS, default 6)")
+    ap.add_argument("--cores", type=float,
+                    default=float(os.environ.get("SUITE_CORES", os.cpu_count() or 2)),
+                    help="cores the running jobs may use together (SUITE_CORES, default: "
+                         "the machine's)")
+    ap.add_argument("--beside-heavy", type=float, default=0.2,
+                    help="the most cores a job may use on average to run beside a heavy one "
+                         "(default 0.2)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the table as markdown (for docs/src/contributing/testing.md)")
     ap.add_argument("job", nargs="+")
@@ -89,43 +131,58 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     jobs = [Job(s) for s in args.job]
     known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    # The heavy jobs first, one after the other, then the others side by side: no slot idles
-    # while a heavy job waits for the machine.
-    jobs.sort(key=lambda j: (not j.heavy, -known.get(j.label, ESTIMATES.get(j.test, 15))))
-    free = threading.Semaphore(args.jobs)
-    lock = threading.Lock()
+    expected = {j.label: j.expect(known) for j in jobs}
+    # The heavy jobs first (each needs the machine nearly to itself), then the longest.
+    pending = sorted(jobs, key=lambda j: (not j.heavy, -expected[j.label][0]))
+    running = []
+    done = threading.Condition()
     started = time.monotonic()
 
     def one(job):
         log = job.run()
-        with lock:
+        with done:
             mark = "ok" if job.status == 0 else f"FAILED ({job.status})"
             print(f"{mark:12} {job.wall:6.1f} s wall {job.cpu:6.1f} s CPU  {job.label}",
                   flush=True)
             if job.status != 0:
                 sys.stdout.write(log.read_text(errors="replace"))
                 sys.stdout.flush()
+            running.remove(job)
+            done.notify()
+
+    def fits(job):
+        cores = expected[job.label][1]
+        busy = sum(expected[r.label][1] for r in running)
+        if not running:
+            return True
+        if len(running) >= args.jobs or busy + cores > args.cores:
+            return False
+        if job.heavy:
+            # Beside jobs that mostly wait only, and never beside another heavy one.
+            return all(not r.heavy and expected[r.label][1] <= args.beside_heavy
+                       for r in running)
+        # While a heavy job runs or waits for its turn, only jobs that mostly wait start.
+        if any(r.heavy for r in running) or any(p.heavy for p in pending):
+            return cores <= args.beside_heavy
+        return True
 
     threads = []
-    for job in jobs:
-        held = job.slots(args.jobs)
-        for _ in range(held):
-            free.acquire()
-
-        def body(job=job, held=held):
-            try:
-                one(job)
-            finally:
-                for _ in range(held):
-                    free.release()
-
-        t = threading.Thread(target=body)
-        t.start()
-        threads.append(t)
+    with done:
+        while pending:
+            ready = next((j for j in pending if fits(j)), None)
+            if ready is None:
+                done.wait()
+                continue
+            pending.remove(ready)
+            running.append(ready)
+            t = threading.Thread(target=one, args=(ready,))
+            t.start()
+            threads.append(t)
     for t in threads:
         t.join()
     total = time.monotonic() - started
-    known.update({j.label: round(j.wall, 1) for j in jobs if j.status == 0})
+    known.update({j.label: {"wall": round(j.wall, 1), "cpu": round(j.cpu, 1)}
+                  for j in jobs if j.status == 0})
     TIMES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     jobs.sort(key=lambda j: -j.wall)
     if args.markdown:
@@ -133,8 +190,9 @@ def main():
         for j in jobs:
             print(f"| {j.label} | {j.wall:.0f} | {j.cpu:.0f} | {'ok' if j.status == 0 else 'failed'} |")
     cpu = sum(j.cpu for j in jobs)
-    print(f"\n{len(jobs)} jobs, {args.jobs} slots: {total:.0f} s wall, {sum(j.wall for j in jobs):.0f} s "
-          f"of jobs, {cpu:.0f} s CPU ({cpu / total:.2f} cores busy on average)")
+    print(f"\n{len(jobs)} jobs, at most {args.jobs} at once on {args.cores:g} cores: {total:.0f} s wall, "
+          f"{sum(j.wall for j in jobs):.0f} s of jobs, {cpu:.0f} s CPU "
+          f"({cpu / total:.2f} cores busy on average)")
     failed = [j.label for j in jobs if j.status != 0]
     if failed:
         print("failed: " + ", ".join(failed))
