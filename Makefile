@@ -30,7 +30,7 @@ ENVOY ?= $(CURDIR)/$(ENVOYS)/$(ENVOY_VERSION)/bin/envoy
 endif
 export ENVOY
 
-.PHONY: bench-guard rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
+.PHONY: fuzz-build prepare unit-build integration-build system-deps bench-guard rls-example build build-panic build-native build-native-panic build-native-prev rls-server prometheus \
 	run run-native test unit integration compat sdks abi-check default-envoy-version deploy-test lint \
 	envoy envoys target clean bench bench-fleet bench-tools oci fleet docs docs-gen dist fuzz fuzz-test fuzz-long soak
 
@@ -117,7 +117,7 @@ RLS_SERVER := crates/envoy-tests/rls-server/target/release/rls-server
 rls-server:
 	bash crates/envoy-tests/rls-server/prepare.sh
 	cargo build --release --manifest-path crates/envoy-tests/rls-server/Cargo.toml
-	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+	@$(MAKE) --no-print-directory system-deps
 
 # The rate limit service an example's global rules count against (examples/llm-gateway): the
 # test one (the limitador engine) on 127.0.0.1:8081 over a Redis on 127.0.0.1:6379, with the
@@ -131,9 +131,14 @@ rls-example: rls-server
 
 # Prometheus and promtool (Debian's package) for the dashboard and alert rules' test
 # (envoy-tests' prometheus.rs).
-prometheus:
-	@(command -v prometheus && command -v promtool) >/dev/null || \
-		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
+prometheus: system-deps
+
+# The Debian packages the tests use (Redis, Prometheus and promtool, nm), installed by one
+# apt-get of the missing ones (two at once would wait on each other's lock).
+SYSTEM_DEPS := redis-server:redis-server prometheus:prometheus promtool:prometheus nm:binutils
+system-deps:
+	@missing=$$(for d in $(SYSTEM_DEPS); do command -v $${d%%:*} >/dev/null || echo $${d#*:}; done | sort -u); \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; fi
 
 # The dynamic module built for the previous supported Envoy release (the oldest that gives every
 # feature), beside the default one: target/abi-1.39.3/native/libwasm_ratelimit.so.
@@ -149,7 +154,7 @@ build-native-prev:
 envoy_bin = $(CURDIR)/$(ENVOYS)/$(1)/bin/envoy
 PINNED_BIN := $(CURDIR)/$(VENV)/bin/envoy
 abi-check: default-envoy-version build-native build-native-prev envoys
-	@command -v nm >/dev/null || (apt-get update -qq && apt-get install -y -qq binutils)
+	@$(MAKE) --no-print-directory system-deps
 	bash crates/envoy-dm-abi/abi/check.sh $(NATIVE_DIR)/libwasm_ratelimit.so $(PINNED_ENVOY) \
 		$(call envoy_bin,$(PREV_ENVOY)) $(PINNED_BIN)
 	bash crates/envoy-dm-abi/abi/check.sh $(PREV_NATIVE_DIR)/libwasm_ratelimit.so $(PREV_ENVOY) \
@@ -178,8 +183,9 @@ build-native-panic:
 
 # The tests that drive a real Envoy (the envoy-tests package), against the wasm build and
 # against the dynamic module, and the compat matrix above: one job per build and test file, run
-# side by side by crates/envoy-tests/suite.py (SUITE_JOBS at once, default 2; a heavy job, one
-# that measures rates or fairness under load, runs alone), the longest first. The wasm build also runs the files
+# side by side by crates/envoy-tests/suite.py, as many at once as the cores allow by each job's
+# CPU use (a heavy job, one that measures rates or fairness under load, only beside jobs that
+# mostly wait), the heavy ones first, then the longest. The wasm build also runs the files
 # that test what only it ships (deploy.rs, the Istio/OCI artefacts), or no build at all.
 # versions.rs runs each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := envoy algorithms calendar failure reload flood quota elastic global examples docs prometheus \
@@ -196,9 +202,7 @@ TEST_ENV := WASM=$(CURDIR)/$(WASM) PANIC_WASM=$(CURDIR)/$(PANIC_WASM) RLS_SERVER
 	NATIVE_1_40_DIR=$(CURDIR)/$(NATIVE_DIR) NATIVE_1_39_DIR=$(CURDIR)/$(PREV_NATIVE_DIR) \
 	ENVOY_1_40=$(PINNED_BIN) ENVOY_1_39=$(call envoy_bin,1.39.3) ENVOY_1_38=$(call envoy_bin,1.38.3)
 integration: default-envoy-version build build-panic build-native build-native-panic build-native-prev \
-	envoy envoys rls-server prometheus sdks
-	cargo build -p ratelimit-config
-	cargo test -p envoy-tests --features envoy --no-run
+	envoy envoys rls-server prometheus sdks integration-build
 	$(TEST_ENV) python3 crates/envoy-tests/suite.py $(INTEGRATION_JOBS) $(COMPAT_JOBS)
 
 # The soak under faults (envoy-tests' soak.rs), each build in turn for SOAK_SECONDS (default
@@ -210,27 +214,25 @@ soak: build build-native envoy rls-server
 	$(TEST_ENV) FILTER=native SOAK_SECONDS=$(SOAK_SECONDS) cargo test -p envoy-tests --features envoy --test soak -- --nocapture
 
 # Fuzzing (fuzz/, a cargo-fuzz crate outside the workspace): every target for FUZZ_SECONDS
-# (default 20: about 4 minutes for the eleven, plus a first build of about 40 s, and about 3 minutes
-# to install cargo-fuzz if missing), on nightly, without a sanitizer (the crates fuzzed have no
-# unsafe code). New inputs go to fuzz/target/corpus/ (the seeds in fuzz/corpus/ are only read),
-# crashes to fuzz/artifacts/. `make fuzz-test` (stable: about 15 s from scratch, 3 s once built)
-# builds every target and replays the seeds through its checks.
+# (default 20), FUZZ_JOBS at a time (default 2), built on nightly with libFuzzer's
+# instrumentation and no sanitizer (the crates fuzzed have no unsafe code) by fuzz/build.sh, the
+# flags cargo-fuzz passes (cargo-fuzz itself is not needed; about 50 s to build). New inputs go
+# to fuzz/target/corpus/ (the seeds in fuzz/corpus/ are only read), crashes to fuzz/artifacts/.
+# `make fuzz-test` (stable: about 15 s from scratch, 3 s once built) builds every target and
+# replays the seeds through its checks.
 FUZZ_SECONDS ?= 20
+FUZZ_JOBS ?= 2
 FUZZ_TARGETS := config manifest body_scan usage_scan rls keys operator render algorithms calendar provider share
-fuzz:
-	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-	@for t in $(FUZZ_TARGETS); do \
-		mkdir -p fuzz/target/corpus/$$t && \
-		cargo +nightly fuzz run -s none $$t $(CURDIR)/fuzz/target/corpus/$$t $(CURDIR)/fuzz/corpus/$$t -- \
-			-max_total_time=$(FUZZ_SECONDS) -dict=$(CURDIR)/fuzz/json.dict -print_final_stats=1 \
-			$(FUZZ_ARGS) || exit 1; \
-	done
+fuzz: fuzz-build
+	SECONDS_EACH=$(FUZZ_SECONDS) JOBS=$(FUZZ_JOBS) FUZZ_ARGS="$(FUZZ_ARGS)" fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-build:
+	fuzz/build.sh $(FUZZ_TARGETS)
 
 # Long fuzzing: each target until it has used FUZZ_CPU_SECONDS of CPU (default 1800), two at a
 # time at low priority; a summary line per target in fuzz/target/long/summary.tsv.
 FUZZ_CPU_SECONDS ?= 1800
 fuzz-long:
-	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	CPU_SECONDS=$(FUZZ_CPU_SECONDS) fuzz/long.sh $(FUZZ_TARGETS)
 
 fuzz-test:
@@ -267,7 +269,22 @@ deploy-test: build dist envoy $(VENV)/.test-deps
 	python3 deploy/dist/test_dist.py $(DIST)
 	$(VENV)/bin/python schema/test_schema.py
 
-test: unit abi-check integration deploy-test
+# Everything `make test` builds and installs, two at a time (the builds' single-threaded link
+# steps and the downloads overlap): the test binaries of `make unit` and of the Envoy suite, both
+# builds and their panic-trigger variants, the module for the previous Envoy, the test rate
+# limit service, every Envoy and the SDKs. `make test` starts with it, then runs the tests alone.
+prepare: default-envoy-version build build-panic build-native build-native-panic build-native-prev \
+	envoys rls-server system-deps sdks $(VENV)/.test-deps unit-build integration-build
+unit-build:
+	cargo test --workspace --no-run
+	cargo test --manifest-path fuzz/Cargo.toml --no-run
+integration-build:
+	cargo build -p ratelimit-config
+	cargo test -p envoy-tests --features envoy --no-run
+
+test:
+	$(MAKE) -j2 --output-sync=target prepare
+	$(MAKE) unit abi-check integration deploy-test
 
 lint: target docs
 	python3 crates/ratelimit-core/floors.py

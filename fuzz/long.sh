@@ -12,7 +12,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=($(ls fuzz_targets | sed 's/\.rs$//'))
 out=target/long
 mkdir -p "$out"
-cargo +nightly fuzz build -s none >/dev/null 2>&1 || exit 1
+./build.sh >/dev/null 2>&1 || exit 1
 bin=target/x86_64-unknown-linux-gnu/release
 
 cpu_of() { # user+system seconds of a pid
