@@ -10,7 +10,9 @@
 //! - a refusal caused by a reservation still in flight says 1 s, and the SDK's retries pass
 //!   once the reservation is trued up.
 //!
-//! Each call is one run of `crates/envoy-tests/sdk/client.py` (at most 60 s, killed past it).
+//! Each call is one line to a `crates/envoy-tests/sdk/client.py --serve` process (at most 60 s,
+//! the process killed past it), which imports each SDK once for all the calls it serves. A test
+//! keeps its processes, and ends them when it ends; calls made at once each have their own.
 //! The rules key on [`KEY_PART`], the API key as both SDKs send it.
 #![allow(
     clippy::unwrap_used,
@@ -24,8 +26,10 @@ mod common;
 use common::llm::{Api, LlmClient, LlmUpstream, Mode};
 use common::{bootstrap_with, root, Envoy, Listener};
 use serde_json::{json, Value};
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The key part naming the client: the SDKs send `Authorization: Bearer KEY`, keyed by its token.
@@ -42,6 +46,7 @@ const TOKENS_PER_HOUR: u64 = 1000;
 struct Rig {
     envoy: Envoy,
     _up: LlmUpstream,
+    clients: Clients,
 }
 
 fn start(dialect: &str, headers: &str) -> Rig {
@@ -57,65 +62,124 @@ fn start(dialect: &str, headers: &str) -> Rig {
     let up = LlmUpstream::start();
     let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
-    Rig { envoy, _up: up }
+    Rig {
+        envoy,
+        _up: up,
+        clients: Clients::default(),
+    }
 }
 
-/// Runs one step of the SDK client (see `sdk/client.py`); what it printed.
-/// Runs one step of the SDK client with its options `extra` (`--prime`: first a plain call
-/// that must pass, so that the step's call comes right after it; `--output-tokens N`;
-/// `--answer-header NAME=VALUE`).
+/// Runs one step of the SDK client (see `sdk/client.py`) with its options `extra` (`--prime`:
+/// first a plain call that must pass, so that the step's call comes right after it;
+/// `--output-tokens N`; `--answer-header NAME=VALUE`): what the SDK saw.
 fn call(rig: &Rig, sdk: &str, key: &str, mode: &str, step: &str, extra: &[&str]) -> Value {
     let extra: Vec<String> = extra.iter().map(|e| e.to_string()).collect();
-    run(&rig.envoy, sdk, key, mode, step, &extra)
+    rig.clients.run(&rig.envoy, sdk, key, mode, step, &extra)
 }
 
-/// Runs `client.py` against `envoy` with more arguments `extra`.
-fn run(envoy: &Envoy, sdk: &str, key: &str, mode: &str, step: &str, extra: &[String]) -> Value {
-    let base = format!("http://{}", envoy.addr);
-    let mut cmd = Command::new(common::python());
-    cmd.arg(root().join("crates/envoy-tests/sdk/client.py"))
-        .args([sdk, &base, key, mode, step])
-        .args(extra);
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {}: {e} (make test installs the SDKs)",
-                common::python().display()
-            )
+/// `client.py --serve` processes, each serving one call at a time, for one test: a call takes
+/// one that is idle, or starts one if none is (so that calls made at once each have their own),
+/// and gives it back once it has answered; one that raised or did not answer in time is not
+/// given back. Dropped, it kills and reaps those idle: none outlives its test, and the test
+/// binary's CPU time counts theirs.
+#[derive(Default)]
+struct Clients(Mutex<Vec<Client>>);
+
+impl Clients {
+    /// Runs one step of the SDK client against `envoy` with more arguments `extra`, in a
+    /// `client.py --serve` process (at most 60 s, the process killed past it): what the SDK
+    /// saw.
+    fn run(
+        &self,
+        envoy: &Envoy,
+        sdk: &str,
+        key: &str,
+        mode: &str,
+        step: &str,
+        extra: &[String],
+    ) -> Value {
+        let base = format!("http://{}", envoy.addr);
+        let mut args = vec![sdk, &base, key, mode, step];
+        args.extend(extra.iter().map(String::as_str));
+        let idle = self.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut client = idle.unwrap_or_else(Client::start);
+        writeln!(client.stdin, "{}", json!(args))
+            .and_then(|()| client.stdin.flush())
+            .unwrap_or_else(|e| panic!("{sdk} {mode} {step}: cannot write to client.py: {e}"));
+        let line = match client.lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => {
+                drop(client);
+                panic!("{sdk} {mode} {step}: no answer in 60 s");
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = client.child.kill();
+                let status = client.child.wait();
+                panic!("{sdk} {mode} {step}: client.py ended without an answer: {status:?}");
+            }
+        };
+        let mut answer: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("{sdk} {mode} {step}: {e}: {line}"));
+        if let Some(exception) = answer["exception"].as_str() {
+            panic!("{sdk} {mode} {step}: client.py raised:\n{exception}");
+        }
+        let out = answer["out"].take();
+        assert!(out.is_object(), "{sdk} {mode} {step}: {line}");
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(client);
+        out
+    }
+}
+
+/// One `client.py --serve` process: its stdin, and the lines of its stdout as they come. It is
+/// killed and reaped when dropped (and ends by itself at the end of its stdin, should the test
+/// binary end first).
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Client {
+    fn start() -> Client {
+        let mut child = Command::new(common::python())
+            .arg(root().join("crates/envoy-tests/sdk/client.py"))
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {}: {e} (make test installs the SDKs)",
+                    common::python().display()
+                )
+            });
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
         });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+        Client {
+            child,
+            stdin,
+            lines,
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{sdk} {mode} {step}: no answer in 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = reader.join().unwrap();
-    let stderr = err_reader.join().unwrap();
-    assert!(status.success(), "{sdk} {mode} {step}: {status}\n{stderr}");
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("{sdk} {mode} {step}: {e}: {stdout}\n{stderr}"))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn header<'a>(headers: &'a Value, name: &str) -> &'a str {
@@ -457,6 +521,7 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
     let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml_workers(&bootstrap_with(&config, &listener), 1);
     let key = "sk-openai-reserved";
+    let clients = Clients::default();
     // The SDK's process starts first and waits, its client made, for the word to call: a
     // loaded machine takes seconds to start Python and import the SDK.
     let go = common::scratch("reserved").join("go");
@@ -468,7 +533,7 @@ fn a_refusal_by_a_reservation_in_flight_is_retried_in_seconds() {
         go.display().to_string(),
     ];
     let (retried, slow) = std::thread::scope(|scope| {
-        let sdk = scope.spawn(|| run(&envoy, "openai", key, "json", "retried", &args));
+        let sdk = scope.spawn(|| clients.run(&envoy, "openai", key, "json", "retried", &args));
         let deadline = Instant::now() + Duration::from_secs(60);
         while !ready.exists() {
             assert!(Instant::now() < deadline, "the SDK never started");
@@ -542,10 +607,11 @@ fn a_model_without_a_price_is_the_openai_sdks_bad_request() {
     let up = LlmUpstream::start();
     let listener = Listener::to(up.addr);
     let envoy = Envoy::start_yaml(&bootstrap_with(config, &listener));
-    let priced = run(&envoy, "openai", "sk-priced", "json", "refused", &[]);
+    let clients = Clients::default();
+    let priced = clients.run(&envoy, "openai", "sk-priced", "json", "refused", &[]);
     assert_eq!(priced["error"], Value::Null, "{priced}");
     let extra = ["--model".to_string(), "gpt-9-unlisted".to_string()];
-    let out = run(&envoy, "openai", "sk-priced", "json", "refused", &extra);
+    let out = clients.run(&envoy, "openai", "sk-priced", "json", "refused", &extra);
     let e = &out["error"];
     assert_eq!(e["class"], "BadRequestError", "{out}");
     assert_eq!(e["status"], 400, "{out}");
@@ -577,6 +643,7 @@ fn start_example(name: &str) -> (Envoy, Vec<common::Proc>) {
 /// a key gets the SDK's `AuthenticationError`.
 #[test]
 fn the_shipped_llm_examples_limit_the_official_sdks() {
+    let clients = Clients::default();
     // (example, SDK, rule, budget, what its stand-in's JSON answer and stream use, the field
     // of the tokens left).
     for (example, sdk, rule, budget, used, remaining_field) in [
@@ -606,8 +673,8 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
             let key = format!("sk-gz-{mode}");
             let stream = ["--header".to_string(), "x-demo-stream=1".to_string()];
             let extra: &[String] = if mode == "stream" { &stream } else { &[] };
-            let first = run(&envoy, sdk, &key, mode, "allowed", extra);
-            let second = run(&envoy, sdk, &key, mode, "allowed", extra);
+            let first = clients.run(&envoy, sdk, &key, mode, "allowed", extra);
+            let second = clients.run(&envoy, sdk, &key, mode, "allowed", extra);
             for out in [&first, &second] {
                 assert_eq!(out["status"], 200, "{out}");
                 assert_eq!(header(&out["headers"], "content-encoding"), "gzip", "{out}");
@@ -620,7 +687,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
                 "{example} {mode}: the first answer charged its usage, read through gzip"
             );
         }
-        let out = run(&envoy, sdk, "sk-sdk", "json", "exhaust", &[]);
+        let out = clients.run(&envoy, sdk, "sk-sdk", "json", "exhaust", &[]);
         let passed = out["passed"].as_u64().unwrap();
         assert!(passed >= 2, "{example}: {out}");
         let e = &out["error"];
@@ -662,7 +729,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
     // refused by the per-model rule, with OpenAI's fields and a wait the SDK can use (what is
     // left of the rate limit service's minute, which began at the first call).
     let (envoy, _services) = start_example("llm-gateway");
-    let out = run(&envoy, "openai", "alice", "json", "exhaust", &[]);
+    let out = clients.run(&envoy, "openai", "alice", "json", "exhaust", &[]);
     assert_eq!(out["passed"], 2, "{out}");
     let e = &out["error"];
     assert_eq!(
@@ -697,7 +764,7 @@ fn the_shipped_llm_examples_limit_the_official_sdks() {
     ] {
         let (envoy, _services) = start_example(example);
         let extra = ["--authorization".to_string(), "Basic c2stc2Rr".to_string()];
-        let out = run(&envoy, sdk, "sk-sdk", "json", "refused", &extra);
+        let out = clients.run(&envoy, sdk, "sk-sdk", "json", "refused", &extra);
         let e = &out["error"];
         assert_eq!(e["status"], 401, "{out}");
         assert_eq!(e["authentication_error"], true, "{out}");
