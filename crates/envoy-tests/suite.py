@@ -34,14 +34,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUT = ROOT / "target" / "suite"
 TIMES = OUT / "times.json"
-# Wall and CPU seconds of each job in a clean-clone CI run (when no run here measured it).
+# Wall and CPU seconds of each job in a clean-clone CI run, or in a run here when a change made
+# it faster since (when no run here measured it).
 ESTIMATES = {
     "wasm-share_fleet": (65, 100), "native-soak": (63, 120), "native-share_fleet": (62, 72),
     "wasm-soak": (65, 120), "wasm-share": (61, 58), "native-share": (60, 52),
     "wasm-share_wait": (35, 17), "native-share_wait": (33, 16), "wasm-share_learn": (35, 37),
     "native-share_learn": (31, 25), "wasm-flood": (54, 104), "native-flood": (36, 69),
-    "wasm-held": (20, 21), "native-held": (16, 12), "native-sdk": (109, 101),
-    "wasm-sdk": (118, 120), "wasm-explain": (74, 32), "native-explain": (65, 3),
+    "wasm-held": (20, 21), "native-held": (16, 12), "native-sdk": (28, 15),
+    "wasm-sdk": (44, 34), "wasm-explain": (40, 30), "native-explain": (5, 3),
     "native-global": (44, 31), "wasm-envoy": (56, 44), "wasm-global": (111, 130),
     "native-envoy": (33, 11), "wasm@1.36.4-envoy": (41, 36), "wasm@1.37.0-envoy": (44, 36),
     "wasm@1.39.3-envoy": (44, 36), "native@1.39.3-abi-1.39.3-envoy": (32, 10),
@@ -49,7 +50,7 @@ ESTIMATES = {
     "wasm-share_tokens": (32, 21), "native-share_tokens": (30, 12), "native-algorithms": (22, 3),
     "wasm-algorithms": (36, 34), "native-reload": (21, 18), "wasm-reload": (27, 29),
     "native-docs": (11, 5), "wasm-tokens": (32, 29), "wasm-docs": (50, 53), "native-tokens": (16, 5),
-    "native-operator_route": (10, 1), "wasm-operator_route": (30, 9), "wasm-calendar": (3, 5),
+    "native-operator_route": (1, 1), "wasm-operator_route": (30, 9), "wasm-calendar": (3, 5),
     "wasm-examples": (1, 1), "wasm-replay": (7, 6), "wasm-failure": (15, 9), "wasm-plans": (9, 10),
     "wasm-hostile": (7, 6), "wasm-services": (4, 5), "wasm-tutorials": (14, 16),
     "wasm-envoy_gateway": (5, 3), "wasm-deploy": (7, 9), "wasm-llm_upstream": (2, 2),
@@ -58,7 +59,7 @@ ESTIMATES = {
     "native-plans": (4, 1), "native-hostile": (2, 1), "native-tutorials": (6, 6),
     "native-services": (1, 1), "wasm-prometheus": (19, 6), "wasm-quota": (20, 22),
     "native-quota": (11, 2), "wasm-operator": (1, 1), "native-prometheus": (13, 3),
-    "native-operator": (20, 1),
+    "native-operator": (2, 1),
 }
 # A job nothing is known of: as long as most, using one core.
 UNKNOWN = (30, 30)
