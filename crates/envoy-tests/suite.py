@@ -34,32 +34,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUT = ROOT / "target" / "suite"
 TIMES = OUT / "times.json"
-# Wall and CPU seconds of each job in a clean-clone CI run, or in a run here when a change made
-# it faster since (when no run here measured it).
+# Wall and CPU seconds of each job in a clean-clone CI run (when no run here measured it).
 ESTIMATES = {
-    "wasm-share_fleet": (65, 100), "native-soak": (63, 120), "native-share_fleet": (62, 72),
-    "wasm-soak": (65, 120), "wasm-share": (61, 58), "native-share": (60, 52),
-    "wasm-share_wait": (35, 17), "native-share_wait": (33, 16), "wasm-share_learn": (35, 37),
-    "native-share_learn": (31, 25), "wasm-flood": (54, 104), "native-flood": (36, 69),
-    "wasm-held": (20, 21), "native-held": (16, 12), "native-sdk": (28, 15),
-    "wasm-sdk": (44, 34), "wasm-explain": (40, 30), "native-explain": (5, 3),
-    "native-global": (44, 31), "wasm-envoy": (56, 44), "wasm-global": (111, 130),
-    "native-envoy": (33, 11), "wasm@1.36.4-envoy": (41, 36), "wasm@1.37.0-envoy": (44, 36),
-    "wasm@1.39.3-envoy": (44, 36), "native@1.39.3-abi-1.39.3-envoy": (32, 10),
-    "native@.venv-abi-1.39.3-envoy": (33, 12), "wasm-elastic": (35, 9), "native-elastic": (32, 6),
-    "wasm-share_tokens": (32, 21), "native-share_tokens": (30, 12), "native-algorithms": (22, 3),
-    "wasm-algorithms": (36, 34), "native-reload": (21, 18), "wasm-reload": (27, 29),
-    "native-docs": (11, 5), "wasm-tokens": (32, 29), "wasm-docs": (50, 53), "native-tokens": (16, 5),
-    "native-operator_route": (1, 1), "wasm-operator_route": (30, 9), "wasm-calendar": (3, 5),
-    "wasm-examples": (1, 1), "wasm-replay": (7, 6), "wasm-failure": (15, 9), "wasm-plans": (9, 10),
-    "wasm-hostile": (7, 6), "wasm-services": (4, 5), "wasm-tutorials": (14, 16),
-    "wasm-envoy_gateway": (5, 3), "wasm-deploy": (7, 9), "wasm-llm_upstream": (2, 2),
-    "wasm-versions": (2, 2), "native-calendar": (1, 1), "wasm-upgrade": (4, 5),
-    "native-examples": (1, 1), "native-replay": (4, 1), "native-failure": (6, 1),
-    "native-plans": (4, 1), "native-hostile": (2, 1), "native-tutorials": (6, 6),
-    "native-services": (1, 1), "wasm-prometheus": (19, 6), "wasm-quota": (20, 22),
-    "native-quota": (11, 2), "wasm-operator": (1, 1), "native-prometheus": (13, 3),
-    "native-operator": (2, 1),
+    "wasm-global": (115, 134), "wasm-share_fleet": (67, 104), "wasm-soak": (65, 122),
+    "native-soak": (63, 121), "native-share_fleet": (61, 69), "wasm-flood": (61, 115),
+    "wasm-envoy": (61, 46), "wasm-share": (61, 57), "native-share": (60, 51),
+    "wasm@1.37.0-envoy": (59, 48), "wasm-sdk": (58, 41), "wasm@1.39.3-envoy": (55, 49),
+    "wasm-docs": (53, 54), "wasm-explain": (53, 36), "wasm@1.36.4-envoy": (52, 43),
+    "native-global": (47, 36), "wasm-algorithms": (44, 33), "wasm-elastic": (38, 10),
+    "wasm-share_wait": (36, 20), "native-flood": (35, 65), "native-elastic": (35, 7),
+    "wasm-share_learn": (34, 37), "wasm-share_tokens": (33, 16), "native-share_wait": (33, 18),
+    "native-sdk": (33, 14), "native-share_learn": (31, 28), "native-share_tokens": (30, 10),
+    "wasm-tokens": (30, 28), "native-envoy": (29, 13), "wasm-reload": (27, 32),
+    "native@.venv-abi-1.39.3-envoy": (26, 12), "native@1.39.3-abi-1.39.3-envoy": (23, 11),
+    "wasm-held": (22, 21), "native-reload": (21, 22), "native-algorithms": (21, 3),
+    "wasm-quota": (19, 22), "wasm-prometheus": (18, 5), "native-prometheus": (17, 3),
+    "native-tokens": (16, 4), "native-held": (15, 12), "wasm-failure": (14, 9),
+    "wasm-operator_route": (11, 9), "native-quota": (11, 2), "native-docs": (11, 5),
+    "wasm-replay": (9, 5), "wasm-tutorials": (9, 14), "wasm-plans": (8, 10),
+    "native-explain": (7, 3), "wasm-hostile": (7, 6), "native-tutorials": (6, 6),
+    "wasm-deploy": (5, 10), "native-failure": (5, 1), "wasm-envoy_gateway": (4, 3),
+    "native-replay": (4, 1), "native-plans": (4, 1), "native-hostile": (3, 1),
+    "wasm-services": (3, 5), "wasm-upgrade": (2, 4), "wasm-llm_upstream": (2, 2),
+    "wasm-calendar": (2, 4), "wasm-versions": (2, 2), "native-operator": (2, 1),
+    "native-services": (1, 1), "native-operator_route": (1, 1), "native-calendar": (1, 1),
+    "native-examples": (1, 1), "wasm-examples": (1, 1), "wasm-operator": (1, 1),
 }
 # A job nothing is known of: as long as most, using one core.
 UNKNOWN = (30, 30)

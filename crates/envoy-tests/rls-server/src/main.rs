@@ -17,15 +17,12 @@
 //! was refused, and the names of the limits that counted it (`services.rs` checks the examples'
 //! service configurations against what the filter sends).
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit, Code, DescriptorStatus, RateLimit,
+mod proto;
+
+use proto::{
+    Code, DescriptorStatus, HeaderValue, PbDuration, RateLimit, RateLimitRequest,
+    RateLimitResponse, RateLimitService, RateLimitServiceServer, Unit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use limitador::limit::{Context, Expression, Limit, Namespace, Predicate};
 use limitador::storage::redis::AsyncRedisStorage;
 use limitador::{AsyncRateLimiter, CheckResult, RateLimiter};
@@ -183,29 +180,22 @@ impl RateLimitService for Service {
                         seconds: reset.as_secs() as i64,
                         nanos: reset.subsec_nanos() as i32,
                     }),
-                    ..Default::default()
                 }
             })
             .collect();
         let headers = result
             .response_header()
             .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key,
-                value,
-                ..Default::default()
-            })
+            .map(|(key, value)| HeaderValue { key, value })
             .chain(std::iter::once(HeaderValue {
                 key: "x-rls-server".into(),
                 value: "limitador".into(),
-                ..Default::default()
             }))
             .collect();
         Ok(Response::new(RateLimitResponse {
             overall_code: code.into(),
             statuses,
             response_headers_to_add: headers,
-            ..Default::default()
         }))
     }
 }
