@@ -112,6 +112,29 @@ class Job:
         return log
 
 
+def table(known):
+    """times.json as a markdown table: a row per test file, wall and CPU seconds of each build
+    (the compat jobs' Envoys in the last column), the longest first."""
+    rows = {}
+    for label, t in known.items():
+        if not isinstance(t, dict):
+            continue
+        where, test = label.rsplit("-", 1)
+        build = "wasm" if where == "wasm" else "native" if where == "native" else "compat"
+        row = rows.setdefault(test, {})
+        wall, cpu = row.get(build, (0, 0))
+        row[build] = (wall + t["wall"], cpu + t["cpu"])
+    print("| test file | wasm: wall s | CPU s | native: wall s | CPU s | other Envoys: wall s | CPU s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    cell = lambda row, b: " | ".join(f"{v:.0f}" for v in row[b]) if b in row else "| "
+    for test, row in sorted(rows.items(), key=lambda kv: -sum(w for w, _ in kv[1].values())):
+        print(f"| `{test}.rs` | {cell(row, 'wasm')} | {cell(row, 'native')} | {cell(row, 'compat')} |")
+    total = [sum(r[b][i] for r in rows.values() if b in r) for b in ("wasm", "native", "compat")
+             for i in (0, 1)]
+    print("| all | " + " | ".join(f"{v:.0f}" for v in total) + " |")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,8 +149,15 @@ def main():
                          "(default 0.2)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the table as markdown (for docs/src/contributing/testing.md)")
-    ap.add_argument("job", nargs="+")
+    ap.add_argument("--table", action="store_true",
+                    help="print the last run's times (times.json) by test file and build, as "
+                         "markdown, and run nothing")
+    ap.add_argument("job", nargs="*")
     args = ap.parse_args()
+    if args.table:
+        return table(json.loads(TIMES.read_text()) if TIMES.exists() else {})
+    if not args.job:
+        ap.error("no job")
     OUT.mkdir(parents=True, exist_ok=True)
     jobs = [Job(s) for s in args.job]
     known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
