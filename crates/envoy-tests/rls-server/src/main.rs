@@ -19,13 +19,13 @@
 
 mod proto;
 
+use limitador::limit::{Context, Expression, Limit, Namespace, Predicate};
+use limitador::storage::redis::AsyncRedisStorage;
+use limitador::{AsyncRateLimiter, CheckResult, RateLimiter};
 use proto::{
     Code, DescriptorStatus, HeaderValue, PbDuration, RateLimit, RateLimitRequest,
     RateLimitResponse, RateLimitService, RateLimitServiceServer, Unit,
 };
-use limitador::limit::{Context, Expression, Limit, Namespace, Predicate};
-use limitador::storage::redis::AsyncRedisStorage;
-use limitador::{AsyncRateLimiter, CheckResult, RateLimiter};
 use std::collections::HashMap;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
