@@ -12,8 +12,10 @@ load: no other heavy job runs beside it, and only jobs that mostly wait (at most
 Scheduling by CPU: each job's cores are its CPU time over its wall time, as measured at the
 last run here (target/suite/times.json) or, for a job never run here, in a clean-clone CI run
 (ESTIMATES). A job starts when the cores of the jobs running plus its own stay within --cores
-(default: the machine's), at most --jobs at once; the heavy jobs first, then the longest. Most
-of the suite waits on Envoy's clocks and windows, so several of those run at once on two cores.
+(default: 85 % of the machine's: an Envoy loading the wasm build takes 2.4 s of CPU at once), at
+most --jobs at once; the heavy jobs first, then the longest. Most of the suite waits on Envoy's
+clocks and windows, so several of those run at once on two cores. Six at once, up to all the
+cores, left a test's service call waiting over 2 s (a global rule's first call, global.rs).
 
 Each job's output goes to target/suite/<label>.log and is printed whole if it fails. At the
 end: a table of every job (wall time, CPU time of the job and all it started, result), longest
@@ -138,12 +140,13 @@ def table(known):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "6")),
-                    help="test binaries run at once, at most (SUITE_JOBS, default 6)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SUITE_JOBS", "4")),
+                    help="test binaries run at once, at most (SUITE_JOBS, default 4)")
     ap.add_argument("--cores", type=float,
-                    default=float(os.environ.get("SUITE_CORES", os.cpu_count() or 2)),
-                    help="cores the running jobs may use together (SUITE_CORES, default: "
-                         "the machine's)")
+                    default=float(os.environ.get("SUITE_CORES", 0.85 * (os.cpu_count() or 2))),
+                    help="cores the running jobs may use together on average (SUITE_CORES, "
+                         "default: 85 %% of the machine's, room for the bursts of Envoys "
+                         "starting)")
     ap.add_argument("--beside-heavy", type=float, default=0.2,
                     help="the most cores a job may use on average to run beside a heavy one "
                          "(default 0.2)")
