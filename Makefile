@@ -216,8 +216,9 @@ soak: build build-native envoy rls-server
 # Fuzzing (fuzz/, a cargo-fuzz crate outside the workspace): every target for FUZZ_SECONDS
 # (default 20), FUZZ_JOBS at a time (default 2), built on nightly with libFuzzer's
 # instrumentation and no sanitizer (the crates fuzzed have no unsafe code) by fuzz/build.sh, the
-# flags cargo-fuzz passes (cargo-fuzz itself is not needed; about 50 s to build). New inputs go
-# to fuzz/target/corpus/ (the seeds in fuzz/corpus/ are only read), crashes to fuzz/artifacts/.
+# flags cargo-fuzz passes (cargo-fuzz itself is not needed; about 170 s of CPU to build). New
+# inputs go to fuzz/target/corpus/ (the seeds in fuzz/corpus/ are only read), crashes to
+# fuzz/artifacts/.
 # `make fuzz-test` (stable: about 15 s from scratch, 3 s once built) builds every target and
 # replays the seeds through its checks.
 FUZZ_SECONDS ?= 20
