@@ -744,7 +744,9 @@ def guard(args, work):
     for name, n in now.items():
         was = recorded.get(name)
         change = (n - was) / was if was else 0.0
-        over = change > GUARD_SLACK
+        # The per-rule figure is a difference: a cheaper single rule (its short path) raises
+        # it; each of the two counts it is made of is held on its own.
+        over = change > GUARD_SLACK and name != "per further rule"
         failed |= over
         print(f"{name:18} {n:7,} instructions/request in the module's hooks (recorded {was:,}; "
               f"{change:+.2%}){'  ROSE' if over else ''}")

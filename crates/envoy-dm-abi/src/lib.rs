@@ -128,6 +128,7 @@ pub fn log_enabled(level: LogLevel) -> bool {
 /// Bytes as text, `None` if they are not UTF-8. What Envoy lends is nearly always ASCII (an
 /// address, a method, a path), which is checked a word at a time; the full UTF-8 check, byte by
 /// byte on short strings, is left to the rest.
+#[inline]
 pub fn text(bytes: &[u8]) -> Option<&str> {
     if bytes.is_ascii() {
         // SAFETY: ASCII is valid UTF-8.

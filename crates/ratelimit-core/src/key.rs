@@ -337,9 +337,14 @@ pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// Calls `f` with one key part's value and returns `true`, or returns `false` when the
-/// request lacks it. The authority is lower-cased. (`f` is a trait object: a `first` part
-/// calls this again for each of its parts.)
-fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8])) -> bool {
+/// request lacks it. The authority is lower-cased. (Generic, so that a plain part's value
+/// goes straight to the hasher; a `first` part goes through [`first_value`], whose callback
+/// is a trait object, as it calls this again for each of its parts.)
+fn part_value<F: FnMut(&[u8]) + ?Sized>(
+    part: &KeyPart,
+    req: &mut impl Attributes,
+    f: &mut F,
+) -> bool {
     let value = match part {
         KeyPart::RemoteAddress(prefixes) => {
             let Some(address) = req.client_address() else {
@@ -371,21 +376,7 @@ fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8]
             }
             return true;
         }
-        KeyPart::First(parts) => {
-            if !parts.iter().any(|p| matches!(p, KeyPart::RemoteAddress(_))) {
-                return parts.iter().any(|p| part_value(p, req, f));
-            }
-            // A text beside a network: a text that could read as a network's bytes (or as an
-            // escaped text) gets a 0 byte before it, so that no header or body value shares a
-            // network's counter or is sent to a rate limit service as one.
-            return parts.iter().any(|p| match p {
-                KeyPart::RemoteAddress(_) => part_value(p, req, f),
-                _ => part_value(p, req, &mut |v: &[u8]| match v.first() {
-                    Some(0 | 4 | 6) => f(&[&[0u8][..], v].concat()),
-                    _ => f(v),
-                }),
-            });
-        }
+        KeyPart::First(parts) => return first_value(parts, req, &mut |v: &[u8]| f(v)),
     };
     match value {
         Some(v) => {
@@ -394,6 +385,23 @@ fn part_value(part: &KeyPart, req: &mut impl Attributes, f: &mut dyn FnMut(&[u8]
         }
         None => false,
     }
+}
+
+/// [`part_value`] of a `first` part: the first of `parts` the request has.
+fn first_value(parts: &[KeyPart], req: &mut impl Attributes, f: &mut dyn FnMut(&[u8])) -> bool {
+    if !parts.iter().any(|p| matches!(p, KeyPart::RemoteAddress(_))) {
+        return parts.iter().any(|p| part_value(p, req, f));
+    }
+    // A text beside a network: a text that could read as a network's bytes (or as an
+    // escaped text) gets a 0 byte before it, so that no header or body value shares a
+    // network's counter or is sent to a rate limit service as one.
+    parts.iter().any(|p| match p {
+        KeyPart::RemoteAddress(_) => part_value(p, req, f),
+        _ => part_value(p, req, &mut |v: &[u8]| match v.first() {
+            Some(0 | 4 | 6) => f(&[&[0u8][..], v].concat()),
+            _ => f(v),
+        }),
+    })
 }
 
 /// Calls `f` with each key part's value, in order, `None` for a part the request lacks when

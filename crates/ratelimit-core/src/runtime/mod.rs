@@ -18,6 +18,7 @@ pub mod explain;
 mod lease;
 pub mod operator;
 pub mod operator_http;
+mod plain;
 pub mod request;
 mod response;
 pub mod stream;
@@ -156,6 +157,9 @@ pub struct Runtime<S> {
     /// Whether a request's checks may turn into questions ([`Runtime::promote`]): lease rules,
     /// or sync rules whose reservations are sized from the body.
     pub(crate) promotes: bool,
+    /// The configuration's one rule, when it is plain ([`plain::plain_rule`]): its requests
+    /// take the short path.
+    plain: Option<usize>,
     /// When a failure was last logged (ms), to log at most one a second.
     pub(crate) last_failure_log: AtomicU64,
     /// When a refused call of the operator route was last logged (ms), to log at most one a
@@ -201,7 +205,7 @@ fn logged_fields(config: &Config) -> Vec<String> {
 impl<S: Store> Runtime<S> {
     /// Compiles `config` with the table's `seed` over `store`.
     pub fn new(config: Config, seed: Seed, store: S) -> Runtime<S> {
-        let compiled = config
+        let compiled: Vec<Compiled> = config
             .rules
             .iter()
             .map(|rule| {
@@ -243,6 +247,7 @@ impl<S: Store> Runtime<S> {
             })
         });
         let logged_fields = logged_fields(&config);
+        let plain = plain::plain_rule(&config, &compiled);
         let lines = wait::Lines::new(&config.rules);
         Runtime {
             logged_fields,
@@ -255,6 +260,7 @@ impl<S: Store> Runtime<S> {
             hits: Mutex::default(),
             ahead: Mutex::default(),
             promotes,
+            plain,
             last_failure_log: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),

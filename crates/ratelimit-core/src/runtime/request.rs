@@ -104,7 +104,20 @@ pub struct Held {
 }
 
 /// Each applied rule's verdict: (rule index, verdict).
-type Verdicts = SmallVec<[(usize, Verdict); 2]>;
+pub(super) type Verdicts = SmallVec<[(usize, Verdict); 2]>;
+
+/// What an admitted request's response needs beside its verdicts (see [`Admitted`]).
+#[derive(Default)]
+pub(super) struct Left {
+    /// The headers the services of sync global rules asked to add.
+    pub(super) service: Vec<(String, String)>,
+    /// What its rules are owed once the response is known.
+    pub(super) owed: Vec<Debt>,
+    /// The rules its response tells about.
+    pub(super) watched: SmallVec<[usize; 1]>,
+    /// Whether one of them needs the response's time.
+    pub(super) timed: bool,
+}
 
 /// What an admitted request leaves for its response: the verdicts its rate-limit fields report
 /// (written by [`Runtime::response_headers`]), the headers the services of sync global rules
@@ -487,6 +500,11 @@ impl<S: Store> Runtime<S> {
     /// Matches the rules, builds each applying rule's key and cost, and decides, unless sync
     /// global rules must ask their services first.
     pub fn start(&self, host: &mut impl Host) -> Start {
+        if let Some(i) = self.plain {
+            if let Some(decision) = self.start_plain(i, host) {
+                return Start::Decided(decision);
+            }
+        }
         let mut p = Pending::default();
         // One allocation for many rules, not one per doubling (nothing for a few).
         let n = self.config.rules.len();
@@ -593,11 +611,7 @@ impl<S: Store> Runtime<S> {
                 return Ok(());
             }
         }
-        let slot = if compiled.policy.uses_log() {
-            table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)))
-        } else {
-            u64::from(table::bucket_of(hash, self.buckets))
-        };
+        let slot = self.slot_of(compiled, hash);
         let mut policy = policy;
         let mut base = None;
         if let Some(w) = &compiled.watch {
@@ -1014,31 +1028,16 @@ impl<S: Store> Runtime<S> {
                 owed.push(debt);
             }
         }
-        let response = self.config.response;
-        if !allowed {
-            let named = self.named(&reported);
-            let classed = self.classed(&reported);
-            return Decision::Reply(reply(&response, &named, &classed, now, service));
-        }
-        let fields = response.on_allowed
-            && (response.headers != HeaderStyle::None || response.dialect != Dialect::Default);
-        let verdicts = if fields { reported } else { SmallVec::new() };
-        let dated = fields && response.dialect == Dialect::Anthropic;
-        let admitted = (!verdicts.is_empty()
-            || !service.is_empty()
-            || !owed.is_empty()
-            || !watched.is_empty())
-        .then_some(Admitted {
-            verdicts,
+        let left = Left {
             service,
             owed,
-            body_bytes: 0,
-            scan: None,
             watched,
             timed,
-            dated,
-            admitted_ms: now,
-        });
+        };
+        let admitted = match self.concluded(allowed, reported, left, now) {
+            Decision::Continue(admitted) => admitted,
+            refused => return refused,
+        };
         if delay > 0 {
             self.metrics.gauge(Gauge::DelayQueue, 1);
             let until_ms = now.saturating_add(delay);
@@ -1054,6 +1053,52 @@ impl<S: Store> Runtime<S> {
         }
         self.release_counts(&held);
         Decision::Continue(admitted)
+    }
+
+    /// The reply refusing a request its rules refused (`allowed` false), or the request let
+    /// go on with what its response needs (`None`: nothing): the fields of the `reported`
+    /// verdicts, and what is `left` for it. (No delay: the caller holds a delayed request.)
+    #[inline]
+    pub(super) fn concluded(
+        &self,
+        allowed: bool,
+        reported: Verdicts,
+        left: Left,
+        now: u64,
+    ) -> Decision {
+        let response = self.config.response;
+        if !allowed {
+            let named = self.named(&reported);
+            let classed = self.classed(&reported);
+            return Decision::Reply(reply(&response, &named, &classed, now, left.service));
+        }
+        let fields = response.on_allowed
+            && (response.headers != HeaderStyle::None || response.dialect != Dialect::Default);
+        let verdicts = if fields { reported } else { SmallVec::new() };
+        let dated = fields && response.dialect == Dialect::Anthropic;
+        let Left {
+            service,
+            owed,
+            watched,
+            timed,
+        } = left;
+        Decision::Continue(
+            (!verdicts.is_empty()
+                || !service.is_empty()
+                || !owed.is_empty()
+                || !watched.is_empty())
+            .then_some(Admitted {
+                verdicts,
+                service,
+                owed,
+                body_bytes: 0,
+                scan: None,
+                watched,
+                timed,
+                dated,
+                admitted_ms: now,
+            }),
+        )
     }
 
     /// A request refused only by shared rules that let requests wait joins the first one's
@@ -1170,7 +1215,7 @@ impl<S: Store> Runtime<S> {
     /// that can no longer be refused) and logs its line. The key appears only as its keyed
     /// hash, the fingerprint the table stores it by (what an operator passes to
     /// [`Runtime::inspect`] and [`Runtime::reset`]): the raw value may be an API key.
-    fn refusal(
+    pub(super) fn refusal(
         &self,
         host: &mut impl Host,
         rule: usize,

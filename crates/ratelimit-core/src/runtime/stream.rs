@@ -397,6 +397,7 @@ impl StreamState {
         self.decided(decision)
     }
 
+    #[inline]
     fn decided(&mut self, decision: Decision) -> Next {
         match decision {
             Decision::Continue(admitted) => {
