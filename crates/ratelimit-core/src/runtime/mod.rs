@@ -19,6 +19,7 @@ mod lease;
 pub mod operator;
 pub mod operator_http;
 mod plain;
+mod reply;
 pub mod request;
 mod response;
 pub mod stream;

@@ -12,14 +12,16 @@
 //! [`Runtime::settle`] as the response passes. The host only reads attributes ([`Host`],
 //! [`super::Response`]), carries out the decision and provides the store.
 
+pub use super::reply::{failure_reply, Reply, MISSING_KEY_STATUS, UNPRICED_STATUS};
+use super::reply::{missing_key_reply, reply, unpriced_reply};
 use crate::config::{
-    self, Cost, Dialect, FailureMode, GlobalMode, HeaderStyle, KeyPart, MissingKey, PerRequest,
-    Priced, Resolved, ResponseConfig, Rule,
+    self, Cost, Dialect, FailureMode, GlobalMode, HeaderStyle, MissingKey, PerRequest, Priced,
+    Resolved, Rule,
 };
-use crate::dialect::{self, Classed};
+use crate::dialect::Classed;
 use crate::engine::{self, Check, PerRule, RuleOutcome, ShareCheck};
 use crate::global::{self, Answer, Question, Target};
-use crate::headers::{self, Fields, Report};
+use crate::headers::{self, Report};
 use crate::key::{self, Attributes, Descriptor};
 use crate::limiter::{Policy, Verdict};
 use crate::metrics::{Counter, Gauge};
@@ -237,38 +239,6 @@ pub(super) enum DebtKind {
     Reserved(u64),
     /// The in-flight slot taken at this time, ms.
     Slot(u64),
-}
-
-/// A local reply refusing a request.
-#[derive(Debug)]
-pub struct Reply {
-    /// The HTTP status.
-    pub status: u16,
-    content_type: &'static str,
-    /// `None` for a refusal that waiting does not lift (a missing client key).
-    retry_after: Option<String>,
-    /// A `WWW-Authenticate` challenge, for a 401.
-    challenge: Option<String>,
-    fields: Fields,
-    service: Vec<(String, String)>,
-    /// The body: `application/problem+json`, or the error of the configured dialect's API
-    /// (`application/json`).
-    pub body: String,
-}
-
-impl Reply {
-    /// The reply's header fields, in order.
-    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
-        let ours = [
-            Some(("content-type", self.content_type)),
-            self.retry_after.as_deref().map(|r| ("retry-after", r)),
-            self.challenge.as_deref().map(|c| ("www-authenticate", c)),
-        ];
-        ours.into_iter()
-            .flatten()
-            .chain(self.fields.iter().map(|(k, v)| (k as &str, v)))
-            .chain(self.service.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    }
 }
 
 /// A request between the questions to the services and the decision.
@@ -1361,46 +1331,6 @@ impl<S: Store> Runtime<S> {
     }
 }
 
-/// The limited reply for the verdicts `reported` (the same verdicts `classed`, with their
-/// quotas' kinds) at `now_ms`.
-fn reply(
-    response: &ResponseConfig,
-    reported: &[Report],
-    classed: &[Classed],
-    now_ms: u64,
-    service: Vec<(String, String)>,
-) -> Reply {
-    let retry_after = headers::retry_after_seconds(reported);
-    let mut fields = headers::rate_limit_headers(response.headers, reported, true);
-    dialect::each_field(
-        response.dialect,
-        classed,
-        now_ms,
-        true,
-        &mut String::new(),
-        |k, v| fields.push(k, v),
-    );
-    let refused = classed
-        .iter()
-        .find(|(_, v)| !v.allowed)
-        .and_then(|(k, _)| *k);
-    Reply {
-        status: response.status,
-        content_type: dialect::content_type(response.dialect),
-        retry_after: Some(retry_after.to_string()),
-        challenge: None,
-        fields,
-        service,
-        body: dialect::body(
-            response.dialect,
-            response.status,
-            reported,
-            refused,
-            retry_after,
-        ),
-    }
-}
-
 /// A shared rule's tenant as this request says: its weight (1 to 65535) and band, each read
 /// where the rule says, else the rule's defaults.
 fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker {
@@ -1420,74 +1350,6 @@ fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker 
         band,
         again: false,
     }
-}
-
-/// The status of a request refused for lacking its client key (`on_missing_key: refuse`).
-pub const MISSING_KEY_STATUS: u16 = 401;
-
-/// The reply for a request refused because it lacks `part` of `rule`'s key: a 401 without
-/// `Retry-After` (waiting does not help), with a `Bearer` challenge when the key is a bearer
-/// token.
-fn missing_key_reply(rule: &Rule, part: Option<&KeyPart>, response: &ResponseConfig) -> Reply {
-    let bearer = |p: &KeyPart| match p {
-        KeyPart::Bearer => true,
-        KeyPart::First(parts) => parts.contains(&KeyPart::Bearer),
-        _ => false,
-    };
-    let challenge = part
-        .filter(|p| bearer(p))
-        .map(|_| format!("Bearer realm=\"{}\"", rule.name));
-    // The part as configured may hold any character (a body path): escaped for the JSON body.
-    let what = part.map_or_else(String::new, |p| {
-        let quoted = super::operator_http::json(&format!(" ({p})"));
-        let inner = quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"'));
-        inner.unwrap_or_default().to_string()
-    });
-    let detail = format!(
-        "Rule \\\"{}\\\" keys each client by a value the request does not carry{what}; send it.",
-        rule.name
-    );
-    Reply {
-        status: MISSING_KEY_STATUS,
-        content_type: dialect::content_type(response.dialect),
-        retry_after: None,
-        challenge,
-        fields: Fields::default(),
-        service: Vec::new(),
-        body: dialect::missing_key_body(response.dialect, &rule.name, &detail),
-    }
-}
-
-/// The status of a request naming a model a rule has no price for.
-pub const UNPRICED_STATUS: u16 = 400;
-
-/// The reply for a request naming a model `rule` has no price for: a 400 without
-/// `Retry-After` (waiting does not help).
-fn unpriced_reply(rule: &Rule, response: &ResponseConfig) -> Reply {
-    let detail = format!(
-        "Rule \\\"{}\\\" has no price for the model this request names; use a model it prices.",
-        rule.name
-    );
-    Reply {
-        status: UNPRICED_STATUS,
-        content_type: dialect::content_type(response.dialect),
-        retry_after: None,
-        challenge: None,
-        fields: Fields::default(),
-        service: Vec::new(),
-        body: dialect::unpriced_body(response.dialect, &rule.name, &detail),
-    }
-}
-
-/// The reply for a request the filter failed on (a caught panic in the native host, with
-/// `failure_mode: deny`): the limited status and a body, in the configured dialect, that says
-/// so.
-pub fn failure_reply(response: &ResponseConfig) -> Reply {
-    let bare = ResponseConfig {
-        headers: HeaderStyle::None,
-        ..*response
-    };
-    reply(&bare, &[], &[], 0, Vec::new())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The request pipeline's unit tests, with a fake host.
 
 use super::*;
+use crate::config::ResponseConfig;
 use crate::error::ServiceError;
 use crate::key::Seed;
 use crate::metrics::Counter;
