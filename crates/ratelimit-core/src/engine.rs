@@ -775,12 +775,24 @@ fn decide_one(
     now_ms: u64,
     failure_mode: FailureMode,
 ) -> Outcome {
-    let mut out = RuleOutcome::default();
-    let fails_closed = failure_mode == FailureMode::Deny && !check.shadow;
-    let done = |out: RuleOutcome, allowed: bool| Outcome {
+    let (allowed, out) = decide_single(store, check, now_ms, failure_mode);
+    Outcome {
         allowed,
         rules: smallvec::smallvec![out],
-    };
+    }
+}
+
+/// Decides a request against one check (not a sliding log's): whether it is admitted, and the
+/// check's outcome ([`decide`] with one check, without the list of outcomes).
+pub fn decide_single(
+    store: &impl Store,
+    check: &Check,
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> (bool, RuleOutcome) {
+    let mut out = RuleOutcome::default();
+    let fails_closed = failure_mode == FailureMode::Deny && !check.shadow;
+    let done = |out: RuleOutcome, allowed: bool| (allowed, out);
     // Decides on the key's state as read (again after each lost race); says whether the
     // request is admitted, and the state to write, if any.
     let mut verdict = None;

@@ -65,24 +65,28 @@ impl<S: Store> Runtime<S> {
             base: None,
         };
         let now = host.now_ms();
-        let checks = std::slice::from_ref(&check);
-        let outcome = engine::decide(&self.store, checks, now, self.config.failure_mode);
+        let (allowed, out) = if check.policy.uses_log() {
+            let checks = std::slice::from_ref(&check);
+            let outcome = engine::decide(&self.store, checks, now, self.config.failure_mode);
+            let out = outcome.rules.into_iter().next().unwrap_or_default();
+            (outcome.allowed, out)
+        } else {
+            engine::decide_single(&self.store, &check, now, self.config.failure_mode)
+        };
         let mut reported: Verdicts = SmallVec::new();
-        if let Some(out) = outcome.rules.first() {
-            if let Some(failure) = self.store_work(i, out) {
-                self.failed(host, i, now, failure);
-            }
-            if let Some(mut v) = out.verdict {
-                if !v.allowed {
-                    v = self.wait_for_reservations(i, &check, v);
-                    self.refusal(host, i, a.hash, &v, check.cost, check.shadow);
-                } else if outcome.allowed {
-                    self.metrics.add(i, Counter::Allowed, 1);
-                }
-                reported.push((i, v));
-            }
+        if let Some(failure) = self.store_work(i, &out) {
+            self.failed(host, i, now, failure);
         }
-        Some(self.concluded(outcome.allowed, reported, Left::default(), now))
+        if let Some(mut v) = out.verdict {
+            if !v.allowed {
+                v = self.wait_for_reservations(i, &check, v);
+                self.refusal(host, i, a.hash, &v, check.cost, check.shadow);
+            } else if allowed {
+                self.metrics.add(i, Counter::Allowed, 1);
+            }
+            reported.push((i, v));
+        }
+        Some(self.concluded(allowed, reported, Left::default(), now))
     }
 
     /// The store slot of a key of `compiled`'s rule: its own slot in the sliding logs' part of
