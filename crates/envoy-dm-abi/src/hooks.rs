@@ -376,14 +376,16 @@ pub unsafe fn filter_new<C: HttpFilterConfig>(ptr: ConfigModulePtr) -> FilterMod
         return null();
     };
     guard::<C, _>(None, null, || {
-        let b = StreamBox {
-            config: std::ptr::from_ref(c),
-            filter: c.new_filter(),
-            poisoned: Cell::new(false),
-        };
         let p = alloc_stream_box(Layout::new::<StreamBox<C>>()).cast::<StreamBox<C>>();
-        // SAFETY: fresh memory of a StreamBox's layout, written once.
-        unsafe { p.as_ptr().write(b) };
+        // SAFETY: fresh memory of a StreamBox's layout, written once (the box built in place
+        // where the compiler can: no copy of it through the stack).
+        unsafe {
+            p.as_ptr().write(StreamBox {
+                config: std::ptr::from_ref(c),
+                filter: c.new_filter(),
+                poisoned: Cell::new(false),
+            })
+        };
         p.as_ptr().cast_const().cast()
     })
 }

@@ -366,7 +366,9 @@ impl FilterConfig {
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |d| {
+            (d.as_secs().saturating_mul(1000)).saturating_add(u64::from(d.subsec_millis()))
+        })
 }
 
 thread_local! {
