@@ -50,7 +50,8 @@
 //! two windows old. Between answers a replica decides locally from its last view; a view more
 //! than [`MAX_STALE`] epochs old (the service slow or down) is dropped and the replica admits
 //! as a lone one does, under its lease. A counter read as less than this replica itself added
-//! to it (the service's counter expired, or the read went elsewhere) is not believed.
+//! to it (the service's counter expired, or the read went elsewhere) is not believed
+//! ([`believable`], [`Local::told`]).
 //!
 //! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say. A
 //! tenant: with demand steady over three epochs, its allowances add up to `λ·w_i` within the
@@ -71,20 +72,23 @@ pub const SMOOTH: u64 = 4;
 /// The fixed point of the smoothed demands.
 const SCALE: u64 = 16;
 /// A replica claims its leased quota in blocks of at most 1 / this of its part.
-pub const BLOCKS_PER_PART: u64 = 8;
+pub const BLOCKS_PER_PART: u64 = 4;
+/// The fixed point of a replica's fraction of a tenant's demand and of the weights in the band
+/// sums: millionths (a tenant spread over a thousand replicas has a thousandth on each).
+pub const ONE: u64 = 1_000_000;
 /// How many epochs of a tenant's asks a replica keeps.
 const KEPT: usize = 4;
 
-/// One band's sums over the fleet for one epoch, in cost units a window and weights × 1000.
+/// One band's sums over the fleet for one epoch, in cost units a window and weights × [`ONE`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BandCounts {
     /// What the band's tenants asked.
     pub demand: u64,
     /// What the tenants whose fleet demand was under the level asked.
     pub free: u64,
-    /// The weight (× 1000) of the tenants at or above the level.
+    /// The weight (× [`ONE`]) of the tenants at or above the level.
     pub held_weight: u64,
-    /// The weight (× 1000) of the tenants that asked.
+    /// The weight (× [`ONE`]) of the tenants that asked.
     pub active_weight: u64,
 }
 
@@ -98,6 +102,17 @@ impl BandCounts {
             active_weight: self.active_weight.saturating_add(other.active_weight),
         }
     }
+}
+
+/// Whether band sums read for an epoch (`read`) can be the fleet's: none below what this
+/// replica itself added to them (`own`). A counter that expired (the service's unit turned
+/// between the write and the read) or was never written reads as less, and is not used: the
+/// replica keeps its view.
+pub fn believable(read: &BandCounts, own: &BandCounts) -> bool {
+    read.demand >= own.demand
+        && read.free >= own.free
+        && read.held_weight >= own.held_weight
+        && read.active_weight >= own.active_weight
 }
 
 /// One band's level and budget in a [`View`], × [`LEVEL_ONE`].
@@ -198,10 +213,10 @@ pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[Ban
         };
         used_above = used_above.saturating_add(asked(i).min(budget));
         let c = counts.get(i).copied().unwrap_or_default();
-        let plain = mul_div(budget, 1000, c.active_weight);
+        let plain = mul_div(budget, ONE, c.active_weight);
         let level = if c.held_weight > 0 {
             let free = c.free.saturating_mul(LEVEL_ONE);
-            mul_div(budget.saturating_sub(free), 1000, c.held_weight).max(plain)
+            mul_div(budget.saturating_sub(free), ONE, c.held_weight).max(plain)
         } else if asked(i) > budget && c.active_weight > 0 {
             plain
         } else {
@@ -266,13 +281,13 @@ impl Local {
         (epoch.saturating_sub(KEPT as u64 - 1)..=epoch).any(|e| self.asked_in(e) > 0)
     }
 
-    /// This replica's fraction of the tenant's fleet demand, permille (1000 until the fleet's
-    /// demand is read).
-    pub fn fraction_pm(&self) -> u64 {
+    /// This replica's fraction of the tenant's fleet demand, × [`ONE`] (all of it until the
+    /// fleet's demand is read).
+    pub fn fraction(&self) -> u64 {
         if self.fleet == 0 {
-            return 1000;
+            return ONE;
         }
-        mul_div(self.mine, 1000, self.fleet).min(1000)
+        mul_div(self.mine, ONE, self.fleet).min(ONE)
     }
 
     /// Its fleet demand a window as last read (smoothed), or what it asked here lately when
@@ -315,7 +330,7 @@ pub fn contribution(level: u64, weight: u16, local: &Local, epoch: u64) -> Optio
     if asked == 0 {
         return None;
     }
-    let w = u64::from(weight.max(1)).saturating_mul(local.fraction_pm());
+    let w = u64::from(weight.max(1)).saturating_mul(local.fraction());
     let demand = local.fleet_demand().max(asked).saturating_mul(LEVEL_ONE);
     let held = level != NO_LEVEL && demand >= level.saturating_mul(u64::from(weight.max(1)));
     Some(BandCounts {
@@ -332,7 +347,7 @@ pub fn contribution(level: u64, weight: u16, local: &Local, epoch: u64) -> Optio
 pub fn allowance(level: u64, weight: u16, local: &Local) -> Option<u64> {
     (level != NO_LEVEL).then(|| {
         let share = level.saturating_mul(u64::from(weight.max(1)));
-        permille(share, local.fraction_pm())
+        mul_div(share, local.fraction(), ONE)
     })
 }
 
@@ -369,15 +384,15 @@ pub fn expected(level: u64, weight: u16, local: &Local, epoch: u64) -> u64 {
 /// (`part`, cost units × [`LEVEL_ONE`], the sum of [`expected`] over its tenants): a
 /// [`BLOCKS_PER_PART`]th of it, no more than it expects to admit until the window ends at
 /// `window_end_ms` (held quota lapses then), at least 1 and at most `max_block`; `max_block`
-/// until it expects anything.
+/// until it has reported once (`part` `None`).
 pub fn block_cap(
-    part: u64,
+    part: Option<u64>,
     (now_ms, window_end_ms, window_ms): (u64, u64, u64),
     max_block: u64,
 ) -> u64 {
-    if part == 0 {
+    let Some(part) = part else {
         return max_block.max(1);
-    }
+    };
     let left = window_end_ms.saturating_sub(now_ms).min(window_ms);
     let by_part = part / BLOCKS_PER_PART;
     let by_time = mul_div(part, left, window_ms.max(1));
@@ -606,13 +621,13 @@ mod tests {
             demand: d,
             free: d,
             held_weight: 0,
-            active_weight: 1000,
+            active_weight: ONE,
         };
         let held = |d: u64| BandCounts {
             demand: d,
             free: 0,
-            held_weight: 1000,
-            active_weight: 1000,
+            held_weight: ONE,
+            active_weight: ONE,
         };
         let all = [1_000, 20, 30, 200, 900];
         let plain = view(
@@ -659,8 +674,8 @@ mod tests {
             &[BandCounts {
                 demand: 500,
                 free: 0,
-                held_weight: 2000,
-                active_weight: 2000,
+                held_weight: 2 * ONE,
+                active_weight: 2 * ONE,
             }],
         );
         assert_eq!(v.level(0, 50 + MAX_STALE), 50 * LEVEL_ONE);
@@ -671,22 +686,31 @@ mod tests {
         l.ask(10, 30);
         l.ask(11, 5);
         l.told(10, 10);
-        assert_eq!((l.mine, l.fleet, l.fraction_pm()), (0, 0, 1000));
+        assert_eq!((l.mine, l.fleet, l.fraction()), (0, 0, ONE));
         l.told(10, 120);
-        assert_eq!(l.fraction_pm(), 250);
+        assert_eq!(l.fraction(), ONE / 4);
         assert_eq!(l.fleet_demand(), 120);
         // Smoothed: a next epoch of 60 of 60 moves it a quarter of the way.
         l.ask(12, 60);
         l.told(12, 60);
         assert_eq!(
-            l.fraction_pm(),
-            (30 * 16 * 3 / 4 + 60 * 16 / 4) * 1000 / (120 * 16 * 3 / 4 + 60 * 16 / 4)
+            l.fraction(),
+            (30 * 16 * 3 / 4 + 60 * 16 / 4) * ONE / (120 * 16 * 3 / 4 + 60 * 16 / 4)
         );
         // Kept for four epochs only.
         assert_eq!((l.asked_in(10), l.asked_in(9)), (30, 0));
         l.ask(14, 1);
         assert_eq!(l.asked_in(10), 0);
         assert!(l.active(14) && !l.active(20));
+        // Band sums below this replica's own adds: an expired counter.
+        let own = BandCounts {
+            demand: 30,
+            free: 0,
+            held_weight: 500,
+            active_weight: 500,
+        };
+        assert!(believable(&own.plus(own), &own));
+        assert!(!believable(&BandCounts::default(), &own));
         // Without the fleet's answers the replicas admit as lone ones (no level).
         let mut f = Fleet::new(share, 100, &[1, 1], &[0, 0], 2);
         for k in 100..110 {
@@ -725,22 +749,30 @@ mod tests {
         ));
         assert!(admits(&u, 1_010, 1_000, None, 1));
         let part = 800 * LEVEL_ONE;
-        assert_eq!(block_cap(part, (10_000, 11_000, 1_000), 1_000), 100);
         assert_eq!(
-            block_cap(part, (10_900, 11_000, 1_000), 1_000),
+            block_cap(Some(part), (10_000, 11_000, 1_000), 1_000),
+            800 / BLOCKS_PER_PART
+        );
+        assert_eq!(
+            block_cap(Some(part), (10_900, 11_000, 1_000), 1_000),
             80,
             "what is left to use"
         );
-        assert_eq!(block_cap(part, (10_999, 11_000, 1_000), 1_000), 1);
+        assert_eq!(block_cap(Some(part), (10_999, 11_000, 1_000), 1_000), 1);
         assert_eq!(
-            block_cap(part, (10_000, 11_000, 1_000), 40),
+            block_cap(Some(part), (10_000, 11_000, 1_000), 40),
             40,
             "the configured cap"
         );
         assert_eq!(
-            block_cap(0, (10_000, 11_000, 1_000), 40),
+            block_cap(None, (10_000, 11_000, 1_000), 40),
             40,
-            "nothing expected yet"
+            "never reported"
+        );
+        assert_eq!(
+            block_cap(Some(0), (10_000, 11_000, 1_000), 40),
+            1,
+            "expects nothing"
         );
     }
 }
