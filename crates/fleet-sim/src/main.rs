@@ -227,22 +227,28 @@ fn share_main(args: Args) -> ExitCode {
     }
     let runs = share::run_all(&studies, args.threads);
     print!("{}", share::markdown(&runs));
-    if let Some(path) = args.json {
-        let each: Vec<String> = runs
-            .iter()
-            .map(|(s, f)| format!("    {}", share::row_json(s, f)))
-            .collect();
-        let text = format!("{{\n  \"share\": [\n{}\n  ]\n}}\n", each.join(",\n"));
+    let rows = runs.iter().map(|(s, f)| share::row_json(s, f).to_string());
+    finish(args.json, "share", rows, runs.len(), started)
+}
+
+/// Writes `rows` (JSON values) to `json` as the list `name`, one a line, if asked, and says how
+/// many runs took how long.
+fn finish(
+    json: Option<String>,
+    name: &str,
+    rows: impl Iterator<Item = String>,
+    runs: usize,
+    started: Instant,
+) -> ExitCode {
+    if let Some(path) = json {
+        let each: Vec<String> = rows.map(|r| format!("    {r}")).collect();
+        let text = format!("{{\n  \"{name}\": [\n{}\n  ]\n}}\n", each.join(",\n"));
         if let Err(e) = std::fs::write(&path, text) {
             eprintln!("fleet-sim: {path}: {e}");
             return ExitCode::FAILURE;
         }
     }
-    eprintln!(
-        "{} runs in {:.1} s",
-        runs.len(),
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("{runs} runs in {:.1} s", started.elapsed().as_secs_f64());
     ExitCode::SUCCESS
 }
 
@@ -268,29 +274,14 @@ fn lease_main(
         .zip(leased.iter().cloned())
         .collect();
     print!("{}", leased::markdown(&pairs));
-    if let Some(path) = json {
-        let each: Vec<String> = pairs
-            .iter()
-            .map(|((s, f), (l, g))| {
-                format!(
-                    "    {{\"static\": {}, \"leased\": {}}}",
-                    share::row_json(s, f),
-                    leased::row_json(l, g)
-                )
-            })
-            .collect();
-        let text = format!("{{\n  \"share_lease\": [\n{}\n  ]\n}}\n", each.join(",\n"));
-        if let Err(e) = std::fs::write(&path, text) {
-            eprintln!("fleet-sim: {path}: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    eprintln!(
-        "{} runs in {:.1} s",
-        runs.len(),
-        started.elapsed().as_secs_f64()
-    );
-    ExitCode::SUCCESS
+    let rows = pairs.iter().map(|((s, f), (l, g))| {
+        format!(
+            "{{\"static\": {}, \"leased\": {}}}",
+            share::row_json(s, f),
+            leased::row_json(l, g)
+        )
+    });
+    finish(json, "share_lease", rows, runs.len(), started)
 }
 
 /// `--share --fair`: every study leased and fair across the fleet, side by side.
@@ -329,21 +320,6 @@ fn fair_main(args: Args, started: Instant) -> ExitCode {
         })
         .collect();
     print!("{}", fair::markdown(&pairs));
-    if let Some(path) = args.json {
-        let each: Vec<String> = pairs
-            .iter()
-            .map(|p| format!("    {}", fair::row_json(p)))
-            .collect();
-        let text = format!("{{\n  \"share_fair\": [\n{}\n  ]\n}}\n", each.join(",\n"));
-        if let Err(e) = std::fs::write(&path, text) {
-            eprintln!("fleet-sim: {path}: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    eprintln!(
-        "{} runs in {:.1} s",
-        runs.len(),
-        started.elapsed().as_secs_f64()
-    );
-    ExitCode::SUCCESS
+    let rows = pairs.iter().map(|p| fair::row_json(p).to_string());
+    finish(args.json, "share_fair", rows, runs.len(), started)
 }

@@ -24,22 +24,35 @@
 //! - for each band: `(rule, "band", b, sum, k − 1)` for the four sums of [`BandCounts`], adding
 //!   this replica's part of them ([`contribution`]);
 //! - the same descriptors for epoch `k − 2` with `hits_addend` 0, to read them. Every replica
-//!   wrote `k − 2` during `k − 1`, so these are whole: the fleet's demand of each tenant this
-//!   replica serves, and each band's sums. A counter's value is read as the configured limit
-//!   less `limit_remaining`.
+//!   that served a request in `k − 1` wrote `k − 2` then, so these are whole: the fleet's
+//!   demand of each tenant this replica serves, and each band's sums. A counter's value is
+//!   read as the configured limit less `limit_remaining`.
 //!
 //! That is one call per replica and epoch, whatever the number of tenants (its descriptors
-//! grow with the tenants it serves): with `W` = 1 s and replicas serving a few hundred
-//! requests a second each, well under 2 calls per 100 requests with the lease's claims.
+//! grow with the tenants it serves, each a counter the service updates); the lease's claims
+//! come on top. The calls per request therefore fall as each replica serves more requests a
+//! window: `fleet-sim --share --fair` measures them.
+//!
+//! **The engines.** This needs a `hits_addend` per descriptor (the descriptor's own
+//! `hits_addend`, which overrides the request's) and a `limit_remaining` per descriptor in the
+//! answer. envoyproxy/ratelimit has both: a descriptor's `hits_addend` set to 0 checks without
+//! counting (the request's, when 0 or absent, counts 1), and each status carries
+//! `current_limit` and `limit_remaining` (0 once a counter is over its limit, hence the
+//! counters' limits far above any sum). Limitador's Envoy server reads only the request's
+//! `hits_addend` (0 counts 1), counts all of a request's descriptors or none of them, and
+//! answers without statuses (what remains only in its `X-RateLimit-Remaining` header, for the
+//! most restrictive counter, when started with rate-limit headers): over it a counter is read
+//! by a call of its own that adds 1, and the one call an epoch does not hold.
 //!
 //! **The fleet's share and a replica's allowance.** From epoch `k − 2`'s band sums every
 //! replica computes the same level per band ([`view`]): one step of water-filling (Newton's on
 //! `Σ min(D_i, λ·w_i) = B`), `λ = (B − D_free) / W_held`, never below the plain share
-//! `B / W_active`, where `B` is the band's budget (bands served in priority order, each lower
-//! band keeping what it uses of its reserved minimum), `D_free` the demand of the tenants whose
-//! fleet demand was under the level, `W_held` the weight of those at or above it. From below
-//! each step lands at or under the fixed point, which it reaches in as many steps as tenants
-//! cross the level (a step an epoch). Tenant `i`'s fleet share is `λ·w_i` a window; this
+//! `B / W_active`, where `B` is the band's budget (`target_pm` of `C`, the rest headroom for
+//! the tenants under their shares; bands served in priority order, each lower band keeping
+//! what it uses of its reserved minimum), `D_free` the demand of the tenants whose fleet
+//! demand was under the level, `W_held` the weight of those at or above it. The sum being
+//! concave in the level, each step lands at or under the fixed point, and from there climbs to
+//! it in as many steps as tenants cross the level (a step an epoch). Tenant `i`'s fleet share is `λ·w_i` a window; this
 //! replica's allowance for it is that times this replica's fraction of the tenant's fleet
 //! demand (smoothed over epochs, [`Local`]), so the allowances of one tenant over the replicas
 //! add up to its fleet share however its requests are spread: all on one replica, evenly, or
@@ -53,11 +66,14 @@
 //! to it (the service's counter expired, or the read went elsewhere) is not believed
 //! ([`believable`], [`Local::told`]).
 //!
-//! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say. A
-//! tenant: with demand steady over three epochs, its allowances add up to `λ·w_i` within the
-//! smoothing's error, and each replica overshoots an allowance by at most half a request (or
-//! one request a window where the tenant used nothing here: a tenant spread over more replicas
-//! than its share has requests is held by the lease only).
+//! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say (a
+//! replica's blocks follow what it expects to admit, [`block_cap`], so that little of what is
+//! granted lapses). A tenant: with demand steady over three epochs, its allowances add up to
+//! `λ·w_i` within the smoothing's error, and each replica overshoots an allowance by at most
+//! half a request (or one request a window where the tenant used nothing here: a tenant spread
+//! over more replicas than its share has requests is held by the lease only). A replica's
+//! asks are counted whether admitted or not: a client that retries a refusal at once inflates
+//! its demand, not its share (its share is capped by its weight).
 
 use super::{Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
 use crate::limiter::sliding_window;
@@ -463,8 +479,8 @@ mod tests {
                     self.views[r] = view(&self.share, self.limit, 1000, k - READ_LAG, sums);
                 }
                 if let Some(asked) = self.asked.get(&(k - READ_LAG)) {
-                    for i in 0..n {
-                        self.locals[r][i].told(k - READ_LAG, asked[i]);
+                    for (l, &a) in self.locals[r].iter_mut().zip(asked) {
+                        l.told(k - READ_LAG, a);
                     }
                 }
             }
@@ -549,11 +565,6 @@ mod tests {
         // One heavy (1,000 a window) and nine lights (50 each) for 1,000: lights 50, heavy 550.
         let mut d = vec![1_000];
         d.extend([50; 9]);
-        let want = water_fill(
-            1000.0,
-            &d.iter().map(|&x| x as f64).collect::<Vec<_>>(),
-            &[1.0; 10],
-        );
         for (name, replicas, spread) in [
             (
                 "spread",
