@@ -174,12 +174,31 @@ impl FairFleet {
         }
     }
 
-    /// Proxy `q`'s allowance for tenant `id` now (`None`: no limit).
-    pub fn allowance(&self, q: usize, id: u32, now_ms: u64) -> Option<u64> {
+    /// Whether proxy `q` admits a request of `cost` from tenant `id` now under its allowance
+    /// ([`Local::take`]).
+    pub fn take(&mut self, q: usize, id: u32, now_ms: u64, cost: u64) -> bool {
         let k = self.epoch(now_ms);
-        let r = self.replicas.get(q)?;
-        let (l, w) = r.tenants.get(&id)?;
-        fair::allowance(r.view.level(0, k), *w, l)
+        let window_ms = self.window_ms;
+        let Some(r) = self.replicas.get_mut(q) else {
+            return true;
+        };
+        let level = r.view.level(0, k);
+        r.tenants.get_mut(&id).is_none_or(|(l, w)| {
+            let allowance = fair::allowance(level, *w, l);
+            l.take(allowance, now_ms, window_ms, cost)
+        })
+    }
+
+    /// Gives back to proxy `q`'s credit for tenant `id` a request the lease refused.
+    pub fn give_back(&mut self, q: usize, id: u32, cost: u64) {
+        let window_ms = self.window_ms;
+        if let Some((l, _)) = self
+            .replicas
+            .get_mut(q)
+            .and_then(|r| r.tenants.get_mut(&id))
+        {
+            l.give_back(cost, window_ms);
+        }
     }
 
     /// The largest block proxy `q` claims now: the configured cap until it knows its part,
@@ -193,10 +212,5 @@ impl FairFleet {
             self.limit
         };
         fair::block_cap(part, (now_ms, end, self.window_ms), cap)
-    }
-
-    /// The share's window, ms.
-    pub fn window_ms(&self) -> u64 {
-        self.window_ms
     }
 }

@@ -560,7 +560,6 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
             f.ask(q, id, weight, now_ms, 1);
             f.turn(q, now_ms)
         });
-        let usage_before = entry.usage;
         let d = decide(
             &share,
             &policy,
@@ -579,14 +578,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         // Fair: admitted only within the tenant's allowance on this proxy, else given back.
         let within = d.refused.is_none()
             && fair.as_mut().is_none_or(|f| {
-                let allowance = f.allowance(q, id, now_ms);
-                let ok = ratelimit_core::share::fair::admits(
-                    &usage_before,
-                    now_ms,
-                    f.window_ms(),
-                    allowance,
-                    1,
-                );
+                let ok = f.take(q, id, now_ms, 1);
                 if !ok {
                     refund(&policy, &mut proxy.record, entry, now_ms, now_ms, 1);
                     if measured {
@@ -602,6 +594,9 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 let covered = l.cover_capped(q, &mut proxy.record, now_ms, cap);
                 if !covered {
                     refund(&policy, &mut proxy.record, entry, now_ms, now_ms, 1);
+                    if let Some(f) = fair.as_mut() {
+                        f.give_back(q, id, 1);
+                    }
                 }
                 covered
             });

@@ -76,7 +76,6 @@
 //! its demand, not its share (its share is capped by its weight).
 
 use super::{Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
-use crate::limiter::sliding_window;
 use smallvec::SmallVec;
 
 /// How many epochs back a replica reads the fleet's counters: those of `k − 2`, whole.
@@ -92,6 +91,10 @@ pub const BLOCKS_PER_PART: u64 = 4;
 /// The fixed point of a replica's fraction of a tenant's demand and of the weights in the band
 /// sums: millionths (a tenant spread over a thousand replicas has a thousandth on each).
 pub const ONE: u64 = 1_000_000;
+/// The credit of a tenant's allowance on a replica keeps at most 1 / this of a window's
+/// allowance (or one request's, if more): a window then admits at most its allowance and this
+/// part again, so the fleet's allowances do not spend the lease's quota early in a window.
+pub const CREDIT_PARTS: u64 = 4;
 /// How many epochs of a tenant's asks a replica keeps.
 const KEPT: usize = 4;
 
@@ -257,6 +260,12 @@ pub struct Local {
     pub mine: u64,
     /// Its demand in the fleet a window, smoothed, × 16 (0: never read).
     pub fleet: u64,
+    /// What this replica may still admit of it under its allowance, cost units ×
+    /// [`LEVEL_ONE`] × the window's ms (so that the allowance accrues exactly, ms by ms; below
+    /// 0: up to half a request overdrawn), as of `credit_ms`.
+    pub credit: i64,
+    /// When `credit` was last brought up to date, ms.
+    pub credit_ms: u64,
 }
 
 impl Local {
@@ -367,22 +376,40 @@ pub fn allowance(level: u64, weight: u16, local: &Local) -> Option<u64> {
     })
 }
 
-/// Whether a request of `cost` at `now_ms` from a tenant whose use here over the window
-/// (`window_ms`) is `usage` (before the request) fits its `allowance`
-/// ([`allowance`]; `None`: no limit): while at least half of it fits, or when the tenant used
-/// nothing here over the window.
-pub fn admits(
-    usage: &sliding_window::State,
-    now_ms: u64,
-    window_ms: u64,
-    allowance: Option<u64>,
-    cost: u64,
-) -> bool {
-    let Some(allowance) = allowance else {
-        return true;
-    };
-    let used = usage.usage_in(now_ms, window_ms.max(1), LEVEL_ONE);
-    used == 0 || used.saturating_add(cost.saturating_mul(LEVEL_ONE) / 2) <= allowance
+impl Local {
+    /// Whether a request of `cost` at `now_ms` fits the tenant's allowance here (`allowance`
+    /// a window of `window_ms`, [`allowance`]; `None`: no limit), taking it from the credit if
+    /// so. The allowance accrues continuously and the credit keeps at most a
+    /// [`CREDIT_PARTS`]th of a window's worth (or one request's, if more): a replica whose
+    /// allowance is a fraction of a request a window admits one every so many windows, as its
+    /// share says, and a request is admitted while at least half of it is covered.
+    pub fn take(&mut self, allowance: Option<u64>, now_ms: u64, window_ms: u64, cost: u64) -> bool {
+        let w = i128::from(window_ms.max(1));
+        let need = i128::from(cost.saturating_mul(LEVEL_ONE)) * w;
+        let Some(allowance) = allowance else {
+            // No level: a full credit once one forms.
+            self.credit = i64::MAX;
+            self.credit_ms = now_ms;
+            return true;
+        };
+        let cap = i128::from((allowance / CREDIT_PARTS).max(LEVEL_ONE)) * w;
+        let accrued = i128::from(allowance) * i128::from(now_ms.saturating_sub(self.credit_ms));
+        let credit = (i128::from(self.credit) + accrued).min(cap);
+        self.credit_ms = self.credit_ms.max(now_ms);
+        let fits = credit * 2 >= need;
+        let left = if fits { credit - need } else { credit };
+        self.credit = i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX });
+        fits
+    }
+
+    /// Gives back a request of `cost` [`Local::take`] admitted (the lease refused it), in a
+    /// window of `window_ms`.
+    pub fn give_back(&mut self, cost: u64, window_ms: u64) {
+        let back = u128::from(cost.saturating_mul(LEVEL_ONE)) * u128::from(window_ms.max(1));
+        self.credit = self
+            .credit
+            .saturating_add(i64::try_from(back).unwrap_or(i64::MAX));
+    }
 }
 
 /// What this replica expects to admit of a tenant a window, cost units × [`LEVEL_ONE`]: its
@@ -735,30 +762,36 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_admits_within_half_a_request_and_the_blocks_shrink_to_the_window_end() {
-        let mut u = sliding_window::State::default();
-        assert!(
-            admits(&u, 1_000, 1_000, Some(0), 1),
-            "used nothing here: may ask"
+    fn the_gate_admits_the_allowance_over_time_and_the_blocks_shrink_to_the_window_end() {
+        // An allowance of 10.5 a window (of 1 s): a full credit first (a quarter of a window's,
+        // within half a request), then 10.5 a second.
+        let mut l = Local::default();
+        let a = Some(10 * LEVEL_ONE + LEVEL_ONE / 2);
+        let admitted = |l: &mut Local, from: u64, to: u64| {
+            (from..to).filter(|&t| l.take(a, t, 1_000, 1)).count()
+        };
+        let at_once = (0..10).filter(|_| l.take(a, 5_000, 1_000, 1)).count();
+        assert_eq!(at_once, 3, "2.625, within half");
+        assert_eq!(
+            admitted(&mut l, 5_001, 15_001),
+            105,
+            "then the allowance, exactly"
         );
-        for t in 0..10 {
-            u = sliding_window::add(u, 1_000 + t, 1_000, 1);
-        }
-        assert!(admits(
-            &u,
-            1_010,
-            1_000,
-            Some(10 * LEVEL_ONE + LEVEL_ONE / 2),
-            1
-        ));
-        assert!(!admits(
-            &u,
-            1_010,
-            1_000,
-            Some(10 * LEVEL_ONE + LEVEL_ONE / 2 - 1),
-            1
-        ));
-        assert!(admits(&u, 1_010, 1_000, None, 1));
+        // A lease's refusal gives the request back.
+        let before = l.credit;
+        assert!(l.take(a, 20_000, 1_000, 1));
+        l.give_back(1, 1_000);
+        assert!(l.credit > before);
+        // A third of a request a window: one every three windows, not one in each.
+        let mut thin = Local::default();
+        let third = Some(LEVEL_ONE / 3);
+        let n = (0..30_000u64)
+            .step_by(100)
+            .filter(|&t| thin.take(third, 1_000_000 + t, 1_000, 1))
+            .count();
+        assert!((10..=11).contains(&n), "{n}");
+        // No level: no limit.
+        assert!((0..100).all(|t| thin.take(None, 2_000_000 + t, 1_000, 1)));
         let part = 800 * LEVEL_ONE;
         assert_eq!(
             block_cap(Some(part), (10_000, 11_000, 1_000), 1_000),
