@@ -1,23 +1,23 @@
-//! One shared capacity fair across a fleet of replicas, learned through the rate limit service
-//! the fleet already leases its quota from: no server of our own.
+//! One shared capacity fair across a fleet of replicas, learned through the rate limit service the
+//! fleet already leases its quota from: no server of our own.
 //!
 //! **What stays as it is.** Every admission is still covered by quota leased from the service
-//! ([`crate::limiter::lease`]): what the fleet admits in one of the service's windows never
-//! exceeds the capacity `C` (plus, over an engine that checks a counter and counts it in two
-//! steps, the blocks of the claims in flight together, as the lease says). The shares below
-//! only decide *which* tenants the leased quota goes to; they never add quota. A replica whose
-//! fleet figures are missing or stale admits as a lone replica does, under the lease.
+//! ([`crate::limiter::lease`]): what the fleet admits in one of the service's windows never exceeds
+//! the capacity `C` (plus, over an engine that checks a counter and counts it in two steps, the
+//! blocks of the claims in flight together, as the lease says). The shares below only decide
+//! *which* tenants the leased quota goes to; they never add quota. A replica whose fleet figures
+//! are missing or stale admits as a lone replica does, under the lease.
 //!
-//! **Epochs.** Time is cut in epochs of the capacity's window `W` (the service's window: one
-//! second in the simulation, a minute for a provider's per-minute account), numbered
-//! `k = now / W`. The service keeps counters keyed by epoch (the epoch's number is a descriptor
-//! entry, so each epoch has its own counter; the service's own unit for them must outlast two
-//! epochs: an hour, counters far above what is ever added).
+//! **Epochs.** Time is cut in epochs of the capacity's window `W` (the service's window: one second
+//! in the simulation, a minute for a provider's per-minute account), numbered `k = now / W`. The
+//! service keeps counters keyed by epoch (the epoch's number is a descriptor entry, so each epoch
+//! has its own counter; the service's own unit for them must outlast two epochs: an hour, counters
+//! far above what is ever added).
 //!
 //! **What a replica writes and reads: one call an epoch.** At its first request in epoch `k`
 //! (riding on the lease's first claim of the epoch, which that request makes anyway since held
-//! quota lapses when the window turns, or alone when none is due), a replica sends, per
-//! descriptor (`hits_addend` set per descriptor):
+//! quota lapses when the window turns, or alone when none is due), a replica sends, per descriptor
+//! (`hits_addend` set per descriptor):
 //!
 //! - for each tenant it saw in epoch `k − 1`: `(rule, "asked", tenant, k − 1)` adding what the
 //!   tenant asked here in `k − 1` (requests or cost units, admitted or not);
@@ -28,52 +28,52 @@
 //!   demand of each tenant this replica serves, and each band's sums. A counter's value is
 //!   read as the configured limit less `limit_remaining`.
 //!
-//! That is one call per replica and epoch, whatever the number of tenants (its descriptors
-//! grow with the tenants it serves, each a counter the service updates); the lease's claims
-//! come on top. The calls per request therefore fall as each replica serves more requests a
-//! window: `fleet-sim --share --fair` measures them.
+//! That is one call per replica and epoch, whatever the number of tenants (its descriptors grow
+//! with the tenants it serves, each a counter the service updates); the lease's claims come on top.
+//! The calls per request therefore fall as each replica serves more requests a window: `fleet-sim
+//! --share --fair` measures them.
 //!
-//! **The engines.** This needs a `hits_addend` per descriptor (the descriptor's own
-//! `hits_addend`, which overrides the request's) and a `limit_remaining` per descriptor in the
-//! answer. envoyproxy/ratelimit has both: a descriptor's `hits_addend` set to 0 checks without
-//! counting (the request's, when 0 or absent, counts 1), and each status carries
-//! `current_limit` and `limit_remaining` (0 once a counter is over its limit, hence the
-//! counters' limits far above any sum). Limitador's Envoy server reads only the request's
-//! `hits_addend` (0 counts 1), counts all of a request's descriptors or none of them, and
-//! answers without statuses (what remains only in its `X-RateLimit-Remaining` header, for the
-//! most restrictive counter, when started with rate-limit headers): over it a counter is read
-//! by a call of its own that adds 1, and the one call an epoch does not hold.
+//! **The engines.** This needs a `hits_addend` per descriptor (the descriptor's own `hits_addend`,
+//! which overrides the request's) and a `limit_remaining` per descriptor in the answer.
+//! envoyproxy/ratelimit has both: a descriptor's `hits_addend` set to 0 checks without counting
+//! (the request's, when 0 or absent, counts 1), and each status carries `current_limit` and
+//! `limit_remaining` (0 once a counter is over its limit, hence the counters' limits far above any
+//! sum). Limitador's Envoy server reads only the request's `hits_addend` (0 counts 1), counts all
+//! of a request's descriptors or none of them, and answers without statuses (what remains only in
+//! its `X-RateLimit-Remaining` header, for the most restrictive counter, when started with
+//! rate-limit headers): over it a counter is read by a call of its own that adds 1, and the one
+//! call an epoch does not hold.
 //!
-//! **The fleet's share and a replica's allowance.** From epoch `k − 2`'s band sums every
-//! replica computes the same level per band ([`view`]): one step of water-filling (Newton's on
-//! `Σ min(D_i, λ·w_i) = B`), `λ = (B − D_free) / W_held`, never below the plain share
-//! `B / W_active`, where `B` is the band's budget (`target_pm` of `C`, the rest headroom for
-//! the tenants under their shares; bands served in priority order, each lower band keeping
-//! what it uses of its reserved minimum), `D_free` the demand of the tenants whose fleet
-//! demand was under the level, `W_held` the weight of those at or above it. The sum being
-//! concave in the level, each step lands at or under the fixed point, and from there climbs to
-//! it in as many steps as tenants cross the level (a step an epoch). Tenant `i`'s fleet share is `λ·w_i` a window; this
-//! replica's allowance for it is that times this replica's fraction of the tenant's fleet
-//! demand (smoothed over epochs, [`Local`]), so the allowances of one tenant over the replicas
-//! add up to its fleet share however its requests are spread: all on one replica, evenly, or
-//! skewed. A request is admitted while the tenant's use here over the window stays within its
-//! allowance (within half a request), and only then asks the lease for quota.
+//! **The fleet's share and a replica's allowance.** From epoch `k − 2`'s band sums every replica
+//! computes the same level per band ([`view`]): one step of water-filling (Newton's on `Σ min(D_i,
+//! λ·w_i) = B`), `λ = (B − D_free) / W_held`, never below the plain share `B / W_active`, where `B`
+//! is the band's budget (`target_pm` of `C`, the rest headroom for the tenants under their shares;
+//! bands served in priority order, each lower band keeping what it uses of its reserved minimum),
+//! `D_free` the demand of the tenants whose fleet demand was under the level, `W_held` the weight
+//! of those at or above it. The sum being concave in the level, each step lands at or under the
+//! fixed point, and from there climbs to it in as many steps as tenants cross the level (a step an
+//! epoch). Tenant `i`'s fleet share is `λ·w_i` a window; this replica's allowance for it is that
+//! times this replica's fraction of the tenant's fleet demand (smoothed over epochs, [`Local`]), so
+//! the allowances of one tenant over the replicas add up to its fleet share however its requests
+//! are spread: all on one replica, evenly, or skewed. The allowance accrues here as a credit
+//! ([`Local::take`]); a request is admitted while the credit covers at least half of it, and only
+//! then asks the lease for quota.
 //!
-//! **Freshness.** The level and the fractions used in epoch `k` describe epoch `k − 2`: one to
-//! two windows old. Between answers a replica decides locally from its last view; a view more
-//! than [`MAX_STALE`] epochs old (the service slow or down) is dropped and the replica admits
-//! as a lone one does, under its lease. A counter read as less than this replica itself added
-//! to it (the service's counter expired, or the read went elsewhere) is not believed
-//! ([`believable`], [`Local::told`]).
+//! **Freshness.** The level and the fractions used in epoch `k` describe epoch `k − 2`: one to two
+//! windows old. Between answers a replica decides locally from its last view; a view more than
+//! [`MAX_STALE`] epochs old (the service slow or down) is dropped and the replica admits as a lone
+//! one does, under its lease. A counter read as less than this replica itself added to it (the
+//! service's counter expired, or the read went elsewhere) is not believed ([`believable`],
+//! [`Local::told`]).
 //!
-//! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say (a
-//! replica's blocks follow what it expects to admit, [`block_cap`], so that little of what is
-//! granted lapses). A tenant: with demand steady over three epochs, its allowances add up to
-//! `λ·w_i` within the smoothing's error, and each replica overshoots an allowance by at most
-//! half a request (or one request a window where the tenant used nothing here: a tenant spread
-//! over more replicas than its share has requests is held by the lease only). A replica's
-//! asks are counted whether admitted or not: a client that retries a refusal at once inflates
-//! its demand, not its share (its share is capped by its weight).
+//! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say (a replica's
+//! blocks follow what it expects to admit, [`block_cap`], so that little of what is granted
+//! lapses). A tenant: with demand steady over three epochs, its allowances add up to `λ·w_i` within
+//! the smoothing's error, and over any stretch of time `L` a replica admits of it at most its
+//! allowance for `L`, plus the credit it may keep ([`CREDIT_PARTS`]: a quarter of a window's
+//! allowance, or one request) and half a request. A replica's asks are counted whether admitted or
+//! not: a client that retries a refusal at once inflates its demand, not its share (its share is
+//! capped by its weight).
 
 use super::{Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
 use smallvec::SmallVec;
