@@ -120,6 +120,11 @@ pub struct Leases {
     ran_out_window: Option<u64>,
     cut_window: Option<u64>,
     tally: LeaseFigures,
+    /// Fair across the fleet ([`crate::fair`]): the share record is not told the service's
+    /// answers (no part is learned), and the blocks are capped by the caller.
+    fair: bool,
+    /// Every claim made, the whole run.
+    calls: u64,
 }
 
 impl Leases {
@@ -135,7 +140,23 @@ impl Leases {
             ran_out_window: None,
             cut_window: None,
             tally: LeaseFigures::default(),
+            fair: false,
+            calls: 0,
         }
+    }
+
+    /// The same leases for a fleet fair across its replicas ([`crate::fair`]): blocks capped
+    /// by the caller, nothing told to the share records.
+    pub fn fair(capacity: u64, max_block: u64, proxies: usize, from_ms: u64) -> Leases {
+        Leases {
+            fair: true,
+            ..Leases::new(capacity, max_block, proxies, from_ms)
+        }
+    }
+
+    /// Every claim made so far, the whole run.
+    pub fn calls(&self) -> u64 {
+        self.calls
     }
 
     /// Whether what proxy `p` holds covers a request of cost 1 its `decide` admitted at
@@ -143,23 +164,37 @@ impl Leases {
     /// answer is told to its share `record`. A refusal is counted (the caller gives the
     /// request back to the record).
     pub fn cover(&mut self, p: usize, record: &mut Record, now_ms: u64) -> bool {
+        self.cover_capped(p, record, now_ms, None)
+    }
+
+    /// [`Leases::cover`] with blocks of at most `cap` (`None`: as the share record's part
+    /// says).
+    pub fn cover_capped(
+        &mut self,
+        p: usize,
+        record: &mut Record,
+        now_ms: u64,
+        cap: Option<u64>,
+    ) -> bool {
         let Some(&s) = self.held.get(p) else {
             return false;
         };
-        let cap = share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block);
+        let cap = cap.unwrap_or_else(|| {
+            share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block)
+        });
         let (next, covered) = match State::peek(Some(&s), now_ms, 1, cap) {
             Peek::Covered { low } => {
                 let windows = Windows::every(WINDOW_MS);
                 let (_, taken) = lease::decide(Some(s), now_ms, self.limit, windows, 1);
                 let taken = taken.unwrap_or(s);
                 if low {
-                    (self.claim(taken, record, now_ms, true).0, true)
+                    (self.claim(taken, record, now_ms, true, cap).0, true)
                 } else {
                     (taken, true)
                 }
             }
             Peek::Refused => (s.at(now_ms), false),
-            Peek::Claim => self.claim(s, record, now_ms, false),
+            Peek::Claim => self.claim(s, record, now_ms, false, cap),
         };
         if let Some(h) = self.held.get_mut(p) {
             *h = next;
@@ -174,8 +209,14 @@ impl Leases {
     /// for the request at hand (one taken; refused while some remains, made once more for a
     /// share of what remains, as `Runtime::reclaim` does). The lease after it, and whether the
     /// request got its one.
-    fn claim(&mut self, s: State, record: &mut Record, now_ms: u64, ahead: bool) -> (State, bool) {
-        let cap = share::lease_block_cap(record.fleet.part_pm, self.limit, self.max_block);
+    fn claim(
+        &mut self,
+        s: State,
+        record: &mut Record,
+        now_ms: u64,
+        ahead: bool,
+        cap: u64,
+    ) -> (State, bool) {
         let (s, block) = s.at(now_ms).start_claim(now_ms, (cap, 1), ahead);
         let (s, granted) = self.ask(s, record, now_ms, block.max(1), ahead);
         if granted || ahead || s.refused || s.remaining == 0 {
@@ -196,6 +237,7 @@ impl Leases {
         background: bool,
     ) -> (State, bool) {
         let a = self.service.claim(now_ms, block);
+        self.calls += 1;
         let remaining = u32::try_from(a.remaining).unwrap_or(u32::MAX);
         let next = if a.granted {
             let grant = Grant {
@@ -211,12 +253,14 @@ impl Leases {
         let spent = !a.granted && a.remaining == 0;
         let granted = if a.granted { block } else { 0 };
         let before = record.fleet;
-        share::lease_answered(
-            record,
-            (self.limit, WINDOW_MS),
-            (granted, a.remaining, spent),
-            (a.end_ms, now_ms),
-        );
+        if !self.fair {
+            share::lease_answered(
+                record,
+                (self.limit, WINDOW_MS),
+                (granted, a.remaining, spent),
+                (a.end_ms, now_ms),
+            );
+        }
         let f = record.fleet;
         let cut = f.spent && (!before.spent || before.window_end_ms != f.window_end_ms);
         if now_ms >= self.from_ms {

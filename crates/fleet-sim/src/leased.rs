@@ -87,7 +87,7 @@ pub fn markdown(runs: &[Pair]) -> String {
             first.duration_ms / 1000
         );
         let cap = match leased.split {
-            crate::share::Split::Leased(cap) => cap.label(),
+            crate::share::Split::Leased(cap) | crate::share::Split::Fair(cap) => cap.label(),
             crate::share::Split::Static => "?".into(),
         };
         let common = format!(

@@ -15,7 +15,12 @@
 //!   fixed windows, each proxy's lease of it and the part it learns.
 //! - [`leased`]: the leased runs beside the static split, their tables and JSON
 //!   (`--share --lease`).
+//! - [`fair_model`]: that capacity leased and fair across the whole fleet, each proxy learning
+//!   every tenant's fleet-wide share from counters in the same service.
+//! - [`fair`]: the fair runs beside the leased ones, their tables and JSON (`--share --fair`).
 
+pub mod fair;
+pub mod fair_model;
 pub mod fleet;
 pub mod lease_model;
 pub mod leased;

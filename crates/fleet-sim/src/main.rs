@@ -15,7 +15,14 @@
 //! `--quick` is every fleet size, 10 to 1,000 tenants, the random and sticky balancers;
 //! `--blocks N`: a proxy's blocks at most `C / N` (default 40); `--per-proxy`: at most
 //! `C / (N·P)`, the fleet's blocks together `C / N`.
+//!
+//! `--share --fair`: each run leased as above and fair across the fleet (`fleet_sim::fair`),
+//! side by side, with the same seed: 3 to 1,000 proxies, 10 tenants, pinned, spread and one
+//! proxy taking 80 %, both mixes. With it, `--quick` is 3 and 10 proxies; `--proxies`,
+//! `--tenants`, `--seconds` (default 30, the first 10 left out), `--seed N`, `--per-proxy-rate
+//! R` (the capacity a proxy, default 400 a second), `--json FILE` and `--threads N`.
 
+use fleet_sim::fair::{self, FairSweep};
 use fleet_sim::leased;
 use fleet_sim::share::{self, ShareSweep};
 use fleet_sim::sweep::{self, Sweep};
@@ -26,12 +33,18 @@ const USAGE: &str = "usage: fleet-sim [--quick] [--json FILE] [--threads N] [--r
                      [--proxies N,N,...] [--latency MS,MS,...] [--seconds S]\n       \
                      fleet-sim --share [--lease [--blocks N] [--per-proxy]] [--quick] \
                      [--json FILE] [--threads N] [--proxies N,N,...] [--tenants N,N,...] \
-                     [--seconds S]";
+                     [--seconds S]\n       \
+                     fleet-sim --share --fair [--quick] [--json FILE] [--threads N] \
+                     [--proxies N,N,...] [--tenants N,N,...] [--seconds S] [--seed N] \
+                     [--per-proxy-rate R]";
 
 struct Args {
     quick: bool,
     share: bool,
     lease: bool,
+    fair: bool,
+    seed: Option<u64>,
+    per_proxy_rate: Option<u64>,
     blocks: u64,
     per_proxy: bool,
     tenants: Option<Vec<usize>>,
@@ -64,6 +77,9 @@ fn args() -> Result<Args, String> {
         quick: false,
         share: false,
         lease: false,
+        fair: false,
+        seed: None,
+        per_proxy_rate: None,
         blocks: 40,
         per_proxy: false,
         tenants: None,
@@ -80,6 +96,9 @@ fn args() -> Result<Args, String> {
             "--quick" => a.quick = true,
             "--share" => a.share = true,
             "--lease" => a.lease = true,
+            "--fair" => a.fair = true,
+            "--seed" => a.seed = Some(number("--seed", it.next())?),
+            "--per-proxy-rate" => a.per_proxy_rate = Some(number("--per-proxy-rate", it.next())?),
             "--blocks" => a.blocks = number("--blocks", it.next())?,
             "--per-proxy" => a.per_proxy = true,
             "--tenants" => a.tenants = Some(list("--tenants", it.next())?),
@@ -107,8 +126,8 @@ fn main() -> ExitCode {
     if args.share {
         return share_main(args);
     }
-    if args.lease {
-        eprintln!("--lease goes with --share\n{USAGE}");
+    if args.lease || args.fair {
+        eprintln!("--lease and --fair go with --share\n{USAGE}");
         return ExitCode::from(2);
     }
     let started = Instant::now();
@@ -180,6 +199,9 @@ fn main() -> ExitCode {
 /// `--share`: the shared-capacity study's sweep, its tables and JSON.
 fn share_main(args: Args) -> ExitCode {
     let started = Instant::now();
+    if args.fair {
+        return fair_main(args, started);
+    }
     let mut sweep = match (args.quick, args.lease) {
         (true, true) => ShareSweep::lease_quick(),
         (true, false) => ShareSweep::quick(),
@@ -205,22 +227,28 @@ fn share_main(args: Args) -> ExitCode {
     }
     let runs = share::run_all(&studies, args.threads);
     print!("{}", share::markdown(&runs));
-    if let Some(path) = args.json {
-        let each: Vec<String> = runs
-            .iter()
-            .map(|(s, f)| format!("    {}", share::row_json(s, f)))
-            .collect();
-        let text = format!("{{\n  \"share\": [\n{}\n  ]\n}}\n", each.join(",\n"));
+    let rows = runs.iter().map(|(s, f)| share::row_json(s, f).to_string());
+    finish(args.json, "share", rows, runs.len(), started)
+}
+
+/// Writes `rows` (JSON values) to `json` as the list `name`, one a line, if asked, and says how
+/// many runs took how long.
+fn finish(
+    json: Option<String>,
+    name: &str,
+    rows: impl Iterator<Item = String>,
+    runs: usize,
+    started: Instant,
+) -> ExitCode {
+    if let Some(path) = json {
+        let each: Vec<String> = rows.map(|r| format!("    {r}")).collect();
+        let text = format!("{{\n  \"{name}\": [\n{}\n  ]\n}}\n", each.join(",\n"));
         if let Err(e) = std::fs::write(&path, text) {
             eprintln!("fleet-sim: {path}: {e}");
             return ExitCode::FAILURE;
         }
     }
-    eprintln!(
-        "{} runs in {:.1} s",
-        runs.len(),
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("{runs} runs in {:.1} s", started.elapsed().as_secs_f64());
     ExitCode::SUCCESS
 }
 
@@ -246,27 +274,52 @@ fn lease_main(
         .zip(leased.iter().cloned())
         .collect();
     print!("{}", leased::markdown(&pairs));
-    if let Some(path) = json {
-        let each: Vec<String> = pairs
-            .iter()
-            .map(|((s, f), (l, g))| {
-                format!(
-                    "    {{\"static\": {}, \"leased\": {}}}",
-                    share::row_json(s, f),
-                    leased::row_json(l, g)
-                )
-            })
-            .collect();
-        let text = format!("{{\n  \"share_lease\": [\n{}\n  ]\n}}\n", each.join(",\n"));
-        if let Err(e) = std::fs::write(&path, text) {
-            eprintln!("fleet-sim: {path}: {e}");
-            return ExitCode::FAILURE;
-        }
+    let rows = pairs.iter().map(|((s, f), (l, g))| {
+        format!(
+            "{{\"static\": {}, \"leased\": {}}}",
+            share::row_json(s, f),
+            leased::row_json(l, g)
+        )
+    });
+    finish(json, "share_lease", rows, runs.len(), started)
+}
+
+/// `--share --fair`: every study leased and fair across the fleet, side by side.
+fn fair_main(args: Args, started: Instant) -> ExitCode {
+    let mut sweep = if args.quick {
+        FairSweep::quick()
+    } else {
+        FairSweep::standard()
+    };
+    if let Some(p) = args.proxies {
+        sweep.proxies = p;
     }
-    eprintln!(
-        "{} runs in {:.1} s",
-        runs.len(),
-        started.elapsed().as_secs_f64()
-    );
-    ExitCode::SUCCESS
+    if let Some(t) = args.tenants {
+        sweep.tenants = t;
+    }
+    if let Some(s) = args.seconds {
+        sweep.duration_ms = s * 1000;
+    }
+    if let Some(s) = args.seed {
+        sweep.seed = s;
+    }
+    if let Some(r) = args.per_proxy_rate {
+        sweep.per_proxy = r;
+    }
+    let pairs = sweep.studies();
+    let all: Vec<share::Study> = pairs
+        .iter()
+        .flat_map(|(a, b)| [a.clone(), b.clone()])
+        .collect();
+    let runs = share::run_all(&all, args.threads);
+    let pairs: Vec<fair::Pair> = runs
+        .chunks(2)
+        .filter_map(|c| match c {
+            [a, b] => Some((a.clone(), b.clone())),
+            _ => None,
+        })
+        .collect();
+    print!("{}", fair::markdown(&pairs));
+    let rows = pairs.iter().map(|p| fair::row_json(p).to_string());
+    finish(args.json, "share_fair", rows, runs.len(), started)
 }

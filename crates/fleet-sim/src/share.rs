@@ -24,6 +24,7 @@
 //! The same runs with the capacity leased for the whole fleet instead ([`Split::Leased`]) are
 //! [`crate::leased`]'s: the loop is this one, each admission then covered by the proxy's lease.
 
+use crate::fair_model::{FairFigures, FairFleet};
 use crate::lease_model::{LeaseFigures, Leases};
 use crate::traffic::{exponential_us, unit};
 use ratelimit_core::limiter::{gcra, Policy};
@@ -47,6 +48,8 @@ pub enum Balancer {
     Sticky,
     /// Each request to proxy `i` with a probability proportional to `1 / (i + 1)`.
     Skewed,
+    /// Each request to proxy 0 with a probability of 80 %, else to another drawn uniformly.
+    Hot,
 }
 
 impl Balancer {
@@ -59,6 +62,7 @@ impl Balancer {
             Balancer::Random => "random",
             Balancer::Sticky => "sticky",
             Balancer::Skewed => "skewed",
+            Balancer::Hot => "hot 80 %",
         }
     }
 }
@@ -96,6 +100,10 @@ pub enum Split {
     /// answers, and each admission is covered by quota claimed from the service in blocks of
     /// at most this.
     Leased(BlockCap),
+    /// Leased as above, and fair across the fleet ([`crate::fair`]): each admission also
+    /// within the tenant's allowance on its proxy, from the fleet's counters in the service;
+    /// blocks of at most this until a proxy knows its part.
+    Fair(BlockCap),
 }
 
 /// The largest block a proxy claims of a leased capacity `C`.
@@ -140,6 +148,11 @@ pub struct Study {
     pub split: Split,
 }
 
+/// Fair across the fleet: the part of the capacity the fleet's levels hand out, permille (the
+/// lease keeps the fleet within the whole; the allowances of tenants that ask less than their
+/// share on a proxy in a window are not used).
+pub const FAIR_TARGET_PM: u64 = 970;
+
 /// The default run length, ms: a minute, the first 10 s left out.
 pub const DURATION_MS: u64 = 60_000;
 /// The default warm-up, ms (an active interval).
@@ -180,7 +193,7 @@ impl Study {
                 let p = self.proxies.max(1) as u64;
                 (self.per_proxy() * p * window_ms).div_ceil(1000) + p * (self.burst_per_proxy() + 1)
             }
-            Split::Leased(_) => {
+            Split::Leased(_) | Split::Fair(_) => {
                 let windows = window_ms.div_ceil(crate::lease_model::WINDOW_MS) + 1;
                 self.capacity.saturating_mul(windows)
             }
@@ -191,8 +204,10 @@ impl Study {
     pub fn max_block(&self) -> u64 {
         let n = match self.split {
             Split::Static => return 0,
-            Split::Leased(BlockCap::OfCapacity(n)) => n,
-            Split::Leased(BlockCap::PerProxy(n)) => n.saturating_mul(self.proxies.max(1) as u64),
+            Split::Leased(BlockCap::OfCapacity(n)) | Split::Fair(BlockCap::OfCapacity(n)) => n,
+            Split::Leased(BlockCap::PerProxy(n)) | Split::Fair(BlockCap::PerProxy(n)) => {
+                n.saturating_mul(self.proxies.max(1) as u64)
+            }
         };
         (self.capacity / n.max(1)).max(1)
     }
@@ -214,7 +229,7 @@ impl Study {
     pub fn policy(&self) -> Policy {
         let limit = match self.split {
             Split::Static => self.per_proxy(),
-            Split::Leased(_) => self.capacity,
+            Split::Leased(_) | Split::Fair(_) => self.capacity,
         };
         Policy::Gcra(gcra::Params {
             limit,
@@ -259,6 +274,10 @@ pub struct Figures {
     pub warmup_ms: u64,
     /// Leased: what the lease did.
     pub lease: Option<LeaseFigures>,
+    /// Fair across the fleet: what the fleet's shares did.
+    pub fair: Option<FairFigures>,
+    /// Requests over the measured part (every balancer's, all tenants).
+    pub requests: u64,
 }
 
 impl Figures {
@@ -476,14 +495,26 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let mut admitted = vec![0u64; n];
     let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
     let mut decisions = 0u64;
-    let mut leases = matches!(study.split, Split::Leased(_)).then(|| {
-        Leases::new(
-            study.capacity,
+    let from_ms = start_ms + warmup_us / 1000;
+    let mut leases = match study.split {
+        Split::Static => None,
+        Split::Leased(_) => Some(Leases::new(study.capacity, study.max_block(), p, from_ms)),
+        Split::Fair(_) => Some(Leases::fair(study.capacity, study.max_block(), p, from_ms)),
+    };
+    let mut fair = matches!(study.split, Split::Fair(_)).then(|| {
+        FairFleet::new(
+            share,
+            (
+                study.capacity,
+                crate::lease_model::WINDOW_MS,
+                FAIR_TARGET_PM,
+            ),
             study.max_block(),
             p,
-            start_ms + warmup_us / 1000,
+            from_ms,
         )
     });
+    let mut requests = 0u64;
 
     // Each tenant's next arrival, µs (ties: the lower id first).
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = rates
@@ -509,12 +540,26 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 let u = unit(&mut rng) * acc;
                 cdf.partition_point(|&c| c <= u).min(p - 1)
             }
+            Balancer::Hot => {
+                if p == 1 || rng.below(10) < 8 {
+                    0
+                } else {
+                    1 + rng.below(p as u64 - 1) as usize
+                }
+            }
         };
         let Some(proxy) = proxies.get_mut(q) else {
             continue;
         };
         let entry = proxy.tenants.entry(id).or_default();
         let now_ms = start_ms + at_us / 1000;
+        // Fair: the proxy's first request of an epoch reports and reads the fleet's counters;
+        // the tenant's ask is counted whatever becomes of it.
+        let calls_before = leases.as_ref().map_or(0, Leases::calls);
+        let reported = fair.as_mut().is_some_and(|f| {
+            f.ask(q, id, weight, now_ms, 1);
+            f.turn(q, now_ms)
+        });
         let d = decide(
             &share,
             &policy,
@@ -529,17 +574,42 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
             1,
         );
         *entry = d.tenant;
+        let measured = at_us >= warmup_us;
+        // Fair: admitted only within the tenant's allowance on this proxy, else given back.
+        let within = d.refused.is_none()
+            && fair.as_mut().is_none_or(|f| {
+                let ok = f.take(q, id, now_ms, 1);
+                if !ok {
+                    refund(&policy, &mut proxy.record, entry, now_ms, now_ms, 1);
+                    if measured {
+                        f.tally.refused += 1;
+                    }
+                }
+                ok
+            });
         // Leased: admitted only if the proxy's lease covers it, else given back.
-        let admits = d.refused.is_none()
+        let cap = fair.as_ref().map(|f| f.block_cap(q, now_ms));
+        let admits = within
             && leases.as_mut().is_none_or(|l| {
-                let covered = l.cover(q, &mut proxy.record, now_ms);
+                let covered = l.cover_capped(q, &mut proxy.record, now_ms, cap);
                 if !covered {
                     refund(&policy, &mut proxy.record, entry, now_ms, now_ms, 1);
+                    if let Some(f) = fair.as_mut() {
+                        f.give_back(q, id, 1);
+                    }
                 }
                 covered
             });
+        if reported && measured {
+            let claimed = leases.as_ref().map_or(0, Leases::calls) > calls_before;
+            if let (true, Some(f)) = (claimed, fair.as_mut()) {
+                f.tally.piggybacked += 1;
+            }
+        }
         decisions += 1;
-        let measured = at_us >= warmup_us;
+        if measured {
+            requests += 1;
+        }
         if measured {
             proxy.offered += 1;
             if let Some(o) = offered.get_mut(i) {
@@ -597,6 +667,8 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         capacity,
         warmup_ms: study.warmup_ms.min(study.duration_ms),
         lease,
+        fair: fair.map(|f| f.tally),
+        requests,
     }
 }
 

@@ -35,6 +35,7 @@
 //! Everything here is a pure function of the record, the tenant's entry, the request and the
 //! time; where they are stored and how concurrent updates are kept apart is the engine's.
 
+pub mod fair;
 pub mod learn;
 pub mod queue;
 pub mod state;

@@ -1,0 +1,295 @@
+//! A shared capacity leased for the whole fleet and fair across it (`--share --fair`): each
+//! study run twice with the same seed, leased as [`crate::leased`] runs it (each proxy sharing
+//! the part it learned among the tenants it sees) and fair across the fleet
+//! ([`ratelimit_core::share::fair`], modelled by [`crate::fair_model`]: each admission also
+//! within the tenant's allowance on its proxy, learned from the fleet's counters in the same
+//! service), side by side.
+//!
+//! The fair runs share the leased runs' loop ([`crate::share::run_with`]): the same `decide`
+//! per proxy over the whole `C`, the same lease (blocks of at most the configured cap until a
+//! proxy knows its part, then [`ratelimit_core::share::fair::block_cap`]), the same service.
+//! A service call is a lease claim or a report that did not ride on one.
+
+use crate::share::{fleet_capacity, Balancer, BlockCap, Figures, Mix, Split, Study};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+
+/// The studies of the comparison: every fleet size, balancer and mix, each proxy's fair part
+/// of the capacity about `per_proxy` requests a second.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FairSweep {
+    /// Fleet sizes.
+    pub proxies: Vec<usize>,
+    /// Tenant counts.
+    pub tenants: Vec<usize>,
+    /// Load balancers.
+    pub balancers: Vec<Balancer>,
+    /// Demand mixes.
+    pub mixes: Vec<Mix>,
+    /// The capacity a proxy, requests a second: `C` is this × the fleet's size (at least
+    /// [`fleet_capacity`]).
+    pub per_proxy: u64,
+    /// The leased runs' block cap (and the fair runs' until a proxy knows its part).
+    pub cap: BlockCap,
+    /// How long requests come, ms.
+    pub duration_ms: u64,
+    /// The start left out of the figures, ms.
+    pub warmup_ms: u64,
+    /// The seed of every run.
+    pub seed: u64,
+}
+
+impl FairSweep {
+    /// The comparison of the issue: 3 to 1,000 proxies, 10 tenants, pinned, spread and one
+    /// proxy taking 80 %, both mixes, 400 requests a second a proxy; 30 s, the first 10 left
+    /// out.
+    pub fn standard() -> FairSweep {
+        FairSweep {
+            proxies: vec![3, 10, 100, 1000],
+            tenants: vec![10],
+            balancers: vec![Balancer::Sticky, Balancer::Random, Balancer::Hot],
+            mixes: vec![Mix::HeavyLights, Mix::Backlogged],
+            per_proxy: 400,
+            cap: BlockCap::OfCapacity(40),
+            duration_ms: 30_000,
+            warmup_ms: 10_000,
+            seed: 1,
+        }
+    }
+
+    /// The small one (`--quick`): 3 and 10 proxies.
+    pub fn quick() -> FairSweep {
+        FairSweep {
+            proxies: vec![3, 10],
+            ..FairSweep::standard()
+        }
+    }
+
+    /// Every study twice, leased then fair, in table order (by mix, tenants, proxies,
+    /// balancer).
+    pub fn studies(&self) -> Vec<(Study, Study)> {
+        let mut out = Vec::new();
+        for &mix in &self.mixes {
+            for &tenants in &self.tenants {
+                for &proxies in &self.proxies {
+                    for &balancer in &self.balancers {
+                        let capacity = (self.per_proxy * proxies as u64)
+                            .max(fleet_capacity(tenants))
+                            .div_ceil(300)
+                            * 300;
+                        let base = Study {
+                            capacity,
+                            duration_ms: self.duration_ms,
+                            warmup_ms: self.warmup_ms.min(self.duration_ms / 2),
+                            seed: self.seed,
+                            ..Study::new(proxies, tenants, balancer, mix)
+                        };
+                        out.push((
+                            Study {
+                                split: Split::Leased(self.cap),
+                                ..base.clone()
+                            },
+                            Study {
+                                split: Split::Fair(self.cap),
+                                ..base
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Service calls per 100 requests over the measured part: lease claims, and reports that did
+/// not ride on one.
+pub fn calls_per_100(f: &Figures) -> f64 {
+    let claims = f.lease.as_ref().map_or(0, |l| l.claims);
+    let reports = f
+        .fair
+        .as_ref()
+        .map_or(0, |x| x.reports.saturating_sub(x.piggybacked));
+    100.0 * (claims + reports) as f64 / f.requests.max(1) as f64
+}
+
+/// The most admitted in one service window ÷ C.
+fn max_window(s: &Study, f: &Figures) -> f64 {
+    f.lease.as_ref().map_or(0.0, |l| l.window_peak as f64) / s.capacity.max(1) as f64
+}
+
+/// A study's run leased and its run fair, each with its figures.
+pub type Pair = ((Study, Figures), (Study, Figures));
+
+/// The comparison's tables, one per mix.
+pub fn markdown(runs: &[Pair]) -> String {
+    let mut out = String::new();
+    for mix in [Mix::HeavyLights, Mix::Backlogged] {
+        let these: Vec<&Pair> = runs.iter().filter(|((s, _), _)| s.mix == mix).collect();
+        let Some(((first, _), _)) = these.first() else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "**{}, leased vs fair across the fleet** (seed {}; seconds {}–{} measured; C = {} \
+             a second a proxy, at least 20 a tenant; leased blocks at most C/40). used: \
+             admitted ÷ C; {}; calls: service calls (claims, and reports not riding on one) \
+             per 100 requests; max window: the most admitted in one service window ÷ C\n",
+            match mix {
+                Mix::HeavyLights => "One heavy tenant (10× C/T), the others light (½ C/T)",
+                Mix::Backlogged => "Backlogged (3× its share each, weights from {1, 2, 4})",
+            },
+            first.seed,
+            first.warmup_ms / 1000,
+            first.duration_ms / 1000,
+            first.capacity / first.proxies.max(1) as u64,
+            match mix {
+                Mix::HeavyLights => {
+                    "lights: the part of the light tenants given ≥ 99 % of their demand (the \
+                     worst one's admitted ÷ demand); heavy: its admitted ÷ its water-filling share"
+                }
+                Mix::Backlogged => {
+                    "Jain: of admitted ÷ weight; worst: the worst tenant's admitted ÷ its \
+                     water-filling share"
+                }
+            },
+        );
+        let (a, b) = match mix {
+            Mix::HeavyLights => ("lights", "heavy"),
+            Mix::Backlogged => ("Jain", "worst"),
+        };
+        let _ = writeln!(
+            out,
+            "| tenants | proxies | LB | C /s | used leased | used fair | {a} leased | {a} fair | \
+             {b} leased | {b} fair | calls leased | calls fair | max window leased | max window fair |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for ((s, l), (_, f)) in these {
+            let (a_l, a_f, b_l, b_f) = match mix {
+                Mix::HeavyLights => (
+                    format!("{:.3} ({:.3})", l.lights_served(), l.worst_light()),
+                    format!("{:.3} ({:.3})", f.lights_served(), f.worst_light()),
+                    format!("{:.3}", l.heavy_of_ideal()),
+                    format!("{:.3}", f.heavy_of_ideal()),
+                ),
+                Mix::Backlogged => (
+                    format!("{:.4}", l.jain()),
+                    format!("{:.4}", f.jain()),
+                    format!("{:.3}", l.worst_of_ideal()),
+                    format!("{:.3}", f.worst_of_ideal()),
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.3} | {:.3} | {a_l} | {a_f} | {b_l} | {b_f} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                s.tenants,
+                s.proxies,
+                s.balancer.label(),
+                s.capacity,
+                l.used(),
+                f.used(),
+                calls_per_100(l),
+                calls_per_100(f),
+                max_window(s, l),
+                max_window(s, f),
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A pair's figures as JSON.
+pub fn row_json(((s, l), (_, f)): &Pair) -> Value {
+    let one = |f: &Figures| {
+        let mut v = crate::leased::row_json(s, f);
+        if let Value::Object(m) = &mut v {
+            m.insert("calls_per_100".into(), json!(calls_per_100(f)));
+            if let Some(x) = &f.fair {
+                m.insert("split".into(), json!("fair"));
+                m.insert("fair_reports".into(), json!(x.reports));
+                m.insert("fair_piggybacked".into(), json!(x.piggybacked));
+                m.insert("fair_descriptors".into(), json!(x.descriptors));
+                m.insert("fair_refused".into(), json!(x.refused));
+            }
+        }
+        v
+    };
+    json!({ "leased": one(l), "fair": one(f) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease_model::WINDOW_MS;
+    use crate::share::run;
+
+    fn sweep(proxies: Vec<usize>, balancers: Vec<Balancer>, seconds: u64) -> FairSweep {
+        FairSweep {
+            proxies,
+            balancers,
+            duration_ms: seconds * 1000,
+            warmup_ms: 8_000,
+            ..FairSweep::standard()
+        }
+    }
+
+    /// The issue's targets, held by a fair run: the capacity used ≥ 95 % and never more than
+    /// `C` in a service window; backlogged tenants' Jain per unit of weight ≥ 0.99; every light
+    /// tenant ≥ 99 % of its demand; ≤ 2 service calls per 100 requests.
+    fn meets_the_targets(s: &Study, f: &Figures) {
+        assert!(f.used() >= 0.95, "{s:?}: used {}", f.used());
+        for (k, w) in f.per_ms.chunks(WINDOW_MS as usize).enumerate() {
+            let n: u64 = w.iter().map(|&n| u64::from(n)).sum();
+            assert!(n <= s.capacity, "{s:?}: window {k} admitted {n}");
+        }
+        match s.mix {
+            Mix::Backlogged => assert!(f.jain() >= 0.99, "{s:?}: Jain {}", f.jain()),
+            Mix::HeavyLights => assert!(
+                f.lights_served() >= 1.0,
+                "{s:?}: lights {} (worst {})",
+                f.lights_served(),
+                f.worst_light()
+            ),
+        }
+        let calls = calls_per_100(f);
+        assert!(calls <= 2.0, "{s:?}: {calls} calls per 100 requests");
+    }
+
+    #[test]
+    fn fair_across_the_fleet_pinned_spread_or_hot_meets_the_targets() {
+        let all = vec![Balancer::Sticky, Balancer::Random, Balancer::Hot];
+        for (leased, fair) in sweep(vec![3, 10], all, 20).studies() {
+            let f = run(&fair);
+            meets_the_targets(&fair, &f);
+            // Pinned backlogged tenants: the leased fleet shares within each replica only.
+            if fair.mix == Mix::Backlogged
+                && fair.balancer == Balancer::Sticky
+                && fair.proxies == 10
+            {
+                let l = run(&leased);
+                assert!(
+                    l.jain() < 0.9 && f.jain() > 0.999,
+                    "{} vs {}",
+                    l.jain(),
+                    f.jain()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_hundred_proxies_fair_keep_the_lights_whole_and_use_the_capacity() {
+        let two = vec![Balancer::Sticky, Balancer::Random];
+        let s = FairSweep {
+            mixes: vec![Mix::HeavyLights],
+            ..sweep(vec![100], two, 14)
+        };
+        for (leased, fair) in s.studies() {
+            let f = run(&fair);
+            meets_the_targets(&fair, &f);
+            let l = run(&leased);
+            assert!(f.used() > l.used() || l.lights_served() < 1.0, "{fair:?}");
+        }
+    }
+}

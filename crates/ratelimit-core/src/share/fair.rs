@@ -1,0 +1,822 @@
+//! One shared capacity fair across a fleet of replicas, learned through the rate limit service the
+//! fleet already leases its quota from: no server of our own.
+//!
+//! **What stays as it is.** Every admission is still covered by quota leased from the service
+//! ([`crate::limiter::lease`]): what the fleet admits in one of the service's windows never exceeds
+//! the capacity `C` (plus, over an engine that checks a counter and counts it in two steps, the
+//! blocks of the claims in flight together, as the lease says). The shares below only decide
+//! *which* tenants the leased quota goes to; they never add quota. A replica whose fleet figures
+//! are missing or stale admits as a lone replica does, under the lease.
+//!
+//! **Epochs.** Time is cut in epochs of the capacity's window `W` (the service's window: one second
+//! in the simulation, a minute for a provider's per-minute account), numbered `k = now / W`. The
+//! service keeps counters keyed by epoch (the epoch's number is a descriptor entry, so each epoch
+//! has its own counter; the service's own unit for them must outlast two epochs: an hour, counters
+//! far above what is ever added).
+//!
+//! **What a replica writes and reads: one call an epoch.** At its first request in epoch `k`
+//! (riding on the lease's first claim of the epoch, which that request makes anyway since held
+//! quota lapses when the window turns, or alone when none is due), a replica sends, per descriptor
+//! (`hits_addend` set per descriptor):
+//!
+//! - for each tenant it saw in epoch `k − 1`: `(rule, "asked", tenant, k − 1)` adding what the
+//!   tenant asked here in `k − 1` (requests or cost units, admitted or not);
+//! - for each band: `(rule, "band", b, sum, k − 1)` for the four sums of [`BandCounts`], adding
+//!   this replica's part of them ([`contribution`]);
+//! - the same descriptors for epoch `k − 2` with `hits_addend` 0, to read them. Every replica
+//!   that served a request in `k − 1` wrote `k − 2` then, so these are whole: the fleet's
+//!   demand of each tenant this replica serves, and each band's sums. A counter's value is
+//!   read as the configured limit less `limit_remaining`.
+//!
+//! That is one call per replica and epoch, whatever the number of tenants (its descriptors grow
+//! with the tenants it serves, each a counter the service updates); the lease's claims come on top.
+//! The calls per request therefore fall as each replica serves more requests a window: `fleet-sim
+//! --share --fair` measures them.
+//!
+//! **The engines.** This needs a `hits_addend` per descriptor (the descriptor's own `hits_addend`,
+//! which overrides the request's) and a `limit_remaining` per descriptor in the answer.
+//! envoyproxy/ratelimit has both: a descriptor's `hits_addend` set to 0 checks without counting
+//! (the request's, when 0 or absent, counts 1), and each status carries `current_limit` and
+//! `limit_remaining` (0 once a counter is over its limit, hence the counters' limits far above any
+//! sum). Limitador's Envoy server reads only the request's `hits_addend` (0 counts 1), counts all
+//! of a request's descriptors or none of them, and answers without statuses (what remains only in
+//! its `X-RateLimit-Remaining` header, for the most restrictive counter, when started with
+//! rate-limit headers): over it a counter is read by a call of its own that adds 1, and the one
+//! call an epoch does not hold.
+//!
+//! **The fleet's share and a replica's allowance.** From epoch `k − 2`'s band sums every replica
+//! computes the same level per band ([`view`]): one step of water-filling (Newton's on `Σ min(D_i,
+//! λ·w_i) = B`), `λ = (B − D_free) / W_held`, never below the plain share `B / W_active`, where `B`
+//! is the band's budget (`target_pm` of `C`, the rest headroom for the tenants under their shares;
+//! bands served in priority order, each lower band keeping what it uses of its reserved minimum),
+//! `D_free` the demand of the tenants whose fleet demand was under the level, `W_held` the weight
+//! of those at or above it. The sum being concave in the level, each step lands at or under the
+//! fixed point, and from there climbs to it in as many steps as tenants cross the level (a step an
+//! epoch). Tenant `i`'s fleet share is `λ·w_i` a window; this replica's allowance for it is that
+//! times this replica's fraction of the tenant's fleet demand (smoothed over epochs, [`Local`]), so
+//! the allowances of one tenant over the replicas add up to its fleet share however its requests
+//! are spread: all on one replica, evenly, or skewed. The allowance accrues here as a credit
+//! ([`Local::take`]); a request is admitted while the credit covers at least half of it, and only
+//! then asks the lease for quota.
+//!
+//! **Freshness.** The level and the fractions used in epoch `k` describe epoch `k − 2`: one to two
+//! windows old. Between answers a replica decides locally from its last view; a view more than
+//! [`MAX_STALE`] epochs old (the service slow or down) is dropped and the replica admits as a lone
+//! one does, under its lease. A counter read as less than this replica itself added to it (the
+//! service's counter expired, or the read went elsewhere) is not believed ([`believable`],
+//! [`Local::told`]).
+//!
+//! **Bounds.** The fleet: at most `C` a window, by the lease, whatever the shares say (a replica's
+//! blocks follow what it expects to admit, [`block_cap`], so that little of what is granted
+//! lapses). A tenant: with demand steady over three epochs, its allowances add up to `λ·w_i` within
+//! the smoothing's error, and over any stretch of time `L` a replica admits of it at most its
+//! allowance for `L`, plus the credit it may keep ([`CREDIT_PARTS`]: a quarter of a window's
+//! allowance, or one request) and half a request. A replica's asks are counted whether admitted or
+//! not: a client that retries a refusal at once inflates its demand, not its share (its share is
+//! capped by its weight).
+
+use super::{Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
+use smallvec::SmallVec;
+
+/// How many epochs back a replica reads the fleet's counters: those of `k − 2`, whole.
+pub const READ_LAG: u64 = 2;
+/// A view describing an epoch more than this many epochs before now is not used.
+pub const MAX_STALE: u64 = 4;
+/// The smoothing of a tenant's demand over epochs: each new epoch counts for 1 / this.
+pub const SMOOTH: u64 = 4;
+/// The fixed point of the smoothed demands.
+const SCALE: u64 = 16;
+/// A replica claims its leased quota in blocks of at most 1 / this of its part.
+pub const BLOCKS_PER_PART: u64 = 4;
+/// The fixed point of a replica's fraction of a tenant's demand and of the weights in the band
+/// sums: millionths (a tenant spread over a thousand replicas has a thousandth on each).
+pub const ONE: u64 = 1_000_000;
+/// The credit of a tenant's allowance on a replica keeps at most 1 / this of a window's
+/// allowance (or one request's, if more): a window then admits at most its allowance and this
+/// part again, so the fleet's allowances do not spend the lease's quota early in a window.
+pub const CREDIT_PARTS: u64 = 4;
+/// How many epochs of a tenant's asks a replica keeps.
+const KEPT: usize = 4;
+
+/// One band's sums over the fleet for one epoch, in cost units a window and weights × [`ONE`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BandCounts {
+    /// What the band's tenants asked.
+    pub demand: u64,
+    /// What the tenants whose fleet demand was under the level asked.
+    pub free: u64,
+    /// The weight (× [`ONE`]) of the tenants at or above the level.
+    pub held_weight: u64,
+    /// The weight (× [`ONE`]) of the tenants that asked.
+    pub active_weight: u64,
+}
+
+impl BandCounts {
+    /// These sums and `other`'s (what the service's counters do with two replicas' adds).
+    pub fn plus(self, other: BandCounts) -> BandCounts {
+        BandCounts {
+            demand: self.demand.saturating_add(other.demand),
+            free: self.free.saturating_add(other.free),
+            held_weight: self.held_weight.saturating_add(other.held_weight),
+            active_weight: self.active_weight.saturating_add(other.active_weight),
+        }
+    }
+}
+
+/// Whether band sums read for an epoch (`read`) can be the fleet's: none below what this
+/// replica itself added to them (`own`). A counter that expired (the service's unit turned
+/// between the write and the read) or was never written reads as less, and is not used: the
+/// replica keeps its view.
+pub fn believable(read: &BandCounts, own: &BandCounts) -> bool {
+    read.demand >= own.demand
+        && read.free >= own.free
+        && read.held_weight >= own.held_weight
+        && read.active_weight >= own.active_weight
+}
+
+/// One band's level and budget in a [`View`], × [`LEVEL_ONE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BandView {
+    /// Cost units per unit of weight a window; [`NO_LEVEL`]: nobody is held.
+    pub level: u64,
+    /// The band's budget a window.
+    pub budget: u64,
+}
+
+/// What a replica knows of the fleet: each band's level, computed from the fleet's counters of
+/// one epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// The epoch the counters describe (`None`: never read).
+    pub epoch: Option<u64>,
+    /// One per band, highest priority first.
+    pub bands: SmallVec<[BandView; MAX_BANDS]>,
+}
+
+impl View {
+    /// A view of nothing: no level in any band.
+    pub fn new(bands: usize) -> View {
+        View {
+            epoch: None,
+            bands: smallvec::smallvec![
+                BandView {
+                    level: NO_LEVEL,
+                    budget: 0,
+                };
+                bands.clamp(1, MAX_BANDS)
+            ],
+        }
+    }
+
+    /// Whether the view is recent enough to use in epoch `now_epoch`.
+    pub fn fresh(&self, now_epoch: u64) -> bool {
+        self.epoch
+            .is_some_and(|e| now_epoch.saturating_sub(e) <= MAX_STALE)
+    }
+
+    /// Band `band`'s level in epoch `now_epoch`: [`NO_LEVEL`] when the view is stale.
+    pub fn level(&self, band: u8, now_epoch: u64) -> u64 {
+        if !self.fresh(now_epoch) {
+            return NO_LEVEL;
+        }
+        self.bands
+            .get(usize::from(band))
+            .map_or(NO_LEVEL, |b| b.level)
+    }
+}
+
+/// `n` × `pm` / 1000.
+fn permille(n: u64, pm: u64) -> u64 {
+    u64::try_from(u128::from(n) * u128::from(pm) / 1000).unwrap_or(u64::MAX)
+}
+
+/// `a` × `b` / `c` (0 when `c` is 0), saturating.
+fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    if c == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX)
+}
+
+/// The fleet's view from its band sums of epoch `epoch` (`counts`, one per band, highest
+/// priority first) for a capacity of `limit` a window of which `target_pm` permille is handed
+/// out: each band's budget (served in priority order; each band keeps against higher ones
+/// what it asks of its reserved minimum, `share.min_share_pm`) and one water-filling step of
+/// its level. Every replica reading the same counters computes the same view.
+pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[BandCounts]) -> View {
+    let n = share.bands.clamp(1, MAX_BANDS);
+    let mut out = View::new(n);
+    out.epoch = Some(epoch);
+    let target = permille(limit.saturating_mul(LEVEL_ONE), target_pm);
+    let reserve = |i: usize| {
+        share
+            .min_share_pm
+            .get(i)
+            .map_or(0, |&pm| permille(target, pm))
+    };
+    let asked = |i: usize| {
+        counts
+            .get(i)
+            .map_or(0, |c| c.demand.saturating_mul(LEVEL_ONE))
+    };
+    let mut used_above = 0u64;
+    for i in 0..n {
+        let kept_below: u64 = (i + 1..n).map(|c| asked(c).min(reserve(c))).sum();
+        let budget = if n == 1 {
+            target
+        } else {
+            target
+                .saturating_sub(used_above)
+                .saturating_sub(kept_below)
+                .max(reserve(i))
+        };
+        used_above = used_above.saturating_add(asked(i).min(budget));
+        let c = counts.get(i).copied().unwrap_or_default();
+        let plain = mul_div(budget, ONE, c.active_weight);
+        let level = if c.held_weight > 0 {
+            let free = c.free.saturating_mul(LEVEL_ONE);
+            mul_div(budget.saturating_sub(free), ONE, c.held_weight).max(plain)
+        } else if asked(i) > budget && c.active_weight > 0 {
+            plain
+        } else {
+            NO_LEVEL
+        };
+        if let Some(b) = out.bands.get_mut(i) {
+            *b = BandView { level, budget };
+        }
+    }
+    out
+}
+
+/// What one replica keeps of one tenant for the fleet's shares: what it asked here in the last
+/// epochs, and its demand here and in the whole fleet, smoothed over the epochs read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Local {
+    /// The epoch of `asked[0]`.
+    pub epoch: u64,
+    /// What the tenant asked here in epoch `epoch − j`, for `j` in 0..4.
+    pub asked: [u32; KEPT],
+    /// Its demand here a window, smoothed, × 16 (0: never read).
+    pub mine: u64,
+    /// Its demand in the fleet a window, smoothed, × 16 (0: never read).
+    pub fleet: u64,
+    /// What this replica may still admit of it under its allowance, cost units ×
+    /// [`LEVEL_ONE`] × the window's ms (so that the allowance accrues exactly, ms by ms; below
+    /// 0: up to half a request overdrawn), as of `credit_ms`.
+    pub credit: i64,
+    /// When `credit` was last brought up to date, ms.
+    pub credit_ms: u64,
+}
+
+impl Local {
+    /// Moves the kept epochs to `epoch` (never back).
+    fn roll(&mut self, epoch: u64) {
+        if epoch <= self.epoch {
+            return;
+        }
+        let by = usize::try_from(epoch - self.epoch)
+            .unwrap_or(KEPT)
+            .min(KEPT);
+        self.asked.rotate_right(by);
+        for a in self.asked.iter_mut().take(by) {
+            *a = 0;
+        }
+        self.epoch = epoch;
+    }
+
+    /// The tenant asks `cost` here in epoch `epoch` (counted whether admitted or not).
+    pub fn ask(&mut self, epoch: u64, cost: u64) {
+        self.roll(epoch);
+        if let Some(a) = self.asked.first_mut() {
+            *a = a.saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// What it asked here in epoch `epoch` (0 when not kept).
+    pub fn asked_in(&self, epoch: u64) -> u64 {
+        self.epoch
+            .checked_sub(epoch)
+            .and_then(|j| usize::try_from(j).ok())
+            .and_then(|j| self.asked.get(j))
+            .map_or(0, |&a| u64::from(a))
+    }
+
+    /// Whether it asked here in any kept epoch as of `epoch`.
+    pub fn active(&self, epoch: u64) -> bool {
+        (epoch.saturating_sub(KEPT as u64 - 1)..=epoch).any(|e| self.asked_in(e) > 0)
+    }
+
+    /// This replica's fraction of the tenant's fleet demand, × [`ONE`] (all of it until the
+    /// fleet's demand is read).
+    pub fn fraction(&self) -> u64 {
+        if self.fleet == 0 {
+            return ONE;
+        }
+        mul_div(self.mine, ONE, self.fleet).min(ONE)
+    }
+
+    /// Its fleet demand a window as last read (smoothed), or what it asked here lately when
+    /// never read.
+    pub fn fleet_demand(&self) -> u64 {
+        if self.fleet == 0 {
+            return self.asked_in(self.epoch.saturating_sub(1));
+        }
+        self.fleet / SCALE
+    }
+
+    /// The service said the tenant's fleet counter of epoch `epoch` holds `fleet`: folds it and
+    /// what this replica added to it into the smoothed demands. A count below what this
+    /// replica added itself (an expired or missing counter) is not believed; nothing is
+    /// folded for an epoch in which it asked nothing here and the fleet nothing.
+    pub fn told(&mut self, epoch: u64, fleet: u64) {
+        let mine = self.asked_in(epoch);
+        if fleet < mine || fleet == 0 {
+            return;
+        }
+        let fold = |avg: u64, x: u64| {
+            let x = x.saturating_mul(SCALE);
+            if avg == 0 {
+                x
+            } else {
+                avg - avg / SMOOTH + x / SMOOTH
+            }
+        };
+        self.mine = fold(self.mine, mine);
+        self.fleet = fold(self.fleet, fleet).max(1);
+    }
+}
+
+/// This replica's part of band `band`'s sums for epoch `epoch` (the one before now), for a
+/// tenant of weight `weight` kept as `local`, under the level `level` of this replica's view:
+/// its asks there; its weight × this replica's fraction of its demand, held or free as its
+/// fleet demand is at the level or under it. `None` when it asked nothing here in `epoch`.
+pub fn contribution(level: u64, weight: u16, local: &Local, epoch: u64) -> Option<BandCounts> {
+    let asked = local.asked_in(epoch);
+    if asked == 0 {
+        return None;
+    }
+    let w = u64::from(weight.max(1)).saturating_mul(local.fraction());
+    let demand = local.fleet_demand().max(asked).saturating_mul(LEVEL_ONE);
+    let held = level != NO_LEVEL && demand >= level.saturating_mul(u64::from(weight.max(1)));
+    Some(BandCounts {
+        demand: asked,
+        free: if held { 0 } else { asked },
+        held_weight: if held { w } else { 0 },
+        active_weight: w,
+    })
+}
+
+/// This replica's allowance for a tenant of weight `weight` kept as `local`, under the level
+/// `level` of its view: its fleet share `level × weight` times this replica's fraction of its
+/// demand, cost units a window × [`LEVEL_ONE`]; `None` without a level (nobody held).
+pub fn allowance(level: u64, weight: u16, local: &Local) -> Option<u64> {
+    (level != NO_LEVEL).then(|| {
+        let share = level.saturating_mul(u64::from(weight.max(1)));
+        mul_div(share, local.fraction(), ONE)
+    })
+}
+
+impl Local {
+    /// Whether a request of `cost` at `now_ms` fits the tenant's allowance here (`allowance`
+    /// a window of `window_ms`, [`allowance`]; `None`: no limit), taking it from the credit if
+    /// so. The allowance accrues continuously and the credit keeps at most a
+    /// [`CREDIT_PARTS`]th of a window's worth (or one request's, if more): a replica whose
+    /// allowance is a fraction of a request a window admits one every so many windows, as its
+    /// share says, and a request is admitted while at least half of it is covered.
+    pub fn take(&mut self, allowance: Option<u64>, now_ms: u64, window_ms: u64, cost: u64) -> bool {
+        let w = i128::from(window_ms.max(1));
+        let need = i128::from(cost.saturating_mul(LEVEL_ONE)) * w;
+        let Some(allowance) = allowance else {
+            // No level: a full credit once one forms.
+            self.credit = i64::MAX;
+            self.credit_ms = now_ms;
+            return true;
+        };
+        let cap = i128::from((allowance / CREDIT_PARTS).max(LEVEL_ONE)) * w;
+        let accrued = i128::from(allowance) * i128::from(now_ms.saturating_sub(self.credit_ms));
+        let credit = (i128::from(self.credit) + accrued).min(cap);
+        self.credit_ms = self.credit_ms.max(now_ms);
+        let fits = credit * 2 >= need;
+        let left = if fits { credit - need } else { credit };
+        self.credit = i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX });
+        fits
+    }
+
+    /// Gives back a request of `cost` [`Local::take`] admitted (the lease refused it), in a
+    /// window of `window_ms`.
+    pub fn give_back(&mut self, cost: u64, window_ms: u64) {
+        let back = u128::from(cost.saturating_mul(LEVEL_ONE)) * u128::from(window_ms.max(1));
+        self.credit = self
+            .credit
+            .saturating_add(i64::try_from(back).unwrap_or(i64::MAX));
+    }
+}
+
+/// What this replica expects to admit of a tenant a window, cost units × [`LEVEL_ONE`]: its
+/// allowance, no more than what it asked here in the last whole epoch (`epoch − 1`); all of
+/// that without a level.
+pub fn expected(level: u64, weight: u16, local: &Local, epoch: u64) -> u64 {
+    let asked = local
+        .asked_in(epoch.saturating_sub(1))
+        .max(local.asked_in(epoch))
+        .saturating_mul(LEVEL_ONE);
+    allowance(level, weight, local).map_or(asked, |a| a.min(asked))
+}
+
+/// The largest block this replica claims of the lease, for what it expects to admit a window
+/// (`part`, cost units × [`LEVEL_ONE`], the sum of [`expected`] over its tenants): a
+/// [`BLOCKS_PER_PART`]th of it, no more than it expects to admit until the window ends at
+/// `window_end_ms` (held quota lapses then), at least 1 and at most `max_block`; `max_block`
+/// until it has reported once (`part` `None`).
+pub fn block_cap(
+    part: Option<u64>,
+    (now_ms, window_end_ms, window_ms): (u64, u64, u64),
+    max_block: u64,
+) -> u64 {
+    let Some(part) = part else {
+        return max_block.max(1);
+    };
+    let left = window_end_ms.saturating_sub(now_ms).min(window_ms);
+    let by_part = part / BLOCKS_PER_PART;
+    let by_time = mul_div(part, left, window_ms.max(1));
+    (by_part.min(by_time) / LEVEL_ONE).clamp(1, max_block.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::fair::water_fill;
+
+    /// A fleet of replicas on the fair shares, epoch by epoch, with a counter store that sums
+    /// what they add (the service): `asks[r][i]` is what tenant `i` asks of replica `r` each
+    /// epoch; `weights[i]`, `bands[i]` its weight and band.
+    struct Fleet {
+        share: Share,
+        limit: u64,
+        weights: Vec<u16>,
+        bands: Vec<u8>,
+        views: Vec<View>,
+        locals: Vec<Vec<Local>>,
+        /// The service's counters: per epoch, each tenant's asks and each band's sums.
+        asked: std::collections::HashMap<u64, Vec<u64>>,
+        sums: std::collections::HashMap<u64, Vec<BandCounts>>,
+    }
+
+    impl Fleet {
+        fn new(share: Share, limit: u64, weights: &[u16], bands: &[u8], replicas: usize) -> Fleet {
+            Fleet {
+                share,
+                limit,
+                weights: weights.to_vec(),
+                bands: bands.to_vec(),
+                views: vec![View::new(share.bands); replicas],
+                locals: vec![vec![Local::default(); weights.len()]; replicas],
+                asked: Default::default(),
+                sums: Default::default(),
+            }
+        }
+
+        /// Epoch `k`: each replica reports `k − 1` and reads `k − 2` (if `answered`), then
+        /// its tenants ask `asks[r][i]`.
+        fn epoch(&mut self, k: u64, asks: &[Vec<u64>], answered: bool) {
+            let n = self.weights.len();
+            for r in 0..self.views.len() {
+                if !answered {
+                    continue;
+                }
+                let mut band_sums = vec![BandCounts::default(); self.share.bands];
+                for i in 0..n {
+                    let level = self.views[r].level(self.bands[i], k);
+                    let l = &self.locals[r][i];
+                    if let Some(c) = contribution(level, self.weights[i], l, k - 1) {
+                        let b = usize::from(self.bands[i]);
+                        band_sums[b] = band_sums[b].plus(c);
+                        self.asked.entry(k - 1).or_insert_with(|| vec![0; n])[i] +=
+                            l.asked_in(k - 1);
+                    }
+                }
+                let store = self
+                    .sums
+                    .entry(k - 1)
+                    .or_insert_with(|| vec![BandCounts::default(); self.share.bands]);
+                for (s, c) in store.iter_mut().zip(band_sums) {
+                    *s = s.plus(c);
+                }
+                if let Some(sums) = self.sums.get(&(k - READ_LAG)) {
+                    self.views[r] = view(&self.share, self.limit, 1000, k - READ_LAG, sums);
+                }
+                if let Some(asked) = self.asked.get(&(k - READ_LAG)) {
+                    for (l, &a) in self.locals[r].iter_mut().zip(asked) {
+                        l.told(k - READ_LAG, a);
+                    }
+                }
+            }
+            for (r, row) in asks.iter().enumerate() {
+                for (i, &a) in row.iter().enumerate() {
+                    if a > 0 {
+                        self.locals[r][i].ask(k, a);
+                    }
+                }
+            }
+        }
+
+        /// Each tenant's allowances over the replicas, cost units a window (∞ without a
+        /// level).
+        fn shares(&self, k: u64) -> Vec<f64> {
+            (0..self.weights.len())
+                .map(|i| {
+                    (0..self.views.len())
+                        .filter(|&r| self.locals[r][i].active(k))
+                        .map(|r| {
+                            let level = self.views[r].level(self.bands[i], k);
+                            allowance(level, self.weights[i], &self.locals[r][i])
+                                .map_or(f64::INFINITY, |a| a as f64 / LEVEL_ONE as f64)
+                        })
+                        .sum()
+                })
+                .collect()
+        }
+
+        fn run(&mut self, epochs: u64, asks: &[Vec<u64>]) -> Vec<f64> {
+            for k in 100..100 + epochs {
+                self.epoch(k, asks, true);
+            }
+            self.shares(100 + epochs)
+        }
+    }
+
+    fn one_band() -> Share {
+        Share::for_bands(&[0])
+    }
+
+    /// Demands `d` of tenants spread over `replicas` by `spread(i, r)` (each row sums to 1).
+    fn asks(d: &[u64], replicas: usize, spread: impl Fn(usize, usize) -> f64) -> Vec<Vec<u64>> {
+        (0..replicas)
+            .map(|r| {
+                d.iter()
+                    .enumerate()
+                    .map(|(i, &x)| (x as f64 * spread(i, r)).round() as u64)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn close(got: &[f64], want: &[f64], tolerance: f64) -> bool {
+        got.iter()
+            .zip(want)
+            .all(|(g, w)| (g - w).abs() <= tolerance * w.max(1.0))
+    }
+
+    #[test]
+    fn backlogged_tenants_get_their_weights_shares_wherever_they_are() {
+        // 1:2:4 backlogged on one replica, then pinned one per replica: shares 100, 200, 400.
+        let (w, d) = ([1, 2, 4], [1_000, 1_000, 1_000]);
+        let want = water_fill(700.0, &[1e3, 1e3, 1e3], &[1.0, 2.0, 4.0]);
+        let mut one = Fleet::new(one_band(), 700, &w, &[0; 3], 1);
+        let got = one.run(12, &asks(&d, 1, |_, _| 1.0));
+        assert!(close(&got, &want, 0.01), "{got:?} vs {want:?}");
+        let mut pinned = Fleet::new(one_band(), 700, &w, &[0; 3], 3);
+        let got = pinned.run(12, &asks(&d, 3, |i, r| f64::from(u8::from(i == r))));
+        assert!(close(&got, &want, 0.01), "pinned: {got:?} vs {want:?}");
+        // A lone tenant on a busy replica gets its fleet share, not the replica's part.
+        let mut lone = Fleet::new(one_band(), 700, &w, &[0; 3], 2);
+        let got = lone.run(
+            12,
+            &asks(&d, 2, |i, r| f64::from(u8::from((i == 2) == (r == 1)))),
+        );
+        assert!(close(&got, &want, 0.01), "lone: {got:?} vs {want:?}");
+    }
+
+    #[test]
+    fn a_heavy_tenant_spread_or_skewed_leaves_the_lights_their_demand() {
+        // One heavy (1,000 a window) and nine lights (50 each) for 1,000: lights 50, heavy 550.
+        let mut d = vec![1_000];
+        d.extend([50; 9]);
+        for (name, replicas, spread) in [
+            (
+                "spread",
+                10,
+                Box::new(|_: usize, _: usize| 0.1) as Box<dyn Fn(usize, usize) -> f64>,
+            ),
+            (
+                "skewed",
+                5,
+                Box::new(|_: usize, r: usize| if r == 0 { 0.8 } else { 0.05 }),
+            ),
+            (
+                "pinned",
+                10,
+                Box::new(|i: usize, r: usize| f64::from(u8::from(i == r))),
+            ),
+        ] {
+            let mut f = Fleet::new(one_band(), 1000, &[1; 10], &[0; 10], replicas);
+            let a = asks(&d, replicas, spread);
+            let total: Vec<f64> = (0..10)
+                .map(|i| a.iter().map(|row| row[i] as f64).sum())
+                .collect();
+            let want = water_fill(1000.0, &total, &[1.0; 10]);
+            let got = f.run(15, &a);
+            assert!(
+                close(&got[..1], &want[..1], 0.02),
+                "{name}: {got:?} vs {want:?}"
+            );
+            // The lights are free: their allowances cover their demand.
+            assert!(
+                got[1..].iter().zip(&total[1..]).all(|(g, t)| g >= t),
+                "{name}: {got:?}"
+            );
+            // The heavy one's allowances on each replica follow its requests there.
+            if name == "skewed" {
+                let a = |r: usize| allowance(f.views[r].level(0, 115), 1, &f.locals[r][0]).unwrap();
+                let ratio = a(0) as f64 / a(1) as f64;
+                assert!((ratio - 16.0).abs() < 0.5, "{ratio}");
+            }
+        }
+    }
+
+    #[test]
+    fn bands_are_served_in_order_and_the_lower_keeps_its_minimum() {
+        // Interactive (band 0) asks 600, batch (band 1, minimum 20 %) asks 1,000 of 1,000.
+        let share = Share::for_bands(&[0, 200]);
+        let mut f = Fleet::new(share, 1000, &[1, 1], &[0, 1], 2);
+        let got = f.run(12, &asks(&[600, 1_000], 2, |_, _| 0.5));
+        assert!(got[0].is_infinite(), "interactive is not held: {got:?}");
+        assert!((got[1] - 400.0).abs() < 5.0, "batch gets the rest: {got:?}");
+        // Interactive asks it all: batch keeps its minimum, interactive gets the rest.
+        let mut f = Fleet::new(share, 1000, &[1, 1], &[0, 1], 2);
+        let got = f.run(12, &asks(&[2_000, 1_000], 2, |_, _| 0.5));
+        assert!(
+            (got[0] - 800.0).abs() < 5.0 && (got[1] - 200.0).abs() < 5.0,
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn the_level_converges_from_below_a_step_an_epoch() {
+        // Water-filling's steps: the plain share (100), then the level, from below, exact.
+        let share = one_band();
+        let free = |d: u64| BandCounts {
+            demand: d,
+            free: d,
+            held_weight: 0,
+            active_weight: ONE,
+        };
+        let held = |d: u64| BandCounts {
+            demand: d,
+            free: 0,
+            held_weight: ONE,
+            active_weight: ONE,
+        };
+        let all = [1_000, 20, 30, 200, 900];
+        let plain = view(
+            &share,
+            1000,
+            1000,
+            7,
+            &[all
+                .iter()
+                .map(|&d| free(d))
+                .fold(BandCounts::default(), BandCounts::plus)],
+        );
+        let l0 = plain.bands[0].level / LEVEL_ONE;
+        assert_eq!(l0, 200, "the plain share");
+        // Classified at 200: 20 and 30 free, three held: (1000 − 50) / 3 = 316; then 200 is
+        // free too: (1000 − 250) / 2 = 375, the fixed point.
+        let at = |l: u64| {
+            all.iter()
+                .map(|&d| if d >= l { held(d) } else { free(d) })
+                .fold(BandCounts::default(), BandCounts::plus)
+        };
+        let step =
+            |l: u64, k: u64| view(&share, 1000, 1000, k, &[at(l)]).bands[0].level / LEVEL_ONE;
+        let l1 = step(l0, 8);
+        assert_eq!(l1, 316);
+        let l2 = step(l1, 9);
+        assert_eq!(l2, 375);
+        assert_eq!(step(l2, 10), 375, "the fixed point");
+        let want = water_fill(1000.0, &all.map(|d| d as f64), &[1.0; 5]);
+        assert!((want[0] - 375.0).abs() < 1e-9);
+        // Under the capacity: no level.
+        let under = view(&share, 1000, 1000, 9, &[free(900)]);
+        assert_eq!(under.bands[0].level, NO_LEVEL);
+    }
+
+    #[test]
+    fn a_stale_view_or_an_unbelievable_count_is_not_used() {
+        let share = one_band();
+        let v = view(
+            &share,
+            100,
+            1000,
+            50,
+            &[BandCounts {
+                demand: 500,
+                free: 0,
+                held_weight: 2 * ONE,
+                active_weight: 2 * ONE,
+            }],
+        );
+        assert_eq!(v.level(0, 50 + MAX_STALE), 50 * LEVEL_ONE);
+        assert_eq!(v.level(0, 51 + MAX_STALE), NO_LEVEL, "too old: no gate");
+        assert_eq!(View::new(1).level(0, 3), NO_LEVEL, "never read");
+        // A replica that added 30 to a counter read as 10 does not believe it.
+        let mut l = Local::default();
+        l.ask(10, 30);
+        l.ask(11, 5);
+        l.told(10, 10);
+        assert_eq!((l.mine, l.fleet, l.fraction()), (0, 0, ONE));
+        l.told(10, 120);
+        assert_eq!(l.fraction(), ONE / 4);
+        assert_eq!(l.fleet_demand(), 120);
+        // Smoothed: a next epoch of 60 of 60 moves it a quarter of the way.
+        l.ask(12, 60);
+        l.told(12, 60);
+        assert_eq!(
+            l.fraction(),
+            (30 * 16 * 3 / 4 + 60 * 16 / 4) * ONE / (120 * 16 * 3 / 4 + 60 * 16 / 4)
+        );
+        // Kept for four epochs only.
+        assert_eq!((l.asked_in(10), l.asked_in(9)), (30, 0));
+        l.ask(14, 1);
+        assert_eq!(l.asked_in(10), 0);
+        assert!(l.active(14) && !l.active(20));
+        // Band sums below this replica's own adds: an expired counter.
+        let own = BandCounts {
+            demand: 30,
+            free: 0,
+            held_weight: 500,
+            active_weight: 500,
+        };
+        assert!(believable(&own.plus(own), &own));
+        assert!(!believable(&BandCounts::default(), &own));
+        // Without the fleet's answers the replicas admit as lone ones (no level).
+        let mut f = Fleet::new(share, 100, &[1, 1], &[0, 0], 2);
+        for k in 100..110 {
+            f.epoch(k, &asks(&[500, 500], 2, |_, _| 0.5), k < 105);
+        }
+        assert!(
+            f.shares(110).iter().all(|s| s.is_infinite()),
+            "{:?}",
+            f.shares(110)
+        );
+    }
+
+    #[test]
+    fn the_gate_admits_the_allowance_over_time_and_the_blocks_shrink_to_the_window_end() {
+        // An allowance of 10.5 a window (of 1 s): a full credit first (a quarter of a window's,
+        // within half a request), then 10.5 a second.
+        let mut l = Local::default();
+        let a = Some(10 * LEVEL_ONE + LEVEL_ONE / 2);
+        let admitted = |l: &mut Local, from: u64, to: u64| {
+            (from..to).filter(|&t| l.take(a, t, 1_000, 1)).count()
+        };
+        let at_once = (0..10).filter(|_| l.take(a, 5_000, 1_000, 1)).count();
+        assert_eq!(at_once, 3, "2.625, within half");
+        assert_eq!(
+            admitted(&mut l, 5_001, 15_001),
+            105,
+            "then the allowance, exactly"
+        );
+        // A lease's refusal gives the request back.
+        let before = l.credit;
+        assert!(l.take(a, 20_000, 1_000, 1));
+        l.give_back(1, 1_000);
+        assert!(l.credit > before);
+        // A third of a request a window: one every three windows, not one in each.
+        let mut thin = Local::default();
+        let third = Some(LEVEL_ONE / 3);
+        let n = (0..30_000u64)
+            .step_by(100)
+            .filter(|&t| thin.take(third, 1_000_000 + t, 1_000, 1))
+            .count();
+        assert!((10..=11).contains(&n), "{n}");
+        // No level: no limit.
+        assert!((0..100).all(|t| thin.take(None, 2_000_000 + t, 1_000, 1)));
+        let part = 800 * LEVEL_ONE;
+        assert_eq!(
+            block_cap(Some(part), (10_000, 11_000, 1_000), 1_000),
+            800 / BLOCKS_PER_PART
+        );
+        assert_eq!(
+            block_cap(Some(part), (10_900, 11_000, 1_000), 1_000),
+            80,
+            "what is left to use"
+        );
+        assert_eq!(block_cap(Some(part), (10_999, 11_000, 1_000), 1_000), 1);
+        assert_eq!(
+            block_cap(Some(part), (10_000, 11_000, 1_000), 40),
+            40,
+            "the configured cap"
+        );
+        assert_eq!(
+            block_cap(None, (10_000, 11_000, 1_000), 40),
+            40,
+            "never reported"
+        );
+        assert_eq!(
+            block_cap(Some(0), (10_000, 11_000, 1_000), 40),
+            1,
+            "expects nothing"
+        );
+    }
+}
