@@ -77,9 +77,9 @@ impl<S: Store> Runtime<S> {
         if let Some(failure) = self.store_work(i, &out) {
             self.failed(host, i, now, failure);
         }
-        if let Some(mut v) = out.verdict {
+        if let Some(v) = out.verdict {
+            // (No reservation to wait for: a plain rule reserves nothing.)
             if !v.allowed {
-                v = self.wait_for_reservations(i, &check, v);
                 self.refusal(host, i, a.hash, &v, check.cost, check.shadow);
             } else if allowed {
                 self.metrics.add(i, Counter::Allowed, 1);
