@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +61,8 @@ def main():
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     env = test_env()
+    # Stopped by a signal, it still stops its hogs (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs)]
     for h in hogs:
         h.start()
