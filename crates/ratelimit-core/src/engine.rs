@@ -784,7 +784,7 @@ fn decide_one(
 
 /// Decides a request against one check (not a sliding log's): whether it is admitted, and the
 /// check's outcome ([`decide`] with one check, without the list of outcomes).
-pub fn decide_single(
+pub(crate) fn decide_single(
     store: &impl Store,
     check: &Check,
     now_ms: u64,

@@ -18,18 +18,16 @@ use smallvec::SmallVec;
 /// The index of the configuration's rule when it has one rule and that rule is plain: local
 /// (no service), not shared, charged by nothing but its fixed or header cost, priced in
 /// nothing, with the limit of its configuration (none carried by the request), not elastic,
-/// reading no field of the body, and of an algorithm that neither holds requests (delay mode)
-/// nor keeps slots (in flight).
+/// reading no field of the body, and of a bucket's algorithm (a sliding log has slots of its
+/// own) that holds no request (delay mode).
 pub(super) fn plain_rule(config: &Config, compiled: &[Compiled]) -> Option<usize> {
     let ([rule], [c]) = (config.rules.as_slice(), compiled) else {
         return None;
     };
     let algorithm = match c.policy {
-        Policy::SlidingWindow { .. } | Policy::FixedWindow { .. } | Policy::SlidingLog { .. } => {
-            true
-        }
+        Policy::SlidingWindow { .. } | Policy::FixedWindow { .. } => true,
         Policy::Gcra(p) => p.max_delay_ms.is_none(),
-        Policy::InFlight { .. } | Policy::Lease { .. } => false,
+        Policy::SlidingLog { .. } | Policy::InFlight { .. } | Policy::Lease { .. } => false,
     };
     let plain = algorithm
         && rule.global.is_none()
@@ -47,7 +45,6 @@ impl<S: Store> Runtime<S> {
     /// Decides a request of the plain rule `i` ([`plain_rule`]) as [`Runtime::start`] would;
     /// `None` when the request lacks a part of the rule's key (the general path refuses it or
     /// keys it as the rule's shared value, and counts it).
-    #[inline(never)]
     pub(super) fn start_plain(&self, i: usize, host: &mut impl Host) -> Option<Decision> {
         let (rule, compiled) = (self.config.rules.get(i)?, self.compiled.get(i)?);
         let a = match self.applying(rule, compiled, host) {
@@ -56,7 +53,7 @@ impl<S: Store> Runtime<S> {
             Ok(_) | Err(Skip::MissingPart) => return None,
         };
         let check = Check {
-            slot: self.slot_of(compiled, a.hash),
+            slot: u64::from(table::bucket_of(a.hash, self.buckets)),
             fingerprint: table::fingerprint_of(a.hash),
             policy: a.policy,
             cost: a.cost,
@@ -65,14 +62,8 @@ impl<S: Store> Runtime<S> {
             base: None,
         };
         let now = host.now_ms();
-        let (allowed, out) = if check.policy.uses_log() {
-            let checks = std::slice::from_ref(&check);
-            let outcome = engine::decide(&self.store, checks, now, self.config.failure_mode);
-            let out = outcome.rules.into_iter().next().unwrap_or_default();
-            (outcome.allowed, out)
-        } else {
-            engine::decide_single(&self.store, &check, now, self.config.failure_mode)
-        };
+        let (allowed, out) =
+            engine::decide_single(&self.store, &check, now, self.config.failure_mode);
         let mut reported: Verdicts = SmallVec::new();
         if let Some(failure) = self.store_work(i, &out) {
             self.failed(host, i, now, failure);
@@ -87,17 +78,6 @@ impl<S: Store> Runtime<S> {
             reported.push((i, v));
         }
         Some(self.concluded(allowed, reported, Left::default(), now))
-    }
-
-    /// The store slot of a key of `compiled`'s rule: its own slot in the sliding logs' part of
-    /// the table for a sliding log, else its bucket.
-    #[inline]
-    pub(super) fn slot_of(&self, compiled: &Compiled, hash: u64) -> u64 {
-        if compiled.policy.uses_log() {
-            table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)))
-        } else {
-            u64::from(table::bucket_of(hash, self.buckets))
-        }
     }
 }
 
@@ -126,7 +106,6 @@ mod tests {
             "",
             r#", "algorithm": "fixed_window""#,
             r#", "algorithm": "token_bucket", "burst": 5"#,
-            r#", "algorithm": "sliding_log""#,
             r#", "shadow": true"#,
             r#", "cost": {"header": "x-cost"}"#,
             r#", "match": {"path_prefix": "/api"}"#,
@@ -135,6 +114,7 @@ mod tests {
             assert_eq!(runtime(&one(rule)).plain, Some(0), "{rule}");
         }
         let general = [
+            r#", "algorithm": "sliding_log""#,
             r#", "algorithm": "leaky_bucket", "burst": 3, "on_limit": "delay", "max_delay_ms": 5000"#,
             r#", "global": {"cluster": "rls", "domain": "edge"}"#,
             r#", "cost": {"response": "header:x-usage", "reserve": 2}"#,
@@ -177,7 +157,6 @@ mod tests {
             one(""),
             one(r#", "algorithm": "fixed_window""#),
             one(r#", "algorithm": "token_bucket", "burst": 2"#),
-            one(r#", "algorithm": "sliding_log""#),
             one(r#", "shadow": true"#),
             one(r#", "cost": {"header": "x-cost"}"#),
             one(r#", "match": {"path_prefix": "/api"}"#),

@@ -581,7 +581,11 @@ impl<S: Store> Runtime<S> {
                 return Ok(());
             }
         }
-        let slot = self.slot_of(compiled, hash);
+        let slot = if compiled.policy.uses_log() {
+            table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)))
+        } else {
+            u64::from(table::bucket_of(hash, self.buckets))
+        };
         let mut policy = policy;
         let mut base = None;
         if let Some(w) = &compiled.watch {

@@ -75,7 +75,7 @@
 //! not: a client that retries a refusal at once inflates its demand, not its share (its share is
 //! capped by its weight).
 
-use super::{Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
+use super::{band_budget, permille, Share, LEVEL_ONE, MAX_BANDS, NO_LEVEL};
 use smallvec::SmallVec;
 
 /// How many epochs back a replica reads the fleet's counters: those of `k − 2`, whole.
@@ -185,11 +185,6 @@ impl View {
     }
 }
 
-/// `n` × `pm` / 1000.
-fn permille(n: u64, pm: u64) -> u64 {
-    u64::try_from(u128::from(n) * u128::from(pm) / 1000).unwrap_or(u64::MAX)
-}
-
 /// `a` × `b` / `c` (0 when `c` is 0), saturating.
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     if c == 0 {
@@ -222,14 +217,7 @@ pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[Ban
     let mut used_above = 0u64;
     for i in 0..n {
         let kept_below: u64 = (i + 1..n).map(|c| asked(c).min(reserve(c))).sum();
-        let budget = if n == 1 {
-            target
-        } else {
-            target
-                .saturating_sub(used_above)
-                .saturating_sub(kept_below)
-                .max(reserve(i))
-        };
+        let budget = band_budget(n, target, used_above, kept_below, reserve(i));
         used_above = used_above.saturating_add(asked(i).min(budget));
         let c = counts.get(i).copied().unwrap_or_default();
         let plain = mul_div(budget, ONE, c.active_weight);

@@ -608,8 +608,21 @@ fn under(
     v
 }
 
+/// A band's budget of `target` (bands served in priority order): what the `above` bands use
+/// and the `below` bands keep of their reserved minimums left out, never under its own
+/// `reserve`; the whole target when there is one band.
+pub(super) fn band_budget(bands: usize, target: u64, above: u64, below: u64, reserve: u64) -> u64 {
+    if bands == 1 {
+        return target;
+    }
+    target
+        .saturating_sub(above)
+        .saturating_sub(below)
+        .max(reserve)
+}
+
 /// `n` × `pm` / 1000.
-fn permille(n: u64, pm: u64) -> u64 {
+pub(super) fn permille(n: u64, pm: u64) -> u64 {
     (u128::from(n) * u128::from(pm) / 1000)
         .try_into()
         .unwrap_or(u64::MAX)
@@ -805,14 +818,7 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
     for i in 0..n {
         let above: u64 = asked.iter().take(i).sum();
         let below: u64 = kept.iter().take(n).skip(i + 1).sum();
-        let budget = if n == 1 {
-            target
-        } else {
-            target
-                .saturating_sub(above)
-                .saturating_sub(below)
-                .max(reserve(i))
-        };
+        let budget = band_budget(n, target, above, below, reserve(i));
         let Some(b) = record.bands.get_mut(i) else {
             continue;
         };
