@@ -16,7 +16,7 @@ use ratelimit_core::rls;
 use ratelimit_core::runtime::{self, Next, StreamState};
 use ratelimit_core::runtime::{Background, Runtime};
 use ratelimit_core::store::{Store, StoreError, CREATE_CAS};
-use ratelimit_core::table::SlotKind;
+use ratelimit_core::table::{self, SlotKind};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -34,8 +34,8 @@ proxy_wasm::main! {{
     });
 }}
 
-/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix>b/<n>` (buckets) or
-/// `<prefix>l/<n>` (sliding logs).
+/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix>b3/<n>` (buckets, named
+/// by their layout: [`table::BUCKET_NAME`]) or `<prefix>l/<n>` (sliding logs).
 struct SharedData {
     prefix: String,
     /// The key being built, reused so the hot path does not allocate.
@@ -88,7 +88,7 @@ impl SharedData {
         // Health and share keys share the logs' names (`l/` past every log), as shared data
         // holds them.
         let (kind, n) = match SlotKind::of(slot) {
-            SlotKind::Bucket => ("b/", slot),
+            SlotKind::Bucket => (table::BUCKET_NAME, slot),
             SlotKind::Log | SlotKind::Health | SlotKind::Share => {
                 ("l/", slot - SlotKind::Log.first())
             }

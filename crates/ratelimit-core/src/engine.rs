@@ -12,7 +12,7 @@
 
 use crate::config::FailureMode;
 use crate::error::StoreFault;
-use crate::limiter::{lease, Policy, State, Verdict};
+use crate::limiter::{lease, Policy, State, Trace, Verdict};
 use crate::share;
 use crate::store::{Held, Store, StoreError, CREATE_CAS, HELD_INLINE, MAX_ATTEMPTS};
 use crate::table::{self, Encoded, Placement, Slot, BUCKET_LEN};
@@ -27,8 +27,11 @@ pub type PerRule<T> = SmallVec<[T; INLINE_RULES]>;
 /// A rule that applies to the request, with where its key lives.
 #[derive(Clone, Copy, Debug)]
 pub struct Check {
-    /// The store slot of the key (a bucket, or a sliding-log slot).
+    /// The store slot of the key: its first bucket ([`table::slots_of`]), or a sliding-log
+    /// slot.
     pub slot: u64,
+    /// The key's second bucket (a sliding log's: its slot again).
+    pub alt: u64,
     /// The key's fingerprint within the slot.
     pub fingerprint: u64,
     /// The rule's algorithm and limit.
@@ -58,12 +61,6 @@ pub struct ShareCheck {
 }
 
 impl Check {
-    /// The state a key its bucket does not hold starts from: its ghost's, if it has one.
-    fn seeded(&self, slot: &Slot, now_ms: u64) -> Option<State> {
-        let trace = slot.ghost(self.fingerprint, now_ms)?;
-        self.policy.seeded(&trace, now_ms)
-    }
-
     /// Whether the base policy of an elastic rule would have refused a request its limit in
     /// force admits.
     fn above_base(&self, verdict: &Verdict, state: Option<&State>, now_ms: u64) -> bool {
@@ -92,12 +89,6 @@ impl Check {
         } else {
             slot.find(self.fingerprint).cloned()
         }
-    }
-
-    /// [`Check::current`], or the state its ghost seeds at `now_ms` if the slot has none for
-    /// it: what a decision starts from.
-    fn before(&self, slot: &Slot, now_ms: u64) -> Option<State> {
-        self.current(slot).or_else(|| self.seeded(slot, now_ms))
     }
 }
 
@@ -201,12 +192,13 @@ fn read(store: &impl Store, slot: u64) -> Result<Read, Failure> {
 
 /// Per-rule working state of one decision.
 struct Work {
-    /// The bucket as last read, and the state to write for this request.
-    pending: Option<(Read, State)>,
+    /// Where the key is (or goes), as last read, and the state to write for this request.
+    pending: Option<(place::Located, State)>,
     /// The key's state before this request, to report if the request is refused.
     before: Option<State>,
-    /// The state written for this request, once committed (to refund it if needed).
-    committed: Option<State>,
+    /// The slot the state for this request was written to, and the state, once committed (to
+    /// refund it if needed).
+    committed: Option<(u64, State)>,
 }
 
 /// A shared capacity's check: the index of its [`Check`] (the key is the tenant's, the check's
@@ -242,7 +234,8 @@ pub fn decide(
         }
     }
     if checks.iter().all(|c| !c.policy.uses_log()) {
-        let slots: SmallVec<[u64; HELD_INLINE]> = checks.iter().map(|c| c.slot).collect();
+        let slots: SmallVec<[u64; HELD_INLINE]> =
+            checks.iter().flat_map(|c| [c.slot, c.alt]).collect();
         let held = store.locked_many(&slots, |held| {
             decide_held(held, checks, now_ms, failure_mode)
         });
@@ -335,7 +328,7 @@ fn decide_share(
     let mut raced: Option<share::Tenant> = None;
     let updated = update(
         store,
-        check.slot,
+        (check.slot, check.alt),
         check.fingerprint,
         None,
         now_ms,
@@ -461,7 +454,7 @@ fn refund_share(store: &impl Store, check: &Check, sc: &ShareCheck, now_ms: u64)
     let cost = check.cost;
     let _ = after_share(
         store,
-        check.slot,
+        (check.slot, check.alt),
         check.fingerprint,
         sc.record,
         now_ms,
@@ -485,7 +478,7 @@ fn refund_share(store: &impl Store, check: &Check, sc: &ShareCheck, now_ms: u64)
 #[allow(clippy::too_many_arguments)]
 fn after_share(
     store: &impl Store,
-    slot: u64,
+    slots: (u64, u64),
     fingerprint: u64,
     record: u64,
     now_ms: u64,
@@ -494,7 +487,7 @@ fn after_share(
     on_tenant: impl Fn(&mut share::Tenant),
 ) -> Result<Updated<()>, Failure> {
     let mut record_done = false;
-    update(store, slot, fingerprint, None, now_ms, retries, |state| {
+    update(store, slots, fingerprint, None, now_ms, retries, |state| {
         let tenant = match state {
             Some(State::Tenant(t)) => Some(*t),
             _ => None,
@@ -555,9 +548,28 @@ pub fn update_share_record<T>(
 /// entry then, the state written.
 struct HeldWork {
     bucket: Option<usize>,
+    /// A new key going to its second bucket: its first bucket, that bucket's write count, and
+    /// the key's ghost there ([`HeldAt::first`]).
+    first: Option<(usize, u32, Option<Trace>)>,
     before: Option<State>,
     pending: Option<(State, u32, Option<usize>)>,
     committed: Option<State>,
+}
+
+/// Where [`held_lookup`] found a key among held buckets.
+struct HeldAt {
+    /// The bucket (its index among those held).
+    bucket: usize,
+    /// The key's entry there, if it has one.
+    index: Option<usize>,
+    /// The key's state: its own, or what its ghosts seed.
+    state: Option<State>,
+    /// The bucket's write count.
+    writes: u32,
+    /// A new key going to its second bucket: as [`HeldWork::first`]. Should its first bucket
+    /// change before the key is written, it is looked up again in both (as a lost race to
+    /// announce it does with compare-and-swap); should only its second, there alone.
+    first: Option<(usize, u32, Option<Trace>)>,
 }
 
 /// [`decide_general`] with every bucket held ([`Store::locked_many`]): the same steps on the
@@ -577,13 +589,22 @@ fn decide_held(
     let mut refused = false;
     for (check, out) in checks.iter().zip(rules.iter_mut()) {
         let mut w = HeldWork {
-            bucket: held.index(check.slot),
+            bucket: None,
+            first: None,
             before: None,
             pending: None,
             committed: None,
         };
-        match held_lookup(held, w.bucket, check, now_ms) {
-            Ok((index, state, writes)) => {
+        match held_lookup(held, check, now_ms) {
+            Ok(HeldAt {
+                bucket,
+                index,
+                state,
+                writes,
+                first,
+            }) => {
+                w.bucket = Some(bucket);
+                w.first = first;
                 w.before = state;
                 let (verdict, state) = check.policy.decide(w.before.as_ref(), now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
@@ -620,13 +641,28 @@ fn decide_held(
             continue; // the store failed for this rule and failure_mode is allow
         };
         let mut decided = true;
-        if w.bucket
-            .and_then(|b| held.get(b))
-            .is_none_or(|(_, _, now)| now != writes)
-        {
+        let mut changed = |bucket: Option<usize>, writes: u32| {
+            bucket
+                .and_then(|b| held.get(b))
+                .is_none_or(|(_, _, now)| now != writes)
+        };
+        let first_changed = w.first.is_some_and(|(a, n, _)| changed(Some(a), n));
+        if first_changed || changed(w.bucket, writes) {
             out.retries += 1;
-            match held_lookup(held, w.bucket, check, now_ms) {
-                Ok((index, again, _)) => {
+            let again = match (w.first, w.bucket) {
+                (Some((_, _, ghost)), Some(b)) if !first_changed => {
+                    held_lookup_in(held, b, check, now_ms, ghost)
+                }
+                _ => held_lookup(held, check, now_ms),
+            };
+            match again {
+                Ok(HeldAt {
+                    bucket,
+                    index,
+                    state: again,
+                    ..
+                }) => {
+                    w.bucket = Some(bucket);
                     let current = again.as_ref();
                     let (verdict, next) = check.policy.decide(current, now_ms, check.cost);
                     out.verdict = Some(verdict);
@@ -657,6 +693,11 @@ fn decide_held(
                     out.evicted = placement == Placement::Evicted;
                     out.filled = placement == Placement::Filled;
                     w.committed = Some(state);
+                    // With compare-and-swap the key is announced in its first bucket, which
+                    // that write changes: so it does here, for the rules after this one.
+                    if let (Some((a, ..)), None) = (w.first, found) {
+                        held.wrote(a);
+                    }
                 }
                 Err(f) => out.failure = Some(f),
             }
@@ -680,20 +721,65 @@ fn decide_held(
     }
 }
 
-/// The key's entry in its held bucket (its index, and its state: the one its ghost seeds if it
-/// has none), and the bucket's write count. A bucket that is not one is reset (written) and
-/// gives [`Failure::Corrupt`].
-fn held_lookup(
+/// The key's bucket among those held, of its two: the one that holds it, else (a new key) the
+/// one with fewer live keys, the first on a tie. A bucket that is not one is reset (written)
+/// and gives [`Failure::Corrupt`].
+fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt, Failure> {
+    let no_slot = || Failure::Unavailable(StoreFault::NoSlot(check.slot));
+    let a = held.index(check.slot).ok_or_else(no_slot)?;
+    let b = held.index(check.alt).ok_or_else(no_slot)?;
+    let fp = check.fingerprint;
+    // (live keys, the key's ghost, write count) of each bucket that does not hold it.
+    let mut new_in = [(0usize, None, 0u32); 2];
+    for (n, i) in [a, b]
+        .into_iter()
+        .enumerate()
+        .take(if a == b { 1 } else { 2 })
+    {
+        let found = held_lookup_in(held, i, check, now_ms, None)?;
+        if found.index.is_some() {
+            return Ok(found);
+        }
+        if let (Some(at), Some((bytes, present, writes))) = (new_in.get_mut(n), held.get(i)) {
+            let bytes = present.then_some(&bytes[..]);
+            *at = (
+                table::live_keys(bytes, now_ms).unwrap_or(0),
+                table::ghost_in(bytes, fp, now_ms),
+                writes,
+            );
+        }
+    }
+    let [(live_a, ghost_a, writes_a), (live_b, ghost_b, _)] = new_in;
+    if a != b && live_b < live_a {
+        let mut at = held_lookup_in(held, b, check, now_ms, ghost_a)?;
+        at.first = Some((a, writes_a, ghost_a));
+        Ok(at)
+    } else {
+        held_lookup_in(held, a, check, now_ms, ghost_b)
+    }
+}
+
+/// The key in held bucket `i` alone: its entry there, if it has one, and its state (else what
+/// its ghosts seed, this bucket's and `elsewhere`).
+fn held_lookup_in(
     held: &mut Held<'_>,
-    bucket: Option<usize>,
+    i: usize,
     check: &Check,
     now_ms: u64,
-) -> Result<(Option<usize>, Option<State>, u32), Failure> {
-    let (i, (bytes, present, writes)) = bucket
-        .and_then(|i| Some((i, held.get(i)?)))
+    elsewhere: Option<Trace>,
+) -> Result<HeldAt, Failure> {
+    let (bytes, present, writes) = held
+        .get(i)
         .ok_or(Failure::Unavailable(StoreFault::NoSlot(check.slot)))?;
+    let at = |index, state| HeldAt {
+        bucket: i,
+        index,
+        state,
+        writes,
+        first: None,
+    };
     match table::lookup(present.then_some(&bytes[..]), check.fingerprint) {
-        Ok(Some((index, state))) => Ok((Some(index), Some(state), writes)),
+        Ok(Some((index, state))) => Ok(at(Some(index), Some(state))),
         Ok(None) => {
             let seeded = seeded_from(
                 &check.policy,
@@ -701,8 +787,9 @@ fn held_lookup(
                 present,
                 check.fingerprint,
                 now_ms,
+                elsewhere,
             );
-            Ok((None, seeded, writes))
+            Ok(at(None, seeded))
         }
         Err(table::Corrupt) => {
             if let Ok(empty) = Slot::decode(check.slot, None) {
@@ -754,12 +841,18 @@ fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork]) {
         let Some(counted) = &w.committed else {
             continue;
         };
-        let Ok((Some(i), Some(current), _)) = held_lookup(held, w.bucket, check, 0) else {
+        let Ok(HeldAt {
+            bucket,
+            index: Some(i),
+            state: Some(current),
+            ..
+        }) = held_lookup(held, check, 0)
+        else {
             continue;
         };
         let back = check.policy.refund(current, counted, check.cost);
         let at = back.last_ms();
-        let _ = held_place(held, w.bucket, check, Some(i), &back, at);
+        let _ = held_place(held, Some(bucket), check, Some(i), &back, at);
     }
 }
 
@@ -813,7 +906,7 @@ pub(crate) fn decide_single(
     };
     let updated = update(
         store,
-        check.slot,
+        (check.slot, check.alt),
         check.fingerprint,
         Some(&check.policy),
         now_ms,
@@ -848,12 +941,14 @@ type Updated<T> = (T, Option<Placement>);
 /// be written back, so that the keys in it work again from the next request on) and give
 /// [`Failure::Corrupt`]. The bytes change only when the result says something was placed, or
 /// is `Corrupt`.
+#[allow(clippy::too_many_arguments)]
 fn update_entry<T>(
     bytes: &mut [u8; BUCKET_LEN],
     present: bool,
     (slot, fingerprint): (u64, u64),
     rule: Option<&Policy>,
     now_ms: u64,
+    elsewhere: Option<Trace>,
     f: impl FnOnce(Option<&State>) -> (T, Option<State>),
 ) -> Result<Updated<T>, Failure> {
     let found = match table::lookup(present.then_some(&bytes[..]), fingerprint) {
@@ -869,7 +964,8 @@ fn update_entry<T>(
     let state = match &found {
         Some((_, s)) => Some(s),
         None => {
-            seeded = rule.and_then(|p| seeded_from(p, &bytes[..], present, fingerprint, now_ms));
+            seeded = rule
+                .and_then(|p| seeded_from(p, &bytes[..], present, fingerprint, now_ms, elsewhere));
             seeded.as_ref()
         }
     };
@@ -895,67 +991,66 @@ fn update_entry<T>(
 }
 
 /// The state a key its bucket's bytes do not hold starts from under `policy` at `now_ms`: from
-/// its ghost's trace, if the bucket has one for it ([`table::Ghost`]).
+/// its ghost's trace, if the bucket has one for it ([`table::Ghost`]), or its other bucket
+/// (`elsewhere`), the larger of each figure if both do.
 fn seeded_from(
     policy: &Policy,
     bytes: &[u8],
     present: bool,
     fingerprint: u64,
     now_ms: u64,
+    elsewhere: Option<Trace>,
 ) -> Option<State> {
-    let trace = table::ghost_in(present.then_some(bytes), fingerprint, now_ms)?;
+    let here = table::ghost_in(present.then_some(bytes), fingerprint, now_ms);
+    let trace = match (here, elsewhere) {
+        (Some(a), Some(b)) => a.max(b),
+        (a, b) => a.or(b)?,
+    };
     policy.seeded(&trace, now_ms)
 }
 
-/// [`update_entry`] on the bucket in store slot `slot`: under the store's hold where it can
-/// ([`Store::locked`]), in one step; else on a copy read and written back by [`Store::replace`],
-/// which reads and runs `f` again while another writer wins the race. `retries` counts the races
-/// lost.
+/// [`update_entry`] on the key's bucket, of its two (`slots`, [`table::slots_of`]): the one
+/// that holds it, else, for a new key, the one with fewer live keys. Under the store's hold
+/// where it can ([`Store::locked`]; a new key with both buckets held); else on copies read and
+/// written back with compare-and-swap, reading and running `f` again while another writer wins
+/// the race, a new key placed in its second bucket announced in its first
+/// ([`table::announce`]). `retries` counts the races lost.
 fn update<T>(
     store: &impl Store,
-    slot: u64,
+    slots: (u64, u64),
     fingerprint: u64,
     rule: Option<&Policy>,
     now_ms: u64,
     retries: &mut u32,
     mut f: impl FnMut(Option<&State>) -> (T, Option<State>),
 ) -> Result<Updated<T>, Failure> {
-    let held = store.locked(slot, |bytes, present| {
-        let r = update_entry(bytes, present, (slot, fingerprint), rule, now_ms, &mut f);
-        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
-        (r, written)
-    });
-    if let Some(r) = held {
-        return r.map_err(Failure::from)?;
+    let key = (slots, fingerprint, rule, now_ms);
+    if let Some(r) = place::update_held(store, key, &mut f) {
+        return r;
     }
-    let mut attempts = 0u32;
-    let mut copy = [0u8; BUCKET_LEN];
-    let replaced = store.replace(slot, MAX_ATTEMPTS, &mut copy, |read, bytes| {
-        attempts += 1;
-        // A copy of the bucket's bytes, and whether the store holds a bucket there. Bytes of
-        // another length are no bucket (`present`, version 0: corrupt).
-        let present = match read {
-            Some(b) if b.len() == BUCKET_LEN => {
-                bytes.copy_from_slice(b);
-                true
-            }
-            Some(b) if table::upgrade(b, bytes) => true,
-            other => {
-                *bytes = [0; BUCKET_LEN];
-                !matches!(other, None | Some([]))
-            }
-        };
-        let r = update_entry(bytes, present, (slot, fingerprint), rule, now_ms, &mut f);
-        // Placed, or a corrupt bucket made an empty one: written back.
-        let written = matches!(r, Ok((_, Some(_))) | Err(Failure::Corrupt));
-        (r, written)
-    });
-    // Every attempt but the last lost its race; the last too if they ran out.
-    *retries += match replaced {
-        Err(StoreError::Conflict) => attempts,
-        _ => attempts.saturating_sub(1),
-    };
-    replaced.map_err(Failure::from)?
+    place::update_cas(store, key, retries, &mut f)
+}
+
+/// Writes `state` for a key in its bucket (of its two, `slots`: the one that holds it, else
+/// the one with fewer live keys), whatever the key held; where it went, or why it could not.
+pub fn put(
+    store: &impl Store,
+    slots: (u64, u64),
+    fingerprint: u64,
+    now_ms: u64,
+    state: State,
+) -> Result<Option<Placement>, Failure> {
+    let mut retries = 0;
+    update(
+        store,
+        slots,
+        fingerprint,
+        None,
+        now_ms,
+        &mut retries,
+        |_| ((), Some(state.clone())),
+    )
+    .map(|(_, placement)| placement)
 }
 
 /// Updates one key's lease ([`crate::limiter::lease`]) in its bucket: `f` gets the lease
@@ -964,7 +1059,7 @@ fn update<T>(
 /// an entry filled or a live key evicted for a new lease), for the rule's counts.
 pub(crate) fn update_lease<T>(
     store: &impl Store,
-    slot: u64,
+    slots: (u64, u64),
     fingerprint: u64,
     now_ms: u64,
     mut f: impl FnMut(Option<&lease::State>) -> (T, Option<lease::State>),
@@ -972,7 +1067,7 @@ pub(crate) fn update_lease<T>(
     let mut out = RuleOutcome::default();
     let updated = update(
         store,
-        slot,
+        slots,
         fingerprint,
         None,
         now_ms,
@@ -1016,13 +1111,13 @@ fn decide_general(
             before: None,
             committed: None,
         };
-        match read(store, check.slot) {
-            Ok(r) if !r.slot.has_room(check.fingerprint, now_ms) => {
+        match place::locate(store, check, now_ms, &mut out.retries) {
+            Ok(r) if !r.read.slot.has_room(check.fingerprint, now_ms) => {
                 refused |= failure_mode == FailureMode::Deny && !check.shadow;
                 out.failure = Some(Failure::NoRoom);
             }
             Ok(r) => {
-                w.before = check.before(&r.slot, now_ms);
+                w.before = r.before(check, now_ms);
                 let (verdict, state) = check.policy.decide(w.before.as_ref(), now_ms, check.cost);
                 refused |= !verdict.allowed && !check.shadow;
                 out.above_base = check.above_base(&verdict, w.before.as_ref(), now_ms);
@@ -1057,36 +1152,71 @@ fn decide_general(
         let Some((mut r, mut state)) = w.pending.take() else {
             continue; // the store failed for this rule and failure_mode is allow
         };
+        // Set once this request's mark holds the key's first bucket: the key is placed in its
+        // second, read again there alone after a lost race.
+        let mut announced = false;
         for _ in 0..MAX_ATTEMPTS {
-            let limit = table::limit_code(check.policy.most());
-            let placement = r
-                .slot
-                .put_limited(check.fingerprint, state.clone(), limit, now_ms);
-            if placement == Placement::Full {
-                out.failure = Some(Failure::NoRoom);
-                break;
+            // Whether to write now (not after a lost race to announce the key).
+            let mut place = true;
+            if let Some(mut first) = r.first.take() {
+                if first.slot.announce(check.fingerprint, now_ms) {
+                    match store.write(check.slot, first.slot.encode().as_ref(), first.cas) {
+                        Ok(()) => announced = true,
+                        Err(StoreError::Conflict) => {
+                            out.retries += 1;
+                            place = false;
+                        }
+                        Err(StoreError::Unavailable(e)) => {
+                            out.failure = Some(Failure::Unavailable(e));
+                            break;
+                        }
+                    }
+                } else {
+                    // No room for a mark: the first bucket after all.
+                    r.at = check.slot;
+                    r.read = first;
+                }
             }
-            match store.write(check.slot, r.slot.encode().as_ref(), r.cas) {
-                Ok(()) => {
-                    out.evicted = placement == Placement::Evicted;
-                    out.filled = placement == Placement::Filled;
-                    w.committed = Some(state);
+            if place {
+                let limit = table::limit_code(check.policy.most());
+                let placement =
+                    r.read
+                        .slot
+                        .put_limited(check.fingerprint, state.clone(), limit, now_ms);
+                if placement == Placement::Full {
+                    out.failure = Some(Failure::NoRoom);
                     break;
                 }
-                Err(StoreError::Conflict) => out.retries += 1,
-                Err(StoreError::Unavailable(e)) => {
-                    out.failure = Some(Failure::Unavailable(e));
-                    break;
+                match store.write(r.at, r.read.slot.encode().as_ref(), r.read.cas) {
+                    Ok(()) => {
+                        out.evicted = placement == Placement::Evicted;
+                        out.filled = placement == Placement::Filled;
+                        w.committed = Some((r.at, state));
+                        if announced {
+                            place::withdraw(store, check.slot, check.fingerprint);
+                        }
+                        break;
+                    }
+                    Err(StoreError::Conflict) => out.retries += 1,
+                    Err(StoreError::Unavailable(e)) => {
+                        out.failure = Some(Failure::Unavailable(e));
+                        break;
+                    }
                 }
             }
-            match read(store, check.slot) {
+            let again = if announced {
+                read(store, r.at).map(|read| place::Located { read, ..r })
+            } else {
+                place::locate(store, check, now_ms, &mut out.retries)
+            };
+            match again {
                 Ok(again) => r = again,
                 Err(f) => {
                     out.failure = Some(f);
                     break;
                 }
             }
-            let before = check.before(&r.slot, now_ms);
+            let before = r.before(check, now_ms);
             let (verdict, next) = check.policy.decide(before.as_ref(), now_ms, check.cost);
             out.verdict = Some(verdict);
             out.above_base = check.above_base(&verdict, before.as_ref(), now_ms);
@@ -1095,6 +1225,9 @@ fn decide_general(
                 None if check.shadow => break, // it would have refused: count nothing
                 None => {
                     // Lost the race to requests that used up the quota: undo and refuse.
+                    if announced {
+                        place::withdraw(store, check.slot, check.fingerprint);
+                    }
                     refund(store, checks, &work);
                     return refused_outcome(
                         rules,
@@ -1104,6 +1237,9 @@ fn decide_general(
                     );
                 }
             }
+        }
+        if announced && w.committed.is_none() {
+            place::withdraw(store, check.slot, check.fingerprint);
         }
         let shadow_refused = check.shadow && out.verdict.is_some_and(|v| !v.allowed);
         if w.committed.is_none() && !shadow_refused {
@@ -1153,7 +1289,7 @@ pub enum Owed {
 /// charged afresh; a slot whose key was forgotten is already free.
 pub fn settle(
     store: &impl Store,
-    slot: u64,
+    slots: (u64, u64),
     fingerprint: u64,
     policy: &Policy,
     owed: Owed,
@@ -1163,7 +1299,7 @@ pub fn settle(
     let mut verdict = None;
     let settled = update(
         store,
-        slot,
+        slots,
         fingerprint,
         Some(policy),
         now_ms,
@@ -1195,7 +1331,7 @@ pub fn settle(
 #[allow(clippy::too_many_arguments)]
 pub fn settle_share(
     store: &impl Store,
-    slot: u64,
+    slots: (u64, u64),
     fingerprint: u64,
     record: u64,
     share: &share::Share,
@@ -1207,7 +1343,7 @@ pub fn settle_share(
     let mut verdict = None;
     let settled = after_share(
         store,
-        slot,
+        slots,
         fingerprint,
         record,
         now_ms,
@@ -1277,15 +1413,15 @@ fn refused_outcome<'w>(
 /// races is dropped, leaving the key counted once too often (conservative, never over-admits).
 fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
     for (check, w) in checks.iter().zip(work) {
-        let Some(counted) = &w.committed else {
+        let Some((at, counted)) = &w.committed else {
             continue;
         };
         let mut value = Encoded::default();
-        let _ = store.replace(check.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-            let mut slot = match Slot::decode(check.slot, bytes) {
+        let _ = store.replace(*at, MAX_ATTEMPTS, &mut value, |bytes, value| {
+            let mut slot = match Slot::decode(*at, bytes) {
                 Ok(slot) => slot,
                 // Made empty, so that the keys in it work again from the next request on.
-                Err(_) => match Slot::decode(check.slot, None) {
+                Err(_) => match Slot::decode(*at, None) {
                     Ok(empty) => {
                         *value = empty.encode();
                         return ((), true);
@@ -1304,6 +1440,8 @@ fn refund(store: &impl Store, checks: &[Check], work: &[Work]) {
         });
     }
 }
+
+mod place;
 
 #[cfg(test)]
 mod tests;

@@ -7,12 +7,12 @@
 //! shared table until the service's reset time, so every worker refuses it from then on.
 
 use crate::config::{GlobalMode, Rule};
+use crate::engine;
 use crate::error::ServiceError;
 use crate::key::Descriptor;
 use crate::limiter::{Policy, State, Verdict};
 use crate::rls;
 use crate::store::Store;
-use crate::table::{Encoded, Slot};
 use std::collections::HashMap;
 
 /// The most distinct keys gathered between two flushes; hits of further keys in that interval
@@ -171,8 +171,10 @@ pub fn verdict(
 pub struct Target {
     /// The rule's index in the configuration.
     pub rule: usize,
-    /// The key's store slot.
+    /// The key's store slot (its first bucket).
     pub slot: u64,
+    /// The key's second bucket.
+    pub alt: u64,
     /// The key's fingerprint in the slot.
     pub fingerprint: u64,
 }
@@ -263,17 +265,14 @@ pub fn block_ms(answer: &rls::Response, policy: &Policy, now_ms: u64) -> u64 {
 /// Writes a block for a key into its bucket (a few CAS attempts; losing them all only delays the
 /// block to the next flush).
 pub fn block(store: &impl Store, target: &Target, now_ms: u64, until_ms: u64) {
-    let mut value = Encoded::default();
-    let _ = store.replace(target.slot, 8, &mut value, |bytes, value| {
-        match Slot::decode(target.slot, bytes) {
-            Ok(mut slot) => {
-                slot.put(target.fingerprint, State::Blocked { until_ms }, now_ms);
-                *value = slot.encode();
-                ((), true)
-            }
-            Err(_) => ((), false), // not a slot a request would read: left alone
-        }
-    });
+    let slots = (target.slot, target.alt);
+    let _ = engine::put(
+        store,
+        slots,
+        target.fingerprint,
+        now_ms,
+        State::Blocked { until_ms },
+    );
 }
 
 /// The shortest flush interval of the global rules that report or claim in the background
@@ -368,6 +367,7 @@ mod tests {
         let target = Target {
             rule: 0,
             slot: 3,
+            alt: 3,
             fingerprint: 5,
         };
         let mut hits = Hits::default();

@@ -1,14 +1,31 @@
 //! The bounded table of client keys: a fixed number of buckets, each one store slot.
 //!
 //! Shared-data keys can never be deleted in Envoy, so key names must come from a fixed set: the
-//! table has `capacity / WAYS` buckets, and a client key (already a keyed 64-bit hash) picks
-//! its bucket by `hash % buckets`. A bucket holds up to [`WAYS`] entries, each the full hash as
-//! a fingerprint plus the algorithm state. Memory is therefore fixed by `capacity`, whatever keys
-//! clients send, and one shared-data read and one CAS write serve a request per rule.
+//! table has a fixed number of buckets ([`buckets_for`]: an eighth more entries than
+//! `capacity`, in buckets of [`WAYS`]), and memory is fixed by `capacity` whatever keys clients
+//! send. Each entry holds a key's full hash as a fingerprint and its algorithm's state.
 //!
-//! When a new key lands in a full bucket, the entry evicted is, in this order: one whose state
-//! has expired, else the one remembering the fewest requests (so a flood of new keys evicts its
-//! own kind first, and a heavy hitter being limited survives), else the oldest.
+//! Two choices: a client key (already a keyed 64-bit hash) has two buckets, [`bucket_of`] and
+//! [`alt_bucket_of`], and lives in one of them. A new key goes to the one with fewer live
+//! entries (the first on a tie), so buckets fill evenly and the table forgets no live key until
+//! it is nearly full ([`tests::a_table_forgets_no_live_key_below_nine_tenths_full`]). A request
+//! reads the first bucket, and the second only when the key is not in the first; one write
+//! serves it. A key is never moved: it stays where it was placed until it is forgotten.
+//!
+//! A store that holds buckets for its caller (the native build's process table) places a new
+//! key with both buckets held. Envoy's shared data writes one slot at a time with
+//! compare-and-swap, so a new key placed in its second bucket is first announced in its first
+//! (a [`Pending`] mark, written with compare-and-swap): any other request placing the same key
+//! meanwhile either wrote the first bucket before the mark (and the mark's write fails, so the
+//! key is found there on the next read) or finds the mark and reads the second bucket until the
+//! key is there. A mark lapses after [`PENDING_MS`]; a worker that stalls longer than that
+//! between the two writes is the one way a key could be placed twice (the copy in the first
+//! bucket then wins, and what the other counted is lost).
+//!
+//! When a new key finds both its buckets full, the entry evicted from the chosen one is, in
+//! this order: one whose state has expired, else the one remembering the fewest requests (so a
+//! flood of new keys evicts its own kind first, and a heavy hitter being limited survives),
+//! else the oldest.
 //!
 //! Forgotten is not forgiven: a live key evicted leaves a [`Ghost`] in its bucket, its
 //! [`Trace`] (what it used, until when) under 32 bits of its fingerprint ([`tag_of`]), and a key
@@ -29,11 +46,21 @@ use crate::limiter::{
 };
 
 /// Entries per bucket.
-pub const WAYS: usize = 4;
+pub const WAYS: usize = 16;
 /// Ghosts per bucket: traces of the live keys it forgot.
-pub const GHOSTS: usize = 2;
-/// Bucket format version, the first byte of every bucket (version 1: no ghosts).
-pub const VERSION: u8 = 2;
+pub const GHOSTS: usize = 4;
+/// Marks per bucket of keys being placed in their second bucket ([`Pending`]).
+pub const PENDING: usize = 2;
+/// How long a [`Pending`] mark holds, ms: far longer than a worker takes between its two
+/// writes.
+pub const PENDING_MS: u64 = 250;
+/// Bucket format version, the first byte of every bucket. Version 3: buckets of 16, two
+/// choices per key (versions 1 and 2, buckets of 4 under other store keys, are not read).
+pub const VERSION: u8 = 3;
+/// Where a host that names its store's values (Envoy's shared data) keeps this layout's
+/// buckets: under a name of their own, so that buckets of another layout (a plugin upgraded in
+/// place, whose old VMs still serve) are never read as these.
+pub const BUCKET_NAME: &str = "b3/";
 /// Log slot format version, the first byte of every sliding-log slot.
 pub const LOG_VERSION: u8 = 1;
 /// The longest compact state (sliding window and GCRA: 20 bytes), padded.
@@ -45,10 +72,10 @@ pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
 /// Bytes per ghost: tag (4), flags (1), weight (2, [`weight_code`]), until (4, whole seconds
 /// since the epoch, rounded up; 0: no ghost).
 pub const GHOST_LEN: usize = 11;
+/// Bytes per pending mark: tag (4), until (4, the low 32 bits of ms since the epoch).
+pub const PENDING_LEN: usize = 8;
 /// Bytes per bucket.
-pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN + GHOSTS * GHOST_LEN;
-/// Bytes of a version 1 bucket (entries, no ghosts): read as a bucket with no ghosts.
-pub const V1_BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN;
+pub const BUCKET_LEN: usize = 1 + WAYS * ENTRY_LEN + GHOSTS * GHOST_LEN + PENDING * PENDING_LEN;
 /// Where an entry keeps its rule's limit ([`limit_code`], 2 bytes; 0: not known): after its
 /// fingerprint, tag and a state of at most 20 bytes (every state a ghost can stand for).
 const LIMIT_AT: usize = 8 + 1 + 20;
@@ -112,14 +139,41 @@ const TAG_IN_FLIGHT: u8 = 5;
 const TAG_LEASE: u8 = 6;
 const TAG_TENANT: u8 = 7;
 
-/// The number of buckets for a configured capacity (rounded up).
+/// The number of buckets for a configured capacity: an eighth more entries than `capacity`,
+/// rounded up to whole buckets (two choices fill buckets evenly, and the eighth keeps every live
+/// key until the table holds nine tenths of `capacity`).
 pub fn buckets_for(capacity: u32) -> u32 {
-    capacity.div_ceil(WAYS as u32).max(1)
+    let entries = u64::from(capacity) + u64::from(capacity).div_ceil(8);
+    u32::try_from(entries.div_ceil(WAYS as u64))
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
-/// The bucket a key hash belongs to.
+/// A key hash's first bucket.
 pub fn bucket_of(key_hash: u64, buckets: u32) -> u32 {
     u32::try_from(key_hash % u64::from(buckets.max(1))).unwrap_or(0)
+}
+
+/// A key hash's second bucket: chosen by other bits of the hash than the first (mixed, so that
+/// keys sharing a first bucket spread over the others), never the first unless there is one
+/// bucket.
+pub fn alt_bucket_of(key_hash: u64, buckets: u32) -> u32 {
+    let n = u64::from(buckets.max(1));
+    let mixed = (key_hash.rotate_left(23) ^ (key_hash >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let first = key_hash % n;
+    let mut second = (mixed >> 32) % n;
+    if second == first && n > 1 {
+        second = (second + 1) % n;
+    }
+    u32::try_from(second).unwrap_or(0)
+}
+
+/// Both buckets of a key hash, as store slots.
+pub fn slots_of(key_hash: u64, buckets: u32) -> (u64, u64) {
+    (
+        u64::from(bucket_of(key_hash, buckets)),
+        u64::from(alt_bucket_of(key_hash, buckets)),
+    )
 }
 
 /// The fingerprint stored for a key hash; never 0, which marks an empty entry.
@@ -146,7 +200,9 @@ pub enum Placement {
     Full,
 }
 
-/// A slot's store value.
+/// A slot's store value. A bucket is encoded on the stack for a request: boxing it to make the
+/// enum smaller would cost an allocation each time.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Encoded {
     /// A bucket: always [`BUCKET_LEN`] bytes.
@@ -177,8 +233,14 @@ impl AsRef<[u8]> for Encoded {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// Up to [`WAYS`] keys with compact state, each key's limit ([`limit_code`], 0: not
-    /// known), and the ghosts of keys it forgot.
-    Bucket([Option<(u64, State)>; WAYS], [u16; WAYS], [Ghost; GHOSTS]),
+    /// known), the ghosts of keys it forgot, and the marks of keys being placed in their
+    /// second bucket.
+    Bucket(
+        [Option<(u64, State)>; WAYS],
+        [u16; WAYS],
+        [Ghost; GHOSTS],
+        [Pending; PENDING],
+    ),
     /// One key's sliding log.
     Log(Option<(u64, sliding_log::State)>),
 }
@@ -194,6 +256,7 @@ impl Slot {
                     Default::default(),
                     [0; WAYS],
                     Default::default(),
+                    Default::default(),
                 ))
             }
             Some(b) => b,
@@ -207,7 +270,7 @@ impl Slot {
             let state = sliding_log::State::decode(state).ok_or(Corrupt)?;
             return Ok(Slot::Log(Some((u64::from_le_bytes(*fp), state))));
         }
-        let (raw_entries, raw_ghosts) = split_bucket(version, rest)?;
+        let (raw_entries, raw_ghosts, raw_pending) = split_bucket(version, rest)?;
         let mut entries: [Option<(u64, State)>; WAYS] = Default::default();
         let mut limits = [0u16; WAYS];
         for ((entry, limit), raw) in entries
@@ -228,17 +291,31 @@ impl Slot {
         for (ghost, raw) in ghosts.iter_mut().zip(raw_ghosts.chunks_exact(GHOST_LEN)) {
             *ghost = Ghost::decode(raw);
         }
-        Ok(Slot::Bucket(entries, limits, ghosts))
+        let mut pending = [Pending::default(); PENDING];
+        for (p, raw) in pending
+            .iter_mut()
+            .zip(raw_pending.chunks_exact(PENDING_LEN))
+        {
+            *p = Pending::decode(raw);
+        }
+        Ok(Slot::Bucket(entries, limits, ghosts, pending))
     }
 
     /// Encodes the slot into its store value (a bucket on the stack, a log on the heap).
     pub fn encode(&self) -> Encoded {
         match self {
-            Slot::Bucket(entries, limits, ghosts) => {
+            Slot::Bucket(entries, limits, ghosts, pending) => {
                 let mut out = [0u8; BUCKET_LEN];
                 if let Some((version, rest)) = out.split_first_mut() {
                     *version = VERSION;
-                    let (raw_entries, raw_ghosts) = rest.split_at_mut(WAYS * ENTRY_LEN);
+                    let (raw_entries, rest) = rest.split_at_mut(WAYS * ENTRY_LEN);
+                    let (raw_ghosts, raw_pending) = rest.split_at_mut(GHOSTS * GHOST_LEN);
+                    for (p, raw) in pending
+                        .iter()
+                        .zip(raw_pending.chunks_exact_mut(PENDING_LEN))
+                    {
+                        p.encode(raw);
+                    }
                     let raw_entries = raw_entries.chunks_exact_mut(ENTRY_LEN);
                     for ((entry, limit), raw) in entries.iter().zip(limits).zip(raw_entries) {
                         if let Some((fp, state)) = entry {
@@ -279,8 +356,51 @@ impl Slot {
     /// of each figure, if several stand for it), if any.
     pub fn ghost(&self, fp: u64, now_ms: u64) -> Option<Trace> {
         match self {
-            Slot::Bucket(.., ghosts) => haunting(ghosts.iter().copied(), fp, now_ms),
+            Slot::Bucket(_, _, ghosts, _) => haunting(ghosts.iter().copied(), fp, now_ms),
             Slot::Log(_) => None,
+        }
+    }
+
+    /// How many live keys the bucket holds at `now_ms` (0 for a log).
+    pub fn live(&self, now_ms: u64) -> usize {
+        match self {
+            Slot::Bucket(entries, ..) => entries
+                .iter()
+                .flatten()
+                .filter(|(_, s)| s.weight(now_ms).is_some())
+                .count(),
+            Slot::Log(_) => 0,
+        }
+    }
+
+    /// Whether the bucket holds a live mark for `fp` at `now_ms` ([`announced`]).
+    pub fn announced(&self, fp: u64, now_ms: u64) -> bool {
+        let tag = pending_tag(fp);
+        match self {
+            Slot::Bucket(.., pending) => pending.iter().any(|p| p.tag == tag && p.live(now_ms)),
+            Slot::Log(_) => false,
+        }
+    }
+
+    /// Marks `fp` as being placed in its second bucket ([`announce`]); false when both marks
+    /// hold for other keys (or this is a log).
+    pub fn announce(&mut self, fp: u64, now_ms: u64) -> bool {
+        let tag = pending_tag(fp);
+        let until = match (now_ms.wrapping_add(PENDING_MS)) as u32 {
+            0 => 1,
+            u => u,
+        };
+        match self {
+            Slot::Bucket(.., pending) => {
+                match pending.iter_mut().find(|p| p.tag == tag || !p.live(now_ms)) {
+                    Some(p) => {
+                        *p = Pending { tag, until };
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Slot::Log(_) => false,
         }
     }
 
@@ -321,7 +441,7 @@ impl Slot {
                 placement
             }
             (Slot::Log(_), _) | (Slot::Bucket(..), State::SlidingLog(_)) => Placement::Full,
-            (Slot::Bucket(entries, limits, ghosts), state) => {
+            (Slot::Bucket(entries, limits, ghosts, _), state) => {
                 let found = entries
                     .iter()
                     .position(|e| e.as_ref().is_some_and(|(f, _)| *f == fp));
@@ -414,7 +534,7 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
         Some(b) => b,
     };
     let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
-    let (entries, _) = split_bucket(version, rest)?;
+    let (entries, _, _) = split_bucket(version, rest)?;
     let mut found = None;
     for (i, raw) in entries.chunks_exact(ENTRY_LEN).enumerate() {
         let (f, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
@@ -435,7 +555,7 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
 /// `None` for bytes that are no bucket (as [`lookup`] checks them).
 pub fn ghost_in(bytes: Option<&[u8]>, fp: u64, now_ms: u64) -> Option<Trace> {
     let (&version, rest) = bytes?.split_first()?;
-    let (_, ghosts) = split_bucket(version, rest).ok()?;
+    let (_, ghosts, _) = split_bucket(version, rest).ok()?;
     haunting(
         ghosts.chunks_exact(GHOST_LEN).map(Ghost::decode),
         fp,
@@ -443,29 +563,139 @@ pub fn ghost_in(bytes: Option<&[u8]>, fp: u64, now_ms: u64) -> Option<Trace> {
     )
 }
 
-/// A version 1 bucket's bytes (no ghosts) as the current version's, in `out`; false (nothing
-/// written) for bytes that are not a version 1 bucket.
-pub fn upgrade(bytes: &[u8], out: &mut [u8; BUCKET_LEN]) -> bool {
-    match (bytes.len(), bytes.first()) {
-        (V1_BUCKET_LEN, Some(&1)) => {
-            out.fill(0);
-            if let Some(dst) = out.get_mut(..V1_BUCKET_LEN) {
-                dst.copy_from_slice(bytes);
-            }
-            out[0] = VERSION;
-            true
+/// A bucket's parts: its entries, its ghosts and its pending marks.
+type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
+
+/// A bucket's bytes after its version: its entries, its ghosts and its pending marks.
+fn split_bucket(version: u8, rest: &[u8]) -> Result<Parts<'_>, Corrupt> {
+    if version != VERSION || rest.len() != BUCKET_LEN - 1 {
+        return Err(Corrupt);
+    }
+    let (entries, rest) = rest.split_at(WAYS * ENTRY_LEN);
+    let (ghosts, pending) = rest.split_at(GHOSTS * GHOST_LEN);
+    Ok((entries, ghosts, pending))
+}
+
+/// A mark in a key's first bucket: the key is being placed in its second bucket, until
+/// `until` (see the module's documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// The key's mark ([`pending_tag`]).
+    pub tag: u32,
+    /// When the mark lapses: the low 32 bits of ms since the epoch (0: no mark).
+    pub until: u32,
+}
+
+impl Pending {
+    /// Whether the mark holds at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> bool {
+        // The low 32 bits wrap every 49 days: compared as a signed distance.
+        let left = self.until.wrapping_sub(now_ms as u32) as i32;
+        self.until != 0 && left > 0
+    }
+
+    fn encode(&self, out: &mut [u8]) {
+        let [t0, t1, t2, t3] = self.tag.to_le_bytes();
+        let [u0, u1, u2, u3] = self.until.to_le_bytes();
+        if let Some(dst) = out.get_mut(..PENDING_LEN) {
+            dst.copy_from_slice(&[t0, t1, t2, t3, u0, u1, u2, u3]);
         }
-        _ => false,
+    }
+
+    /// Never fails: any 8 bytes are some mark.
+    fn decode(raw: &[u8]) -> Pending {
+        let b = |i: usize| raw.get(i).copied().unwrap_or(0);
+        Pending {
+            tag: u32::from_le_bytes([b(0), b(1), b(2), b(3)]),
+            until: u32::from_le_bytes([b(4), b(5), b(6), b(7)]),
+        }
     }
 }
 
-/// A bucket's bytes after its version: its entries and its ghosts (none in version 1).
-fn split_bucket(version: u8, rest: &[u8]) -> Result<(&[u8], &[u8]), Corrupt> {
-    match (version, rest.len()) {
-        (VERSION, n) if n == BUCKET_LEN - 1 => Ok(rest.split_at(WAYS * ENTRY_LEN)),
-        (1, n) if n == V1_BUCKET_LEN - 1 => Ok((rest, &[])),
-        _ => Err(Corrupt),
+/// The 32 bits of a fingerprint a pending mark keeps: both halves folded, so that two keys
+/// share one about once in 2³² pairs.
+pub fn pending_tag(fp: u64) -> u32 {
+    (fp ^ (fp >> 32)) as u32
+}
+
+/// Whether a bucket's bytes hold a live mark for the key `fp` at `now_ms`: the key is being
+/// placed in its second bucket by another request.
+pub fn announced(bytes: Option<&[u8]>, fp: u64, now_ms: u64) -> bool {
+    let Some(raw) = bytes.and_then(|b| b.get(BUCKET_LEN - PENDING * PENDING_LEN..)) else {
+        return false;
+    };
+    let tag = pending_tag(fp);
+    raw.chunks_exact(PENDING_LEN)
+        .map(Pending::decode)
+        .any(|p| p.tag == tag && p.live(now_ms))
+}
+
+/// Marks in a bucket's bytes that the key `fp` is being placed in its second bucket, until
+/// [`PENDING_MS`] from `now_ms`: in a place whose mark has lapsed (or the key's own). False,
+/// nothing written, when both marks hold for other keys.
+pub fn announce(bytes: &mut [u8; BUCKET_LEN], fp: u64, now_ms: u64) -> bool {
+    let tag = pending_tag(fp);
+    let until = match (now_ms.wrapping_add(PENDING_MS)) as u32 {
+        0 => 1,
+        u => u,
+    };
+    let Some(raw) = bytes.get_mut(BUCKET_LEN - PENDING * PENDING_LEN..) else {
+        return false;
+    };
+    let free = raw.chunks_exact_mut(PENDING_LEN).find(|c| {
+        let p = Pending::decode(c);
+        p.tag == tag || !p.live(now_ms)
+    });
+    match free {
+        Some(c) => {
+            Pending { tag, until }.encode(c);
+            true
+        }
+        None => false,
     }
+}
+
+/// Takes the mark of the key `fp` out of a bucket's bytes, once it is placed in its second
+/// bucket; false (nothing written) when the bytes hold none (or are no bucket).
+pub fn withdraw(bytes: &mut [u8; BUCKET_LEN], fp: u64) -> bool {
+    let tag = pending_tag(fp);
+    if bytes.first() != Some(&VERSION) {
+        return false;
+    }
+    let Some(raw) = bytes.get_mut(BUCKET_LEN - PENDING * PENDING_LEN..) else {
+        return false;
+    };
+    match raw
+        .chunks_exact_mut(PENDING_LEN)
+        .find(|c| Pending::decode(c).tag == tag)
+    {
+        Some(c) => {
+            Pending::default().encode(c);
+            true
+        }
+        None => false,
+    }
+}
+
+/// How many live keys a bucket's bytes hold at `now_ms` (a key whose state no longer counts is
+/// room); `None` for bytes that are no bucket. Missing or empty bytes are an empty bucket.
+pub fn live_keys(bytes: Option<&[u8]>, now_ms: u64) -> Option<usize> {
+    let bytes = match bytes {
+        None | Some([]) => return Some(0),
+        Some(b) => b,
+    };
+    let (&version, rest) = bytes.split_first()?;
+    let (entries, _, _) = split_bucket(version, rest).ok()?;
+    let mut live = 0;
+    for raw in entries.chunks_exact(ENTRY_LEN) {
+        let (f, tagged) = raw.split_first_chunk::<8>()?;
+        if u64::from_le_bytes(*f) == 0 {
+            continue;
+        }
+        let state = decode_state(tagged).ok()?;
+        live += usize::from(state.weight(now_ms).is_some());
+    }
+    Some(live)
 }
 
 /// The trace of a forgotten key, or of several merged into one, kept in its bucket: see the
@@ -821,7 +1051,12 @@ mod tests {
     }
 
     fn bucket() -> Slot {
-        Slot::Bucket(Default::default(), [0; WAYS], Default::default())
+        Slot::Bucket(
+            Default::default(),
+            [0; WAYS],
+            Default::default(),
+            Default::default(),
+        )
     }
 
     #[test]
@@ -893,11 +1128,11 @@ mod tests {
         let now = 10_000;
         let mut b = bucket();
         assert_eq!(b.put(3, st(now, 100), now), Placement::Filled); // the heavy hitter
-        for fp in [5, 7, 9] {
+        for fp in (0..WAYS as u64 - 1).map(|i| 5 + 2 * i) {
             assert_eq!(b.put(fp, st(now, 1), now), Placement::Filled);
         }
         // A flood of new keys only ever evicts light entries.
-        for fp in (11..200).step_by(2) {
+        for fp in (101..400).step_by(2) {
             assert_eq!(b.put(fp, st(now, 1), now), Placement::Evicted);
             assert_eq!(b.find(3), Some(&st(now, 100)));
         }
@@ -907,28 +1142,59 @@ mod tests {
         assert_ne!(b.put(3, st(later, 2), later), Placement::Evicted);
     }
 
-    /// Keys share buckets of [`WAYS`] by their hash, so a table forgets some live keys before
-    /// it is full: the figures the reference gives for `capacity`.
-    #[test]
-    fn a_table_forgets_a_few_keys_before_it_is_full() {
-        let buckets = buckets_for(16_384);
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        for (keys, low, high) in [(4_096, 0.2, 0.7), (8_192, 3.0, 4.5), (16_384, 18.0, 21.0)] {
-            let mut table: Vec<Slot> = (0..buckets).map(|_| bucket()).collect();
-            let mut evicted = 0;
-            for _ in 0..keys {
-                // xorshift64: keys as the keyed hash spreads them.
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let b = &mut table[bucket_of(rng, buckets) as usize];
-                evicted += u32::from(b.put(fingerprint_of(rng), st(5, 1), 5) == Placement::Evicted);
+    /// Places `keys` new keys, each in the less loaded of its two buckets (as the engine
+    /// does), in a table for `capacity`; how many were placed before the first live key was
+    /// evicted, and how many live keys were evicted in all.
+    fn fill(capacity: u32, keys: u32, seed: u64) -> (u32, u32) {
+        let buckets = buckets_for(capacity);
+        let mut table: Vec<Slot> = (0..buckets).map(|_| bucket()).collect();
+        let mut rng = crate::testkit::Rng(seed);
+        let (mut first, mut evicted) = (keys, 0);
+        for n in 0..keys {
+            let hash = rng.next();
+            let (a, b) = slots_of(hash, buckets);
+            let live = |s: &Slot| live_keys(Some(s.encode().as_ref()), 5).unwrap();
+            let at = if live(&table[b as usize]) < live(&table[a as usize]) {
+                b
+            } else {
+                a
+            };
+            let placed = table[at as usize].put(fingerprint_of(hash), st(5, 1), 5);
+            if placed == Placement::Evicted {
+                first = first.min(n);
+                evicted += 1;
             }
-            let pct = 100.0 * f64::from(evicted) / f64::from(keys);
-            assert!(
-                (low..=high).contains(&pct),
-                "{keys} keys: {pct:.2} % forgotten"
+        }
+        (first, evicted)
+    }
+
+    /// Two choices of buckets of [`WAYS`] and an eighth more entries than `capacity`: no live
+    /// key is forgotten until the table holds nine tenths of `capacity` (the first eviction,
+    /// over many seeds), and few after (the reference's figures for `capacity`).
+    #[test]
+    fn a_table_forgets_no_live_key_below_nine_tenths_full() {
+        for capacity in [64u32, 1_024, 16_384] {
+            let mut firsts = Vec::new();
+            for seed in 1..=20u64 {
+                let (first, _) = fill(capacity, capacity, seed * 0x9e37_79b9);
+                firsts.push(f64::from(first) / f64::from(capacity));
+            }
+            firsts.sort_by(f64::total_cmp);
+            eprintln!(
+                "capacity {capacity}: first eviction at {:.1} % (min), {:.1} % (median) full",
+                100.0 * firsts[0],
+                100.0 * firsts[firsts.len() / 2]
             );
+            // A table of 64 has 5 buckets: its fill is lumpier.
+            let floor = if capacity < 1_000 { 0.75 } else { 0.9 };
+            assert!(firsts[0] >= floor, "capacity {capacity}: {firsts:?}");
+        }
+        // Full, and twice over: the share of keys forgotten.
+        for (keys, high) in [(16_384u32, 1.0), (32_768, 51.0)] {
+            let (_, evicted) = fill(16_384, keys, 7);
+            let pct = 100.0 * f64::from(evicted) / f64::from(keys);
+            eprintln!("{keys} keys in a table of 16,384: {pct:.2} % forgotten");
+            assert!(pct <= high, "{keys} keys: {pct:.2} % forgotten");
         }
     }
 
@@ -996,14 +1262,15 @@ mod tests {
         let now = 10_000;
         let limit = limit_code(5);
         let mut b = bucket();
-        for fp in [3, 5, 7, 9] {
+        let first: Vec<u64> = (0..WAYS as u64).map(|i| 3 + 2 * i).collect();
+        for &fp in &first {
             b.put_limited(fp << 32 | 1, sw_full(now), limit, now);
         }
-        // Four more keys at their limit push the first four out: every trace is kept.
-        for fp in [11, 13, 15, 17] {
+        // As many more keys at their limit push the first ones out: every trace is kept.
+        for fp in (0..WAYS as u64).map(|i| 3 + 2 * (WAYS as u64 + i)) {
             b.put_limited(fp << 32 | 1, sw_full(now + 1), limit, now + 1);
         }
-        for fp in [3, 5, 7, 9] {
+        for &fp in &first {
             let t = b.ghost(fp << 32 | 1, now + 2).expect("a trace");
             assert!(t.weight >= 5, "{fp}: {t:?}");
         }
@@ -1012,18 +1279,19 @@ mod tests {
         let mut light = bucket();
         for fp in 1..=40u64 {
             light.put_limited(fp << 32 | 1, st(now, 1), limit, now);
-            if let Slot::Bucket(_, _, ghosts) = &light {
+            if let Slot::Bucket(_, _, ghosts, _) = &light {
                 assert!(ghosts.iter().all(|g| !g.merged && !g.full), "{ghosts:?}");
             }
         }
         assert!(light.ghost(41 << 32 | 1, now).is_none_or(|t| t.weight <= 1));
         // A key that comes back takes its own ghost back once its state holds what it did.
         let mut back = bucket();
-        for fp in [3, 5, 7, 9, 11] {
+        let last = 3 + 2 * WAYS as u64;
+        for fp in (0..=WAYS as u64).map(|i| 3 + 2 * i) {
             back.put_limited(fp << 32 | 1, st(now, 2), limit, now);
         }
         let t = back.ghost(3 << 32 | 1, now).expect("3 was forgotten");
-        back.put_limited(11 << 32 | 1, st(now, 1), limit, now); // keeps its entry
+        back.put_limited(last << 32 | 1, st(now, 1), limit, now); // keeps its entry
         let seeded = Policy::SlidingWindow {
             limit: 5,
             window_ms: 60_000,
@@ -1038,29 +1306,55 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_bucket_reads_as_one_without_ghosts() {
-        let mut b = bucket();
-        b.put_limited(11, st(5, 3), limit_code(9), 5);
-        let v2 = b.encode().as_ref().to_vec();
-        let mut v1 = v2[..V1_BUCKET_LEN].to_vec();
-        v1[0] = 1;
-        assert_eq!(
-            Slot::decode(0, Some(&v1)).unwrap().find(11),
-            Some(&st(5, 3))
+    fn pending_marks_hold_for_their_time_and_make_room_after() {
+        let mut bytes = [0u8; BUCKET_LEN];
+        bytes[0] = VERSION;
+        let (k1, k2, k3) = (
+            0x0001_0002_0000_0001u64,
+            0x0001_0003_0000_0001,
+            0x0001_0004_0000_0001,
         );
-        assert_eq!(lookup(Some(&v1), 11).unwrap().map(|(i, _)| i), Some(0));
-        let mut up = [0u8; BUCKET_LEN];
-        assert!(upgrade(&v1, &mut up));
-        assert_eq!(Slot::decode(0, Some(&up)), Slot::decode(0, Some(&v2)));
-        assert!(!upgrade(&v2, &mut up));
+        let now = (1u64 << 32) - 100; // the low 32 bits wrap while the marks hold
+        assert!(announce(&mut bytes, k1, now));
+        assert!(announce(&mut bytes, k2, now + 1));
+        assert!(!announce(&mut bytes, k3, now + 2), "both marks hold");
+        assert!(
+            announce(&mut bytes, k1, now + 3),
+            "a key renews its own mark"
+        );
+        assert!(announced(Some(&bytes), k1, now + PENDING_MS));
+        assert!(!announced(Some(&bytes), k3, now));
+        assert!(!announced(Some(&bytes), k2, now + 1 + PENDING_MS), "lapsed");
+        assert!(announce(&mut bytes, k3, now + 1 + PENDING_MS));
+        // Marks survive a decode and an encode (another key's write through the decoded bucket).
+        let mut s = Slot::decode(0, Some(&bytes)).unwrap();
+        s.put(99, st(now, 1), now);
+        assert!(announced(
+            Some(s.encode().as_ref()),
+            k3,
+            now + 2 + PENDING_MS
+        ));
+        assert_eq!(live_keys(Some(s.encode().as_ref()), now), Some(1));
+        assert_eq!(live_keys(None, now), Some(0));
+        assert_eq!(live_keys(Some(&bytes[..40]), now), None);
     }
 
     #[test]
     fn bucket_math() {
-        assert_eq!(buckets_for(16_384), 4_096);
+        assert_eq!(BUCKET_NAME, format!("b{VERSION}/"));
+        assert_eq!(buckets_for(16_384), 1_152);
+        assert_eq!(buckets_for(64), 5);
         assert_eq!(buckets_for(1), 1);
-        assert_eq!(buckets_for(5), 2);
+        assert_eq!(buckets_for(15), 2);
         assert!(bucket_of(u64::MAX, 7) < 7);
+        let mut rng = crate::testkit::Rng(3);
+        for buckets in [1u32, 2, 5, 1_152] {
+            for _ in 0..1_000 {
+                let (a, b) = slots_of(rng.next(), buckets);
+                assert!(a < u64::from(buckets) && b < u64::from(buckets));
+                assert!(a != b || buckets == 1);
+            }
+        }
         assert_eq!(fingerprint_of(2), 3);
     }
 }

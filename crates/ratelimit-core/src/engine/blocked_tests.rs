@@ -8,6 +8,7 @@ fn a_blocked_key_is_refused_until_the_block_ends() {
     let store = MemoryStore::new();
     let check = Check {
         slot: 3,
+        alt: 3,
         fingerprint: 7,
         policy: Policy::SlidingWindow {
             limit: 100,

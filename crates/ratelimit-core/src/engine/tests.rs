@@ -12,6 +12,7 @@ const HOUR: u64 = 3_600_000;
 pub(super) fn check(slot: u64, fp: u64, n: u64, window_ms: u64) -> Check {
     Check {
         slot,
+        alt: slot,
         fingerprint: fp,
         policy: Policy::SlidingWindow {
             limit: n,
@@ -65,8 +66,10 @@ fn small_policies() -> [Policy; 3] {
 /// A random request's check on one of three slots: one of `policies`, keys sharing buckets, a
 /// cost of 1 or 2, shadow one time in 5, charged later one time in `later`.
 fn random_check(next: &mut impl FnMut(u64) -> u64, policies: &[Policy], later: u64) -> Check {
+    let slot = next(3);
     Check {
-        slot: next(3),
+        slot,
+        alt: slot,
         fingerprint: 1 + 2 * next(7),
         policy: policies[next(policies.len() as u64) as usize],
         cost: 1 + next(2),
@@ -379,14 +382,14 @@ fn charged_later_in(store: &impl Store) {
         "nothing written"
     );
     // Charged 8: 2 left, less than the reserve of 4.
-    let out = settle(store, 0, 3, &later.policy, Owed::Charge(8), 1_000);
+    let out = settle(store, (0, 0), 3, &later.policy, Owed::Charge(8), 1_000);
     assert_eq!(out.verdict.unwrap().remaining, 2);
     assert!(out.filled);
     let o = decide(store, &[later], 1_000, FailureMode::Deny);
     assert!(!o.allowed);
     assert_eq!(o.rules[0].verdict.unwrap().remaining, 2);
     // Over the limit: charged whatever it says.
-    let out = settle(store, 0, 3, &later.policy, Owed::Charge(30), 1_000);
+    let out = settle(store, (0, 0), 3, &later.policy, Owed::Charge(30), 1_000);
     assert_eq!(out.verdict.unwrap().remaining, 0);
     assert_eq!(current(stored(store, 0, 3)), 38);
 }
@@ -409,7 +412,7 @@ fn in_flight_in(store: &impl Store) {
     assert!(take(1_000) && take(1_001) && !take(1_002));
     let back = settle(
         store,
-        0,
+        (0, 0),
         3,
         &flight.policy,
         Owed::GiveBack { taken_ms: 1_000 },
@@ -420,7 +423,7 @@ fn in_flight_in(store: &impl Store) {
     // A key the table forgot: nothing to give back, nothing written.
     let other = settle(
         store,
-        1,
+        (1, 1),
         9,
         &flight.policy,
         Owed::GiveBack { taken_ms: 1_000 },

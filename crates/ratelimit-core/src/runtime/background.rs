@@ -301,6 +301,7 @@ mod tests {
         Target {
             rule: 0,
             slot: n,
+            alt: n,
             fingerprint: 0x1000 + n,
         }
     }

@@ -546,7 +546,7 @@ impl<S: Store> Runtime<S> {
         let out = match debt.share {
             Some((record, share)) => engine::settle_share(
                 &self.store,
-                debt.slot,
+                (debt.slot, debt.alt),
                 debt.fingerprint,
                 record,
                 &share,
@@ -556,7 +556,7 @@ impl<S: Store> Runtime<S> {
             ),
             None => engine::settle(
                 &self.store,
-                debt.slot,
+                (debt.slot, debt.alt),
                 debt.fingerprint,
                 &debt.policy,
                 owed,

@@ -43,6 +43,7 @@ impl<S: Store> Runtime<S> {
                     let target = Target {
                         rule,
                         slot: check.slot,
+                        alt: check.alt,
                         fingerprint: check.fingerprint,
                     };
                     // A shared capacity's blocks follow this proxy's part of it.
@@ -395,7 +396,7 @@ impl<S: Store> Runtime<S> {
         let mut lapsed = 0;
         let (result, out) = engine::update_lease(
             &self.store,
-            target.slot,
+            (target.slot, target.alt),
             target.fingerprint,
             now_ms,
             |state| {
@@ -448,6 +449,7 @@ impl<S: Store> Runtime<S> {
             target: Target {
                 rule: a.rule,
                 slot: check.slot,
+                alt: check.alt,
                 fingerprint: check.fingerprint,
             },
             told,
@@ -467,9 +469,15 @@ impl<S: Store> Runtime<S> {
             true => DebtKind::Reserved(q.cost),
             false => DebtKind::Usage,
         };
-        let (slot, fingerprint, report) = match &q.claim {
-            Some(claim) => (claim.target.slot, claim.target.fingerprint, None),
+        let (slot, alt, fingerprint, report) = match &q.claim {
+            Some(claim) => (
+                claim.target.slot,
+                claim.target.alt,
+                claim.target.fingerprint,
+                None,
+            ),
             None => (
+                0,
                 0,
                 0,
                 Some(Box::new(ServiceReport {
@@ -478,6 +486,7 @@ impl<S: Store> Runtime<S> {
                     target: Target {
                         rule: q.rule,
                         slot: 0,
+                        alt: 0,
                         fingerprint: 0,
                     },
                     told: q.cost,
@@ -488,6 +497,7 @@ impl<S: Store> Runtime<S> {
         Some(Debt {
             rule: q.rule,
             slot,
+            alt,
             fingerprint,
             policy,
             kind,

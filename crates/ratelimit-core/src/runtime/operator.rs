@@ -295,9 +295,9 @@ impl<S: Store> Runtime<S> {
             .ok_or_else(|| OperatorError::UnknownRule(rule.to_string()))
     }
 
-    /// The slots a logged key of a rule may live in: the one its hash picks if the hash was
-    /// odd, and the one if it was even (the same slot, often). An error if the key does not
-    /// carry the rule's tag.
+    /// The slots a logged key of a rule may live in: those its hash picks if the hash was odd,
+    /// and those if it was even (a bucket key's two buckets each; the same slots, often). An
+    /// error if the key does not carry the rule's tag.
     fn slots_of(
         &self,
         rule: &str,
@@ -313,15 +313,19 @@ impl<S: Store> Runtime<S> {
         let logs = compiled.policy.uses_log();
         let capacity = u64::from(self.config.capacity.max(1));
         let buckets = self.buckets;
-        let slot = move |hash: u64| {
+        let slots = move |hash: u64| {
             if logs {
-                SlotKind::Log.slot(hash % capacity)
+                let log = SlotKind::Log.slot(hash % capacity);
+                [log, log]
             } else {
-                u64::from(table::bucket_of(hash, buckets))
+                let (first, second) = table::slots_of(hash, buckets);
+                [first, second]
             }
         };
-        let (odd, even) = (slot(key.0), slot(key.0 & !1));
-        Ok(std::iter::once(odd).chain((even != odd).then_some(even)))
+        let mut all: Vec<u64> = slots(key.0).into_iter().chain(slots(key.0 & !1)).collect();
+        all.sort_unstable();
+        all.dedup();
+        Ok(all.into_iter())
     }
 
     /// Removes `key`'s entry from store slot `slot`, with compare-and-swap; whether there was
@@ -336,7 +340,7 @@ impl<S: Store> Runtime<S> {
                     return (false, false);
                 };
                 let removed = match &mut decoded {
-                    Slot::Bucket(entries, _, ghosts) => {
+                    Slot::Bucket(entries, _, ghosts, _) => {
                         // Its counter, and its own trace if the table had forgotten it (a
                         // merged trace stands for other keys too, and stays).
                         let entry = entries
@@ -587,13 +591,13 @@ mod tests {
     /// too, and it passes at once.
     #[test]
     fn a_forgotten_key_at_its_limit_is_reset_with_its_ghost() {
-        // One bucket of four: a fifth key at its limit pushes the oldest one out.
+        // One bucket of 16: a seventeenth key at its limit pushes the oldest one out.
         let json = r#"{"capacity": 4, "rules": [{"name": "customer", "key": ["header:x-api-key"],
             "rate_limit": {"requests_per_unit": 2, "unit": "minute"}}]}"#;
         let rt = runtime(json);
         let mut first = api("k0");
         let key = logged(&rt, 0, &mut first);
-        for k in 0..5 {
+        for k in 0..=crate::table::WAYS {
             let mut host = api(&format!("k{k}"));
             assert_eq!(request(&rt, &mut host), None);
             assert_eq!(request(&rt, &mut host), None);

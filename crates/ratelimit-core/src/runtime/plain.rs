@@ -52,8 +52,10 @@ impl<S: Store> Runtime<S> {
             Err(Skip::NoMatch) => return Some(Decision::Continue(None)),
             Ok(_) | Err(Skip::MissingPart) => return None,
         };
+        let (slot, alt) = table::slots_of(a.hash, self.buckets);
         let check = Check {
-            slot: u64::from(table::bucket_of(a.hash, self.buckets)),
+            slot,
+            alt,
             fingerprint: table::fingerprint_of(a.hash),
             policy: a.policy,
             cost: a.cost,

@@ -195,6 +195,7 @@ impl BodyScan {
 pub(super) struct Debt {
     pub(super) rule: usize,
     pub(super) slot: u64,
+    pub(super) alt: u64,
     pub(super) fingerprint: u64,
     /// The rule's algorithm with the limit the request was admitted under (a limit read from
     /// the request is the request's own; an elastic limit its base).
@@ -581,10 +582,11 @@ impl<S: Store> Runtime<S> {
                 return Ok(());
             }
         }
-        let slot = if compiled.policy.uses_log() {
-            table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)))
+        let (slot, alt) = if compiled.policy.uses_log() {
+            let log = table::SlotKind::Log.slot(hash % u64::from(self.config.capacity.max(1)));
+            (log, log)
         } else {
-            u64::from(table::bucket_of(hash, self.buckets))
+            table::slots_of(hash, self.buckets)
         };
         let mut policy = policy;
         let mut base = None;
@@ -614,6 +616,7 @@ impl<S: Store> Runtime<S> {
         }
         let check = Check {
             slot,
+            alt,
             fingerprint: table::fingerprint_of(hash),
             policy,
             cost,
@@ -636,8 +639,10 @@ impl<S: Store> Runtime<S> {
             if sized {
                 p.sized.push(p.checks.len());
             }
+            let (slot, alt) = table::slots_of(key, self.buckets);
             p.checks.push(Check {
-                slot: u64::from(table::bucket_of(key, self.buckets)),
+                slot,
+                alt,
                 fingerprint: table::fingerprint_of(key),
                 policy: lease,
                 base: None,
@@ -903,6 +908,7 @@ impl<S: Store> Runtime<S> {
                         owed.push(Debt {
                             rule: a.rule,
                             slot: check.slot,
+                            alt: check.alt,
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind: DebtKind::Usage, // nothing was counted
@@ -945,6 +951,7 @@ impl<S: Store> Runtime<S> {
                         let debt = Debt {
                             rule: a.rule,
                             slot: check.slot,
+                            alt: check.alt,
                             fingerprint: check.fingerprint,
                             policy: check.base.unwrap_or(check.policy),
                             kind,
@@ -968,6 +975,7 @@ impl<S: Store> Runtime<S> {
                         let target = Target {
                             rule: a.rule,
                             slot: check.slot,
+                            alt: check.alt,
                             fingerprint: check.fingerprint,
                         };
                         // The descriptor is built for the first hits of a key in a flush only.
