@@ -730,7 +730,7 @@ fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt
     let b = held.index(check.alt).ok_or_else(no_slot)?;
     let fp = check.fingerprint;
     // (live keys, the key's ghost, write count) of each bucket that does not hold it.
-    let mut new_in = [(0usize, None, 0u32); 2];
+    let mut new_in = [((0usize, 0u64), None, 0u32); 2];
     for (n, i) in [a, b]
         .into_iter()
         .enumerate()
@@ -743,7 +743,7 @@ fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt
         if let (Some(at), Some((bytes, present, writes))) = (new_in.get_mut(n), held.get(i)) {
             let bytes = present.then_some(&bytes[..]);
             *at = (
-                table::live_keys(bytes, now_ms).unwrap_or(0),
+                table::load(bytes, now_ms).unwrap_or((0, 0)),
                 table::ghost_in(bytes, fp, now_ms),
                 writes,
             );
@@ -949,7 +949,7 @@ fn update_entry<T>(
     rule: Option<&Policy>,
     now_ms: u64,
     elsewhere: Option<Trace>,
-    f: impl FnOnce(Option<&State>) -> (T, Option<State>),
+    f: &mut place::Decide<'_, T>,
 ) -> Result<Updated<T>, Failure> {
     let found = match table::lookup(present.then_some(&bytes[..]), fingerprint) {
         Ok(found) => found,

@@ -361,15 +361,13 @@ impl Slot {
         }
     }
 
-    /// How many live keys the bucket holds at `now_ms` (0 for a log).
-    pub fn live(&self, now_ms: u64) -> usize {
+    /// The bucket's [`Load`] at `now_ms` (a log's: none).
+    pub fn load(&self, now_ms: u64) -> Load {
         match self {
-            Slot::Bucket(entries, ..) => entries
-                .iter()
-                .flatten()
-                .filter(|(_, s)| s.weight(now_ms).is_some())
-                .count(),
-            Slot::Log(_) => 0,
+            Slot::Bucket(entries, ..) => {
+                load_of(entries.iter().flatten().map(|(_, s)| s.weight(now_ms)))
+            }
+            Slot::Log(_) => (0, 0),
         }
     }
 
@@ -677,25 +675,39 @@ pub fn withdraw(bytes: &mut [u8; BUCKET_LEN], fp: u64) -> bool {
     }
 }
 
-/// How many live keys a bucket's bytes hold at `now_ms` (a key whose state no longer counts is
-/// room); `None` for bytes that are no bucket. Missing or empty bytes are an empty bucket.
-pub fn live_keys(bytes: Option<&[u8]>, now_ms: u64) -> Option<usize> {
+/// How full a bucket is, for a new key choosing between its two: its live keys (a key whose
+/// state no longer counts is room), then what the key it would forget weighs (0 while it has
+/// room). A new key goes to the bucket of the smaller load: the emptier one, or, both full, the
+/// one whose lightest key is lighter.
+pub type Load = (usize, u64);
+
+/// The load of a bucket whose entries' weights are `weights` (`None`: expired).
+fn load_of(weights: impl Iterator<Item = Option<u64>>) -> Load {
+    let (mut live, mut lightest) = (0usize, u64::MAX);
+    for w in weights.flatten() {
+        live += 1;
+        lightest = lightest.min(w);
+    }
+    (live, if live < WAYS { 0 } else { lightest })
+}
+
+/// A bucket's [`Load`] at `now_ms` from its bytes; `None` for bytes that are no bucket.
+/// Missing or empty bytes are an empty bucket.
+pub fn load(bytes: Option<&[u8]>, now_ms: u64) -> Option<Load> {
     let bytes = match bytes {
-        None | Some([]) => return Some(0),
+        None | Some([]) => return Some((0, 0)),
         Some(b) => b,
     };
     let (&version, rest) = bytes.split_first()?;
     let (entries, _, _) = split_bucket(version, rest).ok()?;
-    let mut live = 0;
-    for raw in entries.chunks_exact(ENTRY_LEN) {
+    let mut states = [None; WAYS];
+    for (w, raw) in states.iter_mut().zip(entries.chunks_exact(ENTRY_LEN)) {
         let (f, tagged) = raw.split_first_chunk::<8>()?;
-        if u64::from_le_bytes(*f) == 0 {
-            continue;
+        if u64::from_le_bytes(*f) != 0 {
+            *w = decode_state(tagged).ok()?.weight(now_ms);
         }
-        let state = decode_state(tagged).ok()?;
-        live += usize::from(state.weight(now_ms).is_some());
     }
-    Some(live)
+    Some(load_of(states.into_iter()))
 }
 
 /// The trace of a forgotten key, or of several merged into one, kept in its bucket: see the
@@ -1153,7 +1165,7 @@ mod tests {
         for n in 0..keys {
             let hash = rng.next();
             let (a, b) = slots_of(hash, buckets);
-            let live = |s: &Slot| live_keys(Some(s.encode().as_ref()), 5).unwrap();
+            let live = |s: &Slot| load(Some(s.encode().as_ref()), 5).unwrap();
             let at = if live(&table[b as usize]) < live(&table[a as usize]) {
                 b
             } else {
@@ -1334,9 +1346,16 @@ mod tests {
             k3,
             now + 2 + PENDING_MS
         ));
-        assert_eq!(live_keys(Some(s.encode().as_ref()), now), Some(1));
-        assert_eq!(live_keys(None, now), Some(0));
-        assert_eq!(live_keys(Some(&bytes[..40]), now), None);
+        assert_eq!(load(Some(s.encode().as_ref()), now), Some((1, 0)));
+        assert_eq!(load(None, now), Some((0, 0)));
+        assert_eq!(load(Some(&bytes[..40]), now), None);
+        // Full: the lightest key's weight.
+        let mut full = bucket();
+        for i in 0..WAYS as u64 {
+            full.put(101 + 2 * i, st(now, 3 + u32::try_from(i).unwrap()), now);
+        }
+        assert_eq!(full.load(now), (WAYS, 3));
+        assert_eq!(load(Some(full.encode().as_ref()), now), Some((WAYS, 3)));
     }
 
     #[test]

@@ -13,8 +13,9 @@ use crate::table::{self, Slot, BUCKET_LEN};
 /// policy (to seed a new key from its ghosts) and the time.
 pub(super) type Key<'a> = ((u64, u64), u64, Option<&'a Policy>, u64);
 
-/// What decides an update: the key's state in, the result and the state to write out.
-type Decide<'f, T> = dyn FnMut(Option<&State>) -> (T, Option<State>) + 'f;
+/// What decides an update: the key's state in, the result and the state to write out (called
+/// through a pointer: one copy of this module's code per result type, not per caller).
+pub(super) type Decide<'f, T> = dyn FnMut(Option<&State>) -> (T, Option<State>) + 'f;
 
 /// Whether an update's result changed the bucket's bytes (placed a state, or reset a corrupt
 /// bucket).
@@ -29,7 +30,7 @@ fn written<T>(r: &Result<Updated<T>, Failure>) -> bool {
 pub(super) fn update_held<T>(
     store: &impl Store,
     ((first, second), fingerprint, rule, now_ms): Key<'_>,
-    f: &mut impl FnMut(Option<&State>) -> (T, Option<State>),
+    f: &mut Decide<'_, T>,
 ) -> Option<Result<Updated<T>, Failure>> {
     // One bucket alone: an update there when the key is in it (or the bucket is corrupt, which
     // the update resets), else nothing.
@@ -98,7 +99,7 @@ pub(super) fn update_held<T>(
                 let bytes = present.then_some(&bytes[..]);
                 (
                     table::lookup(bytes, fingerprint).map(|f| f.is_some()),
-                    table::live_keys(bytes, now_ms),
+                    table::load(bytes, now_ms),
                     table::ghost_in(bytes, fingerprint, now_ms),
                 )
             })
@@ -182,7 +183,7 @@ pub(super) fn update_cas<T>(
     store: &impl Store,
     ((first, second), fingerprint, rule, now_ms): Key<'_>,
     retries: &mut u32,
-    f: &mut impl FnMut(Option<&State>) -> (T, Option<State>),
+    f: &mut Decide<'_, T>,
 ) -> Result<Updated<T>, Failure> {
     let mut a = [0u8; BUCKET_LEN];
     let mut b = [0u8; BUCKET_LEN];
@@ -239,7 +240,7 @@ pub(super) fn update_cas<T>(
             continue; // being placed in its second bucket: read again
         }
         // A new key.
-        let to_second = table::live_keys(bytes_b, now_ms) < table::live_keys(bytes_a, now_ms);
+        let to_second = table::load(bytes_b, now_ms) < table::load(bytes_a, now_ms);
         let (ghost_a, ghost_b) = (
             table::ghost_in(bytes_a, fingerprint, now_ms),
             table::ghost_in(bytes_b, fingerprint, now_ms),
@@ -312,7 +313,7 @@ fn place_announced<T>(
     retries: &mut u32,
     (mut bytes, mut cas): ([u8; BUCKET_LEN], u32),
     mut r: Result<Updated<T>, Failure>,
-    f: &mut impl FnMut(Option<&State>) -> (T, Option<State>),
+    f: &mut Decide<'_, T>,
 ) -> Result<Updated<T>, Failure> {
     for _ in 0..MAX_ATTEMPTS {
         match write(store, slot, &bytes, cas)? {
@@ -410,7 +411,7 @@ pub(super) fn locate(
             continue;
         }
         let (ghost_a, ghost_b) = (a.slot.ghost(fp, now_ms), b.slot.ghost(fp, now_ms));
-        return Ok(if b.slot.live(now_ms) < a.slot.live(now_ms) {
+        return Ok(if b.slot.load(now_ms) < a.slot.load(now_ms) {
             Located {
                 at: check.alt,
                 read: b,
