@@ -729,28 +729,34 @@ fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt
     let a = held.index(check.slot).ok_or_else(no_slot)?;
     let b = held.index(check.alt).ok_or_else(no_slot)?;
     let fp = check.fingerprint;
-    // (live keys, the key's ghost, write count) of each bucket that does not hold it.
-    let mut new_in = [((0usize, 0u64), None, 0u32); 2];
-    for (n, i) in [a, b]
-        .into_iter()
-        .enumerate()
-        .take(if a == b { 1 } else { 2 })
-    {
-        let found = held_lookup_in(held, i, check, now_ms, None)?;
-        if found.index.is_some() {
-            return Ok(found);
-        }
-        if let (Some(at), Some((bytes, present, writes))) = (new_in.get_mut(n), held.get(i)) {
-            let bytes = present.then_some(&bytes[..]);
-            *at = (
-                table::load(bytes, now_ms).unwrap_or((0, 0)),
-                table::ghost_in(bytes, fp, now_ms),
-                writes,
-            );
+    // The key where it is: its first bucket, else its second.
+    for i in [a, b].into_iter().take(if a == b { 1 } else { 2 }) {
+        let (bytes, present, writes) = held.get(i).ok_or_else(no_slot)?;
+        match table::lookup(present.then_some(&bytes[..]), fp) {
+            Ok(Some((index, state))) => {
+                return Ok(HeldAt {
+                    bucket: i,
+                    index: Some(index),
+                    state: Some(state),
+                    writes,
+                    first: None,
+                })
+            }
+            Ok(None) => {}
+            Err(table::Corrupt) => return held_lookup_in(held, i, check, now_ms, None),
         }
     }
-    let [(live_a, ghost_a, writes_a), (live_b, ghost_b, _)] = new_in;
-    if a != b && live_b < live_a {
+    // A new key: the bucket of the smaller load, seeded from the other's ghost too.
+    let mut look = |i: usize| {
+        held.get(i).map(|(bytes, present, writes)| {
+            let bytes = present.then_some(&bytes[..]);
+            let load = table::load(bytes, now_ms).unwrap_or((0, 0));
+            (load, table::ghost_in(bytes, fp, now_ms), writes)
+        })
+    };
+    let ((load_a, ghost_a, writes_a), (load_b, ghost_b, _)) =
+        (look(a).ok_or_else(no_slot)?, look(b).ok_or_else(no_slot)?);
+    if a != b && load_b < load_a {
         let mut at = held_lookup_in(held, b, check, now_ms, ghost_a)?;
         at.first = Some((a, writes_a, ghost_a));
         Ok(at)
@@ -819,8 +825,14 @@ fn held_place(
     let placement = match found {
         Some(i) if table::store_entry(bytes, i, fingerprint, state, limit) => Placement::Updated,
         _ => {
-            let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
-                .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
+            let Ok(mut decoded) = Slot::decode(slot, present.then_some(&bytes[..])) else {
+                // An entry the lookup did not read does not decode: reset, as a corrupt one.
+                if let Ok(empty) = Slot::decode(slot, None) {
+                    bytes.copy_from_slice(empty.encode().as_ref());
+                }
+                held.wrote(b);
+                return Err(Failure::Corrupt);
+            };
             let placement = decoded.put_limited(fingerprint, state.clone(), limit, now_ms);
             match decoded.encode() {
                 table::Encoded::Bucket(encoded) => *bytes = encoded,
@@ -929,6 +941,10 @@ pub(crate) fn decide_single(
     }
 }
 
+/// A key looked up in a bucket's bytes ([`table::lookup`]), for [`update_entry`] when its
+/// caller looked already.
+type Looked = Result<Option<(usize, State)>, table::Corrupt>;
+
 /// What [`update_entry`] did: `f`'s result, and where the key's new state went (`None`: not
 /// written).
 type Updated<T> = (T, Option<Placement>);
@@ -940,7 +956,7 @@ type Updated<T> = (T, Option<Placement>);
 /// place by the table's eviction policy. Bytes that are not a bucket are made an empty one (to
 /// be written back, so that the keys in it work again from the next request on) and give
 /// [`Failure::Corrupt`]. The bytes change only when the result says something was placed, or
-/// is `Corrupt`.
+/// is `Corrupt`. `looked`: the key looked up in these bytes already, if it was.
 #[allow(clippy::too_many_arguments)]
 fn update_entry<T>(
     bytes: &mut [u8; BUCKET_LEN],
@@ -949,9 +965,12 @@ fn update_entry<T>(
     rule: Option<&Policy>,
     now_ms: u64,
     elsewhere: Option<Trace>,
+    looked: Option<Looked>,
     f: &mut place::Decide<'_, T>,
 ) -> Result<Updated<T>, Failure> {
-    let found = match table::lookup(present.then_some(&bytes[..]), fingerprint) {
+    let looked =
+        looked.unwrap_or_else(|| table::lookup(present.then_some(&bytes[..]), fingerprint));
+    let found = match looked {
         Ok(found) => found,
         Err(table::Corrupt) => {
             if let Ok(empty) = Slot::decode(slot, None) {
@@ -979,9 +998,13 @@ fn update_entry<T>(
             return Ok((result, Some(Placement::Updated)));
         }
     }
-    // `lookup` accepted these bytes, so they decode.
-    let mut decoded = Slot::decode(slot, present.then_some(&bytes[..]))
-        .map_err(|_| Failure::Unavailable(StoreFault::Undecodable))?;
+    // An entry `lookup` did not read may not decode: the bucket is reset, as a corrupt one.
+    let Ok(mut decoded) = Slot::decode(slot, present.then_some(&bytes[..])) else {
+        if let Ok(empty) = Slot::decode(slot, None) {
+            bytes.copy_from_slice(empty.encode().as_ref());
+        }
+        return Err(Failure::Corrupt);
+    };
     let placement = decoded.put_limited(fingerprint, next, limit, now_ms);
     match decoded.encode() {
         table::Encoded::Bucket(encoded) => *bytes = encoded,

@@ -28,7 +28,7 @@ pub const MAX_ATTEMPTS: u32 = 32;
 /// How many buckets one caller holds at once without allocating ([`Held`]); the engine keeps
 /// its working lists for a request's rules on the stack up to as many (a request with many
 /// rules need not allocate them).
-pub const HELD_INLINE: usize = 16;
+pub const HELD_INLINE: usize = 32;
 
 /// Why a store operation failed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -161,7 +161,8 @@ pub fn alt_bucket_of(key_hash: u64, buckets: u32) -> u32 {
     let n = u64::from(buckets.max(1));
     let mixed = (key_hash.rotate_left(23) ^ (key_hash >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let first = key_hash % n;
-    let mut second = (mixed >> 32) % n;
+    // The mixed hash scaled to 0..n (its top bits: a multiplication, not a division).
+    let mut second = u64::try_from((u128::from(mixed) * u128::from(n)) >> 64).unwrap_or(0);
     if second == first && n > 1 {
         second = (second + 1) % n;
     }
@@ -523,9 +524,10 @@ pub fn decode_state(tagged: &[u8]) -> Result<State, Corrupt> {
 }
 
 /// Looks a key up in a bucket's bytes without decoding the other entries: its entry's index
-/// and state, or `None` if the bucket does not hold it. The whole bucket is checked as
-/// [`Slot::decode`] checks it (version, length, every entry's tag), so a bucket this accepts is
-/// one `decode` accepts. Missing or empty bytes are an empty bucket.
+/// and state, or `None` if the bucket does not hold it. The bucket's version and length are
+/// checked, and the key's own entry; the other entries only by [`Slot::decode`], when a key is
+/// placed (a bucket that then fails to decode is reset). Missing or empty bytes are an empty
+/// bucket.
 pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, Corrupt> {
     let bytes = match bytes {
         None | Some([]) => return Ok(None),
@@ -533,20 +535,15 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
     };
     let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
     let (entries, _, _) = split_bucket(version, rest)?;
-    let mut found = None;
     for (i, raw) in entries.chunks_exact(ENTRY_LEN).enumerate() {
-        let (f, tagged) = raw.split_first_chunk::<8>().ok_or(Corrupt)?;
-        let f = u64::from_le_bytes(*f);
-        if f == 0 {
-            continue;
-        }
-        if f == fp && found.is_none() {
-            found = Some((i, decode_state(tagged)?));
-        } else if !matches!(tagged.first(), Some(&(TAG_SLIDING_WINDOW..=TAG_TENANT))) {
-            return Err(Corrupt);
+        if let Some((f, tagged)) = raw.split_first_chunk::<8>() {
+            // An empty entry's fingerprint is 0, which no key has.
+            if u64::from_le_bytes(*f) == fp {
+                return Ok(Some((i, decode_state(tagged)?)));
+            }
         }
     }
-    Ok(found)
+    Ok(None)
 }
 
 /// What the ghosts in a bucket's bytes hold for a fingerprint at `now_ms` ([`Slot::ghost`]);

@@ -39,7 +39,7 @@ pub(super) fn update_held<T>(
             match table::lookup(present.then_some(&bytes[..]), fingerprint) {
                 Ok(None) if slot != second => (None, false),
                 // The last look: a new key goes here (its only bucket).
-                _ => {
+                looked => {
                     let r = update_entry(
                         bytes,
                         present,
@@ -47,6 +47,7 @@ pub(super) fn update_held<T>(
                         rule,
                         now_ms,
                         None,
+                        Some(looked),
                         &mut *f,
                     );
                     let w = written(&r);
@@ -67,7 +68,7 @@ pub(super) fn update_held<T>(
     let in_second = store.locked(second, |bytes, present| {
         match table::lookup(present.then_some(&bytes[..]), fingerprint) {
             Ok(None) => (None, false),
-            _ => {
+            looked => {
                 let r = update_entry(
                     bytes,
                     present,
@@ -75,6 +76,7 @@ pub(super) fn update_held<T>(
                     rule,
                     now_ms,
                     None,
+                    Some(looked),
                     &mut *f,
                 );
                 let w = written(&r);
@@ -128,6 +130,7 @@ pub(super) fn update_held<T>(
             rule,
             now_ms,
             elsewhere,
+            None,
             f,
         );
         if written(&r) {
@@ -195,7 +198,8 @@ pub(super) fn update_cas<T>(
         let here = |bytes: &[u8; BUCKET_LEN], present: bool| {
             table::lookup(present.then_some(&bytes[..]), fingerprint)
         };
-        if !matches!(here(&a, present_a), Ok(None)) || first == second {
+        let in_a = here(&a, present_a);
+        if !matches!(in_a, Ok(None)) || first == second {
             // The key is here (or the bucket is corrupt, which the update resets), or this is
             // its only bucket.
             let r = update_entry(
@@ -205,6 +209,7 @@ pub(super) fn update_cas<T>(
                 rule,
                 now_ms,
                 None,
+                Some(in_a),
                 &mut *f,
             );
             if !written(&r) {
@@ -216,7 +221,8 @@ pub(super) fn update_cas<T>(
             }
         }
         let (present_b, cas_b) = read_into(store, second, &mut b)?;
-        if !matches!(here(&b, present_b), Ok(None)) {
+        let in_b = here(&b, present_b);
+        if !matches!(in_b, Ok(None)) {
             let r = update_entry(
                 &mut b,
                 present_b,
@@ -224,6 +230,7 @@ pub(super) fn update_cas<T>(
                 rule,
                 now_ms,
                 None,
+                Some(in_b),
                 &mut *f,
             );
             if !written(&r) {
@@ -253,6 +260,7 @@ pub(super) fn update_cas<T>(
                 rule,
                 now_ms,
                 ghost_a,
+                Some(Ok(None)),
                 &mut *f,
             );
             if !written(&r) {
@@ -286,6 +294,7 @@ pub(super) fn update_cas<T>(
             rule,
             now_ms,
             ghost_b,
+            Some(Ok(None)),
             &mut *f,
         );
         if !written(&r) {
@@ -329,6 +338,7 @@ fn place_announced<T>(
             rule,
             now_ms,
             elsewhere,
+            None,
             &mut *f,
         );
         if !written(&r) {
@@ -548,6 +558,37 @@ mod tests {
                 "{scenario}: every request counted in one place"
             );
         }
+    }
+
+    /// What a request costs in a key's first bucket and in its second, in the native build's
+    /// store: run each under callgrind (`valgrind --tool=callgrind <test binary> --ignored
+    /// --exact engine::place::tests::probe_first`, then `probe_second`) and compare the counts:
+    /// the difference over `PROBES` is what a key in its second bucket pays per request.
+    const PROBES: u64 = 100_000;
+
+    fn probe(second: bool) {
+        let store = ProcessStore::new(4);
+        let now = 1_000_000;
+        if second {
+            load_first(&store, 3, now);
+        }
+        let k = key(7, u64::MAX);
+        for _ in 0..PROBES {
+            assert!(decide(&store, &[k], now, FailureMode::Deny).allowed);
+        }
+        assert_eq!(holders(&store, 7), [if second { B } else { A }]);
+    }
+
+    #[test]
+    #[ignore]
+    fn probe_first() {
+        probe(false);
+    }
+
+    #[test]
+    #[ignore]
+    fn probe_second() {
+        probe(true);
     }
 
     /// Threads deciding the same new keys at once, on both kinds of store: each key admitted
