@@ -290,7 +290,8 @@ impl<S: Store> Runtime<S> {
         &self.metrics
     }
 
-    /// How many keys the table tracks at once (the capacity rounded up to whole buckets).
+    /// How many keys the table tracks at once (an eighth more than the capacity, in whole
+    /// buckets: [`table::buckets_for`]).
     pub fn capacity(&self) -> usize {
         self.buckets as usize * table::WAYS
     }
