@@ -750,13 +750,16 @@ fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt
     let mut look = |i: usize| {
         held.get(i).map(|(bytes, present, writes)| {
             let bytes = present.then_some(&bytes[..]);
-            let load = table::load(bytes, now_ms).unwrap_or((0, 0));
-            (load, table::ghost_in(bytes, fp, now_ms), writes)
+            let load = table::load(bytes, now_ms);
+            let marked = table::announced(bytes, fp, now_ms);
+            (load, table::ghost_in(bytes, fp, now_ms), writes, marked)
         })
     };
-    let ((load_a, ghost_a, writes_a), (load_b, ghost_b, _)) =
+    let ((load_a, ghost_a, writes_a, marked), (load_b, ghost_b, ..)) =
         (look(a).ok_or_else(no_slot)?, look(b).ok_or_else(no_slot)?);
-    if a != b && load_b < load_a {
+    // A key announced in its first bucket (by a request with compare-and-swap) goes to its
+    // second, as [`place::update_held`] places it.
+    if a != b && (marked || load_b < load_a) {
         let mut at = held_lookup_in(held, b, check, now_ms, ghost_a)?;
         at.first = Some((a, writes_a, ghost_a));
         Ok(at)
@@ -798,9 +801,7 @@ fn held_lookup_in(
             Ok(at(None, seeded))
         }
         Err(table::Corrupt) => {
-            if let Ok(empty) = Slot::decode(check.slot, None) {
-                bytes.copy_from_slice(empty.encode().as_ref());
-            }
+            *bytes = table::empty_bucket();
             held.wrote(i);
             Err(Failure::Corrupt)
         }
@@ -827,9 +828,7 @@ fn held_place(
         _ => {
             let Ok(mut decoded) = Slot::decode(slot, present.then_some(&bytes[..])) else {
                 // An entry the lookup did not read does not decode: reset, as a corrupt one.
-                if let Ok(empty) = Slot::decode(slot, None) {
-                    bytes.copy_from_slice(empty.encode().as_ref());
-                }
+                *bytes = table::empty_bucket();
                 held.wrote(b);
                 return Err(Failure::Corrupt);
             };
@@ -973,9 +972,7 @@ fn update_entry<T>(
     let found = match looked {
         Ok(found) => found,
         Err(table::Corrupt) => {
-            if let Ok(empty) = Slot::decode(slot, None) {
-                bytes.copy_from_slice(empty.encode().as_ref());
-            }
+            *bytes = table::empty_bucket();
             return Err(Failure::Corrupt);
         }
     };
@@ -1000,9 +997,7 @@ fn update_entry<T>(
     }
     // An entry `lookup` did not read may not decode: the bucket is reset, as a corrupt one.
     let Ok(mut decoded) = Slot::decode(slot, present.then_some(&bytes[..])) else {
-        if let Ok(empty) = Slot::decode(slot, None) {
-            bytes.copy_from_slice(empty.encode().as_ref());
-        }
+        *bytes = table::empty_bucket();
         return Err(Failure::Corrupt);
     };
     let placement = decoded.put_limited(fingerprint, next, limit, now_ms);

@@ -57,6 +57,15 @@ pub const PENDING_MS: u64 = 250;
 /// Bucket format version, the first byte of every bucket. Version 3: buckets of 16, two
 /// choices per key (versions 1 and 2, buckets of 4 under other store keys, are not read).
 pub const VERSION: u8 = 3;
+/// The bytes of an empty bucket: what a bucket that is not one is reset to.
+pub fn empty_bucket() -> [u8; BUCKET_LEN] {
+    let mut bytes = [0u8; BUCKET_LEN];
+    if let Some(v) = bytes.first_mut() {
+        *v = VERSION;
+    }
+    bytes
+}
+
 /// Where a host that names its store's values (Envoy's shared data) keeps this layout's
 /// buckets: under a name of their own, so that buckets of another layout (a plugin upgraded in
 /// place, whose old VMs still serve) are never read as these.
@@ -535,6 +544,9 @@ pub fn lookup(bytes: Option<&[u8]>, fp: u64) -> Result<Option<(usize, State)>, C
     };
     let (&version, rest) = bytes.split_first().ok_or(Corrupt)?;
     let (entries, _, _) = split_bucket(version, rest)?;
+    if fp == 0 {
+        return Ok(None); // the mark of an empty entry; no key's
+    }
     for (i, raw) in entries.chunks_exact(ENTRY_LEN).enumerate() {
         if let Some((f, tagged)) = raw.split_first_chunk::<8>() {
             // An empty entry's fingerprint is 0, which no key has.
@@ -584,9 +596,10 @@ pub struct Pending {
 impl Pending {
     /// Whether the mark holds at `now_ms`.
     pub fn live(&self, now_ms: u64) -> bool {
-        // The low 32 bits wrap every 49 days: compared as a signed distance.
-        let left = self.until.wrapping_sub(now_ms as u32) as i32;
-        self.until != 0 && left > 0
+        // The low 32 bits wrap every 49 days: the time left, as a distance that is at most
+        // PENDING_MS for a live mark (a mark left behind never comes back to life).
+        let left = u64::from(self.until.wrapping_sub(now_ms as u32));
+        self.until != 0 && left > 0 && left <= PENDING_MS
     }
 
     fn encode(&self, out: &mut [u8]) {

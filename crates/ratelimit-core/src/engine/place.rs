@@ -7,7 +7,7 @@
 use super::{read, update_entry, Check, Failure, Read, Updated};
 use crate::limiter::{Policy, State, Trace};
 use crate::store::{Store, StoreError, CREATE_CAS, MAX_ATTEMPTS};
-use crate::table::{self, Slot, BUCKET_LEN};
+use crate::table::{self, BUCKET_LEN};
 
 /// What [`super::update`] updates: the key's two bucket slots, its fingerprint, its rule's
 /// policy (to seed a new key from its ghosts) and the time.
@@ -33,12 +33,11 @@ pub(super) fn update_held<T>(
     f: &mut Decide<'_, T>,
 ) -> Option<Result<Updated<T>, Failure>> {
     // One bucket alone: an update there when the key is in it (or the bucket is corrupt, which
-    // the update resets), else nothing.
-    let alone = |slot: u64, f: &mut Decide<'_, T>| {
+    // the update resets; or `only`: the key's only bucket, where a new key goes), else nothing.
+    let alone = |slot: u64, only: bool, f: &mut Decide<'_, T>| {
         store.locked(slot, |bytes, present| {
             match table::lookup(present.then_some(&bytes[..]), fingerprint) {
-                Ok(None) if slot != second => (None, false),
-                // The last look: a new key goes here (its only bucket).
+                Ok(None) if !only => (None, false),
                 looked => {
                     let r = update_entry(
                         bytes,
@@ -56,38 +55,13 @@ pub(super) fn update_held<T>(
             }
         })
     };
-    match alone(first, &mut *f)? {
-        Err(e) => return Some(Err(e.into())),
-        Ok(Some(r)) => return Some(r),
-        Ok(None) => {}
-    }
-    if first == second {
-        return None; // not reached: a lone bucket is both
-    }
-    // The second alone, if it holds the key.
-    let in_second = store.locked(second, |bytes, present| {
-        match table::lookup(present.then_some(&bytes[..]), fingerprint) {
-            Ok(None) => (None, false),
-            looked => {
-                let r = update_entry(
-                    bytes,
-                    present,
-                    (second, fingerprint),
-                    rule,
-                    now_ms,
-                    None,
-                    Some(looked),
-                    &mut *f,
-                );
-                let w = written(&r);
-                (Some(r), w)
-            }
+    for (slot, only) in [(first, first == second), (second, false)] {
+        match alone(slot, only, &mut *f)? {
+            Err(e) => return Some(Err(e.into())),
+            Ok(Some(r)) => return Some(r),
+            Ok(None) if only => return None, // not reached: a lone bucket is both
+            Ok(None) => {}
         }
-    })?;
-    match in_second {
-        Err(e) => return Some(Err(e.into())),
-        Ok(Some(r)) => return Some(r),
-        Ok(None) => {}
     }
     // A new key: both held.
     store.locked_many(&[first, second], |held| {
@@ -103,21 +77,25 @@ pub(super) fn update_held<T>(
                     table::lookup(bytes, fingerprint).map(|f| f.is_some()),
                     table::load(bytes, now_ms),
                     table::ghost_in(bytes, fingerprint, now_ms),
+                    table::announced(bytes, fingerprint, now_ms),
                 )
             })
         };
-        let (Some((in_a, live_a, ghost_a)), Some((in_b, live_b, ghost_b))) = (look(a), look(b))
+        let (Some((in_a, live_a, ghost_a, marked)), Some((in_b, live_b, ghost_b, _))) =
+            (look(a), look(b))
         else {
             return Err(Failure::Unavailable(crate::error::StoreFault::NoSlot(
                 first,
             )));
         };
         // The bucket to update: the one holding the key (or corrupt: reset there), else the
-        // less loaded, the first on a tie; with the other's ghost.
+        // less loaded, the first on a tie; with the other's ghost. A key a request with
+        // compare-and-swap (a sliding log among its rules) announced in its first bucket goes
+        // to its second, where that request places it.
         let (i, slot, elsewhere) = match (in_a, in_b) {
             (Ok(true) | Err(_), _) => (a, first, None),
             (_, Ok(true) | Err(_)) => (b, second, None),
-            _ if live_b < live_a => (b, second, ghost_a),
+            _ if marked || live_b < live_a => (b, second, ghost_a),
             _ => (a, first, ghost_b),
         };
         let (bytes, present, _) = held
@@ -184,10 +162,11 @@ fn write(store: &impl Store, slot: u64, bytes: &[u8], cas: u32) -> Result<Wrote,
 /// first bucket, or announced there and placed in the second when that one has fewer live keys.
 pub(super) fn update_cas<T>(
     store: &impl Store,
-    ((first, second), fingerprint, rule, now_ms): Key<'_>,
+    key: Key<'_>,
     retries: &mut u32,
     f: &mut Decide<'_, T>,
 ) -> Result<Updated<T>, Failure> {
+    let ((first, second), fingerprint, rule, now_ms) = key;
     let mut a = [0u8; BUCKET_LEN];
     let mut b = [0u8; BUCKET_LEN];
     for attempt in 0..MAX_ATTEMPTS {
@@ -202,43 +181,19 @@ pub(super) fn update_cas<T>(
         if !matches!(in_a, Ok(None)) || first == second {
             // The key is here (or the bucket is corrupt, which the update resets), or this is
             // its only bucket.
-            let r = update_entry(
-                &mut a,
-                present_a,
-                (first, fingerprint),
-                rule,
-                now_ms,
-                None,
-                Some(in_a),
-                &mut *f,
-            );
-            if !written(&r) {
-                return r;
-            }
-            match write(store, first, &a, cas_a)? {
-                Wrote::Done => return r,
-                Wrote::Lost => continue,
+            let at = (first, fingerprint, cas_a);
+            match in_bucket(store, at, (&mut a, present_a), key, (None, Some(in_a)), f)? {
+                Some(r) => return r,
+                None => continue,
             }
         }
         let (present_b, cas_b) = read_into(store, second, &mut b)?;
         let in_b = here(&b, present_b);
         if !matches!(in_b, Ok(None)) {
-            let r = update_entry(
-                &mut b,
-                present_b,
-                (second, fingerprint),
-                rule,
-                now_ms,
-                None,
-                Some(in_b),
-                &mut *f,
-            );
-            if !written(&r) {
-                return r;
-            }
-            match write(store, second, &b, cas_b)? {
-                Wrote::Done => return r,
-                Wrote::Lost => continue,
+            let at = (second, fingerprint, cas_b);
+            match in_bucket(store, at, (&mut b, present_b), key, (None, Some(in_b)), f)? {
+                Some(r) => return r,
+                None => continue,
             }
         }
         let bytes_a = present_a.then_some(&a[..]);
@@ -269,11 +224,7 @@ pub(super) fn update_cas<T>(
             // Announced in the first bucket before it is placed in the second: a request
             // placing it in the first meanwhile makes this write lose its race.
             if !present_a {
-                if let Ok(empty) = Slot::decode(first, None) {
-                    if let table::Encoded::Bucket(e) = empty.encode() {
-                        a = e;
-                    }
-                }
+                a = table::empty_bucket();
             }
             if table::announce(&mut a, fingerprint, now_ms) {
                 match write(store, first, &a, cas_a)? {
@@ -287,26 +238,50 @@ pub(super) fn update_cas<T>(
             }
             // Both marks held by other keys: placed in the first bucket after all.
         }
-        let r = update_entry(
-            &mut a,
-            present_a,
-            (first, fingerprint),
-            rule,
-            now_ms,
-            ghost_b,
-            Some(Ok(None)),
-            &mut *f,
-        );
-        if !written(&r) {
-            return r;
-        }
-        match write(store, first, &a, cas_a)? {
-            Wrote::Done => return r,
-            Wrote::Lost => continue,
+        let at = (first, fingerprint, cas_a);
+        match in_bucket(
+            store,
+            at,
+            (&mut a, present_a),
+            key,
+            (ghost_b, Some(Ok(None))),
+            f,
+        )? {
+            Some(r) => return r,
+            None => continue,
         }
     }
     *retries += 1;
     Err(Failure::RetriesExhausted)
+}
+
+/// The update in one bucket's bytes (read from `slot` with `cas`), written back with
+/// compare-and-swap if it changed them: its result, or `None` when the write lost its race.
+fn in_bucket<T>(
+    store: &impl Store,
+    (slot, fingerprint, cas): (u64, u64, u32),
+    (bytes, present): (&mut [u8; BUCKET_LEN], bool),
+    (_, _, rule, now_ms): Key<'_>,
+    (elsewhere, looked): (Option<Trace>, Option<super::Looked>),
+    f: &mut Decide<'_, T>,
+) -> Result<Option<Result<Updated<T>, Failure>>, Failure> {
+    let r = update_entry(
+        bytes,
+        present,
+        (slot, fingerprint),
+        rule,
+        now_ms,
+        elsewhere,
+        looked,
+        f,
+    );
+    if !written(&r) {
+        return Ok(Some(r));
+    }
+    Ok(match write(store, slot, &bytes[..], cas)? {
+        Wrote::Done => Some(r),
+        Wrote::Lost => None,
+    })
 }
 
 /// Places a key announced in its first bucket in its second (`slot`), whose bytes (read with
@@ -557,6 +532,50 @@ mod tests {
                 !decide(&store, &[key(7, 3)], now, FailureMode::Deny).allowed,
                 "{scenario}: every request counted in one place"
             );
+        }
+    }
+
+    /// In the native build's store, a request whose rules include a sliding log takes the
+    /// compare-and-swap path and announces a new key in its first bucket before it writes the
+    /// second; a request that holds the buckets meanwhile (one rule, or several) places the key
+    /// in its second bucket too, never in the first, whatever the loads say.
+    #[test]
+    fn a_held_request_places_an_announced_key_where_it_was_announced() {
+        let now = 1_000_000;
+        for rules in [1, 2] {
+            let store = ProcessStore::new(4);
+            let k = key(7, 3);
+            // Equal loads, so without the mark the key would go to its first bucket.
+            let marked = store
+                .locked(A, |bytes, _| {
+                    *bytes = table::empty_bucket();
+                    (table::announce(bytes, 7, now), true)
+                })
+                .unwrap()
+                .unwrap();
+            assert!(marked);
+            let other = Check {
+                slot: 2,
+                alt: 3,
+                ..check(2, 9, 3, MINUTE)
+            };
+            let checks: &[Check] = if rules == 1 { &[k] } else { &[other, k] };
+            assert!(decide(&store, checks, now, FailureMode::Deny).allowed);
+            assert_eq!(holders(&store, 7), [B], "{rules} rule(s)");
+        }
+    }
+
+    /// A mark holds for its time, and one left behind (its request gone) does not hold again
+    /// when the low 32 bits of the clock come round, but for at most its time every 49.7 days.
+    #[test]
+    fn a_mark_left_behind_stays_lapsed() {
+        let now = 1_000_000u64;
+        let mut bytes = table::empty_bucket();
+        assert!(table::announce(&mut bytes, 7, now));
+        let marked = |at: u64| table::announced(Some(&bytes), 7, at);
+        assert!(marked(now) && marked(now + table::PENDING_MS - 1));
+        for later in [table::PENDING_MS, 1 << 31, (1 << 32) - 1_000, 3 << 31] {
+            assert!(!marked(now + later), "{later} ms later");
         }
     }
 
