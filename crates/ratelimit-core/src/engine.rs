@@ -696,10 +696,18 @@ fn seeded_from(
     elsewhere: Option<Trace>,
 ) -> Option<State> {
     let here = table::ghost_in(present.then_some(bytes), fingerprint, now_ms);
-    let trace = match (here, elsewhere) {
-        (Some(a), Some(b)) => a.max(b),
-        (a, b) => a.or(b)?,
-    };
+    seeded(policy, here, elsewhere, now_ms)
+}
+
+/// The state a new key starts from under `policy` at `now_ms`: what its ghosts in its two
+/// buckets hold, the larger of each figure if both have one.
+fn seeded(
+    policy: &Policy,
+    here: Option<Trace>,
+    elsewhere: Option<Trace>,
+    now_ms: u64,
+) -> Option<State> {
+    let trace = here.into_iter().chain(elsewhere).reduce(Trace::max)?;
     policy.seeded(&trace, now_ms)
 }
 

@@ -5,8 +5,8 @@
 //! `capacity`, in buckets of [`WAYS`]), and memory is fixed by `capacity` whatever keys clients
 //! send. Each entry holds a key's full hash as a fingerprint and its algorithm's state.
 //!
-//! Two choices: a client key (already a keyed 64-bit hash) has two buckets, [`bucket_of`] and
-//! [`alt_bucket_of`], and lives in one of them. A new key goes to the one with fewer live
+//! Two choices: a client key (already a keyed 64-bit hash) has two buckets ([`slots_of`]) and
+//! lives in one of them. A new key goes to the one with fewer live
 //! entries (the first on a tie), so buckets fill evenly and the table forgets no live key until
 //! it is nearly full ([`tests::a_table_forgets_no_live_key_below_nine_tenths_full`]). A request
 //! reads the first bucket, and the second only when the key is not in the first; one write
@@ -163,27 +163,19 @@ pub fn bucket_of(key_hash: u64, buckets: u32) -> u32 {
     u32::try_from(key_hash % u64::from(buckets.max(1))).unwrap_or(0)
 }
 
-/// A key hash's second bucket: chosen by other bits of the hash than the first (mixed, so that
-/// keys sharing a first bucket spread over the others), never the first unless there is one
+/// Both buckets of a key hash, as store slots: its first ([`bucket_of`]), and its second,
+/// chosen by other bits of the hash (mixed, so that keys sharing a first bucket spread over the
+/// others; scaled by a multiplication, not a division), never the first unless there is one
 /// bucket.
-pub fn alt_bucket_of(key_hash: u64, buckets: u32) -> u32 {
+pub fn slots_of(key_hash: u64, buckets: u32) -> (u64, u64) {
     let n = u64::from(buckets.max(1));
-    let mixed = (key_hash.rotate_left(23) ^ (key_hash >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let first = key_hash % n;
-    // The mixed hash scaled to 0..n (its top bits: a multiplication, not a division).
+    let mixed = (key_hash.rotate_left(23) ^ (key_hash >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut second = u64::try_from((u128::from(mixed) * u128::from(n)) >> 64).unwrap_or(0);
     if second == first && n > 1 {
         second = (second + 1) % n;
     }
-    u32::try_from(second).unwrap_or(0)
-}
-
-/// Both buckets of a key hash, as store slots.
-pub fn slots_of(key_hash: u64, buckets: u32) -> (u64, u64) {
-    (
-        u64::from(bucket_of(key_hash, buckets)),
-        u64::from(alt_bucket_of(key_hash, buckets)),
-    )
+    (first, second)
 }
 
 /// The fingerprint stored for a key hash; never 0, which marks an empty entry.
@@ -383,9 +375,8 @@ impl Slot {
 
     /// Whether the bucket holds a live mark for `fp` at `now_ms` ([`announced`]).
     pub fn announced(&self, fp: u64, now_ms: u64) -> bool {
-        let tag = pending_tag(fp);
         match self {
-            Slot::Bucket(.., pending) => pending.iter().any(|p| p.tag == tag && p.live(now_ms)),
+            Slot::Bucket(.., marks) => Pending::holds(marks, fp, now_ms),
             Slot::Log(_) => false,
         }
     }
@@ -393,21 +384,8 @@ impl Slot {
     /// Marks `fp` as being placed in its second bucket ([`announce`]); false when both marks
     /// hold for other keys (or this is a log).
     pub fn announce(&mut self, fp: u64, now_ms: u64) -> bool {
-        let tag = pending_tag(fp);
-        let until = match (now_ms.wrapping_add(PENDING_MS)) as u32 {
-            0 => 1,
-            u => u,
-        };
         match self {
-            Slot::Bucket(.., pending) => {
-                match pending.iter_mut().find(|p| p.tag == tag || !p.live(now_ms)) {
-                    Some(p) => {
-                        *p = Pending { tag, until };
-                        true
-                    }
-                    None => false,
-                }
-            }
+            Slot::Bucket(.., marks) => Pending::place(marks, fp, now_ms),
             Slot::Log(_) => false,
         }
     }
@@ -618,6 +596,76 @@ impl Pending {
             until: u32::from_le_bytes([b(4), b(5), b(6), b(7)]),
         }
     }
+
+    /// Whether `marks` hold a live mark for the key `fp` at `now_ms`.
+    fn holds(marks: &[Pending], fp: u64, now_ms: u64) -> bool {
+        let tag = pending_tag(fp);
+        marks.iter().any(|p| p.tag == tag && p.live(now_ms))
+    }
+
+    /// Marks the key `fp` in `marks` until [`PENDING_MS`] from `now_ms`: in a place whose mark
+    /// has lapsed (or the key's own); false, nothing changed, when every mark holds for
+    /// another key.
+    fn place(marks: &mut [Pending], fp: u64, now_ms: u64) -> bool {
+        let tag = pending_tag(fp);
+        let until = match (now_ms.wrapping_add(PENDING_MS)) as u32 {
+            0 => 1,
+            u => u,
+        };
+        match marks.iter_mut().find(|p| p.tag == tag || !p.live(now_ms)) {
+            Some(p) => {
+                *p = Pending { tag, until };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes the key `fp`'s mark out of `marks`; false when there is none.
+    fn take(marks: &mut [Pending], fp: u64) -> bool {
+        let tag = pending_tag(fp);
+        match marks.iter_mut().find(|p| p.until != 0 && p.tag == tag) {
+            Some(p) => {
+                *p = Pending::default();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Where a bucket's bytes keep their marks (after the version, the entries and the ghosts).
+const MARKS_AT: usize = BUCKET_LEN - PENDING * PENDING_LEN;
+
+/// The marks in a bucket's bytes; none for bytes that are no bucket of this version.
+fn marks_in(bytes: Option<&[u8]>) -> [Pending; PENDING] {
+    let mut marks = [Pending::default(); PENDING];
+    if let Some(raw) = bytes
+        .filter(|b| b.len() == BUCKET_LEN && b.first() == Some(&VERSION))
+        .and_then(|b| b.get(MARKS_AT..))
+    {
+        for (p, raw) in marks.iter_mut().zip(raw.chunks_exact(PENDING_LEN)) {
+            *p = Pending::decode(raw);
+        }
+    }
+    marks
+}
+
+/// `change` on the marks in a bucket's bytes, written back when it says it changed them.
+fn with_marks(
+    bytes: &mut [u8; BUCKET_LEN],
+    change: impl FnOnce(&mut [Pending; PENDING]) -> bool,
+) -> bool {
+    let mut marks = marks_in(Some(&bytes[..]));
+    if bytes.first() != Some(&VERSION) || !change(&mut marks) {
+        return false;
+    }
+    if let Some(raw) = bytes.get_mut(MARKS_AT..) {
+        for (p, raw) in marks.iter().zip(raw.chunks_exact_mut(PENDING_LEN)) {
+            p.encode(raw);
+        }
+    }
+    true
 }
 
 /// The 32 bits of a fingerprint a pending mark keeps: both halves folded, so that two keys
@@ -629,60 +677,20 @@ pub fn pending_tag(fp: u64) -> u32 {
 /// Whether a bucket's bytes hold a live mark for the key `fp` at `now_ms`: the key is being
 /// placed in its second bucket by another request.
 pub fn announced(bytes: Option<&[u8]>, fp: u64, now_ms: u64) -> bool {
-    let Some(raw) = bytes.and_then(|b| b.get(BUCKET_LEN - PENDING * PENDING_LEN..)) else {
-        return false;
-    };
-    let tag = pending_tag(fp);
-    raw.chunks_exact(PENDING_LEN)
-        .map(Pending::decode)
-        .any(|p| p.tag == tag && p.live(now_ms))
+    Pending::holds(&marks_in(bytes), fp, now_ms)
 }
 
 /// Marks in a bucket's bytes that the key `fp` is being placed in its second bucket, until
-/// [`PENDING_MS`] from `now_ms`: in a place whose mark has lapsed (or the key's own). False,
-/// nothing written, when both marks hold for other keys.
+/// [`PENDING_MS`] from `now_ms` ([`Slot::announce`]). False, nothing written, when both marks
+/// hold for other keys (or the bytes are no bucket).
 pub fn announce(bytes: &mut [u8; BUCKET_LEN], fp: u64, now_ms: u64) -> bool {
-    let tag = pending_tag(fp);
-    let until = match (now_ms.wrapping_add(PENDING_MS)) as u32 {
-        0 => 1,
-        u => u,
-    };
-    let Some(raw) = bytes.get_mut(BUCKET_LEN - PENDING * PENDING_LEN..) else {
-        return false;
-    };
-    let free = raw.chunks_exact_mut(PENDING_LEN).find(|c| {
-        let p = Pending::decode(c);
-        p.tag == tag || !p.live(now_ms)
-    });
-    match free {
-        Some(c) => {
-            Pending { tag, until }.encode(c);
-            true
-        }
-        None => false,
-    }
+    with_marks(bytes, |marks| Pending::place(marks, fp, now_ms))
 }
 
 /// Takes the mark of the key `fp` out of a bucket's bytes, once it is placed in its second
 /// bucket; false (nothing written) when the bytes hold none (or are no bucket).
 pub fn withdraw(bytes: &mut [u8; BUCKET_LEN], fp: u64) -> bool {
-    let tag = pending_tag(fp);
-    if bytes.first() != Some(&VERSION) {
-        return false;
-    }
-    let Some(raw) = bytes.get_mut(BUCKET_LEN - PENDING * PENDING_LEN..) else {
-        return false;
-    };
-    match raw
-        .chunks_exact_mut(PENDING_LEN)
-        .find(|c| Pending::decode(c).tag == tag)
-    {
-        Some(c) => {
-            Pending::default().encode(c);
-            true
-        }
-        None => false,
-    }
+    with_marks(bytes, |marks| Pending::take(marks, fp))
 }
 
 /// How full a bucket is, for a new key choosing between its two: its live keys (a key whose
@@ -1379,7 +1387,9 @@ mod tests {
         let mut rng = crate::testkit::Rng(3);
         for buckets in [1u32, 2, 5, 1_152] {
             for _ in 0..1_000 {
-                let (a, b) = slots_of(rng.next(), buckets);
+                let hash = rng.next();
+                let (a, b) = slots_of(hash, buckets);
+                assert_eq!(a, u64::from(bucket_of(hash, buckets)));
                 assert!(a < u64::from(buckets) && b < u64::from(buckets));
                 assert!(a != b || buckets == 1);
             }

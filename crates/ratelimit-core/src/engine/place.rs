@@ -355,11 +355,7 @@ impl Located {
     pub fn before(&self, check: &Check, now_ms: u64) -> Option<State> {
         check.current(&self.read.slot).or_else(|| {
             let here = self.read.slot.ghost(check.fingerprint, now_ms);
-            let trace = match (here, self.elsewhere) {
-                (Some(a), Some(b)) => a.max(b),
-                (a, b) => a.or(b)?,
-            };
-            check.policy.seeded(&trace, now_ms)
+            super::seeded(&check.policy, here, self.elsewhere, now_ms)
         })
     }
 }
