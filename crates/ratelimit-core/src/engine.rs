@@ -234,13 +234,25 @@ pub fn decide(
         }
     }
     if checks.iter().all(|c| !c.policy.uses_log()) {
-        let slots: SmallVec<[u64; HELD_INLINE]> =
-            checks.iter().flat_map(|c| [c.slot, c.alt]).collect();
-        let held = store.locked_many(&slots, |held| {
-            held::decide_held(held, checks, now_ms, failure_mode)
+        // Most keys live in their first bucket: those alone are held first, and a request
+        // whose every key is there is decided with half the locks. Else every bucket of every
+        // key is held.
+        let firsts: SmallVec<[u64; HELD_INLINE]> = checks.iter().map(|c| c.slot).collect();
+        let held = store.locked_many(&firsts, |held| {
+            held::decide_held(held, checks, now_ms, failure_mode, held::Holding::Firsts)
         });
-        if let Some(outcome) = held {
+        if let Some(Some(outcome)) = held {
             return outcome;
+        }
+        if held.is_some() {
+            let slots: SmallVec<[u64; HELD_INLINE]> =
+                checks.iter().flat_map(|c| [c.slot, c.alt]).collect();
+            let held = store.locked_many(&slots, |held| {
+                held::decide_held(held, checks, now_ms, failure_mode, held::Holding::Both)
+            });
+            if let Some(Some(outcome)) = held {
+                return outcome;
+            }
         }
     }
     decide_general(store, checks, now_ms, failure_mode)

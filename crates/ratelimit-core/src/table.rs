@@ -160,20 +160,22 @@ pub fn buckets_for(capacity: u32) -> u32 {
 
 /// A key hash's first bucket.
 pub fn bucket_of(key_hash: u64, buckets: u32) -> u32 {
-    u32::try_from(key_hash % u64::from(buckets.max(1))).unwrap_or(0)
+    u32::try_from(slots_of(key_hash, buckets).0).unwrap_or(0)
 }
 
-/// Both buckets of a key hash, as store slots: its first ([`bucket_of`]), and its second,
-/// chosen by other bits of the hash (mixed, so that keys sharing a first bucket spread over the
-/// others; scaled by a multiplication, not a division), never the first unless there is one
-/// bucket.
+/// Both buckets of a key hash, as store slots: its first, scaled from the hash's low 32 bits,
+/// and its second, scaled from the high half of the hash multiplied by an odd constant (so that
+/// it depends on every bit below, and keys sharing a first bucket spread over the others);
+/// never the first unless there is one bucket. Multiplications and shifts, not a division: every
+/// request computes both.
+#[inline]
 pub fn slots_of(key_hash: u64, buckets: u32) -> (u64, u64) {
     let n = u64::from(buckets.max(1));
-    let first = key_hash % n;
-    let mixed = (key_hash.rotate_left(23) ^ (key_hash >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut second = u64::try_from((u128::from(mixed) * u128::from(n)) >> 64).unwrap_or(0);
-    if second == first && n > 1 {
-        second = (second + 1) % n;
+    let first = ((key_hash & 0xffff_ffff) * n) >> 32;
+    let mixed = key_hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    let mut second = (mixed * n) >> 32;
+    if second == first {
+        second = if second + 1 < n { second + 1 } else { 0 };
     }
     (first, second)
 }

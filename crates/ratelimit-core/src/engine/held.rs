@@ -1,5 +1,6 @@
-//! A request's several rules decided with every bucket they may use held at once (the native
-//! build's process table, [`Store::locked_many`]): the same two phases as the engine's
+//! A request's several rules decided with their buckets held at once (the native build's
+//! process table, [`Store::locked_many`]: each key's first bucket, else both of every key's,
+//! [`Holding`]): the same two phases as the engine's
 //! compare-and-swap path, on the store's own bytes. Owns the choice of a key's bucket among
 //! those held (the one that holds it, else the one of the smaller load, or where another
 //! request announced it); uses the engine's outcomes and [`super::place`]'s rules.
@@ -41,17 +42,29 @@ struct HeldAt {
     first: Option<(usize, u32, Option<Trace>)>,
 }
 
+/// Which buckets of its keys a request holds ([`decide_held`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holding {
+    /// Each key's first bucket alone: enough when every key is there (no key moves, and a
+    /// new key is placed only with both its buckets held).
+    Firsts,
+    /// Both buckets of every key.
+    Both,
+}
+
 /// [`decide_general`] with every bucket held ([`Store::locked_many`]): the same steps on the
 /// store's own bytes, without copies, decoding the other entries of a bucket, or lost races.
 /// What a lost race does there happens here exactly when it happens there without other
 /// writers: a rule whose bucket an earlier rule of the request wrote since it was read is
-/// decided again (and counted as a retry).
+/// decided again (and counted as a retry). `None` when only first buckets are held and a
+/// key is not in its first (nothing was written): the caller holds both and decides again.
 pub(super) fn decide_held(
     held: &mut Held<'_>,
     checks: &[Check],
     now_ms: u64,
     failure_mode: FailureMode,
-) -> Outcome {
+    holding: Holding,
+) -> Option<Outcome> {
     let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
     let mut work: SmallVec<[HeldWork; HELD_INLINE]> = SmallVec::with_capacity(checks.len());
     // Phase 1: decide every rule; nothing is written (but a corrupt bucket is reset).
@@ -64,7 +77,11 @@ pub(super) fn decide_held(
             pending: None,
             committed: None,
         };
-        match held_lookup(held, check, now_ms) {
+        let looked = held_lookup(held, check, now_ms, holding);
+        if holding == Holding::Firsts && !matches!(looked, Ok(HeldAt { index: Some(_), .. })) {
+            return None; // not in its first bucket (held_lookup wrote nothing)
+        }
+        match looked {
             Ok(HeldAt {
                 bucket,
                 index,
@@ -93,12 +110,12 @@ pub(super) fn decide_held(
         work.push(w);
     }
     if refused {
-        return refused_outcome(
+        return Some(refused_outcome(
             rules,
             checks,
             work.iter().map(|w| w.before.as_ref()),
             now_ms,
-        );
+        ));
     }
     // Phase 2: write each rule's state, deciding again a rule whose bucket changed meanwhile.
     for i in 0..checks.len() {
@@ -122,7 +139,7 @@ pub(super) fn decide_held(
                 (Some((_, _, ghost)), Some(b)) if !first_changed => {
                     held_lookup_in(held, b, check, now_ms, ghost)
                 }
-                _ => held_lookup(held, check, now_ms),
+                _ => held_lookup(held, check, now_ms, holding),
             };
             match again {
                 Ok(HeldAt {
@@ -144,9 +161,9 @@ pub(super) fn decide_held(
                         None if check.shadow => decided = false, // count nothing
                         None => {
                             // Used up by this request's other rules: undo and refuse.
-                            held_refund(held, checks, &work);
+                            held_refund(held, checks, &work, holding);
                             let before = work.iter().map(|w| w.before.as_ref());
-                            return refused_outcome(rules, checks, before, now_ms);
+                            return Some(refused_outcome(rules, checks, before, now_ms));
                         }
                     }
                 }
@@ -178,28 +195,36 @@ pub(super) fn decide_held(
             }
             out.verdict = None;
             if failure_mode == FailureMode::Deny && !check.shadow {
-                held_refund(held, checks, &work);
+                held_refund(held, checks, &work, holding);
                 let before = work.iter().map(|w| w.before.as_ref());
-                return refused_outcome(rules, checks, before, now_ms);
+                return Some(refused_outcome(rules, checks, before, now_ms));
             }
         }
     }
-    Outcome {
+    Some(Outcome {
         allowed: true,
         rules,
-    }
+    })
 }
 
 /// The key's bucket among those held, of its two: the one that holds it, else (a new key) the
 /// one with fewer live keys, the first on a tie. A bucket that is not one is reset (written)
-/// and gives [`Failure::Corrupt`].
-fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt, Failure> {
+/// and gives [`Failure::Corrupt`]. With first buckets alone held ([`Holding::Firsts`]): the
+/// key found in its first, else [`StoreFault::NoSlot`] of its second, nothing written (a new
+/// key and a corrupt bucket wait for [`Holding::Both`]).
+fn held_lookup(
+    held: &mut Held<'_>,
+    check: &Check,
+    now_ms: u64,
+    holding: Holding,
+) -> Result<HeldAt, Failure> {
     let no_slot = || Failure::Unavailable(StoreFault::NoSlot(check.slot));
     let a = held.index(check.slot).ok_or_else(no_slot)?;
-    let b = held.index(check.alt).ok_or_else(no_slot)?;
+    // Its second bucket, if held (with [`Holding::Firsts`], only as another key's first).
+    let second = held.index(check.alt);
     let fp = check.fingerprint;
     // The key where it is: its first bucket, else its second.
-    for i in [a, b].into_iter().take(if a == b { 1 } else { 2 }) {
+    for i in [Some(a), second.filter(|&b| b != a)].into_iter().flatten() {
         let (bytes, present, writes) = held.get(i).ok_or_else(no_slot)?;
         match table::lookup(present.then_some(&bytes[..]), fp) {
             Ok(Some((index, state))) => {
@@ -212,10 +237,16 @@ fn held_lookup(held: &mut Held<'_>, check: &Check, now_ms: u64) -> Result<HeldAt
                 })
             }
             Ok(None) => {}
+            // Reset with every bucket held, so that no write comes before the retry.
+            Err(table::Corrupt) if holding == Holding::Firsts => break,
             Err(table::Corrupt) => return held_lookup_in(held, i, check, now_ms, None),
         }
     }
-    // A new key: the bucket of the smaller load, seeded from the other's ghost too.
+    // A new key (placed with both its buckets held only): the bucket of the smaller load,
+    // seeded from the other's ghost too.
+    let b = second
+        .filter(|_| holding == Holding::Both)
+        .ok_or(Failure::Unavailable(StoreFault::NoSlot(check.alt)))?;
     let mut look = |i: usize| {
         held.get(i).map(|(bytes, present, writes)| {
             let bytes = present.then_some(&bytes[..]);
@@ -316,7 +347,7 @@ fn held_place(
 }
 
 /// [`refund`] in held buckets.
-fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork]) {
+fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork], holding: Holding) {
     for (check, w) in checks.iter().zip(work) {
         let Some(counted) = &w.committed else {
             continue;
@@ -326,7 +357,7 @@ fn held_refund(held: &mut Held<'_>, checks: &[Check], work: &[HeldWork]) {
             index: Some(i),
             state: Some(current),
             ..
-        }) = held_lookup(held, check, 0)
+        }) = held_lookup(held, check, 0, holding)
         else {
             continue;
         };

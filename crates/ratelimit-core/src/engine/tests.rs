@@ -67,9 +67,11 @@ fn small_policies() -> [Policy; 3] {
 /// cost of 1 or 2, shadow one time in 5, charged later one time in `later`.
 fn random_check(next: &mut impl FnMut(u64) -> u64, policies: &[Policy], later: u64) -> Check {
     let slot = next(3);
+    // Two buckets half the time (a bucket alone: as a table of one bucket).
+    let alt = (slot + next(2) * (1 + next(2))) % 3;
     Check {
         slot,
-        alt: slot,
+        alt,
         fingerprint: 1 + 2 * next(7),
         policy: policies[next(policies.len() as u64) as usize],
         cost: 1 + next(2),
