@@ -737,8 +737,13 @@ pub struct Ghost {
     /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: its set of keys
     /// ([`Ghost::keys`]).
     pub tag: u32,
-    /// It stands for several keys: every key whose two marks ([`marks_of`]) are in its set.
+    /// It stands for several keys: every key whose two marks ([`marks_of`]) are in its set,
+    /// of its rule.
     pub merged: bool,
+    /// A merged ghost: the rule tag ([`rule_of`]) of the keys it stands for; `None`: keys of
+    /// several rules, and it stands for keys of any rule. (One key's ghost: `None`, its tag
+    /// holds its rule's, [`Ghost::rule`].)
+    pub rule: Option<u16>,
     /// Every key it stands for is refused until `until_s`: the fleet had refused the key, or
     /// the ghost is merged.
     pub blocked: bool,
@@ -755,6 +760,11 @@ pub struct Ghost {
 /// share one about once in 2³² pairs.
 pub fn tag_of(fp: u64) -> u32 {
     u32::try_from(fp >> 32).unwrap_or(u32::MAX)
+}
+
+/// The rule tag of a ghost tag: its top 16 bits ([`crate::key::TAG_MASK`]).
+pub fn rule_of(tag: u32) -> u16 {
+    u16::try_from(tag >> 16).unwrap_or(0)
 }
 
 /// The two marks a key with ghost tag `tag` sets in a merged ghost's set of 32: two 5-bit
@@ -801,6 +811,7 @@ impl Ghost {
         Ghost {
             tag: tag_of(fp),
             merged: false,
+            rule: None,
             blocked: trace.blocked,
             full: trace.blocked || limit == 0 || trace.weight >= weight_of(limit),
             weight: weight_code(trace.weight),
@@ -836,11 +847,20 @@ impl Ghost {
         }
     }
 
+    /// The rule tag of the keys it stands for (`None`: several rules').
+    pub fn rule(&self) -> Option<u16> {
+        if self.merged {
+            self.rule
+        } else {
+            Some(rule_of(self.tag))
+        }
+    }
+
     /// Whether it stands for the key `fp`.
     pub fn covers(&self, fp: u64) -> bool {
         if self.merged {
             let marks = marks_of(tag_of(fp));
-            self.keys() & marks == marks
+            self.keys() & marks == marks && self.rule().is_none_or(|r| r == rule_of(tag_of(fp)))
         } else {
             self.tag == tag_of(fp)
         }
@@ -852,6 +872,7 @@ impl Ghost {
         Ghost {
             tag: self.keys() | other.keys(),
             merged: true,
+            rule: self.rule().filter(|&r| other.rule() == Some(r)),
             blocked: true,
             full: true,
             weight: u16::MAX,
@@ -863,10 +884,18 @@ impl Ghost {
         let mut bytes = [0u8; GHOST_LEN];
         if self.until_s != 0 {
             let [t0, t1, t2, t3] = self.tag.to_le_bytes();
-            let [w0, w1] = self.weight.to_le_bytes();
+            // A merged ghost refuses whatever its weight: its two bytes keep its rule's tag.
+            let (one_rule, weight) = match (self.merged, self.rule) {
+                (true, Some(rule)) => (true, rule),
+                (true, None) => (false, u16::MAX),
+                (false, _) => (false, self.weight),
+            };
+            let [w0, w1] = weight.to_le_bytes();
             let [u0, u1, u2, u3] = self.until_s.to_le_bytes();
-            let flags =
-                u8::from(self.merged) | (u8::from(self.full) << 1) | (u8::from(self.blocked) << 2);
+            let flags = u8::from(self.merged)
+                | (u8::from(self.full) << 1)
+                | (u8::from(self.blocked) << 2)
+                | (u8::from(one_rule) << 3);
             bytes = [t0, t1, t2, t3, flags, w0, w1, u0, u1, u2, u3];
         }
         if let Some(dst) = out.get_mut(..GHOST_LEN) {
@@ -877,12 +906,21 @@ impl Ghost {
     /// Never fails: any 11 bytes are some ghost.
     fn decode(raw: &[u8]) -> Ghost {
         let b = |i: usize| raw.get(i).copied().unwrap_or(0);
+        let tag = u32::from_le_bytes([b(0), b(1), b(2), b(3)]);
+        let merged = b(4) & 1 != 0;
+        let weight = u16::from_le_bytes([b(5), b(6)]);
+        let (rule, weight) = match (merged, b(4) & 8 != 0) {
+            (false, _) => (None, weight),
+            (true, true) => (Some(weight), u16::MAX),
+            (true, false) => (None, u16::MAX),
+        };
         Ghost {
-            tag: u32::from_le_bytes([b(0), b(1), b(2), b(3)]),
-            merged: b(4) & 1 != 0,
+            tag,
+            merged,
+            rule,
             full: b(4) & 2 != 0,
             blocked: b(4) & 4 != 0,
-            weight: u16::from_le_bytes([b(5), b(6)]),
+            weight,
             until_s: u32::from_le_bytes([b(7), b(8), b(9), b(10)]),
         }
     }
@@ -923,11 +961,13 @@ fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
             None => return,
         }
     } else {
-        // The pair whose merged set is smallest: it stands for the fewest other keys.
-        let mut best: Option<(u32, usize, usize)> = None;
+        // The pair whose merged ghost stands for the fewest other keys: of one rule (the
+        // other rules' keys stay clear of it), with the smallest set.
+        let mut best: Option<((bool, u32), usize, usize)> = None;
         for (i, a) in all.iter().enumerate().filter(|(_, g)| g.full) {
             for (j, b) in all.iter().enumerate().skip(i + 1).filter(|(_, g)| g.full) {
-                let covered = (a.keys() | b.keys()).count_ones();
+                let rules = a.rule().is_none() || a.rule() != b.rule();
+                let covered = (rules, (a.keys() | b.keys()).count_ones());
                 if best.is_none_or(|(least, ..)| covered < least) {
                     best = Some((covered, i, j));
                 }
@@ -1277,10 +1317,52 @@ mod tests {
         let m = g.merged(&Ghost::of(other, &trace, 0));
         assert!(m.covers(fp) && m.covers(other) && m.trace().blocked);
         let mut rng = crate::testkit::Rng(7);
-        let strangers = (0..10_000).filter(|_| m.covers(rng.next() >> 16)).count();
+        let of_rule = |rule: u64, rng: &mut crate::testkit::Rng| rule << 48 | rng.next() >> 16;
+        let strangers = (0..10_000)
+            .filter(|_| m.covers(of_rule(0x7700, &mut rng)))
+            .count();
         assert!(strangers < 300, "{strangers} of 10,000 other keys covered");
-        m.encode(&mut raw);
-        assert_eq!(Ghost::decode(&raw), m);
+        // Keys of another rule: never, unless keys of two rules were merged.
+        assert_eq!(m.rule, Some(0x7700));
+        assert!(!m.covers(fp ^ 1 << 62));
+        let across = m.merged(&Ghost::of(0x1100_0000_0000_0001, &trace, 0));
+        assert_eq!(across.rule, None);
+        assert!(across.covers(fp ^ 1 << 62));
+        for ghost in [m, across] {
+            ghost.encode(&mut raw);
+            assert_eq!(Ghost::decode(&raw), ghost);
+        }
+    }
+
+    /// Full ghosts of two rules in one bucket merge with their own rule's: a flood against one
+    /// rule leaves the other rule's new keys clear.
+    #[test]
+    fn full_ghosts_merge_within_their_rule() {
+        let trace = Trace {
+            weight: 5,
+            until_ms: 60_000,
+            blocked: false,
+        };
+        let (a, b) = (0x1111u64 << 48, 0x2222u64 << 48);
+        let key = |rule: u64, i: u64| rule | ((i * 0x9e37_79b9) & 0xffff) << 32 | 1;
+        let mut ghosts = [Ghost::default(); GHOSTS];
+        for i in 0..12 {
+            let rule = if i % 3 == 2 { b } else { a };
+            haunt(&mut ghosts, Ghost::of(key(rule, i), &trace, 0), 1_000);
+        }
+        assert!(ghosts.iter().all(|g| g.rule().is_some()), "{ghosts:?}");
+        for i in 0..12 {
+            let rule = if i % 3 == 2 { b } else { a };
+            assert!(ghosts.iter().any(|g| g.covers(key(rule, i))), "key {i}");
+        }
+        // Rule b's keys it never saw: only b's ghosts may stand for them.
+        let clear = (100..1_100).filter(|&i| {
+            !ghosts
+                .iter()
+                .filter(|g| g.rule() == Some(0x1111))
+                .any(|g| g.covers(key(b, i)))
+        });
+        assert_eq!(clear.count(), 1_000);
     }
 
     fn sw_full(last_ms: u64) -> State {
