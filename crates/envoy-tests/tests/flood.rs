@@ -19,6 +19,10 @@
 //!   the default: the heavy client is forgotten and stays limited. What the traces cost the
 //!   innocent new keys sent among the attacker's is measured.
 //!
+//! The aimed and smart floods send each key set once; with `FLOOD_SECONDS` set, each goes on
+//! for that long (the same keys again, refused past their limits; one-off keys new throughout),
+//! the heavy client trying all along.
+//!
 //! [Failure and hostile input]: ../../../docs/src/explanation/failure-and-hostile-input.md
 //! [Security: `key_seed` is a secret]: ../../../docs/src/explanation/security.md
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
@@ -306,8 +310,10 @@ struct Breach {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Attack {
     breach: Option<Breach>,
-    /// Attacker keys sent, and those refused before their limit.
+    /// Attacker keys sent, and those refused before their limit (the first time each was sent).
     keys: u64,
+    /// Attacker requests sent.
+    requests: u64,
     keys_refused: u64,
     /// Innocent keys (one request each, one after every `INNOCENT_EVERY` attacker requests),
     /// and those refused.
@@ -319,6 +325,36 @@ struct Attack {
 
 /// An innocent key, one request, after this many attacker requests.
 const INNOCENT_EVERY: u64 = 7;
+
+/// How long each aimed and smart flood goes on: `FLOOD_SECONDS`, else once through its keys.
+fn flood_seconds() -> Option<Duration> {
+    std::env::var("FLOOD_SECONDS").ok().map(|v| {
+        Duration::from_secs(
+            v.parse()
+                .unwrap_or_else(|_| panic!("FLOOD_SECONDS={v:?} is not a number")),
+        )
+    })
+}
+
+/// A flood's keys: `keys` once through, then again (the same keys, or new ones from `more`)
+/// until [`flood_seconds`] have passed since the first.
+fn for_the_run(keys: Vec<String>, more: Option<fn(u64) -> String>) -> impl Iterator<Item = String> {
+    let (start, seconds) = (Instant::now(), flood_seconds().unwrap_or_default());
+    let n = keys.len() as u64;
+    (0u64..).map_while(move |i| {
+        if i >= n && start.elapsed() >= seconds {
+            return None;
+        }
+        match (
+            usize::try_from(i % n.max(1)).ok().and_then(|j| keys.get(j)),
+            more,
+        ) {
+            (_, Some(make)) if i >= n => Some(make(i)),
+            (Some(k), _) => Some(k.clone()),
+            (None, _) => None,
+        }
+    })
+}
 
 /// The attacker sends each of `values` `per_key` times on its own connection; after every
 /// `heavy_every`-th attacker request the heavy client tries once, and after every
@@ -336,16 +372,20 @@ fn attack(
     let mut innocent = Client::connect(envoy.addr).unwrap();
     let mut out = Attack::default();
     let (mut admitted, mut sent) = (0, 0);
+    // Each attacker key's admissions over the whole flood (a key sent again comes back here).
+    let mut admissions: std::collections::HashMap<String, u64> = Default::default();
     for v in values {
-        out.keys += 1;
-        let mut key_admitted = 0;
+        let again = admissions.contains_key(&v);
+        out.keys += u64::from(!again);
+        let key_admitted = admissions.entry(v.clone()).or_default();
+        let before = *key_admitted;
         for i in 0..per_key {
             let status = attacker.send("GET", "/", &[("x-user", &v)]).unwrap().status;
             sent += 1;
-            key_admitted += u64::from(status == 200);
+            *key_admitted += u64::from(status == 200);
             // Never past its limit; refused below it only where the table forgot keys.
             assert!(
-                matches!(status, 200 | 429) && key_admitted <= LIMIT,
+                matches!(status, 200 | 429) && *key_admitted <= LIMIT,
                 "attacker key {v}, request {i}: {status}, {key_admitted} admitted"
             );
             admitted += u64::from(status == 200);
@@ -374,7 +414,10 @@ fn attack(
                 other => panic!("heavy client got {other}"),
             }
         }
-        out.keys_refused += u64::from(key_admitted < per_key.min(LIMIT));
+        out.requests = sent;
+        if !again {
+            out.keys_refused += u64::from(*key_admitted - before < per_key.min(LIMIT));
+        }
     }
     out
 }
@@ -382,7 +425,9 @@ fn attack(
 /// What innocent keys paid, for the test's output.
 fn paid(a: &Attack) -> String {
     format!(
-        "attacker keys refused before their limit {}/{}, innocent keys refused {}/{} ({:.2} %)",
+        "{} attacker requests; attacker keys refused before their limit {}/{}, innocent keys \
+         refused {}/{} ({:.2} %)",
+        a.requests,
         a.keys_refused,
         a.keys,
         a.innocents_refused,
@@ -409,7 +454,13 @@ fn aimed_keys_with_the_known_seed_leave_a_limited_client_limited() {
         let aimed = aimed_at_heavy(&bucket, 4 * WAYS, both);
         let envoy = Envoy::start(&config);
         let mut heavy = limited_heavy(&envoy);
-        let a = attack(&envoy, &mut heavy, aimed.iter().cloned(), LIMIT + 1, 1);
+        let a = attack(
+            &envoy,
+            &mut heavy,
+            for_the_run(aimed.clone(), None),
+            LIMIT + 1,
+            1,
+        );
         assert_eq!(
             a.breach, None,
             "capacity {capacity}, aimed values {aimed:?}: {a:?}"
@@ -471,15 +522,21 @@ fn aimed_keys_under_an_unknown_seed_leave_the_limited_client_limited() {
         }
         let envoy = Envoy::start(&config);
         let mut heavy = limited_heavy(&envoy);
-        let a = attack(&envoy, &mut heavy, aimed.iter().cloned(), LIMIT + 1, 1);
+        let a = attack(
+            &envoy,
+            &mut heavy,
+            for_the_run(aimed.clone(), None),
+            LIMIT + 1,
+            1,
+        );
         assert_eq!(a.breach, None, "key_seed {seed:?}: {a:?}");
         assert_eq!(a.keys_refused + a.innocents_refused, 0, "{}", paid(&a));
         assert_eq!(heavy_hit(&mut heavy), 429);
-        let sent = aimed.len() as u64 * (LIMIT + 1);
         eprintln!(
-            "aimed, seed unknown (key_seed {seed:?}): {} values, {sent} attacker requests; the \
-             heavy client got 0 requests past its limit",
-            aimed.len()
+            "aimed, seed unknown (key_seed {seed:?}): {} values, {} attacker requests; the heavy \
+             client got 0 requests past its limit",
+            aimed.len(),
+            a.requests
         );
     }
 }
@@ -503,13 +560,21 @@ fn a_smart_flood_without_the_seed_never_frees_a_limited_client() {
         (16_384, 16_384, LIMIT, 8),
     ];
     for (capacity, keys, per_key, heavy_every) in floods {
-        let values = move || (0..keys).map(|i| format!("r{i}"));
+        let values = (0..keys).map(|i| format!("r{i}")).collect();
+        // One-off keys stay new for the whole run; keys up to the limit are sent again.
+        let more: Option<fn(u64) -> String> = (per_key == 1).then_some(|i| format!("r{i}"));
         // A seed the attacker does not use; fixed, so that the figures repeat.
         let config = user_config(capacity, Some(OTHER_SEED));
         let envoy = Envoy::start(&config);
         let mut heavy = limited_heavy(&envoy);
         let start = Instant::now();
-        let a = attack(&envoy, &mut heavy, values(), per_key, heavy_every);
+        let a = attack(
+            &envoy,
+            &mut heavy,
+            for_the_run(values, more),
+            per_key,
+            heavy_every,
+        );
         let seconds = start.elapsed().as_secs_f64();
         assert_eq!(a.breach, None, "capacity {capacity}, {keys} keys: {a:?}");
         assert_eq!(heavy_hit(&mut heavy), 429);
