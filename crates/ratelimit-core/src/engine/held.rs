@@ -9,13 +9,14 @@ use super::{refused_outcome, seeded_from, Check, Failure, Outcome, PerRule, Rule
 use crate::config::FailureMode;
 use crate::error::StoreFault;
 use crate::limiter::{State, Trace};
-use crate::store::{Held, HELD_INLINE};
+use crate::store::Held;
 use crate::table::{self, Placement, Slot};
 use smallvec::SmallVec;
 
 /// A rule of [`decide_held`]: where its bucket is among those held, the key's state before the
 /// request, the state to write with the bucket's write count when it was read and the key's
 /// entry then, the state written.
+#[derive(Default)]
 struct HeldWork {
     bucket: Option<usize>,
     /// A new key going to its second bucket: its first bucket, that bucket's write count, and
@@ -65,17 +66,17 @@ pub(super) fn decide_held(
     failure_mode: FailureMode,
     holding: Holding,
 ) -> Option<Outcome> {
-    let mut rules: PerRule<RuleOutcome> = smallvec::smallvec![RuleOutcome::default(); checks.len()];
-    let mut work: SmallVec<[HeldWork; HELD_INLINE]> = SmallVec::with_capacity(checks.len());
+    let mut rules: PerRule<RuleOutcome> = PerRule::new();
+    rules.resize_with(checks.len(), RuleOutcome::default);
+    // Grown in place, one rule at a time: a request's work is too large to be moved cheaply.
+    let mut work: SmallVec<[HeldWork; 16]> = SmallVec::new();
+    work.reserve_exact(checks.len());
     // Phase 1: decide every rule; nothing is written (but a corrupt bucket is reset).
     let mut refused = false;
     for (check, out) in checks.iter().zip(rules.iter_mut()) {
-        let mut w = HeldWork {
-            bucket: None,
-            first: None,
-            before: None,
-            pending: None,
-            committed: None,
+        work.push(HeldWork::default());
+        let Some(w) = work.last_mut() else {
+            continue; // just pushed
         };
         let looked = held_lookup(held, check, now_ms, holding);
         if holding == Holding::Firsts && !matches!(looked, Ok(HeldAt { index: Some(_), .. })) {
@@ -107,7 +108,6 @@ pub(super) fn decide_held(
                 out.failure = Some(f);
             }
         }
-        work.push(w);
     }
     if refused {
         return Some(refused_outcome(
@@ -212,6 +212,7 @@ pub(super) fn decide_held(
 /// and gives [`Failure::Corrupt`]. With first buckets alone held ([`Holding::Firsts`]): the
 /// key found in its first, else [`StoreFault::NoSlot`] of its second, nothing written (a new
 /// key and a corrupt bucket wait for [`Holding::Both`]).
+#[inline(always)]
 fn held_lookup(
     held: &mut Held<'_>,
     check: &Check,
@@ -220,11 +221,17 @@ fn held_lookup(
 ) -> Result<HeldAt, Failure> {
     let no_slot = || Failure::Unavailable(StoreFault::NoSlot(check.slot));
     let a = held.index(check.slot).ok_or_else(no_slot)?;
-    // Its second bucket, if held (with [`Holding::Firsts`], only as another key's first).
-    let second = held.index(check.alt);
+    // Its second bucket, held with [`Holding::Both`] (with [`Holding::Firsts`] a key is
+    // looked for in its first bucket alone: one not there waits for both to be held).
+    let second = match holding {
+        Holding::Both => held.index(check.alt),
+        Holding::Firsts => None,
+    };
     let fp = check.fingerprint;
     // The key where it is: its first bucket, else its second.
-    for i in [Some(a), second.filter(|&b| b != a)].into_iter().flatten() {
+    let mut at = Some(a);
+    while let Some(i) = at {
+        at = second.filter(|&b| i == a && b != a);
         let (bytes, present, writes) = held.get(i).ok_or_else(no_slot)?;
         match table::lookup(present.then_some(&bytes[..]), fp) {
             Ok(Some((index, state))) => {
@@ -244,9 +251,7 @@ fn held_lookup(
     }
     // A new key (placed with both its buckets held only): the bucket of the smaller load,
     // seeded from the other's ghost too.
-    let b = second
-        .filter(|_| holding == Holding::Both)
-        .ok_or(Failure::Unavailable(StoreFault::NoSlot(check.alt)))?;
+    let b = second.ok_or(Failure::Unavailable(StoreFault::NoSlot(check.alt)))?;
     let mut look = |i: usize| {
         held.get(i).map(|(bytes, present, writes)| {
             let bytes = present.then_some(&bytes[..]);
