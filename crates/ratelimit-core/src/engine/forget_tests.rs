@@ -217,3 +217,129 @@ fn the_soak_churn_never_frees_its_steady_keys() {
     );
     println!("soak churn: {admitted} steady admissions in {seconds} s (bound {bound}), {evictions} evictions");
 }
+
+/// What a long flood did: the most any flood key was admitted, requests admitted past a
+/// key's limit, and the innocent keys refused out of those sent.
+#[derive(Debug)]
+struct Long {
+    most: u64,
+    past: u64,
+    refused: u64,
+    innocents: u64,
+}
+
+/// envoy-tests' flood.rs run for longer (`FLOOD_SECONDS`): `keys` keys, each sent `per_key`
+/// requests in a row, then all of them again from the first, `cycles` times; an innocent new
+/// key after every seven flood requests; a limit of 5 an hour (the flood lasts far less).
+fn long_flood(store: &impl Store, buckets: u32, keys: u64, cycles: u64, per_key: u64) -> Long {
+    let hour = 3_600_000;
+    let mut rng = Rng(5);
+    let key_of = |rng: &mut Rng| 0x5eed_u64 << 48 | rng.next() >> 16 | 1;
+    let flood: Vec<u64> = (0..keys).map(|_| key_of(&mut rng)).collect();
+    let mut admitted: HashMap<u64, u64> = HashMap::new();
+    let mut out = Long {
+        most: 0,
+        past: 0,
+        refused: 0,
+        innocents: 0,
+    };
+    let (mut sent, mut now) = (0u64, 1_000_000u64);
+    let ask = |key: u64, now: u64| {
+        let c = placed(check(0, key, LIMIT, hour), key, buckets);
+        decide(store, &[c], now, FailureMode::Allow).allowed
+    };
+    for _ in 0..cycles {
+        for &k in &flood {
+            for _ in 0..per_key {
+                if ask(k, now) {
+                    let n = admitted.entry(k).or_default();
+                    *n += 1;
+                    out.past += u64::from(*n > LIMIT);
+                    out.most = out.most.max(*n);
+                }
+                sent += 1;
+                if sent % 7 == 0 {
+                    out.innocents += 1;
+                    out.refused += u64::from(!ask(key_of(&mut rng), now));
+                }
+                now += u64::from(sent % 25 == 0); // about flood.rs's 25 requests a ms
+            }
+        }
+    }
+    out
+}
+
+/// flood.rs's flood of `capacity` keys each up to its limit, at the default capacity, four
+/// times through its keys (its 60 s are about 16): no key past its limit, and at most 0.1 %
+/// of innocent keys refused. Refused, they were covered by a merged ghost of keys at their
+/// limits; such ghosts merge only when all five a bucket would keep are full (a light one is
+/// dropped first): merging full ones while light ones were left refused 0.38 % here.
+#[test]
+fn a_long_flood_up_to_the_limit_refuses_few_innocents() {
+    let buckets = table::buckets_for(16_384);
+    for (name, long) in [
+        (
+            "process store",
+            long_flood(&ProcessStore::new(buckets), buckets, 16_384, 4, LIMIT),
+        ),
+        (
+            "shared data",
+            long_flood(&MemoryStore::new(), buckets, 16_384, 4, LIMIT),
+        ),
+    ] {
+        assert_eq!(long.past, 0, "{name}: {long:?}");
+        assert!(long.refused * 1000 <= long.innocents, "{name}: {long:?}");
+        println!("{name}: {long:?}");
+    }
+}
+
+/// Keys each sent one request short of their limit, more of them than the table holds, sent
+/// again and again: each is forgotten between its visits and its light ghost dropped, so it is
+/// forgiven what it had used (never more, never past its limit in one life): the price of a
+/// flood of one-off keys costing nobody anything (a table cannot tell the two apart). Half as
+/// many keys as the table holds: nothing forgotten, 0 past.
+#[test]
+fn keys_kept_under_their_limit_are_forgiven_at_most_what_they_used() {
+    let buckets = 16; // 256 keys
+    let capacity = u64::from(buckets) * table::WAYS as u64;
+    let cycles = 4;
+    for keys in [capacity / 2, 2 * capacity] {
+        let long = long_flood(
+            &ProcessStore::new(buckets),
+            buckets,
+            keys,
+            cycles,
+            LIMIT - 1,
+        );
+        assert!(long.most <= cycles * (LIMIT - 1), "{keys} keys: {long:?}");
+        if keys < capacity {
+            assert_eq!(long.past, 0, "{keys} keys: {long:?}");
+        }
+        println!("{keys} keys in a table of {capacity}, each {} requests a visit, {cycles} visits: {long:?}", LIMIT - 1);
+    }
+}
+
+#[test]
+#[ignore = "a measurement: CYCLES=16 KEYS=16384 PER_KEY=5 cargo test --release -p ratelimit-core --lib long_flood_measured -- --ignored --nocapture"]
+fn long_flood_measured() {
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (cycles, keys, per_key) = (
+        var("CYCLES", 16),
+        var("KEYS", 16_384),
+        var("PER_KEY", LIMIT),
+    );
+    let buckets = table::buckets_for(var("CAPACITY", 16_384) as u32);
+    println!(
+        "{:?}",
+        long_flood(&ProcessStore::new(buckets), buckets, keys, cycles, per_key)
+    );
+    println!(
+        "{:?}",
+        long_flood(&MemoryStore::new(), buckets, keys, cycles, per_key)
+    );
+}
