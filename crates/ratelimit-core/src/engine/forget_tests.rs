@@ -271,9 +271,9 @@ fn long_flood(store: &impl Store, buckets: u32, keys: u64, cycles: u64, per_key:
 
 /// flood.rs's flood of `capacity` keys each up to its limit, at the default capacity, four
 /// times through its keys (its 60 s are about 16): no key past its limit, and at most 0.1 %
-/// of innocent keys refused. Refused, they were covered by a merged ghost of keys at their
-/// limits; such ghosts merge only when all five a bucket would keep are full (a light one is
-/// dropped first): merging full ones while light ones were left refused 0.38 % here.
+/// of innocent keys refused. Refused, they were taken for a key of a merged ghost of keys at
+/// their limits: such a ghost lists two or three keys where it can, and a set of marks for
+/// every merge refused 0.38 % here.
 #[test]
 fn a_long_flood_up_to_the_limit_refuses_few_innocents() {
     let buckets = table::buckets_for(16_384);

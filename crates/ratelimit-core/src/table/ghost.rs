@@ -2,14 +2,15 @@
 //! [`Ghost`] in its bucket, its [`Trace`] (what it used, until when) under 32 bits of its
 //! fingerprint ([`tag_of`]), and a key that comes back starts from that trace
 //! ([`crate::limiter::Policy::seeded`]), not from a fresh budget. A bucket keeps
-//! [`GHOSTS`] ghosts. With no room for another: while any of them (the new one included) is
-//! light, the lightest light one is dropped (a flood of one-off keys costs nobody anything);
-//! all five full, two of them, of one rule if there are such, become one that refuses
-//! every key of its rule it stands for until the later of their ends (a merged ghost keeps a set
-//! of 32 marks, two per key, taken from its tag). So a key that reached its limit is never
+//! [`GHOSTS`] ghosts. With no room for another: while fewer than two of them (the new one
+//! included) are full, the lightest light one is dropped (a flood of one-off keys costs nobody
+//! anything); otherwise two full ones, of one rule if there are such, become one that refuses
+//! every key of its rule it stands for until the later of their ends (a merged ghost lists up
+//! to three keys of one rule by their own bits, else keeps a set of 32 marks, two per key,
+//! taken from its tag). So a key that reached its limit is never
 //! forgiven, a key below it only what it had used, and only when its ghost is the lightest of
-//! its bucket's light ones; an innocent key pays only when its marks fall under a merged ghost
-//! of its rule. Owns the ghosts' layout in a bucket's bytes and their rules; uses the limiters'
+//! its bucket's light ones; an innocent key pays only when a merged ghost of its rule takes it
+//! for one of its own. Owns the ghosts' layout in a bucket's bytes and their rules; uses the limiters'
 //! states and traces only.
 
 use super::{GHOSTS, GHOST_LEN};
@@ -19,12 +20,16 @@ use crate::limiter::{State, Trace};
 /// module's documentation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ghost {
-    /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: its set of keys
-    /// ([`Ghost::keys`]).
+    /// One key's ghost: its fingerprint's tag ([`tag_of`]). A merged ghost: its keys, as
+    /// `listed` says.
     pub tag: u32,
-    /// It stands for several keys: every key whose two marks ([`marks_of`]) are in its set,
-    /// of its rule.
+    /// It stands for several keys of its rule: those it lists, else every key whose two marks
+    /// ([`marks_of`]) are in its set.
     pub merged: bool,
+    /// A merged ghost of one rule that lists its keys: 2, the 16 bits of its own hash of each
+    /// of two keys ([`own_of`]); 3, the low 10 of each of three. 0: a set of marks
+    /// ([`Ghost::keys`]).
+    pub listed: u8,
     /// A merged ghost: the rule tag ([`rule_of`]) of the keys it stands for; `None`: keys of
     /// several rules, and it stands for keys of any rule. (One key's ghost: `None`, its tag
     /// holds its rule's, [`Ghost::rule`].)
@@ -50,6 +55,11 @@ pub fn tag_of(fp: u64) -> u32 {
 /// The rule tag of a ghost tag: its top 16 bits ([`crate::key::TAG_MASK`]).
 pub fn rule_of(tag: u32) -> u16 {
     u16::try_from(tag >> 16).unwrap_or(0)
+}
+
+/// The 16 bits of a key's own hash in its ghost tag (the rest is its rule's tag).
+pub fn own_of(tag: u32) -> u16 {
+    u16::try_from(tag & 0xffff).unwrap_or(0)
 }
 
 /// The two marks a key with ghost tag `tag` sets in a merged ghost's set of 32: two 5-bit
@@ -96,6 +106,7 @@ impl Ghost {
         Ghost {
             tag: tag_of(fp),
             merged: false,
+            listed: 0,
             rule: None,
             blocked: trace.blocked,
             full: trace.blocked || limit == 0 || trace.weight >= weight_of(limit),
@@ -123,12 +134,29 @@ impl Ghost {
         u64::from(self.until_s) * 1000 > now_ms
     }
 
-    /// The set of marks of the keys it stands for.
+    /// The set of marks of the keys it stands for (of a list: its keys' marks).
     pub fn keys(&self) -> u32 {
-        if self.merged {
-            self.tag
-        } else {
-            marks_of(self.tag)
+        match (self.merged, self.members()) {
+            (false, _) => marks_of(self.tag),
+            (true, Some((keys, n))) => keys
+                .iter()
+                .take(n)
+                .fold(0, |set, &k| set | marks_of(u32::from(k))),
+            (true, None) => self.tag,
+        }
+    }
+
+    /// The keys it lists, by their own bits ([`own_of`]; of a list of three, the low 10 only),
+    /// and how many: one key's ghost and lists; `None` for a set of marks.
+    fn members(&self) -> Option<([u16; 3], usize)> {
+        match (self.merged, self.listed) {
+            (false, _) => Some(([own_of(self.tag), 0, 0], 1)),
+            (true, 2) => Some(([own_of(self.tag >> 16), own_of(self.tag), 0], 2)),
+            (true, 3) => {
+                let ten = |shift: u32| own_of(self.tag >> shift) & 0x3ff;
+                Some(([ten(20), ten(10), ten(0)], 3))
+            }
+            _ => None,
         }
     }
 
@@ -143,26 +171,54 @@ impl Ghost {
 
     /// Whether it stands for the key `fp`.
     pub fn covers(&self, fp: u64) -> bool {
-        if self.merged {
-            let marks = marks_of(tag_of(fp));
-            self.keys() & marks == marks && self.rule().is_none_or(|r| r == rule_of(tag_of(fp)))
-        } else {
-            self.tag == tag_of(fp)
+        let tag = tag_of(fp);
+        if !self.merged {
+            return self.tag == tag;
+        }
+        if self.rule().is_some_and(|r| r != rule_of(tag)) {
+            return false;
+        }
+        match (self.listed, self.members()) {
+            (2, Some((keys, _))) => keys.iter().take(2).any(|&k| k == own_of(tag)),
+            (3, Some((keys, _))) => keys.contains(&(own_of(tag) & 0x3ff)),
+            _ => {
+                let marks = marks_of(tag);
+                self.keys() & marks == marks
+            }
         }
     }
 
     /// One ghost that stands for every key either does: it refuses them all until the later of
-    /// their ends.
+    /// their ends. Keys of one rule, three at most, are listed (two by 16 bits each, three by
+    /// 10: another key is taken for one of them about once in 32,768 or 341); more, or keys of
+    /// two rules, become a set of marks (two of 32 a key: with four keys a key of the rule
+    /// falls under it about once in 16).
     fn merged(&self, other: &Ghost) -> Ghost {
-        Ghost {
+        let rule = self.rule().filter(|&r| other.rule() == Some(r));
+        let mut ghost = Ghost {
             tag: self.keys() | other.keys(),
             merged: true,
-            rule: self.rule().filter(|&r| other.rule() == Some(r)),
+            listed: 0,
+            rule,
             blocked: true,
             full: true,
             weight: u16::MAX,
             until_s: self.until_s.max(other.until_s),
+        };
+        if let (Some(_), Some((a, n)), Some((b, m))) = (rule, self.members(), other.members()) {
+            // Two keys' ghosts (n + m = 2), or one key's and a list of two (3).
+            let keys = a.iter().take(n).chain(b.iter().take(m));
+            let (width, mask) = if n + m == 2 {
+                (16, 0xffff)
+            } else {
+                (10, 0x3ff)
+            };
+            if n + m <= 3 {
+                ghost.listed = u8::try_from(n + m).unwrap_or(0);
+                ghost.tag = keys.fold(0, |tag, &k| tag << width | u32::from(k & mask));
+            }
         }
+        ghost
     }
 
     pub(super) fn encode(&self, out: &mut [u8]) {
@@ -177,10 +233,15 @@ impl Ghost {
             };
             let [w0, w1] = weight.to_le_bytes();
             let [u0, u1, u2, u3] = self.until_s.to_le_bytes();
+            let listed = match (self.merged, self.listed) {
+                (true, 2 | 3) => self.listed << 4,
+                _ => 0,
+            };
             let flags = u8::from(self.merged)
                 | (u8::from(self.full) << 1)
                 | (u8::from(self.blocked) << 2)
-                | (u8::from(one_rule) << 3);
+                | (u8::from(one_rule) << 3)
+                | listed;
             bytes = [t0, t1, t2, t3, flags, w0, w1, u0, u1, u2, u3];
         }
         if let Some(dst) = out.get_mut(..GHOST_LEN) {
@@ -199,9 +260,15 @@ impl Ghost {
             (true, true) => (Some(weight), u16::MAX),
             (true, false) => (None, u16::MAX),
         };
+        // A list needs its rule: without one, a set of marks.
+        let listed = match (merged, rule, b(4) >> 4 & 3) {
+            (true, Some(_), n @ (2 | 3)) => n,
+            _ => 0,
+        };
         Ghost {
             tag,
             merged,
+            listed,
             rule,
             full: b(4) & 2 != 0,
             blocked: b(4) & 4 != 0,
@@ -227,18 +294,15 @@ pub(super) fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
         *free = ghost;
         return;
     }
-    // No room. While any of the ghosts (the new one included) is light, the lightest light one
-    // goes (among equals, the one that ends first): a key below its limit loses what it had
-    // used, and no key at its limit is ever dropped. All five full, two whose merged set of keys
-    // is smallest become one (it refuses them all, and the few others it covers). Merging full
-    // ones while light ones were left, as this did first, made merged ghosts wherever two keys
-    // at their limits had been forgotten: a long flood of keys at their limits refused 0.38 % of
-    // innocent keys where this refuses 0.005 % (`forget_tests::long_flood_measured`).
+    // No room. While fewer than two of the ghosts (the new one included) are full, the lightest
+    // light one goes (among equals, the one that ends first): a key below its limit loses what
+    // it had used, and no key at its limit is ever dropped. Otherwise two full ones whose merged
+    // set of keys is smallest become one (it refuses them all, and the few others it covers).
     let mut all = [ghost; GHOSTS + 1];
     for (a, g) in all.iter_mut().zip(ghosts.iter()) {
         *a = *g;
     }
-    let (gone, merged) = if all.iter().any(|g| !g.full) {
+    let (gone, merged) = if all.iter().filter(|g| g.full).count() < 2 {
         let lightest = all
             .iter()
             .enumerate()
@@ -251,11 +315,17 @@ pub(super) fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
     } else {
         // The pair whose merged ghost stands for the fewest other keys: of one rule (the
         // other rules' keys stay clear of it), with the smallest set.
-        let mut best: Option<((bool, u32), usize, usize)> = None;
+        let mut best: Option<((bool, u8, u32), usize, usize)> = None;
         for (i, a) in all.iter().enumerate().filter(|(_, g)| g.full) {
             for (j, b) in all.iter().enumerate().skip(i + 1).filter(|(_, g)| g.full) {
-                let rules = a.rule().is_none() || a.rule() != b.rule();
-                let covered = (rules, (a.keys() | b.keys()).count_ones());
+                let m = a.merged(b);
+                // Lists of two, then of three, before a set of marks (see [`Ghost::merged`]).
+                let kind = match m.listed {
+                    2 => 0,
+                    3 => 1,
+                    _ => 2,
+                };
+                let covered = (m.rule().is_none(), kind, m.keys().count_ones());
                 if best.is_none_or(|(least, ..)| covered < least) {
                     best = Some((covered, i, j));
                 }
@@ -355,7 +425,37 @@ mod tests {
         let across = m.merged(&Ghost::of(0x1100_0000_0000_0001, &trace, 0));
         assert_eq!(across.rule, None);
         assert!(across.covers(fp ^ 1 << 62));
-        for ghost in [m, across] {
+        // Two keys of a rule are listed by 16 bits each, three by 10, four become a set.
+        assert_eq!(m.listed, 2);
+        let third = Ghost::of(0x7700_5555_0000_0001, &trace, 0);
+        let fourth = Ghost::of(0x7700_0f0f_0000_0001, &trace, 0);
+        let three = m.merged(&third);
+        let four = three.merged(&fourth);
+        assert_eq!((three.listed, four.listed), (3, 0));
+        for fp in [fp, other, 0x7700_5555_0000_0001] {
+            assert!(three.covers(fp) && four.covers(fp), "{fp:x}");
+        }
+        assert!(four.covers(0x7700_0f0f_0000_0001));
+        let covered = |g: &Ghost, rng: &mut crate::testkit::Rng| {
+            (0..100_000)
+                .filter(|_| g.covers(of_rule(0x7700, rng)))
+                .count()
+        };
+        let (by_two, by_three, by_four) = (
+            covered(&m, &mut rng),
+            covered(&three, &mut rng),
+            covered(&four, &mut rng),
+        );
+        assert!(by_two < 20, "{by_two} of 100,000 covered by a list of two");
+        assert!(
+            by_three < 600,
+            "{by_three} of 100,000 covered by a list of three"
+        );
+        assert!(
+            by_four > by_three,
+            "{by_four} of 100,000 covered by a set of four"
+        );
+        for ghost in [m, across, three, four] {
             ghost.encode(&mut raw);
             assert_eq!(Ghost::decode(&raw), ghost);
         }
