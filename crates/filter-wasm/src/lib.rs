@@ -34,7 +34,7 @@ proxy_wasm::main! {{
     });
 }}
 
-/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix>b3/<n>` (buckets, named
+/// Proxy-wasm shared data as a [`Store`]: slot `n` is the key `<prefix>b4/<n>` (buckets, named
 /// by their layout: [`table::BUCKET_NAME`]) or `<prefix>l/<n>` (sliding logs).
 struct SharedData {
     prefix: String,

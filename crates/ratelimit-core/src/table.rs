@@ -52,9 +52,11 @@ pub const PENDING: usize = 2;
 /// How long a [`Pending`] mark holds, ms: far longer than a worker takes between its two
 /// writes.
 pub const PENDING_MS: u64 = 250;
-/// Bucket format version, the first byte of every bucket. Version 3: buckets of 16, two
-/// choices per key (versions 1 and 2, buckets of 4 under other store keys, are not read).
-pub const VERSION: u8 = 3;
+/// Bucket format version, the first byte of every bucket. Version 4: buckets of 16, two
+/// choices per key, merged ghosts that may list their keys (version 3, whose merged ghosts
+/// were sets of marks, and versions 1 and 2, buckets of 4, under other store keys, are not
+/// read).
+pub const VERSION: u8 = 4;
 /// The bytes of an empty bucket: what a bucket that is not one is reset to.
 pub fn empty_bucket() -> [u8; BUCKET_LEN] {
     let mut bytes = [0u8; BUCKET_LEN];
@@ -67,7 +69,7 @@ pub fn empty_bucket() -> [u8; BUCKET_LEN] {
 /// Where a host that names its store's values (Envoy's shared data) keeps this layout's
 /// buckets: under a name of their own, so that buckets of another layout (a plugin upgraded in
 /// place, whose old VMs still serve) are never read as these.
-pub const BUCKET_NAME: &str = "b3/";
+pub const BUCKET_NAME: &str = "b4/";
 /// Log slot format version, the first byte of every sliding-log slot.
 pub const LOG_VERSION: u8 = 1;
 /// The longest compact state (sliding window and GCRA: 20 bytes), padded.
@@ -76,8 +78,9 @@ const STATE_LEN: usize = 23;
 pub const TAGGED_LEN: usize = 1 + STATE_LEN;
 /// Bytes per entry: fingerprint (8), algorithm tag (1), state.
 pub const ENTRY_LEN: usize = 8 + 1 + STATE_LEN;
-/// Bytes per ghost: tag (4), flags (1), weight (2, [`weight_code`]), until (4, whole seconds
-/// since the epoch, rounded up; 0: no ghost).
+/// Bytes per ghost: tag (4), flags (1: merged, full, blocked, of one rule, and in bits 4-5
+/// a merged ghost's list of 2 or 3 keys), weight (2, [`weight_code`]; a merged ghost of one
+/// rule: the rule's tag), until (4, whole seconds since the epoch, rounded up; 0: no ghost).
 pub const GHOST_LEN: usize = 11;
 /// Bytes per pending mark: tag (4), until (4, the low 32 bits of ms since the epoch).
 pub const PENDING_LEN: usize = 8;

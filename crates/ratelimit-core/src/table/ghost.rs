@@ -224,7 +224,14 @@ impl Ghost {
     pub(super) fn encode(&self, out: &mut [u8]) {
         let mut bytes = [0u8; GHOST_LEN];
         if self.until_s != 0 {
-            let [t0, t1, t2, t3] = self.tag.to_le_bytes();
+            // A list is kept only with its rule (none is made without one): without, its keys'
+            // marks, which a decoder reads as a set that covers them.
+            let (tag, listed) = match (self.merged, self.listed, self.rule) {
+                (true, 2 | 3, Some(_)) => (self.tag, self.listed),
+                (true, _, _) => (self.keys(), 0),
+                (false, _, _) => (self.tag, 0),
+            };
+            let [t0, t1, t2, t3] = tag.to_le_bytes();
             // A merged ghost refuses whatever its weight: its two bytes keep its rule's tag.
             let (one_rule, weight) = match (self.merged, self.rule) {
                 (true, Some(rule)) => (true, rule),
@@ -233,10 +240,7 @@ impl Ghost {
             };
             let [w0, w1] = weight.to_le_bytes();
             let [u0, u1, u2, u3] = self.until_s.to_le_bytes();
-            let listed = match (self.merged, self.listed) {
-                (true, 2 | 3) => self.listed << 4,
-                _ => 0,
-            };
+            let listed = listed << 4;
             let flags = u8::from(self.merged)
                 | (u8::from(self.full) << 1)
                 | (u8::from(self.blocked) << 2)
@@ -287,8 +291,8 @@ pub(super) fn haunting(ghosts: impl Iterator<Item = Ghost>, fp: u64, now_ms: u64
 }
 
 /// Keeps `ghost` among a bucket's ghosts at `now_ms`: in a free place (no ghost, or one that
-/// no longer counts), else merged with the ghost whose tag it shares most bits with, or those
-/// two merged if they share more.
+/// no longer counts), else, while fewer than two of the five are full, without the lightest
+/// light one; else with the two full ones whose merged ghost is the most precise merged.
 pub(super) fn haunt(ghosts: &mut [Ghost; GHOSTS], ghost: Ghost, now_ms: u64) {
     if let Some(free) = ghosts.iter_mut().find(|g| !g.live(now_ms)) {
         *free = ghost;
@@ -455,6 +459,20 @@ mod tests {
             by_four > by_three,
             "{by_four} of 100,000 covered by a set of four"
         );
+        // A set keeps bits 4-5 of its flags clear; a list
+        // that lost its rule is written as the set of its keys' marks.
+        four.encode(&mut raw);
+        assert_eq!(raw[4] & 0x30, 0);
+        let ruleless = Ghost {
+            rule: None,
+            ..three
+        };
+        ruleless.encode(&mut raw);
+        let back = Ghost::decode(&raw);
+        assert_eq!((back.listed, back.rule), (0, None));
+        for fp in [fp, other, 0x7700_5555_0000_0001] {
+            assert!(back.covers(fp), "{fp:x}");
+        }
         for ghost in [m, across, three, four] {
             ghost.encode(&mut raw);
             assert_eq!(Ghost::decode(&raw), ghost);
