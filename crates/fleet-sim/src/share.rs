@@ -569,6 +569,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 weight,
                 band: 0,
                 again: false,
+                wait_ms: 0,
             },
             now_ms,
             1,

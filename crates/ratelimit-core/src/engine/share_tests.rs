@@ -18,6 +18,7 @@ fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> SharedCheck {
             weight,
             band: 0,
             again: false,
+            wait_ms: 0,
         },
     };
     (check(slot, tenant, limit, MINUTE), Some(sc))

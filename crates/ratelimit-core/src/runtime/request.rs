@@ -1361,6 +1361,7 @@ fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker 
         weight,
         band,
         again: false,
+        wait_ms: sh.max_wait_ms,
     }
 }
 

@@ -62,6 +62,16 @@ pub enum Turn {
     Wait(u64),
 }
 
+/// A waiter's request asking a last time, at the end of its wait: refused now, its demand is
+/// refused demand (its first ask and its turns did not count it).
+fn last_ask(mut p: Pending) -> Pending {
+    for (_, sc) in p.shares.iter_mut() {
+        sc.asker.again = false;
+        sc.asker.wait_ms = 0;
+    }
+    p
+}
+
 /// One shared rule's line.
 #[derive(Debug)]
 struct Line {
@@ -222,7 +232,7 @@ impl<S: Store> Runtime<S> {
                 self.metrics.add(rule, Counter::ShareQueueTimeouts, 1);
                 self.metrics
                     .add_band(rule, w.band, BandCounter::Timeouts, 1);
-                let d = self.finish_at(&mut Late { now }, &p, now);
+                let d = self.finish_at(&mut Late { now }, &last_ask(p), now);
                 decided.push((ticket, d));
             }
         });
@@ -277,7 +287,7 @@ impl<S: Store> Runtime<S> {
         };
         let (_, p) = line.waiting.swap_remove(i);
         drop(line);
-        self.finish_at(&mut Late { now }, &p, now)
+        self.finish_at(&mut Late { now }, &last_ask(p), now)
     }
 
     /// A waiting stream ended (its client left): it leaves the line, and a decision made for it

@@ -255,6 +255,7 @@ mod tests {
             weight: 1,
             band: 0,
             again: false,
+            wait_ms: 0,
         };
         decide(&share(), capacity, record, tenant, asker, now, 1)
     }

@@ -80,8 +80,12 @@ pub struct Asker {
     /// Its band.
     pub band: u8,
     /// Whether this is a request asking again (a turn in the shared rule's line): its refused
-    /// demand was counted when it first asked.
+    /// demand is counted when its wait ends refused, not at each turn.
     pub again: bool,
+    /// How long its request may wait in the rule's line for its turn, ms (0: it may not): a
+    /// refusal it can wait out is not yet demand refused (a request served from the line a few
+    /// milliseconds later would otherwise count twice, refused and used, and lower the level).
+    pub wait_ms: u64,
 }
 
 /// Why a request was refused.
@@ -281,7 +285,9 @@ pub fn decide(
             }
         } else if first == Reason::Share || above_mean {
             set_held(record, &mut t, true, tick);
-        } else if let Some(b) = record.bands.get_mut(band).filter(|_| !asker.again) {
+        } else if let Some(b) = record.bands.get_mut(band).filter(|_| {
+            !asker.again && (asker.wait_ms == 0 || verdict.retry_after_ms > asker.wait_ms)
+        }) {
             b.starved = b.starved.saturating_add(cost);
         }
         // Seen now all the same: its entry is kept while it may count as active.
@@ -1067,6 +1073,7 @@ mod tests {
                 weight,
                 band,
                 again: false,
+                wait_ms: 0,
             },
             now,
             1,

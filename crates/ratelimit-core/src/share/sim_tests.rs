@@ -136,6 +136,7 @@ fn run_on(
                 weight: c.weight,
                 band: c.band,
                 again: false,
+                wait_ms: 0,
             },
             now,
             cost,
