@@ -85,6 +85,7 @@ pub struct Asker {
     /// How long its request may wait in the rule's line for its turn, ms (0: it may not): a
     /// refusal it can wait out is not yet demand refused (a request served from the line a few
     /// milliseconds later would otherwise count twice, refused and used, and lower the level).
+    /// It is counted when its wait ends refused; one the line then turns away (full) is not.
     pub wait_ms: u64,
 }
 
