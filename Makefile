@@ -297,6 +297,8 @@ lint: target docs
 	cargo clippy --workspace --all-targets --features envoy-tests/envoy -- -D warnings
 	cargo clippy --release --target $(TARGET) -p filter-wasm -p ratelimit-core -- -D warnings
 	cargo clippy --profile native -p filter-native --features panic-trigger -- -D warnings
+	# The fuzz crate is outside the workspace: it builds against the core's types too.
+	cargo check --manifest-path fuzz/Cargo.toml --all-targets
 
 # An OCI image layout of the filter (Istio's Wasm image spec, compat variant), without docker.
 OCI_TAG := 0.1.0
