@@ -6,17 +6,20 @@ runs is a bug in the product or in the test).
     python3 crates/envoy-tests/repeat.py --runs 20 --hogs 2 held share_wait
     python3 crates/envoy-tests/repeat.py --runs 5 --builds native soak
 
-Each run is `cargo test -p envoy-tests --features envoy --test NAME -- --test-threads N
---nocapture` for each build (FILTER=wasm, FILTER=native), one run at a time, in the
+Each run is the test binary `cargo test -p envoy-tests --features envoy --test NAME` builds
+(built once before the series, then run directly with `--test-threads N --nocapture`: a run
+never waits on cargo's build lock, which a compile beside the series would hold) for each build (FILTER=wasm, FILTER=native), one run at a time, in the
 environment `make integration` gives the suite (the Makefile's TEST_ENV: the builds must be
 there, `make prepare`). A hog is a process that spins on one core for the whole series (two
 hogs on this two-core machine: every Envoy and client gets what a starved machine leaves).
-Every run's output goes to target/repeat/NAME-BUILD-RUN.log; the lines a test prints that
+Every run's output goes to target/repeat/NAME-BUILD-RUN.log (an earlier series' logs of the
+same test and build are moved to target/repeat/before-TIME/ first); the lines a test prints that
 start with `figure:` or hold `used` / `admitted` are kept in the table's last column, so that
 the figures of passing runs are seen beside those of failing ones. The exit status is 1 if
 any run failed."""
 
 import argparse
+import json
 import multiprocessing
 import os
 import re
@@ -50,6 +53,18 @@ def test_env():
     return env
 
 
+def test_binary(test, env):
+    """Builds the test binary of tests/TEST.rs (the suite's features) and returns its path."""
+    out = subprocess.run(["cargo", "test", "-q", "-p", "envoy-tests", "--features", "envoy",
+                          "--test", test, "--no-run", "--message-format=json"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("executable") and msg.get("target", {}).get("name") == test:
+            return msg["executable"]
+    sys.exit(f"no test binary for {test}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -67,19 +82,23 @@ def main():
     for h in hogs:
         h.start()
     rows, failed = [], 0
+    earlier = OUT / f"before-{int(time.time())}"
     try:
         for test in args.tests:
+            exe = test_binary(test, env)
             for build in args.builds.split(","):
+                for old in OUT.glob(f"{test}-{build}-*.log"):
+                    earlier.mkdir(exist_ok=True)
+                    old.rename(earlier / old.name)
                 fails, walls, notes = 0, [], []
                 for run in range(1, args.runs + 1):
                     log = OUT / f"{test}-{build}-{run}.log"
-                    cmd = ["cargo", "test", "-q", "-p", "envoy-tests", "--features", "envoy",
-                           "--test", test, "--", "--test-threads", str(args.threads),
-                           "--nocapture"]
+                    cmd = [exe, "--test-threads", str(args.threads), "--nocapture"]
                     started = time.time()
                     with open(log, "w") as out:
                         try:
-                            rc = subprocess.run(cmd, cwd=ROOT, env=env | {"FILTER": build},
+                            rc = subprocess.run(cmd, cwd=ROOT / "crates" / "envoy-tests",
+                                                env=env | {"FILTER": build},
                                                 stdout=out, stderr=subprocess.STDOUT,
                                                 timeout=args.timeout).returncode
                         except subprocess.TimeoutExpired:
