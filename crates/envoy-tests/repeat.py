@@ -8,15 +8,15 @@ runs is a bug in the product or in the test).
 
 Each run is the test binary `cargo test -p envoy-tests --features envoy --test NAME` builds
 (built once before the series, then run directly with `--test-threads N --nocapture`: a run
-never waits on cargo's build lock, which a compile beside the series would hold) for each build (FILTER=wasm, FILTER=native), one run at a time, in the
-environment `make integration` gives the suite (the Makefile's TEST_ENV: the builds must be
-there, `make prepare`). A hog is a process that spins on one core for the whole series (two
-hogs on this two-core machine: every Envoy and client gets what a starved machine leaves).
-Every run's output goes to target/repeat/NAME-BUILD-RUN.log (an earlier series' logs of the
-same test and build are moved to target/repeat/before-TIME/ first); the lines a test prints that
-start with `figure:` or hold `used` / `admitted` are kept in the table's last column, so that
-the figures of passing runs are seen beside those of failing ones. The exit status is 1 if
-any run failed."""
+never waits on cargo's build lock, which a compile beside the series would hold), for each
+build (FILTER=wasm, FILTER=native), one run at a time, in the environment `make integration`
+gives the suite (the Makefile's TEST_ENV: the builds must be there, `make prepare`). A hog is a
+process that spins on one core for the whole series (two hogs on this two-core machine: every
+Envoy and client gets what a starved machine leaves). Every run's output goes to
+target/repeat/NAME-BUILD-RUN.log (an earlier series' logs of the same test and build are moved
+to target/repeat/before-TIME/ first); the lines a test prints that start with `figure:` or hold
+`used` / `admitted` are kept in the table's last column, so that the figures of passing runs
+are seen beside those of failing ones. The exit status is 1 if any run failed."""
 
 import argparse
 import json

@@ -1302,7 +1302,9 @@ mod tests {
                 ("light", 8.0),
             ];
             let mut next_at: Vec<f64> = (0..tenants.len()).map(|i| i as f64 * 3.7).collect();
-            let mut streams: Vec<(StreamState, u64, usize)> = Vec::new();
+            let mut streams: Vec<(StreamState, u64)> = Vec::new();
+            // Each stream's tenant.
+            let mut whose: Vec<usize> = Vec::new();
             // Admitted, by second and tenant.
             let mut per_s = vec![[0u64; 5]; (run_ms / 1000 + 2) as usize];
             for ms in 0..run_ms + 1_200 {
@@ -1314,26 +1316,18 @@ mod tests {
                         let mut st = StreamState::default();
                         match st.request_headers(&rt, &mut tenant_at(name, "batch", now)) {
                             Next::Continue => per_s[second][i] += 1,
-                            Next::Hold { until_ms } => streams.push((st, until_ms, i)),
+                            Next::Hold { until_ms } => {
+                                streams.push((st, until_ms));
+                                whose.push(i);
+                            }
                             other => assert!(matches!(other, Next::Reply(_)), "{other:?}"),
                         }
                     }
                 }
-                let mut k = 0;
-                while let Some((st, until, i)) = streams.get_mut(k) {
-                    if *until <= now {
-                        match st.wake(&rt, now) {
-                            Next::Hold { until_ms } => *until = until_ms,
-                            next => {
-                                if matches!(next, Next::Continue) {
-                                    per_s[second][*i] += 1;
-                                }
-                                streams.swap_remove(k);
-                                continue;
-                            }
-                        }
+                for (k, _, admitted) in run_waits(&rt, &mut streams, now, now) {
+                    if admitted {
+                        per_s[second][whose[k]] += 1;
                     }
-                    k += 1;
                 }
             }
             // The seconds after the warm-up, as share_wait.rs measures them.
