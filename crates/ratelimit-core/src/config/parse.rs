@@ -560,15 +560,7 @@ impl Validator {
                 let p = join(path, "share");
                 self.share_rules(path, &key, limit, &cost, &per_request, &global, &elastic);
                 let unit = quota_unit.as_ref().map(|u| u.as_deref());
-                let share = self.share(v, &p, unit);
-                let leased = matches!(&global, Some(Some(g)) if g.mode == GlobalMode::Lease);
-                if leased && share.as_ref().is_some_and(|s| s.max_wait_ms > 0) {
-                    self.error(
-                        &join(&p, "max_wait_ms"),
-                        "a leased shared capacity refuses at once in this version: no \"max_wait_ms\" with \"global\"",
-                    );
-                }
-                share.map(Some)
+                self.share(v, &p, unit).map(Some)
             }
             None => Some(None),
         };

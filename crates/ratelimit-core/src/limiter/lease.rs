@@ -218,6 +218,20 @@ impl State {
         Peek::Claim
     }
 
+    /// A claim ahead of need for requests waiting their turn on this lease, at `now_ms`, of
+    /// requests of `cost`, blocks at most `cap`: due when what is held does not cover one of
+    /// them or runs low, the service has not refused the key until the lease's end, and no
+    /// claim ahead of need is in flight. The new state and the block to claim.
+    pub fn wake(state: Option<&State>, now_ms: u64, cost: u64, cap: u64) -> Option<(State, u64)> {
+        let s = state.copied().unwrap_or_default().at(now_ms);
+        let due = match State::peek(state, now_ms, cost, cap) {
+            Peek::Claim => !s.in_flight(now_ms),
+            Peek::Covered { low } => low,
+            Peek::Refused => false,
+        };
+        due.then(|| s.start_claim(now_ms, (cap, cost), true))
+    }
+
     /// A claim starts at `now_ms` (`ahead`: ahead of need, in the background; else by a
     /// request that waits for it), blocks at most `cap` of requests costing `unit`: the block
     /// follows how soon the last one was claimed. A key's first block is [`FIRST_SHIFT`]'s.

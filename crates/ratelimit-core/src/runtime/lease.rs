@@ -87,6 +87,9 @@ impl<S: Store> Runtime<S> {
             let (check, applied) = p.take_check(i);
             if claim.is_some() {
                 self.metrics.add(rule, Counter::LeaseClaims, 1);
+                if applied.capacity {
+                    p.lent.push((p.questions.len(), check));
+                }
             }
             p.questions.push(Question {
                 rule,
@@ -154,6 +157,54 @@ impl<S: Store> Runtime<S> {
             Some((Peek::Claim, block)) => Some(block),
             // Refused, covered, or a store that cannot tell: the lease check decides.
             _ => None,
+        }
+    }
+
+    /// A shared capacity's lease refused a waiting request's turn (`check`, as its rule made
+    /// it: `applied`): a claim ahead of need, if one is due ([`lease::State::wake`]), so that
+    /// the line's next turns find quota without a new request to claim it.
+    pub(super) fn wake_lease(&self, check: &Check, applied: &Applied, now_ms: u64) {
+        let Policy::Lease {
+            max_block, limit, ..
+        } = check.policy
+        else {
+            return;
+        };
+        let Some(entries) = applied.descriptor.as_ref() else {
+            return;
+        };
+        let target = Target {
+            rule: applied.rule,
+            slot: check.slot,
+            alt: check.alt,
+            fingerprint: check.fingerprint,
+        };
+        let cap = self.compiled.get(applied.rule).map_or(max_block, |c| {
+            let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
+            share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
+        });
+        let block = self.update_lease(target, now_ms, |state| {
+            match lease::State::wake(state, now_ms, check.cost, cap) {
+                Some((next, block)) => (Some(block), Some(next)),
+                None => (None, None),
+            }
+        });
+        let Some(block) = block.flatten() else {
+            return;
+        };
+        let claim = Claim {
+            target,
+            block,
+            sent_ms: now_ms,
+            last: false,
+        };
+        let queued = self
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(applied.hash, entries, claim);
+        if !queued {
+            self.claim_lost(&claim, now_ms);
         }
     }
 
@@ -614,6 +665,186 @@ mod tests {
             }
         }
         unreachable!()
+    }
+
+    /// What [`leased_waits`] saw: admitted by second (all tenants), each tenant's rate over
+    /// seconds 3 to 10, requests that joined the line, admitted from it, and the longest wait.
+    struct Waited {
+        by_second: Vec<u64>,
+        rates: Vec<f64>,
+        queued: u64,
+        from_line: u64,
+        longest: u64,
+    }
+
+    /// A leased shared capacity (100 a second, counted by the service in windows of a second)
+    /// with `share.max_wait_ms` `max_wait_ms`, on a virtual clock, the service answering at
+    /// once: four tenants at 50 a second, twice their share, and a light one at 8.
+    fn leased_waits(max_wait_ms: u64) -> Waited {
+        let rt = runtime(&format!(
+            r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": 100, "unit": "second"}},
+            "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                       "max_block": 8}},
+            "share": {{"max_wait_ms": {max_wait_ms}, "max_queued": 256,
+                       "max_queued_per_tenant": 64}}}}]}}"#
+        ));
+        let mut bg = Background::new(&rt);
+        let t0: u64 = 1_800_000_000_000;
+        // The service: one counter, 100 a window of a second.
+        let service = std::cell::RefCell::new((0u64, 0u64));
+        let grant = |hits: u64, now: u64| {
+            let mut s = service.borrow_mut();
+            if s.0 != now / 1000 {
+                *s = (now / 1000, 0);
+            }
+            let code = if s.1 + hits <= 100 {
+                s.1 += hits;
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
+            rls::Response {
+                overall_code: code,
+                statuses: vec![DescriptorStatus {
+                    code,
+                    requests_per_unit: Some(100),
+                    unit_seconds: Some(1),
+                    limit_remaining: u32::try_from(100 - s.1).unwrap(),
+                    reset_ms: Some(1000 - now % 1000),
+                }],
+                headers: Vec::new(),
+            }
+        };
+        let tenants: [(&str, f64); 5] = [
+            ("equal0", 50.0),
+            ("equal1", 50.0),
+            ("equal2", 50.0),
+            ("equal3", 50.0),
+            ("light", 8.0),
+        ];
+        let run_ms: u64 = 12_000;
+        let mut next_at: Vec<f64> = (0..5).map(|i| f64::from(i) * 3.7).collect();
+        // Waiting streams: (stream, its host, when it looks again, tenant, joined).
+        let mut waiting: Vec<(StreamState, FakeHost, u64, usize, u64)> = Vec::new();
+        let mut per_s = vec![[0u64; 5]; (run_ms / 1000 + 2) as usize];
+        let (mut queued, mut from_line, mut longest) = (0u64, 0u64, 0u64);
+        let mut call_id = 0u64;
+        for ms in 0..run_ms + 1_200 {
+            let now = t0 + ms;
+            let second = (ms / 1000) as usize;
+            for (i, (name, rate)) in tenants.iter().enumerate() {
+                while ms < run_ms && next_at[i] <= ms as f64 {
+                    next_at[i] += 1000.0 / rate;
+                    let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", name);
+                    h.now = now;
+                    let mut st = StreamState::default();
+                    let mut next = st.request_headers(&rt, &mut h);
+                    loop {
+                        next = match next {
+                            Next::Call { message, .. } => {
+                                let hits = rls::decode_request(&message).unwrap().hits;
+                                call_id += 1;
+                                assert!(matches!(st.started(&rt, &mut h, Ok(call_id)), Next::Wait));
+                                st.call_answer(&rt, &mut h, call_id, Ok(grant(hits, now)))
+                            }
+                            Next::Continue => {
+                                per_s[second][i] += 1;
+                                break;
+                            }
+                            Next::Hold { until_ms } => {
+                                queued += 1;
+                                waiting.push((st, h, until_ms, i, now));
+                                break;
+                            }
+                            Next::Reply(r) => {
+                                assert_eq!(r.status, 429);
+                                break;
+                            }
+                            other => panic!("{other:?}"),
+                        };
+                    }
+                }
+            }
+            let mut k = 0;
+            while k < waiting.len() {
+                let (st, _, until, i, joined) = &mut waiting[k];
+                if *until > now {
+                    k += 1;
+                    continue;
+                }
+                match st.wake(&rt, now) {
+                    Next::Hold { until_ms } => {
+                        *until = until_ms;
+                        k += 1;
+                        continue;
+                    }
+                    Next::Continue => {
+                        per_s[second][*i] += 1;
+                        from_line += 1;
+                        longest = longest.max(now - *joined);
+                    }
+                    Next::Reply(r) => {
+                        assert_eq!(r.status, 429);
+                        longest = longest.max(now - *joined);
+                    }
+                    other => panic!("{other:?}"),
+                }
+                waiting.swap_remove(k);
+            }
+            let work = bg.tick(&rt, now, None);
+            for call in work.calls {
+                let hits = rls::decode_request(&call.message).unwrap().hits;
+                call_id += 1;
+                bg.started(&rt, call, Some(call_id));
+                bg.answered(&rt, call_id, Ok(grant(hits, now)), now);
+            }
+        }
+        let measured = &per_s[3..11];
+        let rate = |i: usize| measured.iter().map(|s| s[i]).sum::<u64>() as f64 / 8.0;
+        Waited {
+            by_second: per_s.iter().map(|s| s.iter().sum()).collect(),
+            rates: (0..5).map(rate).collect(),
+            queued,
+            from_line,
+            longest,
+        }
+    }
+
+    /// A leased shared capacity's refused requests wait their turn (`max_wait_ms`): requests
+    /// whose claims were granted and whose shares refused them join the line, and turns take
+    /// from the lease (claiming ahead of need when it runs dry). Every admission is covered
+    /// (at most the service's 100 a window), the light tenant is served whole, the equal ones
+    /// alike, no request waits past `max_wait_ms`, and the capacity is used as much as when
+    /// every refusal comes at once.
+    #[test]
+    fn a_leased_shared_capacity_lets_refused_requests_wait_their_turn() {
+        let at_once = leased_waits(0);
+        let w = leased_waits(1_000);
+        let used = |w: &Waited| w.rates.iter().sum::<f64>();
+        println!(
+            "leased, refused at once: {:.2}/s used, {:?}; waiting: {:.2}/s used, {:?}, \
+             {} queued, {} admitted from the line, longest wait {} ms, by second {:?}",
+            used(&at_once),
+            at_once.rates,
+            used(&w),
+            w.rates,
+            w.queued,
+            w.from_line,
+            w.longest,
+            w.by_second
+        );
+        assert_eq!((at_once.queued, at_once.from_line), (0, 0));
+        assert!(w.by_second.iter().all(|&n| n <= 100), "{:?}", w.by_second);
+        assert!(w.from_line > 500, "{} admitted from the line", w.from_line);
+        assert!(w.longest <= 1_010, "waited {} ms", w.longest);
+        assert!(used(&w) >= used(&at_once) - 3.0, "{:.2}/s", used(&w));
+        assert_eq!(w.rates[4], 8.0, "the light tenant");
+        let equal = &w.rates[..4];
+        let (least, most) = equal
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, m), &r| (l.min(r), m.max(r)));
+        assert!(most - least <= 1.0, "equal tenants {equal:?}");
     }
 
     #[test]

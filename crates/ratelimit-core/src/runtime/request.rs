@@ -253,6 +253,9 @@ pub struct Pending {
     pub(super) answers: Vec<Option<Answer>>,
     /// What each question's rule made of the request (as `applied` for the checks).
     pub(super) asked: Vec<Applied>,
+    /// The lease checks of shared capacities that became claims (the question's index, the
+    /// check): a request that waits its turn takes from the lease in the line.
+    pub(super) lent: Vec<(usize, Check)>,
     /// The checks whose cost is sized from the request's body, not sized yet.
     pub(super) sized: SmallVec<[usize; 1]>,
     /// The rules that read fields of the request's body, waiting for them (rule indexes).
@@ -286,6 +289,17 @@ impl Pending {
             kept
         });
         (self.checks.remove(i), self.applied.remove(i))
+    }
+
+    /// Whether every question is a shared capacity's claim that `answered(n)` accepts (or one
+    /// asked again): a request refused with such questions may wait in the rule's line.
+    pub(super) fn claims_only(&self, answered: impl Fn(usize) -> bool) -> bool {
+        self.questions.iter().enumerate().all(|(n, q)| {
+            q.retried
+                || (q.claim.is_some()
+                    && self.asked.get(n).is_some_and(|a| a.capacity)
+                    && answered(n))
+        })
     }
 
     /// Whether reservations wait to be sized from the request's body.
@@ -793,6 +807,8 @@ impl<S: Store> Runtime<S> {
         let mut held = Held::default();
         // Questions whose rules admitted the request (their debts are made once it is).
         let mut asked_ok: SmallVec<[usize; 2]> = SmallVec::new();
+        // Shared capacities' claims the service refused (their verdicts).
+        let mut spent: SmallVec<[(usize, Verdict); 1]> = SmallVec::new();
         for (n, (q, answer)) in p.questions.iter().zip(&p.answers).enumerate() {
             let (Some(rule), Some(compiled)) =
                 (self.config.rules.get(q.rule), self.compiled.get(q.rule))
@@ -812,6 +828,11 @@ impl<S: Store> Runtime<S> {
                             held.rules.push((q.rule, false));
                             reported.push((q.rule, v));
                         }
+                    }
+                    Ok(Claimed::Refused(v)) if capacity && !rule.shadow => {
+                        // The fleet's quota is spent: the request may wait for the next
+                        // window in the rule's line; refused below if it does not.
+                        spent.push((n, v));
                     }
                     Ok(Claimed::Refused(v)) => {
                         refused |= !rule.shadow;
@@ -848,6 +869,29 @@ impl<S: Store> Runtime<S> {
                 }
             }
         }
+        if !spent.is_empty() {
+            // Every other question granted (or asked again): it waits for the next window.
+            let waits = !refused
+                && !p.late
+                && !p.no_wait
+                && p.claims_only(|n| asked_ok.contains(&n) || spent.iter().any(|(m, _)| *m == n));
+            if let Some(q) = waits
+                .then(|| self.wait_for_quota(p, &spent, host, now))
+                .flatten()
+            {
+                self.give_back_claims(p, &asked_ok, now);
+                return Decision::Queue(q);
+            }
+            for (n, v) in spent {
+                let Some(q) = p.questions.get(n) else {
+                    continue;
+                };
+                refused = true;
+                self.refusal(host, q.rule, q.hash, &v, q.cost, false);
+                self.capacity_refusal(host, p, q.rule);
+                reported.push((q.rule, v));
+            }
+        }
         let outcome = match decided {
             Some(o) => Some(o),
             None => (!refused && !p.checks.is_empty()).then(|| {
@@ -861,11 +905,15 @@ impl<S: Store> Runtime<S> {
             }),
         };
         let allowed = !refused && outcome.as_ref().is_none_or(|o| o.allowed);
-        if !allowed && !refused && !p.late && !p.no_wait && p.questions.is_empty() {
+        // A shared capacity's lease granted a claim and the shares refused: it may wait, its
+        // lease checked again at each turn (what its claim took goes back to the lease).
+        if !allowed && !refused && !p.late && !p.no_wait && p.claims_only(|n| asked_ok.contains(&n))
+        {
             if let Some(q) = outcome
                 .as_ref()
                 .and_then(|o| self.may_wait(p, o, host, now))
             {
+                self.give_back_claims(p, &asked_ok, now);
                 return Decision::Queue(q);
             }
         }
@@ -995,15 +1043,14 @@ impl<S: Store> Runtime<S> {
                 }
             }
         }
-        for &n in &asked_ok {
+        if !allowed {
+            self.give_back_claims(p, &asked_ok, now);
+        }
+        for &n in asked_ok.iter().filter(|_| allowed) {
             let (Some(q), Some(a)) = (p.questions.get(n), p.asked.get(n)) else {
                 continue;
             };
-            if !allowed {
-                if let Some(claim) = &q.claim {
-                    self.give_back_claim(claim, q.cost, now);
-                }
-            } else if let Some(debt) = self.asked_debt(q, a) {
+            if let Some(debt) = self.asked_debt(q, a) {
                 if let DebtKind::Reserved(cost) = debt.kind {
                     self.hold_reservation(&debt, cost);
                 }
@@ -1081,6 +1128,33 @@ impl<S: Store> Runtime<S> {
                 admitted_ms: now,
             }),
         )
+    }
+
+    /// A request whose shared capacity's claim the service refused (`spent`: the fleet's
+    /// quota is spent until the window's end) joins that rule's line, if the wait it was told
+    /// fits and the line has room.
+    fn wait_for_quota(
+        &self,
+        p: &Pending,
+        spent: &[(usize, Verdict)],
+        host: &mut impl Host,
+        now: u64,
+    ) -> Option<super::Queued> {
+        let (n, v) = spent.first()?;
+        let rule = p.questions.get(*n)?.rule;
+        // Any check of the rule: the line finds its share check.
+        let ci =
+            (0..p.applied.len()).find(|&i| p.applied.get(i).is_some_and(|a| a.rule == rule))?;
+        self.join_line(p, rule, ci, v.retry_after_ms, host, now)
+    }
+
+    /// A request refused gives back what its granted claims (`asked_ok`) took of their leases.
+    fn give_back_claims(&self, p: &Pending, asked_ok: &[usize], now: u64) {
+        for q in asked_ok.iter().filter_map(|&n| p.questions.get(n)) {
+            if let Some(claim) = &q.claim {
+                self.give_back_claim(claim, q.cost, now);
+            }
+        }
     }
 
     /// A request refused only by shared rules that let requests wait joins the first one's

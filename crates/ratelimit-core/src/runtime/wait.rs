@@ -137,6 +137,13 @@ impl<S: Store> Runtime<S> {
         now: u64,
     ) -> Option<Queued> {
         let sh = self.config.rules.get(rule)?.share.as_ref()?;
+        // Refused by its shared capacity's lease: the rule's share check says whose it is.
+        let ci = match p.share_of(ci) {
+            Some(_) => ci,
+            None => (0..p.applied.len()).find(|&i| {
+                p.applied.get(i).is_some_and(|a| a.rule == rule) && p.share_of(i).is_some()
+            })?,
+        };
         let check = p.checks.get(ci)?;
         let asker = p.share_of(ci)?.asker;
         if retry_after_ms > sh.max_wait_ms {
@@ -161,6 +168,18 @@ impl<S: Store> Runtime<S> {
         }
         let mut waiting = p.clone();
         waiting.no_wait = true;
+        // Its shared capacities' leases that claimed for it: checked again at each turn, as
+        // when what this proxy held covered it (its claims' grants went to the leases).
+        for (n, check) in std::mem::take(&mut waiting.lent) {
+            if let Some(a) = waiting.asked.get(n) {
+                let a = a.clone();
+                waiting.checks.push(check);
+                waiting.applied.push(a);
+            }
+        }
+        waiting.questions.clear();
+        waiting.answers.clear();
+        waiting.asked.clear();
         // Its turn has no request to read: what the services' reports need is read now.
         self.describe_all(&mut waiting, host);
         for (_, sc) in waiting.shares.iter_mut() {
@@ -262,7 +281,12 @@ impl<S: Store> Runtime<S> {
                     out.share_refused,
                     Some(crate::share::Reason::Capacity | crate::share::Reason::Band)
                 );
-                band_wide |= refused && shared;
+                // A shared capacity's lease holds too little here: every waiter meets it, and
+                // a claim ahead of need brings more.
+                if refused && a.capacity {
+                    self.wake_lease(check, a, now);
+                }
+                band_wide |= refused && (shared || a.capacity);
             }
             return Err(match band_wide {
                 true => Offer::Refused,
