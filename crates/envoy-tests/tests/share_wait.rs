@@ -660,11 +660,13 @@ fn a_leased_capacity_lets_requests_wait_on_every_envoy() {
     assert!(used >= LEASED_USED * RATE, "used {used:.2}/s of {RATE}");
 }
 
-/// The part of its requests the light tenant gets on the leased Envoys, at least: all of them
-/// in both builds here (before a request the service's refusal reached could wait for the next
-/// window, and a turn refused by the lease found the rule's share check: 152 to 156 of 160).
+/// The part of its requests the light tenant gets on the leased Envoys, at least: 160 of 160 in
+/// ten runs (five per build beside two CPU hogs; before a request the service's refusal reached
+/// could wait for the next window, and a turn refused by the lease found the rule's share
+/// check: 152 to 156 of 160).
 const LEASED_LIGHT: f64 = 0.99;
-/// The part of the capacity two leasing Envoys use, at least: 75.8 % and 79.8 % here (the
-/// Envoys' parts of the capacity follow the fleet's pace of grants; share_fleet.rs' three, with
-/// no waits, 84.6 % to 94.0 %; the same without waits on the virtual clock, 82.6 %).
-const LEASED_USED: f64 = 0.70;
+/// The part of the capacity two leasing Envoys use, at least: 72.4 % to 81.0 % in the same ten
+/// runs (the Envoys' parts of the capacity follow the fleet's pace of grants; share_fleet.rs'
+/// three, with no waits, 84.6 % to 94.0 %; on the virtual clock, 80.0 % with waits and 82.6 %
+/// without).
+const LEASED_USED: f64 = 0.65;
