@@ -668,13 +668,15 @@ mod tests {
     }
 
     /// What [`leased_waits`] saw: admitted by second (all tenants), each tenant's rate over
-    /// seconds 3 to 10, requests that joined the line, admitted from it, and the longest wait.
+    /// seconds 3 to 10, requests that joined the line, admitted from it, the longest wait, and
+    /// refusals at the end of a wait that named no rule.
     struct Waited {
         by_second: Vec<u64>,
         rates: Vec<f64>,
         queued: u64,
         from_line: u64,
         longest: u64,
+        unnamed: u64,
     }
 
     /// A leased shared capacity (100 a second, counted by the service in windows of a second)
@@ -728,7 +730,7 @@ mod tests {
         // Waiting streams: (stream, its host, when it looks again, tenant, joined).
         let mut waiting: Vec<(StreamState, FakeHost, u64, usize, u64)> = Vec::new();
         let mut per_s = vec![[0u64; 5]; (run_ms / 1000 + 2) as usize];
-        let (mut queued, mut from_line, mut longest) = (0u64, 0u64, 0u64);
+        let (mut queued, mut from_line, mut longest, mut unnamed) = (0u64, 0u64, 0u64, 0u64);
         let mut call_id = 0u64;
         for ms in 0..run_ms + 1_200 {
             let now = t0 + ms;
@@ -787,6 +789,8 @@ mod tests {
                     Next::Reply(r) => {
                         assert_eq!(r.status, 429);
                         longest = longest.max(now - *joined);
+                        // Refused by the lease or the share, a 429 names the rule.
+                        unnamed += u64::from(!r.body.contains(r#""violated-policies":["p"]"#));
                     }
                     other => panic!("{other:?}"),
                 }
@@ -808,6 +812,7 @@ mod tests {
             queued,
             from_line,
             longest,
+            unnamed,
         }
     }
 
@@ -838,6 +843,9 @@ mod tests {
         assert!(w.by_second.iter().all(|&n| n <= 100), "{:?}", w.by_second);
         assert!(w.from_line > 500, "{} admitted from the line", w.from_line);
         assert!(w.longest <= 1_010, "waited {} ms", w.longest);
+        // A wait that ends refused by the lease says so (171 of them named no rule before the
+        // lease's refusal was reported).
+        assert_eq!(w.unnamed, 0, "429s after a wait naming no rule");
         assert!(used(&w) >= used(&at_once) - 3.0, "{:.2}/s", used(&w));
         assert_eq!(w.rates[4], 8.0, "the light tenant");
         let equal = &w.rates[..4];
@@ -845,6 +853,51 @@ mod tests {
             .iter()
             .fold((f64::MAX, 0.0f64), |(l, m), &r| (l.min(r), m.max(r)));
         assert!(most - least <= 1.0, "equal tenants {equal:?}");
+    }
+
+    /// The fleet's quota spent (the service refuses the claim): a request of a leased shared
+    /// rule that lets requests wait waits for the next window; one that another rule, which
+    /// refuses at once, also matched is refused at once (that rule is not decided before the
+    /// wait, so the wait could end in a refusal it would have given now).
+    #[test]
+    fn a_request_the_spent_quota_refuses_waits_only_where_every_rule_waits() {
+        let shared = r#"{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+            "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10},
+            "share": {"max_wait_ms": 1000}}"#;
+        let plain = r#"{"name": "ip", "key": ["remote_address"],
+            "rate_limit": {"requests_per_unit": 1000, "unit": "minute"}}"#;
+        let spent = |now: u64| rls::Response {
+            overall_code: Code::OverLimit,
+            statuses: vec![DescriptorStatus {
+                code: Code::OverLimit,
+                requests_per_unit: Some(100),
+                unit_seconds: Some(1),
+                limit_remaining: 0,
+                reset_ms: Some(1000 - now % 1000),
+            }],
+            headers: Vec::new(),
+        };
+        for (rules, waits) in [
+            (format!("[{shared}]"), true),
+            (format!("[{shared}, {plain}]"), false),
+        ] {
+            let rt = runtime(&format!(r#"{{"rules": {rules}}}"#));
+            let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+            h.now = 1_800_000_000_400;
+            let mut st = StreamState::default();
+            let Next::Call { .. } = st.request_headers(&rt, &mut h) else {
+                panic!("no claim")
+            };
+            assert!(matches!(st.started(&rt, &mut h, Ok(1)), Next::Wait));
+            let answer = spent(h.now);
+            let next = st.call_answer(&rt, &mut h, 1, Ok(answer));
+            match (waits, next) {
+                (true, Next::Hold { .. }) => {}
+                (false, Next::Reply(r)) => assert_eq!(r.status, 429),
+                (_, other) => panic!("{rules}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -807,8 +807,9 @@ impl<S: Store> Runtime<S> {
         let mut held = Held::default();
         // Questions whose rules admitted the request (their debts are made once it is).
         let mut asked_ok: SmallVec<[usize; 2]> = SmallVec::new();
-        // Shared capacities' claims the service refused (their verdicts).
-        let mut spent: SmallVec<[(usize, Verdict); 1]> = SmallVec::new();
+        // Claims of shared capacities that let requests wait, which the service refused: the
+        // question, where its verdict goes among the reported ones, the verdict.
+        let mut spent: SmallVec<[(usize, usize, Verdict); 1]> = SmallVec::new();
         for (n, (q, answer)) in p.questions.iter().zip(&p.answers).enumerate() {
             let (Some(rule), Some(compiled)) =
                 (self.config.rules.get(q.rule), self.compiled.get(q.rule))
@@ -829,10 +830,13 @@ impl<S: Store> Runtime<S> {
                             reported.push((q.rule, v));
                         }
                     }
-                    Ok(Claimed::Refused(v)) if capacity && !rule.shadow => {
+                    Ok(Claimed::Refused(v))
+                        if capacity && !rule.shadow && self.lines.has(q.rule) =>
+                    {
                         // The fleet's quota is spent: the request may wait for the next
-                        // window in the rule's line; refused below if it does not.
-                        spent.push((n, v));
+                        // window in the rule's line; refused below if it does not (its
+                        // verdict where it would have been).
+                        spent.push((n, reported.len(), v));
                     }
                     Ok(Claimed::Refused(v)) => {
                         refused |= !rule.shadow;
@@ -870,11 +874,13 @@ impl<S: Store> Runtime<S> {
             }
         }
         if !spent.is_empty() {
-            // Every other question granted (or asked again): it waits for the next window.
+            // Every other question granted (or asked again), and every rule it matched lets
+            // requests wait (none would refuse it at once here): it waits for the next window.
             let waits = !refused
                 && !p.late
                 && !p.no_wait
-                && p.claims_only(|n| asked_ok.contains(&n) || spent.iter().any(|(m, _)| *m == n));
+                && p.applied.iter().all(|a| self.lines.has(a.rule))
+                && p.claims_only(|n| asked_ok.contains(&n) || spent.iter().any(|(m, ..)| *m == n));
             if let Some(q) = waits
                 .then(|| self.wait_for_quota(p, &spent, host, now))
                 .flatten()
@@ -882,14 +888,14 @@ impl<S: Store> Runtime<S> {
                 self.give_back_claims(p, &asked_ok, now);
                 return Decision::Queue(q);
             }
-            for (n, v) in spent {
+            for (k, (n, at, v)) in spent.into_iter().enumerate() {
                 let Some(q) = p.questions.get(n) else {
                     continue;
                 };
                 refused = true;
                 self.refusal(host, q.rule, q.hash, &v, q.cost, false);
                 self.capacity_refusal(host, p, q.rule);
-                reported.push((q.rule, v));
+                reported.insert((at + k).min(reported.len()), (q.rule, v));
             }
         }
         let outcome = match decided {
@@ -1038,7 +1044,9 @@ impl<S: Store> Runtime<S> {
                         }
                     }
                 }
-                if !a.capacity {
+                // A shared capacity's lease reports only its refusals (its share check the
+                // rest).
+                if !a.capacity || !v.allowed {
                     reported.push((a.rule, v));
                 }
             }
@@ -1130,17 +1138,28 @@ impl<S: Store> Runtime<S> {
         )
     }
 
-    /// A request whose shared capacity's claim the service refused (`spent`: the fleet's
-    /// quota is spent until the window's end) joins that rule's line, if the wait it was told
-    /// fits and the line has room.
+    /// A request whose shared capacities' claims the service refused (`spent`: the fleet's
+    /// quota is spent until the window's end) joins the first one's line, if each wait it was
+    /// told fits its rule's `max_wait_ms` and the line has room.
     fn wait_for_quota(
         &self,
         p: &Pending,
-        spent: &[(usize, Verdict)],
+        spent: &[(usize, usize, Verdict)],
         host: &mut impl Host,
         now: u64,
     ) -> Option<super::Queued> {
-        let (n, v) = spent.first()?;
+        let fits = |(n, _, v): &(usize, usize, Verdict)| {
+            let rule = p
+                .questions
+                .get(*n)
+                .and_then(|q| self.config.rules.get(q.rule));
+            rule.and_then(|r| r.share.as_ref())
+                .is_some_and(|sh| v.retry_after_ms <= sh.max_wait_ms)
+        };
+        if !spent.iter().all(fits) {
+            return None;
+        }
+        let (n, _, v) = spent.first()?;
         let rule = p.questions.get(*n)?.rule;
         // Any check of the rule: the line finds its share check.
         let ci =

@@ -236,7 +236,7 @@ impl<S: Store> Runtime<S> {
             let Some((_, p)) = waiting.get(i) else {
                 return Offer::Admitted;
             };
-            match self.try_turn(p, now) {
+            match self.try_turn(p, rule, now) {
                 Ok(d) => {
                     let (ticket, _) = waiting.swap_remove(i);
                     decided.push((ticket, d));
@@ -257,10 +257,10 @@ impl<S: Store> Runtime<S> {
         });
     }
 
-    /// One turn of a waiting request: decided again. Refused (nothing counted), for what the
-    /// band shares ([`Offer::Refused`]) or for something of its own ([`Offer::Skipped`]: the
-    /// next tenant may pass).
-    fn try_turn(&self, p: &Pending, now: u64) -> Result<Decision, Offer> {
+    /// One turn of a request waiting in rule `rule`'s line: decided again. Refused (nothing
+    /// counted), for what the band shares ([`Offer::Refused`]; the rule's lease too) or for
+    /// something of its own ([`Offer::Skipped`]: the next tenant may pass).
+    fn try_turn(&self, p: &Pending, rule: usize, now: u64) -> Result<Decision, Offer> {
         let outcome = engine::decide_shared(
             &self.store,
             &p.checks,
@@ -281,12 +281,12 @@ impl<S: Store> Runtime<S> {
                     out.share_refused,
                     Some(crate::share::Reason::Capacity | crate::share::Reason::Band)
                 );
-                // A shared capacity's lease holds too little here: every waiter meets it, and
-                // a claim ahead of need brings more.
+                // A shared capacity's lease holds too little here: a claim ahead of need
+                // brings more; the line's own rule's lease is met by every waiter.
                 if refused && a.capacity {
                     self.wake_lease(check, a, now);
                 }
-                band_wide |= refused && (shared || a.capacity);
+                band_wide |= refused && (shared || (a.capacity && a.rule == rule));
             }
             return Err(match band_wide {
                 true => Offer::Refused,
