@@ -611,6 +611,9 @@ fn under(
         v.retry_after_ms = 0;
     } else {
         v.retry_after_ms = v.retry_after_ms.max(1);
+        // A share that is no whole number of requests reads as the next whole one: refused,
+        // nothing is left of it, whatever that rounding leaves.
+        v.remaining = 0;
     }
     v
 }
