@@ -9,7 +9,7 @@ use crate::config::GlobalMode;
 use crate::engine::{self, Check};
 use crate::error::ServiceError;
 use crate::global::{self, Answer, Claim, Question, Target};
-use crate::key::Attributes;
+use crate::key::{Attributes, Descriptor};
 use crate::limiter::lease::{self, Grant, Peek};
 use crate::limiter::Policy;
 use crate::metrics::Counter;
@@ -46,15 +46,7 @@ impl<S: Store> Runtime<S> {
                         alt: check.alt,
                         fingerprint: check.fingerprint,
                     };
-                    // A shared capacity's blocks follow this proxy's part of it.
-                    let cap = match self.compiled.get(rule).filter(|_| applied.capacity) {
-                        Some(c) => {
-                            let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
-                            let part = u16::try_from(part).unwrap_or(1000);
-                            share::lease_block_cap(part, *limit, *max_block)
-                        }
-                        None => *max_block,
-                    };
+                    let cap = self.block_cap(applied, *limit, *max_block);
                     let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
                     match peeked {
                         Some(block) => Some(Claim {
@@ -141,17 +133,8 @@ impl<S: Store> Runtime<S> {
                     last: false,
                 };
                 let hash = applied.hash;
-                let queued = match self.describe(applied, host) {
-                    Some(entries) => self
-                        .ahead
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .add(hash, entries, claim),
-                    None => false,
-                };
-                if !queued {
-                    self.claim_lost(&claim, now_ms);
-                }
+                let entries = self.describe(applied, host);
+                self.claim_ahead(hash, entries, claim, now_ms);
                 None
             }
             Some((Peek::Claim, block)) => Some(block),
@@ -170,19 +153,13 @@ impl<S: Store> Runtime<S> {
         else {
             return;
         };
-        let Some(entries) = applied.descriptor.as_ref() else {
-            return;
-        };
         let target = Target {
             rule: applied.rule,
             slot: check.slot,
             alt: check.alt,
             fingerprint: check.fingerprint,
         };
-        let cap = self.compiled.get(applied.rule).map_or(max_block, |c| {
-            let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
-            share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
-        });
+        let cap = self.block_cap(applied, limit, max_block);
         let block = self.update_lease(target, now_ms, |state| {
             match lease::State::wake(state, now_ms, check.cost, cap) {
                 Some((next, block)) => (Some(block), Some(next)),
@@ -198,11 +175,31 @@ impl<S: Store> Runtime<S> {
             sent_ms: now_ms,
             last: false,
         };
-        let queued = self
-            .ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(applied.hash, entries, claim);
+        self.claim_ahead(applied.hash, applied.descriptor.as_ref(), claim, now_ms);
+    }
+
+    /// The largest block a lease check of `applied`'s rule claims (`limit`, `max_block` its
+    /// policy's): a shared capacity's blocks follow this proxy's part of it.
+    fn block_cap(&self, applied: &Applied, limit: u64, max_block: u64) -> u64 {
+        match self.compiled.get(applied.rule).filter(|_| applied.capacity) {
+            Some(c) => {
+                let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
+                share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
+            }
+            None => max_block,
+        }
+    }
+
+    /// Queues `claim`, started in its key's lease, to be sent ahead of need at the next tick
+    /// with its descriptor `entries`; one that cannot be sent (no descriptor, too many queued)
+    /// is taken back from the lease.
+    fn claim_ahead(&self, hash: u64, entries: Option<&Descriptor>, claim: Claim, now_ms: u64) {
+        let queued = entries.is_some_and(|entries| {
+            self.ahead
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .add(hash, entries, claim)
+        });
         if !queued {
             self.claim_lost(&claim, now_ms);
         }
