@@ -150,18 +150,58 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
 /// Encodes a `RateLimitRequest` with one descriptor of `entries` (key, value).
 pub fn encode_request(domain: &str, entries: &[(&str, &[u8])], hits_addend: u32) -> Vec<u8> {
     let mut descriptor = Vec::with_capacity(64);
-    for (key, value) in entries {
-        let mut entry = Vec::with_capacity(key.len() + value.len() + 4);
-        put_bytes(&mut entry, 1, key.as_bytes());
-        put_bytes(&mut entry, 2, value);
-        put_bytes(&mut descriptor, 1, &entry);
-    }
+    put_descriptor(&mut descriptor, entries, None);
     let mut out = Vec::with_capacity(descriptor.len() + domain.len() + 16);
     put_bytes(&mut out, 1, domain.as_bytes());
     put_bytes(&mut out, 2, &descriptor);
     if hits_addend != 1 {
         put_varint(&mut out, 3 << 3);
         put_varint(&mut out, u64::from(hits_addend));
+    }
+    out
+}
+
+/// A descriptor's fields: its `entries` (key, value) and, if `hits` is given, its own
+/// `hits_addend` (a `google.protobuf.UInt64Value`, field 3: set even when 0, which a service
+/// that reads it takes as "check, do not count").
+fn put_descriptor(out: &mut Vec<u8>, entries: &[(&str, &[u8])], hits: Option<u64>) {
+    for (key, value) in entries {
+        let mut entry = Vec::with_capacity(key.len() + value.len() + 4);
+        put_bytes(&mut entry, 1, key.as_bytes());
+        put_bytes(&mut entry, 2, value);
+        put_bytes(out, 1, &entry);
+    }
+    if let Some(h) = hits {
+        let mut wrapper = Vec::with_capacity(10);
+        if h != 0 {
+            put_varint(&mut wrapper, 1 << 3);
+            put_varint(&mut wrapper, h);
+        }
+        put_bytes(out, 3, &wrapper);
+    }
+}
+
+/// One descriptor of a request with several: its entries and its own `hits_addend`.
+pub struct Each<'a> {
+    /// Its entries (key, value).
+    pub entries: &'a [(&'a str, &'a [u8])],
+    /// What the service adds to its counter (0: only read it).
+    pub hits: u64,
+}
+
+/// Encodes a `RateLimitRequest` of several descriptors, each with its own `hits_addend`
+/// (`envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.hits_addend`). A service that
+/// reads it (envoyproxy/ratelimit) counts each descriptor by its own and answers a status for
+/// each; one that does not (Limitador's server) counts every descriptor by the request's
+/// `hits_addend`, left out here (1).
+pub fn encode_request_each(domain: &str, descriptors: &[Each<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(domain.len() + 64 * descriptors.len() + 8);
+    put_bytes(&mut out, 1, domain.as_bytes());
+    let mut descriptor = Vec::with_capacity(64);
+    for d in descriptors {
+        descriptor.clear();
+        put_descriptor(&mut descriptor, d.entries, Some(d.hits));
+        put_bytes(&mut out, 2, &descriptor);
     }
     out
 }
@@ -302,6 +342,8 @@ pub struct Request {
     pub descriptors: Vec<Vec<(String, Vec<u8>)>>,
     /// `hits_addend`, 1 when absent (as services read it).
     pub hits: u64,
+    /// Each descriptor's own `hits_addend`, where it has one (in the order of `descriptors`).
+    pub descriptor_hits: Vec<Option<u64>>,
 }
 
 /// Decodes a `RateLimitRequest`.
@@ -315,7 +357,18 @@ pub fn decode_request(buf: &[u8]) -> Result<Request, DecodeError> {
             (1, Field::Bytes(d)) => r.domain = String::from_utf8_lossy(d).into_owned(),
             (2, Field::Bytes(d)) => {
                 let mut entries = Vec::new();
+                let mut own = None;
                 fields(d, |n, f| {
+                    if let (3, Field::Bytes(w)) = (n, &f) {
+                        let mut v = 0;
+                        fields(w, |n, f| {
+                            if let (1, Field::Varint(h)) = (n, f) {
+                                v = h;
+                            }
+                            Ok(())
+                        })?;
+                        own = Some(v);
+                    }
                     if let (1, Field::Bytes(e)) = (n, f) {
                         let (mut key, mut value) = (String::new(), Vec::new());
                         fields(e, |n, f| {
@@ -333,6 +386,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Request, DecodeError> {
                     Ok(())
                 })?;
                 r.descriptors.push(entries);
+                r.descriptor_hits.push(own);
             }
             (3, Field::Varint(h)) => r.hits = h.max(1),
             _ => {}
@@ -397,6 +451,41 @@ mod tests {
         assert_eq!(bytes, expected);
         // hits_addend 1 is the default and left out.
         assert!(!encode_request("d", &[], 1).ends_with(&[0x18, 1]));
+    }
+
+    #[test]
+    fn each_descriptor_carries_its_own_hits_addend() {
+        let bytes = encode_request_each(
+            "d",
+            &[
+                Each {
+                    entries: &[("k", b"a")],
+                    hits: 5,
+                },
+                Each {
+                    entries: &[("k", b"b")],
+                    hits: 0,
+                },
+            ],
+        );
+        let entry = |v: u8| [&[0x0a, 6, 0x0a, 1][..], b"k", &[0x12, 1, v]].concat();
+        // descriptor.hits_addend (3): a UInt64Value {value (1)}; 0 is an empty one, still set.
+        let d1 = [entry(b'a'), vec![0x1a, 2, 0x08, 5]].concat();
+        let d2 = [entry(b'b'), vec![0x1a, 0]].concat();
+        let expected = [
+            &[0x0a, 1, b'd'][..],
+            &[0x12, d1.len() as u8],
+            &d1,
+            &[0x12, d2.len() as u8],
+            &d2,
+        ]
+        .concat();
+        assert_eq!(bytes, expected);
+        let r = decode_request(&bytes).unwrap();
+        assert_eq!(r.descriptor_hits, [Some(5), Some(0)]);
+        assert_eq!(r.hits, 1, "the request's own hits_addend is left out");
+        let one = decode_request(&encode_request("d", &[("k", b"a")], 2)).unwrap();
+        assert_eq!((one.hits, one.descriptor_hits), (2, vec![None]));
     }
 
     #[test]

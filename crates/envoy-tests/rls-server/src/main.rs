@@ -12,6 +12,15 @@
 //! counts in two steps too (an atomic read, then an atomic add), nanoseconds apart instead of
 //! a Redis round trip. Test support only.
 //!
+//! With `RLS_DESCRIPTORS=each` in its environment, it counts each descriptor of a call by itself,
+//! as envoyproxy/ratelimit does (`GetHitsAddends` and its Redis cache, at commit f2fb157): by the
+//! descriptor's own `hits_addend` where it has one (0: read the counter, do not add), else by the
+//! call's (at least 1), and answers one status per descriptor with its own code and what remains
+//! of its counter; the call is refused if any descriptor is. A descriptor no limit matches is
+//! answered `OK`, with no limit. What stays limitador's: a refused descriptor is not counted
+//! (envoyproxy/ratelimit adds to its counter first and compares after, unless started with
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). Limitador's own server reads neither.
+//!
 //! With `RLS_LOG=FILE` in its environment, it appends one JSON line per call to FILE: the
 //! domain, each descriptor's entries as `[key, value]` pairs, `hits_addend`, whether the call
 //! was refused, and the names of the limits that counted it (`services.rs` checks the examples'
@@ -65,6 +74,8 @@ struct Service {
     serial: Option<tokio::sync::Mutex<()>>,
     /// Where each call is logged (`RLS_LOG`).
     log: Option<std::path::PathBuf>,
+    /// Each descriptor counted by itself (`RLS_DESCRIPTORS=each`).
+    each: bool,
 }
 
 impl Service {
@@ -98,6 +109,91 @@ impl Service {
     }
 }
 
+/// A descriptor's status from one of its counters, with the code `code`.
+fn status(c: &limitador::counter::Counter, code: Code) -> DescriptorStatus {
+    let (_, u) = unit(c.window().as_secs());
+    let reset = c.expires_in().unwrap_or_default();
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(RateLimit {
+            name: c.limit().name().unwrap_or_default().to_string(),
+            requests_per_unit: u32::try_from(c.max_value()).unwrap_or(u32::MAX),
+            unit: u.into(),
+        }),
+        limit_remaining: u32::try_from(c.remaining().unwrap_or(0)).unwrap_or(0),
+        duration_until_reset: Some(PbDuration {
+            seconds: reset.as_secs() as i64,
+            nanos: reset.subsec_nanos() as i32,
+        }),
+    }
+}
+
+impl Service {
+    /// A call counted descriptor by descriptor (`RLS_DESCRIPTORS=each`).
+    async fn each_descriptor(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let namespace = Namespace::from(req.domain.as_str());
+        let _one_at_a_time = match &self.serial {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        };
+        let mut statuses = Vec::with_capacity(req.descriptors.len());
+        let mut limits = Vec::new();
+        let mut any_limited = false;
+        for d in &req.descriptors {
+            let values: Vec<HashMap<String, String>> = vec![d
+                .entries
+                .iter()
+                .map(|e| (e.key.clone(), e.value.clone()))
+                .collect()];
+            let mut ctx = Context::default();
+            ctx.list_binding("descriptors".to_string(), values);
+            let hits = d
+                .hits_addend
+                .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
+            let result = self
+                .limiter
+                .check_and_update(&namespace, &ctx, hits)
+                .await
+                .map_err(Status::unavailable)?;
+            let code = if result.limited {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            };
+            any_limited |= result.limited;
+            limits.extend(
+                result
+                    .counters
+                    .iter()
+                    .map(|c| c.limit().name().unwrap_or_default().to_string()),
+            );
+            // The counter with the least remaining speaks for the descriptor.
+            let tightest = result
+                .counters
+                .iter()
+                .min_by_key(|c| c.remaining().unwrap_or(0));
+            statuses.push(tightest.map_or(
+                DescriptorStatus {
+                    code: Code::Ok.into(),
+                    current_limit: None,
+                    limit_remaining: 0,
+                    duration_until_reset: None,
+                },
+                |c| status(c, code),
+            ));
+        }
+        self.log_call(&req, any_limited, limits);
+        Ok(RateLimitResponse {
+            overall_code: if any_limited { Code::OverLimit } else { Code::Ok }.into(),
+            statuses,
+            response_headers_to_add: vec![HeaderValue {
+                key: "x-rls-server".into(),
+                value: "limitador".into(),
+            }],
+        })
+    }
+}
+
 fn unit(seconds: u64) -> (u32, Unit) {
     match seconds {
         1 => (1, Unit::Second),
@@ -124,6 +220,9 @@ impl RateLimitService for Service {
                 overall_code: Code::Unknown.into(),
                 ..Default::default()
             }));
+        }
+        if self.each {
+            return Ok(Response::new(self.each_descriptor(req).await?));
         }
         let namespace = Namespace::from(req.domain.as_str());
         let values: Vec<HashMap<String, String>> = req
@@ -165,23 +264,7 @@ impl RateLimitService for Service {
         let statuses = result
             .counters
             .iter()
-            .map(|c| {
-                let (_, u) = unit(c.window().as_secs());
-                let reset = c.expires_in().unwrap_or_default();
-                DescriptorStatus {
-                    code: code.into(),
-                    current_limit: Some(RateLimit {
-                        name: c.limit().name().unwrap_or_default().to_string(),
-                        requests_per_unit: u32::try_from(c.max_value()).unwrap_or(u32::MAX),
-                        unit: u.into(),
-                    }),
-                    limit_remaining: u32::try_from(c.remaining().unwrap_or(0)).unwrap_or(0),
-                    duration_until_reset: Some(PbDuration {
-                        seconds: reset.as_secs() as i64,
-                        nanos: reset.subsec_nanos() as i32,
-                    }),
-                }
-            })
+            .map(|c| status(c, code))
             .collect();
         let headers = result
             .response_header()
@@ -256,6 +339,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             delay,
             serial,
             log: std::env::var_os("RLS_LOG").map(std::path::PathBuf::from),
+            each: std::env::var("RLS_DESCRIPTORS").is_ok_and(|v| v == "each"),
         }))
         .serve(addr)
         .await?;

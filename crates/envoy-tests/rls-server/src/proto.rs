@@ -18,11 +18,21 @@ pub struct RateLimitRequest {
     pub hits_addend: u32,
 }
 
-/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor` (its entries).
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor` (its entries and its own
+/// `hits_addend`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RateLimitDescriptor {
     #[prost(message, repeated, tag = "1")]
     pub entries: Vec<Entry>,
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+}
+
+/// `google.protobuf.UInt64Value`.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct UInt64Value {
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
 }
 
 /// `RateLimitDescriptor.Entry`.
