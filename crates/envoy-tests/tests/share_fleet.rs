@@ -115,24 +115,10 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
             fleet(rule, "limited"),
         );
     }
-    // Why requests were refused, from the `shared` lines of the Envoys' logs: by rule, band
-    // and reason.
-    let mut why: std::collections::BTreeMap<String, u64> = Default::default();
-    for p in &proxies {
-        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
-        for line in log.lines().filter_map(|l| l.split("shared rule=").nth(1)) {
-            let field = |name: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(name))
-                    .unwrap_or("?")
-                    .to_string()
-            };
-            let rule = line.split_whitespace().next().unwrap_or("?");
-            let key = format!("{rule} {} {}", field("band="), field("reason="));
-            *why.entry(key).or_default() += 1;
-        }
-    }
-    eprintln!("refusals by rule, band and reason: {why:?}");
+    eprintln!(
+        "refusals by rule, band and reason: {:?}",
+        common::share::refusal_reasons(&proxies)
+    );
     let p1 = admitted("p1");
     report("p1", &p1);
     let p2 = admitted("p2");

@@ -58,6 +58,18 @@ pub struct ShareCheck {
     pub share: share::Share,
     /// The tenant's weight and band for this request.
     pub asker: share::Asker,
+    /// A fleet-fair shared rule (`share.fleet: "fair"`): where this Envoy keeps the fleet's
+    /// shares, and the tenant's name there.
+    pub fleet: Option<FleetAsk>,
+}
+
+/// A fleet-fair shared rule's part of a request ([`crate::share::fair_record`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FleetAsk {
+    /// The store slot of the rule's fair record.
+    pub slot: u64,
+    /// The tenant's name in the service's counters ([`crate::key::fleet_id`]).
+    pub id: u64,
 }
 
 impl Check {
@@ -311,6 +323,7 @@ fn decide_shares(
         for (i, sc) in counted {
             if let Some(check) = checks.get(i) {
                 refund_share(store, check, sc, now_ms);
+                fair_give_back(store, check, sc);
             }
         }
     }
@@ -432,8 +445,97 @@ fn decide_share(
     }
     out.verdict = Some(d.verdict);
     out.share_refused = d.refused;
-    let admitted = d.refused.is_none();
+    let mut admitted = d.refused.is_none();
+    if let Some(f) = &sc.fleet {
+        // Within the fleet's share too: the tenant's allowance on this Envoy.
+        let (_, window_ms) = check.policy.limit_and_window();
+        let asks = !sc.asker.again;
+        let fits = fair_ask(
+            store,
+            f,
+            sc,
+            (now_ms, window_ms),
+            check.cost,
+            (asks, admitted),
+        );
+        if let (Err(wait_ms), true) = (fits, admitted) {
+            refund_share(store, check, sc, now_ms);
+            admitted = false;
+            out.share_refused = Some(share::Reason::Share);
+            out.verdict = Some(Verdict {
+                allowed: false,
+                remaining: 0,
+                retry_after_ms: wait_ms,
+                delay_ms: 0,
+                ..d.verdict
+            });
+        }
+    }
     (out, admitted || check.shadow, admitted.then_some(d.tenant))
+}
+
+/// A fleet-fair shared rule's request at its fair record ([`share::fair_record::FairRecord::
+/// request`]): counted as the tenant's demand if it `asks`, and taken from its allowance here
+/// if the local shares `admitted` it. A store that cannot say lets it through (the lease still
+/// bounds the fleet).
+fn fair_ask(
+    store: &impl Store,
+    f: &FleetAsk,
+    sc: &ShareCheck,
+    at: (u64, u64),
+    cost: u64,
+    how: (bool, bool),
+) -> Result<(), u64> {
+    let who = (f.id, sc.asker.weight, sc.asker.band);
+    let bands = sc.share.bands;
+    let decide = |bytes: Option<&[u8]>, out: &mut Vec<u8>| {
+        let mut r = share::fair_record::FairRecord::decode_or_new(bytes, bands);
+        let fits = r.request(who, at, cost, how);
+        r.encode_into(out);
+        fits
+    };
+    let held = store.locked_value(f.slot, |value, present| {
+        let bytes = present.then(|| std::mem::take(value));
+        (decide(bytes.as_deref(), value), true)
+    });
+    let written = match held {
+        Some(r) => r,
+        None => {
+            let mut value = Vec::new();
+            store.replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                (decide(bytes, value), true)
+            })
+        }
+    };
+    written.unwrap_or(Ok(()))
+}
+
+/// Gives a fleet-fair shared rule's tenant back, in its allowance here, a request its
+/// allowance covered and another check refused.
+fn fair_give_back(store: &impl Store, check: &Check, sc: &ShareCheck) {
+    let Some(f) = &sc.fleet else {
+        return;
+    };
+    let (_, window_ms) = check.policy.limit_and_window();
+    let bands = sc.share.bands;
+    let back = |bytes: Option<&[u8]>, out: &mut Vec<u8>| {
+        let mut r = share::fair_record::FairRecord::decode_or_new(bytes, bands);
+        r.give_back(f.id, check.cost, window_ms);
+        r.encode_into(out);
+    };
+    let held = store.locked_value(f.slot, |value, present| {
+        let bytes = present.then(|| std::mem::take(value));
+        back(bytes.as_deref(), value);
+        ((), present)
+    });
+    if held.is_none() {
+        let mut value = Vec::new();
+        let _ = store.replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+            let present = bytes.is_some();
+            back(bytes, value);
+            ((), present)
+        });
+    }
 }
 
 /// The tenant's part of a decision the record already holds, applied to its entry as it is now

@@ -465,6 +465,30 @@ pub fn client_key(
     Some(rule_tag(rule_fingerprint) | h.finish() >> (64 - TAG_SHIFT))
 }
 
+/// The seed of [`fleet_id`]: the same in every Envoy, and public.
+const FLEET_SEED: Seed = Seed([0x6661_6972_2d66_6c65, 0x6574_2d74_656e_616e]);
+
+/// A tenant's name in a rate limit service's counters for a fleet-fair shared rule
+/// ([`crate::share::fair_record`]): a hash of the rule's name and the key's parts that every
+/// Envoy computes alike (its seed is fixed, unlike [`client_key`]'s), so that the tenant's
+/// counters add up over the fleet without its key (an API key, say) leaving the Envoy. `None`
+/// when a key part is missing (as [`client_key`]). Being public, the seed lets a client craft
+/// a key whose name another tenant's has: both then count as one tenant's demand in the fleet.
+pub fn fleet_id(
+    rule: &str,
+    parts: &[KeyPart],
+    shared: bool,
+    req: &mut impl Attributes,
+) -> Option<u64> {
+    let mut h = FLEET_SEED.hasher();
+    write_field(&mut h, rule.as_bytes());
+    visit_parts(parts, req, shared, |_, value| match value {
+        Some(value) => write_part(&mut h, value),
+        None => h.write_u64(MISSING_PART),
+    })?;
+    Some(h.finish())
+}
+
 /// What a missing part of a `shared` key hashes as: a length no value has.
 const MISSING_PART: u64 = u64::MAX;
 

@@ -853,8 +853,32 @@ pub fn rls_server(port: u16, redis_port: u16, limits: &str, delay_ms: u64, seria
     rls_service(port, &store, limits, delay_ms, serial)
 }
 
+/// [`rls_server`] counting each descriptor by its own `hits_addend` and answering a status for
+/// each, as envoyproxy/ratelimit does (`RLS_DESCRIPTORS=each`, rls-server's doc).
+#[allow(dead_code)]
+pub fn rls_server_each(port: u16, redis_port: u16, limits: &str, serial: bool) -> Proc {
+    let store = format!("redis://127.0.0.1:{redis_port}");
+    let mut cmd = rls_command(port, &store, limits, 0, serial);
+    cmd.env("RLS_DESCRIPTORS", "each");
+    listening(
+        &mut cmd,
+        port,
+        "the test RLS server (make rls-server builds it)",
+    )
+}
+
 /// [`rls_server`] over `store`: a Redis URL, or `memory` (the limitador engine's own counters).
 pub fn rls_service(port: u16, store: &str, limits: &str, delay_ms: u64, serial: bool) -> Proc {
+    let mut cmd = rls_command(port, store, limits, delay_ms, serial);
+    listening(
+        &mut cmd,
+        port,
+        "the test RLS server (make rls-server builds it)",
+    )
+}
+
+/// The test RLS server's command line.
+fn rls_command(port: u16, store: &str, limits: &str, delay_ms: u64, serial: bool) -> Command {
     let mut cmd = Command::new(rls_server_bin());
     cmd.args([
         format!("127.0.0.1:{port}"),
@@ -863,11 +887,7 @@ pub fn rls_service(port: u16, store: &str, limits: &str, delay_ms: u64, serial: 
         delay_ms.to_string(),
         if serial { "serial" } else { "concurrent" }.to_string(),
     ]);
-    listening(
-        &mut cmd,
-        port,
-        "the test RLS server (make rls-server builds it)",
-    )
+    cmd
 }
 
 /// An example as [`example_yaml`] gives it, with what it needs running: for an example with a

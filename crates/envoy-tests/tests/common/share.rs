@@ -105,13 +105,24 @@ pub fn drive(
     run_s: u64,
     warmup_s: u64,
 ) -> Vec<Seen> {
+    drive_to(|_| addrs.to_vec(), provider, tenants, run_s, warmup_s)
+}
+
+/// [`drive`], tenant `n`'s requests sent in turn to the Envoys `to(n)` gives.
+pub fn drive_to(
+    to: impl Fn(usize) -> Vec<SocketAddr>,
+    provider: &Arc<Provider>,
+    tenants: &[Tenant],
+    run_s: u64,
+    warmup_s: u64,
+) -> Vec<Seen> {
     let threads: Vec<_> = tenants
         .iter()
         .cloned()
         .enumerate()
         .map(|(n, t)| {
             let provider = provider.clone();
-            let addrs = addrs.to_vec();
+            let addrs = to(n);
             std::thread::spawn(move || {
                 let mut seen = Seen::default();
                 let mut clients: Vec<Client> =
@@ -277,4 +288,25 @@ impl<'a> Outcome<'a> {
             100.0 * total / rate
         );
     }
+}
+
+/// Why requests were refused, from the `shared` lines of the Envoys' logs: how many by rule,
+/// band and reason.
+pub fn refusal_reasons(proxies: &[super::Envoy]) -> std::collections::BTreeMap<String, u64> {
+    let mut why = std::collections::BTreeMap::new();
+    for p in proxies {
+        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+        for line in log.lines().filter_map(|l| l.split("shared rule=").nth(1)) {
+            let field = |name: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(name))
+                    .unwrap_or("?")
+                    .to_string()
+            };
+            let rule = line.split_whitespace().next().unwrap_or("?");
+            let key = format!("{rule} {} {}", field("band="), field("reason="));
+            *why.entry(key).or_default() += 1;
+        }
+    }
+    why
 }

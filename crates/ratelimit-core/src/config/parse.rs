@@ -560,7 +560,16 @@ impl Validator {
                 let p = join(path, "share");
                 self.share_rules(path, &key, limit, &cost, &per_request, &global, &elastic);
                 let unit = quota_unit.as_ref().map(|u| u.as_deref());
-                self.share(v, &p, unit).map(Some)
+                let share = self.share(v, &p, unit);
+                if share.as_ref().is_some_and(|s| s.fleet_fair)
+                    && !matches!(&global, Some(Some(g)) if g.mode == GlobalMode::Lease)
+                {
+                    self.error(
+                        &join(&p, "fleet"),
+                        "\"fair\" shares the capacity across Envoys through the rate limit service: give the rule \"global\" with \"mode\": \"lease\"",
+                    );
+                }
+                share.map(Some)
             }
             None => Some(None),
         };

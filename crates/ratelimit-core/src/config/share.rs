@@ -30,6 +30,10 @@ pub struct ShareConfig {
     pub max_queued: usize,
     /// The most requests of one tenant waiting in the line.
     pub max_queued_per_tenant: usize,
+    /// Leased across Envoys, each tenant's share is computed over the whole fleet from
+    /// counters kept in the rate limit service (`share.fleet: "fair"`, [`crate::share::fair`]),
+    /// not by each Envoy from the part of the capacity it holds (`"local"`, the default).
+    pub fleet_fair: bool,
 }
 
 impl ShareConfig {

@@ -20,6 +20,7 @@ fn shared(slot: u64, tenant: u64, limit: u64, weight: u16) -> SharedCheck {
             again: false,
             wait_ms: 0,
         },
+        fleet: None,
     };
     (check(slot, tenant, limit, MINUTE), Some(sc))
 }

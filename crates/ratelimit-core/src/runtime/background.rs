@@ -14,6 +14,7 @@ use super::Runtime;
 use crate::global::{Answer, Claim, Target};
 use crate::metrics;
 use crate::rls::GrpcAnswer;
+use crate::share::fair_record::Report;
 use crate::store::Store;
 use std::collections::HashMap;
 
@@ -23,13 +24,16 @@ use std::collections::HashMap;
 pub const RELEASE_PERIOD_MS: u32 = 1;
 
 /// What a background call is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Purpose {
     /// Reports a key's hits of an async global rule (or the usage of a global rule charged by
     /// its responses); the answer may block the key.
     Flush(Target, u64),
     /// Claims a block for a lease rule's key ahead of need.
     Claim(Claim),
+    /// Reports a fleet-fair shared rule's window and reads the fleet's
+    /// ([`super::fleet`]).
+    Report(usize, Report),
 }
 
 /// A call the host is asked to start: one `ShouldRateLimit` to a rule's service.
@@ -157,8 +161,13 @@ impl Background {
                     .claims_ahead(now_ms)
                     .into_iter()
                     .map(|(message, claim)| (claim.target.rule, message, Purpose::Claim(claim)));
+                let reports = rt
+                    .fair_reports(now_ms)
+                    .into_iter()
+                    .map(|(rule, message, report)| (rule, message, Purpose::Report(rule, report)));
                 work.calls = flushes
                     .chain(claims)
+                    .chain(reports)
                     .filter_map(|(rule, message, purpose)| {
                         let g = rt.global_of(rule)?;
                         Some(Call {
@@ -265,6 +274,7 @@ fn settle<S: Store>(rt: &Runtime<S>, purpose: Purpose, answer: Answer, now_ms: u
     match purpose {
         Purpose::Flush(target, hits) => rt.flushed(&target, hits, answer, now_ms),
         Purpose::Claim(claim) => rt.ahead_answered(&claim, answer, now_ms),
+        Purpose::Report(rule, report) => rt.fair_answered(rule, &report, &answer),
     }
 }
 

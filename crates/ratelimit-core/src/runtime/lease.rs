@@ -46,7 +46,7 @@ impl<S: Store> Runtime<S> {
                         alt: check.alt,
                         fingerprint: check.fingerprint,
                     };
-                    let cap = self.block_cap(applied, *limit, *max_block);
+                    let cap = self.block_cap(applied, *limit, *max_block, now_ms);
                     let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
                     match peeked {
                         Some(block) => Some(Claim {
@@ -159,7 +159,7 @@ impl<S: Store> Runtime<S> {
             alt: check.alt,
             fingerprint: check.fingerprint,
         };
-        let cap = self.block_cap(applied, limit, max_block);
+        let cap = self.block_cap(applied, limit, max_block, now_ms);
         let block = self.update_lease(target, now_ms, |state| {
             match lease::State::wake(state, now_ms, check.cost, cap) {
                 Some((next, block)) => (Some(block), Some(next)),
@@ -178,16 +178,32 @@ impl<S: Store> Runtime<S> {
         self.claim_ahead(applied.hash, applied.descriptor.as_ref(), claim, now_ms);
     }
 
-    /// The largest block a lease check of `applied`'s rule claims (`limit`, `max_block` its
-    /// policy's): a shared capacity's blocks follow this proxy's part of it.
-    fn block_cap(&self, applied: &Applied, limit: u64, max_block: u64) -> u64 {
-        match self.compiled.get(applied.rule).filter(|_| applied.capacity) {
-            Some(c) => {
-                let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
-                share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
-            }
-            None => max_block,
+    /// The largest block a lease check of `applied`'s rule claims at `now_ms` (`limit`,
+    /// `max_block` its policy's): a shared capacity's blocks follow this proxy's part of it,
+    /// a fleet-fair one's what it expects to admit ([`share::fair::block_cap`]).
+    fn block_cap(&self, applied: &Applied, limit: u64, max_block: u64, now_ms: u64) -> u64 {
+        let Some(c) = self.compiled.get(applied.rule).filter(|_| applied.capacity) else {
+            return max_block;
+        };
+        if self.fleet_fair(applied.rule) && self.fair_view_fresh(c, now_ms) {
+            let part = c.fair_part.load(std::sync::atomic::Ordering::Relaxed);
+            let window_ms = c.policy.limit_and_window().1.max(1);
+            let end = (now_ms / window_ms + 1).saturating_mul(window_ms);
+            let part = (part != u64::MAX).then_some(part);
+            let cap = if part.is_some() { limit } else { max_block };
+            return share::fair::block_cap(part, (now_ms, end, window_ms), cap);
         }
+        let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
+        share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
+    }
+
+    /// Whether `rule` is a shared capacity fair across the fleet (`share.fleet: "fair"`).
+    pub(super) fn fleet_fair(&self, rule: usize) -> bool {
+        self.config
+            .rules
+            .get(rule)
+            .and_then(|r| r.share.as_ref())
+            .is_some_and(|s| s.fleet_fair)
     }
 
     /// Queues `claim`, started in its key's lease, to be sent ahead of need at the next tick
@@ -374,6 +390,9 @@ impl<S: Store> Runtime<S> {
         let Some((limit, window_ms)) = c.lease.map(|l| l.limit_and_window()) else {
             return;
         };
+        if sh.fleet_fair && self.fair_view_fresh(c, at.1) {
+            return; // each tenant's share is the fleet's: no part of this proxy's to learn
+        }
         let bands = Some(sh.params.bands);
         let part = engine::update_share_record(&self.store, c.share_record(), bands, |record| {
             let changed = share::lease_answered(record, (limit, window_ms), answer, at);

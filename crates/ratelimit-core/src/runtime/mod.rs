@@ -15,6 +15,7 @@
 pub mod background;
 mod charge;
 pub mod explain;
+mod fleet;
 mod lease;
 pub mod operator;
 pub mod operator_http;
@@ -65,6 +66,13 @@ pub(crate) struct Compiled {
     /// answer here left it, permille (0: not known; the record holds the part, this copy sizes
     /// the blocks without reading it: [`crate::share::lease_block_cap`]).
     pub part_pm: std::sync::atomic::AtomicU32,
+    /// A fleet-fair shared rule: what this Envoy expects to admit a window, cost units ×
+    /// [`crate::share::LEVEL_ONE`], as its fair record's last answer left it (`u64::MAX`: not
+    /// known; sizes the lease's blocks: [`crate::share::fair::block_cap`]).
+    pub fair_part: AtomicU64,
+    /// A fleet-fair shared rule: the epoch its fair record's view of the fleet describes
+    /// (`u64::MAX`: none yet).
+    pub fair_view: AtomicU64,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -80,6 +88,12 @@ impl Compiled {
     /// A shared rule's record: its store slot ([`table::SlotKind::Share`]).
     pub fn share_record(&self) -> u64 {
         table::SlotKind::Share.slot(self.fingerprint % (1 << 31))
+    }
+
+    /// A fleet-fair shared rule's fair record ([`crate::share::fair_record`]): its store slot,
+    /// in the upper half of the shared records' range.
+    pub fn fair_record(&self) -> u64 {
+        table::SlotKind::Share.slot(self.fingerprint % (1 << 31) + (1 << 31))
     }
 }
 
@@ -223,6 +237,8 @@ impl<S: Store> Runtime<S> {
                     lease,
                     capacity_key,
                     part_pm: AtomicU32::new(0),
+                    fair_part: AtomicU64::new(u64::MAX),
+                    fair_view: AtomicU64::new(u64::MAX),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(

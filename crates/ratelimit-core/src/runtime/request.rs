@@ -621,10 +621,20 @@ impl<S: Store> Runtime<S> {
             p.sized.push(p.checks.len());
         }
         if let Some(sh) = &rule.share {
+            // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
+            let fleet = sh
+                .fleet_fair
+                .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
+                .flatten()
+                .map(|id| crate::engine::FleetAsk {
+                    slot: compiled.fair_record(),
+                    id,
+                });
             let sc = ShareCheck {
                 record: compiled.share_record(),
                 share: sh.params,
                 asker: asker(sh, host),
+                fleet,
             };
             p.shares.push((p.checks.len(), sc));
         }

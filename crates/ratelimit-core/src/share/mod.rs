@@ -36,6 +36,7 @@
 //! time; where they are stored and how concurrent updates are kept apart is the engine's.
 
 pub mod fair;
+pub mod fair_record;
 pub mod learn;
 pub mod queue;
 pub mod state;

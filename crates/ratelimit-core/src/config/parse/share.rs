@@ -105,6 +105,7 @@ impl Validator {
                 "max_wait_ms",
                 "max_queued",
                 "max_queued_per_tenant",
+                "fleet",
             ],
         )?;
         let learn = match map.get("learn") {
@@ -180,8 +181,18 @@ impl Validator {
             Some(n) => self.integer(n, &join(path, "max_queued_per_tenant"), 1, 256),
             None => Some(8),
         };
+        let fleet_fair = match map.get("fleet") {
+            Some(f) => self.choice(
+                f,
+                &join(path, "fleet"),
+                "way of sharing across Envoys",
+                &[("local", false), ("fair", true)],
+            ),
+            None => Some(false),
+        };
         let learn = learn?;
         Some(ShareConfig {
+            fleet_fair: fleet_fair?,
             learn,
             max_wait_ms: max_wait_ms?,
             max_queued: max_queued? as usize,

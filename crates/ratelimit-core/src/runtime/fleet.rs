@@ -1,0 +1,403 @@
+//! A fleet-fair shared capacity's reports (`share.fleet: "fair"`, [`crate::share::fair`]): at
+//! the first tick of each of the capacity's windows, one Envoy's one call to the rule's rate
+//! limit service writes what its tenants asked in the window before and its part of the band
+//! sums, and reads the fleet's sums of the window before that; the answer becomes the rule's
+//! view of the fleet in its fair record ([`crate::share::fair_record`]).
+//!
+//! The counters are descriptors of the rule's domain: `("fair", rule), ("asked", tenant),
+//! ("epoch", k)` and `("fair", rule), ("band", "b.s"), ("epoch", k)` (band `b`, sum `s`: 0
+//! demand, 1 free, 2 held weight, 3 active weight), each with its own `hits_addend` (0 to read).
+//! A counter's value is its limit less what remains (`current_limit.requests_per_unit −
+//! limit_remaining`); a status without a limit says nothing.
+
+use super::Runtime;
+use crate::global::Answer;
+use crate::rls::{self, Each};
+use crate::share::fair_record::{FairRecord, Item, Report};
+use crate::store::{Store, MAX_ATTEMPTS};
+use std::sync::atomic::Ordering;
+
+/// A report to send: the rule, its message and what it asks.
+pub(crate) type Due = (usize, Vec<u8>, Report);
+
+impl<S: Store> Runtime<S> {
+    /// The reports due at `now_ms`: one per fleet-fair rule whose window turned since its last
+    /// report on this Envoy (the fair record says, whichever worker made it).
+    pub(crate) fn fair_reports(&self, now_ms: u64) -> Vec<Due> {
+        let mut due = Vec::new();
+        for (i, (rule, c)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
+            let (Some(sh), Some(g)) = (rule.share.as_ref(), rule.global.as_ref()) else {
+                continue;
+            };
+            if !sh.fleet_fair {
+                continue;
+            }
+            let window_ms = c.policy.limit_and_window().1.max(1);
+            let epoch = now_ms / window_ms;
+            let bands = sh.params.bands;
+            let made = self.update_fair(c.fair_record(), bands, |r| {
+                let due = r.reported < epoch;
+                ((r.report(bands, epoch), r.view.epoch, r.part), due)
+            });
+            let Some((report, view, part)) = made else {
+                continue;
+            };
+            // What this runtime knows of the record, as another worker's answer may have left
+            // it (in the wasm build each worker has its own runtime).
+            self.fair_known(i, view, part, now_ms);
+            let Some(report) = report else {
+                continue;
+            };
+            let message = report_message(&g.domain, &rule.name, &report);
+            due.push((i, message, report));
+        }
+        due
+    }
+
+    /// The service's answer to `report`, rule `rule`'s: written into its fair record.
+    pub(crate) fn fair_answered(&self, rule: usize, report: &Report, answer: &Answer) {
+        let (Some(r), Some(c)) = (self.config.rules.get(rule), self.compiled.get(rule)) else {
+            return;
+        };
+        let Some(sh) = r.share.as_ref() else {
+            return;
+        };
+        let Ok(answer) = answer else {
+            return; // the view ages; a stale one is dropped (share::fair::MAX_STALE)
+        };
+        let values: Vec<Option<u64>> = (0..report.items.len())
+            .map(|i| {
+                let s = answer.statuses.get(i)?;
+                let limit = u64::from(s.requests_per_unit?);
+                Some(limit.saturating_sub(u64::from(s.limit_remaining)))
+            })
+            .collect();
+        let (limit, window_ms) = c.policy.limit_and_window();
+        let now_ms = report.epoch.saturating_mul(window_ms.max(1));
+        let read = self.update_fair(c.fair_record(), sh.params.bands, |f| {
+            f.answered(&sh.params, limit, report, &values);
+            ((f.part, f.view.epoch), true)
+        });
+        let Some((part, view)) = read else {
+            return;
+        };
+        self.fair_known(rule, view, part, now_ms);
+    }
+
+    /// Takes what the fair record says (the epoch of its view, what this Envoy expects to
+    /// admit) into `c`'s copies; once the view is in force, the part this proxy learned while
+    /// it had none is dropped from the rule's record.
+    fn fair_known(&self, rule: usize, view: Option<u64>, part: Option<u64>, now_ms: u64) {
+        let (Some(c), Some(sh)) = (
+            self.compiled.get(rule),
+            self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
+        ) else {
+            return;
+        };
+        let was_fresh = self.fair_view_fresh(c, now_ms);
+        c.fair_part
+            .store(part.unwrap_or(u64::MAX), Ordering::Relaxed);
+        c.fair_view
+            .store(view.unwrap_or(u64::MAX), Ordering::Relaxed);
+        if !was_fresh && self.fair_view_fresh(c, now_ms) {
+            // The fleet's view is in force: the part this proxy learned while it had none
+            // (sharing locally, as a rule of `share.fleet: "local"`) no longer bounds it.
+            let bands = Some(sh.params.bands);
+            crate::engine::update_share_record(&self.store, c.share_record(), bands, |r| {
+                let had = r.fleet != crate::share::Fleet::default();
+                r.fleet = crate::share::Fleet::default();
+                ((), had)
+            });
+            c.part_pm.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a fleet-fair rule's view of the fleet is recent enough to use at `now_ms`
+    /// ([`crate::share::fair::View::fresh`]): while it is not (the service never answered its
+    /// counters, or not lately), the rule shares its Envoy's part locally, as a rule of
+    /// `share.fleet: "local"` does.
+    pub(super) fn fair_view_fresh(&self, c: &super::Compiled, now_ms: u64) -> bool {
+        let view = c.fair_view.load(Ordering::Relaxed);
+        let window_ms = c.policy.limit_and_window().1.max(1);
+        view != u64::MAX
+            && (now_ms / window_ms).saturating_sub(view) <= crate::share::fair::MAX_STALE
+    }
+
+    /// Changes the fair record at `slot` with `f`; its result (`None`: the store failed).
+    fn update_fair<T>(
+        &self,
+        slot: u64,
+        bands: usize,
+        f: impl Fn(&mut FairRecord) -> (T, bool),
+    ) -> Option<T> {
+        let mut result = None;
+        let held = self.store.locked_value(slot, |value, present| {
+            let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
+            let (out, write) = f(&mut r);
+            result = Some(out);
+            if write {
+                r.encode_into(value);
+            }
+            ((), write)
+        });
+        if held.is_some() {
+            return result;
+        }
+        let mut value = Vec::new();
+        self.store
+            .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                let mut r = FairRecord::decode_or_new(bytes, bands);
+                let (out, write) = f(&mut r);
+                if write {
+                    r.encode_into(value);
+                }
+                (out, write)
+            })
+            .ok()
+    }
+}
+
+/// The `RateLimitRequest` of `report`, rule `rule`'s, in `domain`.
+fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
+    let texts: Vec<(&'static str, String, String)> = report
+        .items
+        .iter()
+        .map(|(item, _)| match item {
+            Item::Asked { id, epoch } => ("asked", format!("{id:016x}"), epoch.to_string()),
+            Item::Band { band, sum, epoch } => ("band", format!("{band}.{sum}"), epoch.to_string()),
+        })
+        .collect();
+    let entries: Vec<[(&str, &[u8]); 3]> = texts
+        .iter()
+        .map(|(kind, value, epoch)| {
+            [
+                ("fair", rule.as_bytes()),
+                (*kind, value.as_bytes()),
+                ("epoch", epoch.as_bytes()),
+            ]
+        })
+        .collect();
+    let each: Vec<Each<'_>> = entries
+        .iter()
+        .zip(&report.items)
+        .map(|(e, (_, hits))| Each {
+            entries: e,
+            hits: *hits,
+        })
+        .collect();
+    rls::encode_request_each(domain, &each)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+mod tests {
+    use crate::key::Seed;
+    use crate::rls::{self, Code, DescriptorStatus};
+    use crate::runtime::{Background, Next, Runtime, StreamState};
+    use crate::store::MemoryStore;
+    use crate::testkit::fair::{jain, water_fill};
+    use crate::testkit::FakeHost;
+    use std::collections::HashMap;
+
+    /// The service: the capacity's counter (100 a window of a second, checked then counted,
+    /// as limitador does) and, for the fair counters, a counter per descriptor adding each
+    /// descriptor's own `hits_addend`, as envoyproxy/ratelimit does (limit `u32::MAX`, an
+    /// hour). `statuses`: whether it answers the fair counters' statuses (Limitador's server
+    /// answers none).
+    struct Service {
+        window: u64,
+        used: u64,
+        counters: HashMap<Vec<(String, Vec<u8>)>, u64>,
+        statuses: bool,
+        reports: u64,
+    }
+
+    impl Service {
+        fn answer(&mut self, message: &[u8], now: u64) -> rls::Response {
+            let req = rls::decode_request(message).unwrap();
+            let fair = req
+                .descriptors
+                .first()
+                .and_then(|d| d.first())
+                .map(|e| e.0.as_str())
+                == Some("fair");
+            if fair {
+                self.reports += 1;
+                let statuses = req
+                    .descriptors
+                    .iter()
+                    .zip(&req.descriptor_hits)
+                    .map(|(d, hits)| {
+                        let c = self.counters.entry(d.clone()).or_insert(0);
+                        *c += hits.unwrap_or(req.hits);
+                        DescriptorStatus {
+                            code: Code::Ok,
+                            requests_per_unit: Some(u32::MAX),
+                            unit_seconds: Some(3_600),
+                            limit_remaining: u32::MAX - u32::try_from(*c).unwrap(),
+                            reset_ms: Some(3_600_000),
+                        }
+                    })
+                    .collect();
+                return rls::Response {
+                    overall_code: Code::Ok,
+                    statuses: if self.statuses { statuses } else { Vec::new() },
+                    headers: Vec::new(),
+                };
+            }
+            if self.window != now / 1000 {
+                self.window = now / 1000;
+                self.used = 0;
+            }
+            let code = if self.used + req.hits <= 100 {
+                self.used += req.hits;
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
+            rls::Response {
+                overall_code: code,
+                statuses: vec![DescriptorStatus {
+                    code,
+                    requests_per_unit: Some(100),
+                    unit_seconds: Some(1),
+                    limit_remaining: u32::try_from(100 - self.used).unwrap(),
+                    reset_ms: Some(1000 - now % 1000),
+                }],
+                headers: Vec::new(),
+            }
+        }
+    }
+
+    /// Tenants (name, Envoy, weight, requests a second).
+    const TENANTS: [(&str, usize, u16, f64); 5] = [
+        ("solo", 0, 1, 60.0),
+        ("b1", 1, 1, 60.0),
+        ("b2", 1, 1, 60.0),
+        ("c1", 2, 2, 60.0),
+        ("light", 2, 1, 5.0),
+    ];
+
+    /// Three Envoys leasing one capacity of 100 a second (`fleet`: `share.fleet`), each
+    /// tenant pinned to one of them, on a virtual clock, every call answered at once: each
+    /// tenant's admitted rate over seconds 10 to 30, the most admitted in one second, and the
+    /// reports made.
+    fn pinned(fleet: &str, statuses: bool) -> (Vec<f64>, u64, u64) {
+        let json = format!(
+            r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": 100, "unit": "second"}},
+            "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                       "max_block": 10}},
+            "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 4}},
+                       "fleet": "{fleet}"}}}}]}}"#
+        );
+        let envoys: Vec<Runtime<MemoryStore>> = (0..3u64)
+            .map(|i| crate::testkit::runtime(&json, Seed([i + 1, 7])))
+            .collect();
+        let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
+        let mut service = Service {
+            window: 0,
+            used: 0,
+            counters: HashMap::new(),
+            statuses,
+            reports: 0,
+        };
+        let t0: u64 = 1_800_000_000_000;
+        let run_ms = 30_000u64;
+        let mut next_at: Vec<f64> = (0..TENANTS.len()).map(|i| i as f64 * 2.3).collect();
+        let mut per_s = vec![vec![0u64; TENANTS.len()]; (run_ms / 1000) as usize];
+        let mut id = 0u64;
+        for ms in 0..run_ms {
+            let now = t0 + ms;
+            for (i, &(name, e, weight, rate)) in TENANTS.iter().enumerate() {
+                while next_at[i] <= ms as f64 {
+                    next_at[i] += 1000.0 / rate;
+                    let rt = &envoys[e];
+                    let mut h = FakeHost::new("10.0.0.1", "/")
+                        .header("x-tenant", name)
+                        .header("x-weight", &weight.to_string());
+                    h.now = now;
+                    let mut st = StreamState::default();
+                    let mut next = st.request_headers(rt, &mut h);
+                    loop {
+                        next = match next {
+                            Next::Call { message, .. } => {
+                                id += 1;
+                                assert!(matches!(st.started(rt, &mut h, Ok(id)), Next::Wait));
+                                let a = service.answer(&message, now);
+                                st.call_answer(rt, &mut h, id, Ok(a))
+                            }
+                            Next::Continue => {
+                                per_s[(ms / 1000) as usize][i] += 1;
+                                break;
+                            }
+                            Next::Reply(r) => {
+                                assert_eq!(r.status, 429);
+                                break;
+                            }
+                            other => panic!("{other:?}"),
+                        };
+                    }
+                }
+            }
+            for (rt, bg) in envoys.iter().zip(bgs.iter_mut()) {
+                for call in bg.tick(rt, now, None).calls {
+                    id += 1;
+                    let a = service.answer(&call.message, now);
+                    bg.started(rt, call, Some(id));
+                    bg.answered(rt, id, Ok(a), now);
+                }
+            }
+        }
+        let measured = &per_s[10..];
+        let rates = (0..TENANTS.len())
+            .map(|i| measured.iter().map(|s| s[i]).sum::<u64>() as f64 / measured.len() as f64)
+            .collect();
+        let most = per_s.iter().map(|s| s.iter().sum::<u64>()).max().unwrap();
+        (rates, most, service.reports)
+    }
+
+    /// Tenants pinned to Envoys share the capacity as the whole fleet's weighted max-min
+    /// shares say, not each Envoy's part: equal weights get equal rates and a double weight
+    /// twice theirs wherever they are (with each Envoy sharing its part locally, the lone
+    /// tenant of one Envoy gets more than its share and the tenant of weight 2 beside a light
+    /// one about half of its), the light one all it asks, and the fleet never more than the
+    /// capacity in a second. A service that answers no statuses (Limitador's server) leaves
+    /// each Envoy sharing locally.
+    #[test]
+    fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
+        let (fair, most, reports) = pinned("fair", true);
+        let (local, _, _) = pinned("local", true);
+        let (unread, _, _) = pinned("fair", false);
+        let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
+        let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
+        let ideal = water_fill(97.0, &demands, &weights);
+        println!("fair {fair:.1?}, local {local:.1?}, without statuses {unread:.1?}");
+        println!("water-filling {ideal:.1?}; most in a second {most}; {reports} reports");
+        assert!(most <= 100, "{most} in one second");
+        let per_weight: Vec<f64> = (0..4).map(|i| fair[i] / weights[i]).collect();
+        assert!(jain(&per_weight) >= 0.99, "{per_weight:?}");
+        for i in 0..4 {
+            let off = (fair[i] - ideal[i]).abs() / ideal[i];
+            assert!(
+                off <= 0.08,
+                "{}: {:.1} for {:.1}",
+                TENANTS[i].0,
+                fair[i],
+                ideal[i]
+            );
+        }
+        assert!(fair[4] >= 0.99 * 5.0, "light {:.2}", fair[4]);
+        let used: f64 = fair.iter().sum();
+        assert!(used >= 90.0, "used {used:.1}");
+        // One report a second and Envoy.
+        assert!((85..=93).contains(&reports), "{reports}");
+        // Shared locally, the lone tenant gets far more than its share; so it does when the
+        // service says nothing of the fleet's counters.
+        for shares in [&local, &unread] {
+            let per_weight: Vec<f64> = (0..4).map(|i| shares[i] / weights[i]).collect();
+            assert!(jain(&per_weight) < 0.95, "{per_weight:?}");
+            assert!(shares[4] >= 0.99 * 5.0, "light {:.2}", shares[4]);
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! What one Envoy keeps of a fleet-fair shared capacity (`share.fleet: "fair"`, [`super::fair`]):
+//! one record per rule in the store, shared by its workers: the view of the fleet it last read,
+//! what it wrote to the fleet's band sums, what it expects to admit, and each tenant it serves
+//! ([`Local`]: its asks by epoch, its demand here and in the fleet, its credit).
+//!
+//! A tenant is known by [`Tracked::id`], a hash of its key that every Envoy computes alike
+//! ([`crate::key::fleet_id`]): the service counts it under that name, never the key itself.
+//! At most [`MAX_TENANTS`] tenants are kept per Envoy and rule; a new one takes the place of one
+//! that has asked nothing for [`super::fair`]'s kept epochs, and while every place is taken by
+//! an active tenant it is not tracked (admitted under the rule's local shares and the lease,
+//! as a lone Envoy's are).
+//!
+//! Fixed-width little-endian; a record that does not decode (another version, cut short) is
+//! read as empty.
+
+use super::fair::{self, BandCounts, BandView, Local, View};
+use super::{Share, MAX_BANDS};
+
+/// The record's format version, its first byte.
+pub const VERSION: u8 = 1;
+/// The most tenants one Envoy keeps of one rule.
+pub const MAX_TENANTS: usize = 64;
+/// The epochs of the asks a [`Local`] keeps.
+const KEPT: usize = 4;
+const NONE: u64 = u64::MAX;
+const BAND_SUMS: usize = 4;
+const HEADER_LEN: usize = 1 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 2;
+const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
+
+/// One tenant this Envoy serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    /// Its name in the service's counters ([`crate::key::fleet_id`]).
+    pub id: u64,
+    /// Its weight at its last request.
+    pub weight: u16,
+    /// Its band at its last request.
+    pub band: u8,
+    /// What this Envoy keeps of it.
+    pub local: Local,
+}
+
+/// One counter of a report: a tenant's asks or one of a band's sums, in one epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// What tenant `id` asked over the fleet in `epoch`.
+    Asked {
+        /// The tenant.
+        id: u64,
+        /// The epoch.
+        epoch: u64,
+    },
+    /// Sum `sum` (0 demand, 1 free, 2 held weight, 3 active weight: [`BandCounts`]'s fields)
+    /// of band `band` in `epoch`.
+    Band {
+        /// The band.
+        band: u8,
+        /// Which sum.
+        sum: u8,
+        /// The epoch.
+        epoch: u64,
+    },
+}
+
+/// What one report writes and reads: each counter with what it adds (0: read only).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The epoch the report was made in (it writes the one before, reads the one before that).
+    pub epoch: u64,
+    /// The counters, in the order they are sent.
+    pub items: Vec<(Item, u64)>,
+}
+
+/// The record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FairRecord {
+    /// The epoch of the last report made here (0: none).
+    pub reported: u64,
+    /// The fleet as last read.
+    pub view: View,
+    /// What this Envoy added to the band sums in its last two reports, and for which epochs
+    /// (`u64::MAX`: none).
+    pub wrote: [(u64, [BandCounts; MAX_BANDS]); 2],
+    /// What this Envoy expects to admit a window, cost units × [`super::LEVEL_ONE`], as of its
+    /// last answer (`None`: none yet).
+    pub part: Option<u64>,
+    /// The tenants it serves.
+    pub tenants: Vec<Tracked>,
+}
+
+impl FairRecord {
+    /// A record of nothing, for `bands` bands.
+    pub fn new(bands: usize) -> FairRecord {
+        FairRecord {
+            reported: 0,
+            view: View::new(bands),
+            wrote: [(NONE, [BandCounts::default(); MAX_BANDS]); 2],
+            part: None,
+            tenants: Vec::new(),
+        }
+    }
+
+    /// The record in `bytes`, or a new one for `bands` bands if they do not hold one of as many.
+    pub fn decode_or_new(bytes: Option<&[u8]>, bands: usize) -> FairRecord {
+        bytes
+            .and_then(|b| decode(b, bands))
+            .unwrap_or_else(|| FairRecord::new(bands))
+    }
+
+    /// The encoded record.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(HEADER_LEN + TENANT_LEN * self.tenants.len());
+        out.push(VERSION);
+        let mut put = |v: u64| out.extend_from_slice(&v.to_le_bytes());
+        put(self.reported);
+        put(self.view.epoch.unwrap_or(NONE));
+        for i in 0..MAX_BANDS {
+            let b = self.view.bands.get(i).copied().unwrap_or(BandView {
+                level: super::NO_LEVEL,
+                budget: 0,
+            });
+            put(b.level);
+            put(b.budget);
+        }
+        for (epoch, sums) in &self.wrote {
+            put(*epoch);
+            for s in sums {
+                put(s.demand);
+                put(s.free);
+                put(s.held_weight);
+                put(s.active_weight);
+            }
+        }
+        put(self.part.unwrap_or(NONE));
+        let n = self.tenants.len().min(MAX_TENANTS) as u16;
+        out.extend_from_slice(&n.to_le_bytes());
+        for t in self.tenants.iter().take(MAX_TENANTS) {
+            out.extend_from_slice(&t.id.to_le_bytes());
+            out.extend_from_slice(&t.weight.to_le_bytes());
+            out.push(t.band);
+            let l = &t.local;
+            out.extend_from_slice(&l.epoch.to_le_bytes());
+            for a in l.asked {
+                out.extend_from_slice(&a.to_le_bytes());
+            }
+            out.extend_from_slice(&l.mine.to_le_bytes());
+            out.extend_from_slice(&l.fleet.to_le_bytes());
+            out.extend_from_slice(&l.credit.to_le_bytes());
+            out.extend_from_slice(&l.credit_ms.to_le_bytes());
+        }
+    }
+
+    /// The tenant `id`'s place, taking one for it if it has none: a free one, else one whose
+    /// tenant is no longer active in epoch `epoch` (`None`: every place is an active tenant's).
+    fn place(&mut self, id: u64, epoch: u64) -> Option<usize> {
+        if let Some(i) = self.tenants.iter().position(|t| t.id == id) {
+            return Some(i);
+        }
+        let fresh = Tracked {
+            id,
+            weight: 1,
+            band: 0,
+            local: Local::default(),
+        };
+        if self.tenants.len() < MAX_TENANTS {
+            self.tenants.push(fresh);
+            return Some(self.tenants.len() - 1);
+        }
+        let i = self.tenants.iter().position(|t| !t.local.active(epoch))?;
+        if let Some(t) = self.tenants.get_mut(i) {
+            *t = fresh;
+        }
+        Some(i)
+    }
+
+    /// A request of `cost` at `now_ms` (windows of `window_ms`) from tenant `id` of `weight` in
+    /// `band`: counted as the tenant's demand if `asks` (not a waiting request's turn), and, if
+    /// the rule's local shares `admitted` it, taken from the tenant's allowance here. `Ok`: the
+    /// allowance covers it (or no fleet level holds the tenant, or it is not tracked); `Err`:
+    /// how long until it would, ms.
+    pub fn request(
+        &mut self,
+        (id, weight, band): (u64, u16, u8),
+        (now_ms, window_ms): (u64, u64),
+        cost: u64,
+        (asks, admitted): (bool, bool),
+    ) -> Result<(), u64> {
+        let window_ms = window_ms.max(1);
+        let epoch = now_ms / window_ms;
+        let level = self.view.level(band, epoch);
+        let Some(i) = self.place(id, epoch) else {
+            return Ok(());
+        };
+        let Some(t) = self.tenants.get_mut(i) else {
+            return Ok(());
+        };
+        t.weight = weight.max(1);
+        t.band = band;
+        if asks {
+            t.local.ask(epoch, cost);
+        }
+        if !admitted {
+            return Ok(());
+        }
+        let allowance = fair::allowance(level, t.weight, &t.local);
+        if t.local.take(allowance, now_ms, window_ms, cost) {
+            return Ok(());
+        }
+        // What is missing of half the request, at the allowance's pace.
+        let per_ms = allowance.unwrap_or(0).max(1);
+        let need = i128::from(cost.saturating_mul(super::LEVEL_ONE)) * i128::from(window_ms) / 2;
+        let short = u64::try_from(need - i128::from(t.local.credit)).unwrap_or(0);
+        Err((short / per_ms).clamp(1, window_ms))
+    }
+
+    /// Gives back to tenant `id`'s allowance a request of `cost` it covered (another check
+    /// refused the request).
+    pub fn give_back(&mut self, id: u64, cost: u64, window_ms: u64) {
+        if let Some(t) = self.tenants.iter_mut().find(|t| t.id == id) {
+            t.local.give_back(cost, window_ms);
+        }
+    }
+
+    /// The report due at the first tick of epoch `epoch` (`None`: one was made in it already,
+    /// or no tenant asked lately): what the tenants asked here in the epoch before and this
+    /// Envoy's part of the band sums of that epoch, written; the same counters of the epoch
+    /// before that, read. Marks the epoch reported.
+    pub fn report(&mut self, bands: usize, epoch: u64) -> Option<Report> {
+        if self.reported >= epoch || epoch < fair::READ_LAG {
+            return None;
+        }
+        self.reported = epoch;
+        self.tenants.retain(|t| t.local.active(epoch));
+        if self.tenants.is_empty() {
+            return None;
+        }
+        let bands = bands.clamp(1, MAX_BANDS);
+        let last = epoch - 1;
+        let read = epoch - fair::READ_LAG;
+        let mut sums = [BandCounts::default(); MAX_BANDS];
+        let mut items = Vec::with_capacity(2 * self.tenants.len() + 8 * bands);
+        for t in &self.tenants {
+            let level = self.view.level(t.band, epoch);
+            if let Some(c) = fair::contribution(level, t.weight, &t.local, last) {
+                if let Some(s) = sums.get_mut(usize::from(t.band)) {
+                    *s = s.plus(c);
+                }
+                items.push((
+                    Item::Asked {
+                        id: t.id,
+                        epoch: last,
+                    },
+                    t.local.asked_in(last),
+                ));
+            }
+        }
+        for (b, s) in sums.iter().enumerate().take(bands) {
+            for (sum, v) in [s.demand, s.free, s.held_weight, s.active_weight]
+                .into_iter()
+                .enumerate()
+            {
+                let item = Item::Band {
+                    band: b as u8,
+                    sum: sum as u8,
+                    epoch: last,
+                };
+                items.push((item, v));
+            }
+        }
+        self.wrote = [self.wrote[1], (last, sums)];
+        for t in &self.tenants {
+            items.push((
+                Item::Asked {
+                    id: t.id,
+                    epoch: read,
+                },
+                0,
+            ));
+        }
+        for b in 0..bands {
+            for sum in 0..BAND_SUMS {
+                let item = Item::Band {
+                    band: b as u8,
+                    sum: sum as u8,
+                    epoch: read,
+                };
+                items.push((item, 0));
+            }
+        }
+        Some(Report { epoch, items })
+    }
+
+    /// The service's answer to `report`: each item's counter as it stands after the call
+    /// (`values`, in the items' order; `None` where the answer says nothing of it). The band
+    /// sums read, if whole and believable ([`fair::believable`]), become the view; each
+    /// tenant's fleet demand read is folded in ([`Local::told`]); what this Envoy expects to
+    /// admit is computed anew. `limit`: the capacity a window.
+    pub fn answered(&mut self, share: &Share, limit: u64, report: &Report, values: &[Option<u64>]) {
+        let bands = share.bands.clamp(1, MAX_BANDS);
+        let read = report.epoch.saturating_sub(fair::READ_LAG);
+        let mut counts = [BandCounts::default(); MAX_BANDS];
+        let mut whole = [0usize; MAX_BANDS];
+        for ((item, hits), value) in report.items.iter().zip(values) {
+            if *hits != 0 {
+                continue;
+            }
+            match (item, value) {
+                (Item::Asked { id, epoch }, Some(v)) if *epoch == read => {
+                    if let Some(t) = self.tenants.iter_mut().find(|t| t.id == *id) {
+                        t.local.told(read, *v);
+                    }
+                }
+                (Item::Band { band, sum, epoch }, Some(v)) if *epoch == read => {
+                    let b = usize::from(*band);
+                    if let Some(c) = counts.get_mut(b) {
+                        match sum {
+                            0 => c.demand = *v,
+                            1 => c.free = *v,
+                            2 => c.held_weight = *v,
+                            _ => c.active_weight = *v,
+                        }
+                        if let Some(w) = whole.get_mut(b) {
+                            *w += 1;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let complete = whole.iter().take(bands).all(|&n| n == BAND_SUMS);
+        let own = self.wrote.iter().find(|(e, _)| *e == read).map(|(_, s)| *s);
+        let believed = own.is_none_or(|own| {
+            own.iter()
+                .zip(&counts)
+                .take(bands)
+                .all(|(o, r)| fair::believable(r, o))
+        });
+        let newer = self.view.epoch.is_none_or(|e| e < read);
+        if complete && believed && newer {
+            let counts = counts.get(..bands).unwrap_or(&[]);
+            self.view = fair::view(share, limit, share.target_pm, read, counts);
+        }
+        let epoch = report.epoch;
+        let part = self.tenants.iter().fold(0u64, |acc, t| {
+            let level = self.view.level(t.band, epoch);
+            acc.saturating_add(fair::expected(level, t.weight, &t.local, epoch))
+        });
+        self.part = Some(part);
+    }
+}
+
+fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
+    let (&version, mut rest) = bytes.split_first()?;
+    if version != VERSION {
+        return None;
+    }
+    let mut u64_ = || -> Option<u64> {
+        let (b, r) = rest.split_first_chunk::<8>()?;
+        rest = r;
+        Some(u64::from_le_bytes(*b))
+    };
+    let mut r = FairRecord::new(bands);
+    r.reported = u64_()?;
+    let epoch = u64_()?;
+    r.view.epoch = (epoch != NONE).then_some(epoch);
+    for i in 0..MAX_BANDS {
+        let level = u64_()?;
+        let budget = u64_()?;
+        if let Some(b) = r.view.bands.get_mut(i) {
+            *b = BandView { level, budget };
+        }
+    }
+    for w in r.wrote.iter_mut() {
+        w.0 = u64_()?;
+        for s in w.1.iter_mut() {
+            *s = BandCounts {
+                demand: u64_()?,
+                free: u64_()?,
+                held_weight: u64_()?,
+                active_weight: u64_()?,
+            };
+        }
+    }
+    let part = u64_()?;
+    r.part = (part != NONE).then_some(part);
+    let (n, mut rest) = rest.split_first_chunk::<2>()?;
+    let n = usize::from(u16::from_le_bytes(*n));
+    if n > MAX_TENANTS || rest.len() != n * TENANT_LEN {
+        return None;
+    }
+    for _ in 0..n {
+        let (raw, more) = rest.split_at_checked(TENANT_LEN)?;
+        rest = more;
+        let mut at = 0usize;
+        let mut take = |len: usize| -> Option<&[u8]> {
+            let s = raw.get(at..at + len)?;
+            at += len;
+            Some(s)
+        };
+        let u64_of = |s: &[u8]| s.try_into().ok().map(u64::from_le_bytes);
+        let id = u64_of(take(8)?)?;
+        let weight = u16::from_le_bytes(take(2)?.try_into().ok()?);
+        let band = *take(1)?.first()?;
+        let mut local = Local {
+            epoch: u64_of(take(8)?)?,
+            ..Local::default()
+        };
+        for a in local.asked.iter_mut() {
+            *a = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        }
+        local.mine = u64_of(take(8)?)?;
+        local.fleet = u64_of(take(8)?)?;
+        local.credit = i64::from_le_bytes(take(8)?.try_into().ok()?);
+        local.credit_ms = u64_of(take(8)?)?;
+        r.tenants.push(Tracked {
+            id,
+            weight,
+            band,
+            local,
+        });
+    }
+    Some(r)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::share::{LEVEL_ONE, NO_LEVEL};
+
+    fn share() -> Share {
+        Share {
+            active_ms: 10_000,
+            saturation_pm: 800,
+            target_pm: 1000,
+            bands: 1,
+            min_share_pm: [0; MAX_BANDS],
+            ramp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips_and_refuses_what_it_did_not_write() {
+        let mut r = FairRecord::new(2);
+        r.reported = 7;
+        r.part = Some(12);
+        r.view.epoch = Some(5);
+        for i in 0..3u64 {
+            r.request((i + 1, 2, 1), (7_100 + i, 1_000), 3, (true, true))
+                .unwrap();
+        }
+        r.wrote[1] = (
+            6,
+            [BandCounts {
+                demand: 1,
+                free: 2,
+                held_weight: 3,
+                active_weight: 4,
+            }; MAX_BANDS],
+        );
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        assert_eq!(bytes.len(), HEADER_LEN + 3 * TENANT_LEN);
+        assert_eq!(FairRecord::decode_or_new(Some(&bytes), 2), r);
+        // Cut short, another version, or nothing: a new record.
+        let fresh = FairRecord::new(2);
+        assert_eq!(FairRecord::decode_or_new(Some(&bytes[..40]), 2), fresh);
+        bytes[0] = 9;
+        assert_eq!(FairRecord::decode_or_new(Some(&bytes), 2), fresh);
+        assert_eq!(FairRecord::decode_or_new(None, 2), fresh);
+    }
+
+    #[test]
+    fn a_full_record_gives_an_idle_tenants_place_and_tracks_no_more_active_ones() {
+        let mut r = FairRecord::new(1);
+        for id in 0..MAX_TENANTS as u64 {
+            r.request((id, 1, 0), (10_000, 1_000), 1, (true, true))
+                .unwrap();
+        }
+        // All active: a new tenant is not tracked (admitted).
+        assert!(r
+            .request((999, 1, 0), (11_000, 1_000), 1, (true, true))
+            .is_ok());
+        assert!(r.tenants.iter().all(|t| t.id != 999));
+        // Tenant 0 goes on asking; the others fall idle: the new one takes an idle one's place.
+        for e in 11..16 {
+            r.request((0, 1, 0), (e * 1_000, 1_000), 1, (true, true))
+                .unwrap();
+        }
+        r.request((999, 1, 0), (16_000, 1_000), 1, (true, true))
+            .unwrap();
+        assert!(r.tenants.iter().any(|t| t.id == 999));
+        assert!(r.tenants.iter().any(|t| t.id == 0));
+        assert_eq!(r.tenants.len(), MAX_TENANTS);
+    }
+
+    /// The values a service summing every report would answer for `report`.
+    fn serve(
+        counters: &mut std::collections::HashMap<String, u64>,
+        report: &Report,
+    ) -> Vec<Option<u64>> {
+        report
+            .items
+            .iter()
+            .map(|(item, hits)| {
+                let c = counters.entry(format!("{item:?}")).or_insert(0);
+                *c += hits;
+                Some(*c)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_envoys_converge_on_the_fleets_weighted_shares_of_pinned_tenants() {
+        // Capacity 100 a window; tenant 1 (weight 1) alone on Envoy A, tenants 2 and 3 (weight
+        // 1 and 2) on Envoy B, each asking 100 a window: the fleet's shares are 25, 25 and 50,
+        // however the tenants are placed.
+        let share = share();
+        let mut a = FairRecord::new(1);
+        let mut b = FairRecord::new(1);
+        let mut counters = std::collections::HashMap::new();
+        let mut admitted = [0u64; 4];
+        for epoch in 1..30u64 {
+            for (r, _) in [(&mut a, 0), (&mut b, 1)] {
+                if let Some(report) = r.report(1, epoch) {
+                    let values = serve(&mut counters, &report);
+                    r.answered(&share, 100, &report, &values);
+                }
+            }
+            for ms in (0..1_000).step_by(10) {
+                let now = epoch * 1_000 + ms;
+                let ask = |r: &mut FairRecord, who: (u64, u16, u8)| {
+                    r.request(who, (now, 1_000), 1, (true, true)).is_ok()
+                };
+                if epoch >= 20 {
+                    admitted[1] += u64::from(ask(&mut a, (1, 1, 0)));
+                    admitted[2] += u64::from(ask(&mut b, (2, 1, 0)));
+                    admitted[3] += u64::from(ask(&mut b, (3, 2, 0)));
+                } else {
+                    ask(&mut a, (1, 1, 0));
+                    ask(&mut b, (2, 1, 0));
+                    ask(&mut b, (3, 2, 0));
+                }
+            }
+        }
+        // Ten windows measured.
+        let per = |i: usize| admitted[i] as f64 / 10.0;
+        assert!((per(1) - 25.0).abs() <= 1.5, "tenant 1: {}", per(1));
+        assert!((per(2) - 25.0).abs() <= 1.5, "tenant 2: {}", per(2));
+        assert!((per(3) - 50.0).abs() <= 2.5, "tenant 3: {}", per(3));
+        assert_eq!(a.view, b.view, "both Envoys read the same fleet");
+        let level = a.view.level(0, 29);
+        assert!(level != NO_LEVEL);
+        assert!(
+            (level as f64 / LEVEL_ONE as f64 - 25.0).abs() < 1.0,
+            "{level}"
+        );
+    }
+
+    #[test]
+    fn a_service_that_says_nothing_leaves_the_envoy_on_its_own() {
+        let share = share();
+        let mut r = FairRecord::new(1);
+        for epoch in 2..10u64 {
+            if let Some(report) = r.report(1, epoch) {
+                let nothing = vec![None; report.items.len()];
+                r.answered(&share, 100, &report, &nothing);
+            }
+            for ms in (0..1_000).step_by(5) {
+                let now = epoch * 1_000 + ms;
+                assert!(r.request((1, 1, 0), (now, 1_000), 1, (true, true)).is_ok());
+            }
+        }
+        assert_eq!(r.view.epoch, None);
+        // One report an epoch.
+        assert!(r.report(1, 9).is_none());
+        assert!(r.report(1, 10).is_some());
+    }
+}
