@@ -29,6 +29,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 const PROXIES: usize = 3;
+/// The least part of its requests a tenant under its share gets through, and the least part of
+/// the capacity used (97 % is handed out: `share.target`), as runs measured them
+/// (docs/src/performance/evidence.md, shared capacity).
+const LIGHT_SERVED: f64 = 0.98;
+const USED: f64 = 0.95;
 const RULES: [&str; 2] = ["f1", "f2"];
 
 /// The service's limits: per rule, the capacity leased (`RATE` a second) and the fair
@@ -169,14 +174,15 @@ fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
                 ideal[i]
             );
         }
-        // Tenants under their shares get all they ask.
+        // Tenants under their shares get nearly all they ask: the lease's refusals, when the
+        // fleet's quota of a window runs out, fall on whoever asks then.
         for (i, (t, _, _)) in case.iter().enumerate() {
             if held.contains(&i) {
                 continue;
             }
             let s = out.seen[&t.name];
             assert!(
-                s.ok as f64 >= 0.99 * s.sent as f64,
+                s.ok as f64 >= LIGHT_SERVED * s.sent as f64,
                 "{}: {} of {} passed",
                 t.name,
                 s.ok,
@@ -185,7 +191,7 @@ fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
         }
         let used: f64 = rates.iter().sum::<f64>() / RATE;
         assert!(
-            used >= 0.93,
+            used >= USED,
             "{rule}: {:.1} % of the capacity used",
             100.0 * used
         );

@@ -188,7 +188,13 @@ impl<S: Store> Runtime<S> {
         if self.fleet_fair(applied.rule) && self.fair_view_fresh(c, now_ms) {
             let part = c.fair_part.load(std::sync::atomic::Ordering::Relaxed);
             let window_ms = c.policy.limit_and_window().1.max(1);
-            let end = (now_ms / window_ms + 1).saturating_mul(window_ms);
+            // The service's window, as its latest answer here said; else the rule's own.
+            let told = c.fair_end.load(std::sync::atomic::Ordering::Relaxed);
+            let end = if told > now_ms && told - now_ms <= window_ms {
+                told
+            } else {
+                (now_ms / window_ms + 1).saturating_mul(window_ms)
+            };
             let part = (part != u64::MAX).then_some(part);
             let cap = if part.is_some() { limit } else { max_block };
             return share::fair::block_cap(part, (now_ms, end, window_ms), cap);
@@ -390,8 +396,11 @@ impl<S: Store> Runtime<S> {
         let Some((limit, window_ms)) = c.lease.map(|l| l.limit_and_window()) else {
             return;
         };
-        if sh.fleet_fair && self.fair_view_fresh(c, at.1) {
-            return; // each tenant's share is the fleet's: no part of this proxy's to learn
+        if sh.fleet_fair {
+            c.fair_end.store(at.0, std::sync::atomic::Ordering::Relaxed);
+            if self.fair_view_fresh(c, at.1) {
+                return; // each tenant's share is the fleet's: no part of this proxy's to learn
+            }
         }
         let bands = Some(sh.params.bands);
         let part = engine::update_share_record(&self.store, c.share_record(), bands, |record| {

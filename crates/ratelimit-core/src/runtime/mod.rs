@@ -73,6 +73,9 @@ pub(crate) struct Compiled {
     /// A fleet-fair shared rule: the epoch its fair record's view of the fleet describes
     /// (`u64::MAX`: none yet).
     pub fair_view: AtomicU64,
+    /// A fleet-fair shared rule: when the service's window of this runtime's latest lease
+    /// answer ends, ms (0: none yet): the blocks claimed near it shrink to what is left of it.
+    pub fair_end: AtomicU64,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -239,6 +242,7 @@ impl<S: Store> Runtime<S> {
                     part_pm: AtomicU32::new(0),
                     fair_part: AtomicU64::new(u64::MAX),
                     fair_view: AtomicU64::new(u64::MAX),
+                    fair_end: AtomicU64::new(0),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(
