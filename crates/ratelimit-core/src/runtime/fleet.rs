@@ -65,11 +65,19 @@ impl<S: Store> Runtime<S> {
         let Ok(answer) = answer else {
             return; // the view ages; a stale one is dropped (share::fair::MAX_STALE)
         };
-        let values: Vec<Option<u64>> = (0..report.items.len())
-            .map(|i| {
-                let s = answer.statuses.get(i)?;
+        // One status per descriptor, in order, or none is believed (a service answering one
+        // per counter it matched would shift them); a counter with nothing remaining is
+        // saturated, its value unknown.
+        let whole = answer.statuses.len() == report.items.len();
+        let values: Vec<Option<u64>> = report
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, (item, _))| {
+                let s = answer.statuses.get(i).filter(|_| whole)?;
                 let limit = u64::from(s.requests_per_unit?);
-                Some(limit.saturating_sub(u64::from(s.limit_remaining)))
+                let value = limit.checked_sub(u64::from(s.limit_remaining))?;
+                (s.limit_remaining > 0).then(|| from_wire(item, value))
             })
             .collect();
         let (limit, window_ms) = c.policy.limit_and_window();
@@ -180,12 +188,39 @@ fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
     let each: Vec<Each<'_>> = entries
         .iter()
         .zip(&report.items)
-        .map(|(e, (_, hits))| Each {
+        .map(|(e, (item, hits))| Each {
             entries: e,
-            hits: *hits,
+            hits: to_wire(item, *hits),
         })
         .collect();
     rls::encode_request_each(domain, &each)
+}
+
+/// The weights of the band sums are kept in millionths ([`crate::share::fair::ONE`]) and sent in
+/// thousandths ([`fair_record::WEIGHT_UNIT`]; the record rounds what it adds to them).
+const WIRE: u64 = crate::share::fair_record::WEIGHT_UNIT;
+
+/// Whether `item` counts weights (sums 2 and 3 of a band).
+fn weighs(item: &Item) -> bool {
+    matches!(item, Item::Band { sum: 2 | 3, .. })
+}
+
+/// What `item`'s counter is sent for `hits`.
+fn to_wire(item: &Item, hits: u64) -> u64 {
+    if weighs(item) {
+        hits / WIRE
+    } else {
+        hits
+    }
+}
+
+/// What `item`'s counter, read as `value`, holds in the record's units.
+fn from_wire(item: &Item, value: u64) -> u64 {
+    if weighs(item) {
+        value.saturating_mul(WIRE)
+    } else {
+        value
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +233,7 @@ mod tests {
     use crate::testkit::fair::{jain, water_fill};
     use crate::testkit::FakeHost;
     use std::collections::HashMap;
+    use std::sync::Arc;
 
     /// The service: the capacity's counter (100 a window of a second, checked then counted,
     /// as limitador does) and, for the fair counters, a counter per descriptor adding each
@@ -283,6 +319,12 @@ mod tests {
     /// tenant's admitted rate over seconds 10 to 30, the most admitted in one second, and the
     /// reports made.
     fn pinned(fleet: &str, statuses: bool) -> (Vec<f64>, u64, u64) {
+        pinned_on(fleet, statuses, 1)
+    }
+
+    /// [`pinned`] with `workers` runtimes per Envoy over its one store (the wasm build's
+    /// workers), each request going to the next worker of its Envoy.
+    fn pinned_on(fleet: &str, statuses: bool, workers: usize) -> (Vec<f64>, u64, u64) {
         let json = format!(
             r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": 100, "unit": "second"}},
@@ -291,10 +333,18 @@ mod tests {
             "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 4}},
                        "fleet": "{fleet}"}}}}]}}"#
         );
-        let envoys: Vec<Runtime<MemoryStore>> = (0..3u64)
-            .map(|i| crate::testkit::runtime(&json, Seed([i + 1, 7])))
+        let config = crate::config::Config::parse(json.as_bytes()).unwrap();
+        // Worker w of Envoy e is `envoys[e * workers + w]`.
+        let envoys: Vec<Runtime<Arc<MemoryStore>>> = (0..3u64)
+            .flat_map(|i| {
+                let store = Arc::new(MemoryStore::new());
+                let config = config.clone();
+                (0..workers)
+                    .map(move |_| Runtime::new(config.clone(), Seed([i + 1, 7]), store.clone()))
+            })
             .collect();
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
+        let mut turn = 0usize;
         let mut service = Service {
             window: 0,
             used: 0,
@@ -312,7 +362,8 @@ mod tests {
             for (i, &(name, e, weight, rate)) in TENANTS.iter().enumerate() {
                 while next_at[i] <= ms as f64 {
                     next_at[i] += 1000.0 / rate;
-                    let rt = &envoys[e];
+                    turn += 1;
+                    let rt = &envoys[e * workers + turn % workers];
                     let mut h = FakeHost::new("10.0.0.1", "/")
                         .header("x-tenant", name)
                         .header("x-weight", &weight.to_string());
@@ -394,6 +445,14 @@ mod tests {
         assert!((85..=93).contains(&reports), "{reports}");
         // Shared locally, the lone tenant gets far more than its share; so it does when the
         // service says nothing of the fleet's counters.
+        // Two workers per Envoy over its one store, as in the wasm build: the same shares,
+        // still one report per Envoy and window.
+        let (two, _, reports_two) = pinned_on("fair", true, 2);
+        println!("two workers each: {two:.1?}, {reports_two} reports");
+        for i in 0..5 {
+            assert!((two[i] - fair[i]).abs() <= 0.05 * ideal[i], "{two:?}");
+        }
+        assert!((85..=93).contains(&reports_two), "{reports_two}");
         for shares in [&local, &unread] {
             let per_weight: Vec<f64> = (0..4).map(|i| shares[i] / weights[i]).collect();
             assert!(jain(&per_weight) < 0.95, "{per_weight:?}");

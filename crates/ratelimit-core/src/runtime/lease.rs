@@ -195,9 +195,11 @@ impl<S: Store> Runtime<S> {
             } else {
                 (now_ms / window_ms + 1).saturating_mul(window_ms)
             };
-            let part = (part != u64::MAX).then_some(part);
-            let cap = if part.is_some() { limit } else { max_block };
-            return share::fair::block_cap(part, (now_ms, end, window_ms), cap);
+            // Until it expects a few requests a window (a first window, or a quiet one), the
+            // configured cap: not a claim per request for a window.
+            let few = share::LEVEL_ONE.saturating_mul(share::fair::BLOCKS_PER_PART);
+            let part = (part != u64::MAX && part >= few).then_some(part);
+            return share::fair::block_cap(part, (now_ms, end, window_ms), max_block);
         }
         let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
         share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)

@@ -68,6 +68,8 @@ fn last_ask(mut p: Pending) -> Pending {
     for (_, sc) in p.shares.iter_mut() {
         sc.asker.again = false;
         sc.asker.wait_ms = 0;
+        // A fleet-fair rule counted its demand at its first ask: not again.
+        sc.fleet = None;
     }
     p
 }

@@ -315,10 +315,12 @@ impl Local {
     /// The service said the tenant's fleet counter of epoch `epoch` holds `fleet`: folds it and
     /// what this replica added to it into the smoothed demands. A count below what this
     /// replica added itself (an expired or missing counter) is not believed; nothing is
-    /// folded for an epoch in which it asked nothing here and the fleet nothing.
+    /// folded for an epoch in which it asked nothing here and the fleet nothing, nor before
+    /// its first ask here (a tenant new to this replica, asking elsewhere: its part here
+    /// would read as none, and its allowance here as nothing for a window).
     pub fn told(&mut self, epoch: u64, fleet: u64) {
         let mine = self.asked_in(epoch);
-        if fleet < mine || fleet == 0 {
+        if fleet < mine || fleet == 0 || (mine == 0 && self.mine == 0) {
             return;
         }
         let fold = |avg: u64, x: u64| {

@@ -18,13 +18,18 @@ use super::{Share, MAX_BANDS};
 
 /// The record's format version, its first byte.
 pub const VERSION: u8 = 1;
+/// The weights of the band sums a report adds are whole multiples of this (thousandths of a
+/// unit of weight, [`fair::ONE`] being a unit): a service's counter holds at most 4,294,967,295
+/// (the protocol's `requests_per_unit`), 4,294 units of weight in millionths, 4.3 million in
+/// thousandths.
+pub const WEIGHT_UNIT: u64 = fair::ONE / 1000;
 /// The most tenants one Envoy keeps of one rule.
 pub const MAX_TENANTS: usize = 64;
 /// The epochs of the asks a [`Local`] keeps.
 const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
 const BAND_SUMS: usize = 4;
-const HEADER_LEN: usize = 1 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 2;
+const HEADER_LEN: usize = 2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 2;
 const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
 
 /// One tenant this Envoy serves.
@@ -100,7 +105,8 @@ impl FairRecord {
         }
     }
 
-    /// The record in `bytes`, or a new one for `bands` bands if they do not hold one of as many.
+    /// The record in `bytes`, or a new one for `bands` bands if they do not hold one of as many
+    /// (a configuration whose rule changed its bands starts its view afresh).
     pub fn decode_or_new(bytes: Option<&[u8]>, bands: usize) -> FairRecord {
         bytes
             .and_then(|b| decode(b, bands))
@@ -112,6 +118,7 @@ impl FairRecord {
         out.clear();
         out.reserve(HEADER_LEN + TENANT_LEN * self.tenants.len());
         out.push(VERSION);
+        out.push(self.view.bands.len().clamp(1, MAX_BANDS) as u8);
         let mut put = |v: u64| out.extend_from_slice(&v.to_le_bytes());
         put(self.reported);
         put(self.view.epoch.unwrap_or(NONE));
@@ -255,6 +262,12 @@ impl FairRecord {
                 ));
             }
         }
+        // What is sent, and so what is written: weights rounded to the unit the service counts.
+        let round = |w: u64| w.saturating_add(WEIGHT_UNIT / 2) / WEIGHT_UNIT * WEIGHT_UNIT;
+        for s in sums.iter_mut() {
+            s.held_weight = round(s.held_weight);
+            s.active_weight = round(s.active_weight);
+        }
         for (b, s) in sums.iter().enumerate().take(bands) {
             for (sum, v) in [s.demand, s.free, s.held_weight, s.active_weight]
                 .into_iter()
@@ -351,8 +364,9 @@ impl FairRecord {
 }
 
 fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
-    let (&version, mut rest) = bytes.split_first()?;
-    if version != VERSION {
+    let (&version, rest) = bytes.split_first()?;
+    let (&stored_bands, mut rest) = rest.split_first()?;
+    if version != VERSION || usize::from(stored_bands) != bands.clamp(1, MAX_BANDS) {
         return None;
     }
     let mut u64_ = || -> Option<u64> {
@@ -466,6 +480,11 @@ mod tests {
         // Cut short, another version, or nothing: a new record.
         let fresh = FairRecord::new(2);
         assert_eq!(FairRecord::decode_or_new(Some(&bytes[..40]), 2), fresh);
+        assert_eq!(
+            FairRecord::decode_or_new(Some(&bytes), 3),
+            FairRecord::new(3),
+            "another number of bands"
+        );
         bytes[0] = 9;
         assert_eq!(FairRecord::decode_or_new(Some(&bytes), 2), fresh);
         assert_eq!(FairRecord::decode_or_new(None, 2), fresh);
@@ -556,6 +575,42 @@ mod tests {
             (level as f64 / LEVEL_ONE as f64 - 25.0).abs() < 1.0,
             "{level}"
         );
+    }
+
+    #[test]
+    fn a_tenant_new_to_an_envoy_is_not_refused_there_while_its_demand_here_is_unread() {
+        // Tenant 1 asks 20 a window on Envoy A, and from window 12 on Envoy B too; tenant 2
+        // asks 100 on A: the fleet holds tenant 2 at the level, 60 a window.
+        let share = share();
+        let mut a = FairRecord::new(1);
+        let mut b = FairRecord::new(1);
+        let mut counters = std::collections::HashMap::new();
+        let (mut on_b, mut asked_b) = (0u64, 0u64);
+        for epoch in 2..16u64 {
+            for r in [&mut a, &mut b] {
+                if let Some(report) = r.report(1, epoch) {
+                    let values = serve(&mut counters, &report);
+                    r.answered(&share, 100, &report, &values);
+                }
+            }
+            for ms in (0..1_000).step_by(10) {
+                let now = epoch * 1_000 + ms;
+                let _ = a.request((2, 1, 0), (now, 1_000), 1, (true, true));
+                if ms % 25 == 0 {
+                    let _ = a.request((1, 1, 0), (now, 1_000), 1, (true, true));
+                    if epoch >= 12 {
+                        let ok = b.request((1, 1, 0), (now, 1_000), 1, (true, true)).is_ok();
+                        if epoch <= 13 {
+                            on_b += u64::from(ok);
+                            asked_b += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // Its first two windows on B (its asks there not yet read): admitted there, not
+        // refused for a part of its demand read as none.
+        assert_eq!(on_b, asked_b, "{on_b} of {asked_b} on B");
     }
 
     #[test]
