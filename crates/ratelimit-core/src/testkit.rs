@@ -244,6 +244,32 @@ pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {
     }
 }
 
+/// A rate limit service's counter of 100 a window of a second (`counter`: the window it counts
+/// and what it counted there), checked then counted as limitador does: its answer to a call of
+/// `hits` at `now_ms`, with what remains and the window's reset.
+pub fn second_counter(counter: &mut (u64, u64), hits: u64, now_ms: u64) -> RlsResponse {
+    if counter.0 != now_ms / 1000 {
+        *counter = (now_ms / 1000, 0);
+    }
+    let code = if counter.1 + hits <= 100 {
+        counter.1 += hits;
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    RlsResponse {
+        overall_code: code,
+        statuses: vec![DescriptorStatus {
+            code,
+            requests_per_unit: Some(100),
+            unit_seconds: Some(1),
+            limit_remaining: u32::try_from(100 - counter.1).unwrap(),
+            reset_ms: Some(1000 - now_ms % 1000),
+        }],
+        headers: Vec::new(),
+    }
+}
+
 /// A store for tests: `inner`, with `before` run just before each write (given `inner` and the
 /// slot): another writer that wins a race, say. An error from `before` is the write's, and the
 /// write does not happen.

@@ -241,8 +241,8 @@ mod tests {
     /// hour). `statuses`: whether it answers the fair counters' statuses (Limitador's server
     /// answers none).
     struct Service {
-        window: u64,
-        used: u64,
+        /// The capacity's counter: its window and what it counted there.
+        lease: (u64, u64),
         counters: HashMap<Vec<(String, Vec<u8>)>, u64>,
         statuses: bool,
         reports: u64,
@@ -281,27 +281,7 @@ mod tests {
                     headers: Vec::new(),
                 };
             }
-            if self.window != now / 1000 {
-                self.window = now / 1000;
-                self.used = 0;
-            }
-            let code = if self.used + req.hits <= 100 {
-                self.used += req.hits;
-                Code::Ok
-            } else {
-                Code::OverLimit
-            };
-            rls::Response {
-                overall_code: code,
-                statuses: vec![DescriptorStatus {
-                    code,
-                    requests_per_unit: Some(100),
-                    unit_seconds: Some(1),
-                    limit_remaining: u32::try_from(100 - self.used).unwrap(),
-                    reset_ms: Some(1000 - now % 1000),
-                }],
-                headers: Vec::new(),
-            }
+            crate::testkit::second_counter(&mut self.lease, req.hits, now)
         }
     }
 
@@ -346,8 +326,7 @@ mod tests {
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
         let mut turn = 0usize;
         let mut service = Service {
-            window: 0,
-            used: 0,
+            lease: (0, 0),
             counters: HashMap::new(),
             statuses,
             reports: 0,

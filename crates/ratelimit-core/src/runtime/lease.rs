@@ -723,27 +723,7 @@ mod tests {
         // The service: one counter, 100 a window of a second.
         let service = std::cell::RefCell::new((0u64, 0u64));
         let grant = |hits: u64, now: u64| {
-            let mut s = service.borrow_mut();
-            if s.0 != now / 1000 {
-                *s = (now / 1000, 0);
-            }
-            let code = if s.1 + hits <= 100 {
-                s.1 += hits;
-                Code::Ok
-            } else {
-                Code::OverLimit
-            };
-            rls::Response {
-                overall_code: code,
-                statuses: vec![DescriptorStatus {
-                    code,
-                    requests_per_unit: Some(100),
-                    unit_seconds: Some(1),
-                    limit_remaining: u32::try_from(100 - s.1).unwrap(),
-                    reset_ms: Some(1000 - now % 1000),
-                }],
-                headers: Vec::new(),
-            }
+            crate::testkit::second_counter(&mut service.borrow_mut(), hits, now)
         };
         let tenants: [(&str, f64); 5] = [
             ("equal0", 50.0),
