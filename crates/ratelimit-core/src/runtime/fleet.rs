@@ -171,8 +171,13 @@ fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
         .items
         .iter()
         .map(|(item, _)| match item {
-            Item::Asked { id, epoch } => ("asked", format!("{id:016x}"), epoch.to_string()),
-            Item::Band { band, sum, epoch } => ("band", format!("{band}.{sum}"), epoch.to_string()),
+            Item::Asked { id, epoch } => ("asked", hex16(*id), decimal(*epoch)),
+            Item::Band { band, sum, epoch } => {
+                let mut v = decimal(u64::from(*band));
+                v.push('.');
+                crate::headers::push_u64(&mut v, u64::from(*sum));
+                ("band", v, decimal(*epoch))
+            }
         })
         .collect();
     let entries: Vec<[(&str, &[u8]); 3]> = texts
@@ -194,6 +199,24 @@ fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
         })
         .collect();
     rls::encode_request_each(domain, &each)
+}
+
+/// `n` in decimal.
+fn decimal(n: u64) -> String {
+    let mut s = String::with_capacity(20);
+    crate::headers::push_u64(&mut s, n);
+    s
+}
+
+/// `n` as 16 lower-case hexadecimal digits.
+fn hex16(n: u64) -> String {
+    (0..16)
+        .rev()
+        .map(|i| {
+            let d = (n >> (i * 4)) & 0xf;
+            char::from_digit(d as u32, 16).unwrap_or('0')
+        })
+        .collect()
 }
 
 /// The weights of the band sums are kept in millionths ([`crate::share::fair::ONE`]) and sent in
