@@ -23,7 +23,7 @@ mod common;
 use common::provider::Provider;
 use common::share::{drive_to, jain, tenant, Outcome, Tenant, RATE, WARMUP_S};
 use common::Listener;
-use common::{bootstrap_with, free_port, metric, redis, rls_cluster, rls_server_each, Envoy};
+use common::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Envoy};
 use ratelimit_core::testkit::fair::water_fill;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -116,26 +116,7 @@ fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
         WARMUP_S,
     );
     let out = Outcome::new(&provider, &clients, seen, WARMUP_S, RATE);
-    let fleet = |rule: &str, name: &str| -> u64 {
-        proxies
-            .iter()
-            .map(|p| p.stat(&metric(Some(rule), name)).unwrap_or(0))
-            .sum()
-    };
-    for rule in RULES {
-        eprintln!(
-            "{rule}: lease_claims {} lease_granted {} lease_refused {} share_refused {} limited {}",
-            fleet(rule, "lease_claims"),
-            fleet(rule, "lease_granted"),
-            fleet(rule, "lease_refused"),
-            fleet(rule, "share_refused"),
-            fleet(rule, "limited"),
-        );
-    }
-    eprintln!(
-        "refusals by rule, band and reason: {:?}",
-        common::share::refusal_reasons(&proxies)
-    );
+    common::share::print_counters(&proxies, &RULES);
     assert_eq!(provider.refused(), 0, "the provider refused requests");
     let target = 0.97 * RATE;
     for rule in RULES {

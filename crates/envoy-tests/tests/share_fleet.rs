@@ -24,7 +24,7 @@ mod common;
 use common::provider::Provider;
 use common::share::{cases_config, drive, four_cases, jain, Outcome, CASES, RATE, WARMUP_S};
 use common::Listener;
-use common::{bootstrap_with, free_port, metric, redis, rls_cluster, rls_server, Client, Envoy};
+use common::{bootstrap_with, free_port, redis, rls_cluster, rls_server, Client, Envoy};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -99,26 +99,7 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
     let seen = &out.seen;
     let admitted = |org: &str| out.admitted(org);
     let report = |org: &str, got: &HashMap<String, f64>| out.report(org, got);
-    let fleet = |rule: &str, name: &str| -> u64 {
-        proxies
-            .iter()
-            .map(|p| p.stat(&metric(Some(rule), name)).unwrap_or(0))
-            .sum()
-    };
-    for rule in ["p1", "p2", "p3", "p4"] {
-        eprintln!(
-            "{rule}: lease_claims {} lease_granted {} lease_refused {} share_refused {} limited {}",
-            fleet(rule, "lease_claims"),
-            fleet(rule, "lease_granted"),
-            fleet(rule, "lease_refused"),
-            fleet(rule, "share_refused"),
-            fleet(rule, "limited"),
-        );
-    }
-    eprintln!(
-        "refusals by rule, band and reason: {:?}",
-        common::share::refusal_reasons(&proxies)
-    );
+    common::share::print_counters(&proxies, &["p1", "p2", "p3", "p4"]);
     let p1 = admitted("p1");
     report("p1", &p1);
     let p2 = admitted("p2");

@@ -487,27 +487,10 @@ fn fair_ask(
     how: (bool, bool),
 ) -> Result<(), u64> {
     let who = (f.id, sc.asker.weight, sc.asker.band);
-    let bands = sc.share.bands;
-    let decide = |bytes: Option<&[u8]>, out: &mut Vec<u8>| {
-        let mut r = share::fair_record::FairRecord::decode_or_new(bytes, bands);
-        let fits = r.request(who, at, cost, how);
-        r.encode_into(out);
-        fits
-    };
-    let held = store.locked_value(f.slot, |value, present| {
-        let bytes = present.then(|| std::mem::take(value));
-        (decide(bytes.as_deref(), value), true)
-    });
-    let written = match held {
-        Some(r) => r,
-        None => {
-            let mut value = Vec::new();
-            store.replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                (decide(bytes, value), true)
-            })
-        }
-    };
-    written.unwrap_or(Ok(()))
+    update_fair_record(store, f.slot, sc.share.bands, |r| {
+        (r.request(who, at, cost, how), true)
+    })
+    .unwrap_or(Ok(()))
 }
 
 /// Gives a fleet-fair shared rule's tenant back, in its allowance here, a request its
@@ -517,25 +500,46 @@ fn fair_give_back(store: &impl Store, check: &Check, sc: &ShareCheck) {
         return;
     };
     let (_, window_ms) = check.policy.limit_and_window();
-    let bands = sc.share.bands;
-    let back = |bytes: Option<&[u8]>, out: &mut Vec<u8>| {
-        let mut r = share::fair_record::FairRecord::decode_or_new(bytes, bands);
+    update_fair_record(store, f.slot, sc.share.bands, |r| {
         r.give_back(f.id, check.cost, window_ms);
-        r.encode_into(out);
-    };
-    let held = store.locked_value(f.slot, |value, present| {
-        let bytes = present.then(|| std::mem::take(value));
-        back(bytes.as_deref(), value);
-        ((), present)
+        ((), true)
     });
-    if held.is_none() {
-        let mut value = Vec::new();
-        let _ = store.replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-            let present = bytes.is_some();
-            back(bytes, value);
-            ((), present)
-        });
+}
+
+/// Changes a fleet-fair shared rule's fair record at `slot` (for `bands` bands) with `f`, which
+/// says whether to write it: held by the store in place where it can (the native build's), else
+/// with compare-and-swap. `f`'s result (`None`: the store failed).
+pub fn update_fair_record<T>(
+    store: &impl Store,
+    slot: u64,
+    bands: usize,
+    mut f: impl FnMut(&mut share::fair_record::FairRecord) -> (T, bool),
+) -> Option<T> {
+    use share::fair_record::FairRecord;
+    let mut result = None;
+    let held = store.locked_value(slot, |value, present| {
+        let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
+        let (out, write) = f(&mut r);
+        result = Some(out);
+        if write {
+            r.encode_into(value);
+        }
+        ((), write)
+    });
+    if held.is_some() {
+        return result;
     }
+    let mut value = Vec::new();
+    store
+        .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+            let mut r = FairRecord::decode_or_new(bytes, bands);
+            let (out, write) = f(&mut r);
+            if write {
+                r.encode_into(value);
+            }
+            (out, write)
+        })
+        .ok()
 }
 
 /// The tenant's part of a decision the record already holds, applied to its entry as it is now

@@ -290,6 +290,31 @@ impl<'a> Outcome<'a> {
     }
 }
 
+/// Prints, for each of `rules`, the fleet's lease and refusal counters (summed over
+/// `proxies`), then why requests were refused ([`refusal_reasons`]).
+pub fn print_counters(proxies: &[super::Envoy], rules: &[&str]) {
+    let fleet = |rule: &str, name: &str| -> u64 {
+        proxies
+            .iter()
+            .map(|p| p.stat(&super::metric(Some(rule), name)).unwrap_or(0))
+            .sum()
+    };
+    for &rule in rules {
+        eprintln!(
+            "{rule}: lease_claims {} lease_granted {} lease_refused {} share_refused {} limited {}",
+            fleet(rule, "lease_claims"),
+            fleet(rule, "lease_granted"),
+            fleet(rule, "lease_refused"),
+            fleet(rule, "share_refused"),
+            fleet(rule, "limited"),
+        );
+    }
+    eprintln!(
+        "refusals by rule, band and reason: {:?}",
+        refusal_reasons(proxies)
+    );
+}
+
 /// Why requests were refused, from the `shared` lines of the Envoys' logs: how many by rule,
 /// band and reason.
 pub fn refusal_reasons(proxies: &[super::Envoy]) -> std::collections::BTreeMap<String, u64> {

@@ -11,10 +11,11 @@
 //! limit_remaining`); a status without a limit says nothing.
 
 use super::Runtime;
+use crate::engine::update_fair_record;
 use crate::global::Answer;
 use crate::rls::{self, Each};
-use crate::share::fair_record::{FairRecord, Item, Report};
-use crate::store::{Store, MAX_ATTEMPTS};
+use crate::share::fair_record::{Item, Report};
+use crate::store::Store;
 use std::sync::atomic::Ordering;
 
 /// A report to send: the rule, its message and what it asks.
@@ -35,7 +36,7 @@ impl<S: Store> Runtime<S> {
             let window_ms = c.policy.limit_and_window().1.max(1);
             let epoch = now_ms / window_ms;
             let bands = sh.params.bands;
-            let made = self.update_fair(c.fair_record(), bands, |r| {
+            let made = update_fair_record(&self.store, c.fair_record(), bands, |r| {
                 let due = r.reported < epoch;
                 ((r.report(bands, epoch), r.view.epoch, r.part), due)
             });
@@ -82,7 +83,7 @@ impl<S: Store> Runtime<S> {
             .collect();
         let (limit, window_ms) = c.policy.limit_and_window();
         let now_ms = report.epoch.saturating_mul(window_ms.max(1));
-        let read = self.update_fair(c.fair_record(), sh.params.bands, |f| {
+        let read = update_fair_record(&self.store, c.fair_record(), sh.params.bands, |f| {
             f.answered(&sh.params, limit, report, &values);
             ((f.part, f.view.epoch), true)
         });
@@ -129,39 +130,6 @@ impl<S: Store> Runtime<S> {
         let window_ms = c.policy.limit_and_window().1.max(1);
         view != u64::MAX
             && (now_ms / window_ms).saturating_sub(view) <= crate::share::fair::MAX_STALE
-    }
-
-    /// Changes the fair record at `slot` with `f`; its result (`None`: the store failed).
-    fn update_fair<T>(
-        &self,
-        slot: u64,
-        bands: usize,
-        f: impl Fn(&mut FairRecord) -> (T, bool),
-    ) -> Option<T> {
-        let mut result = None;
-        let held = self.store.locked_value(slot, |value, present| {
-            let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
-            let (out, write) = f(&mut r);
-            result = Some(out);
-            if write {
-                r.encode_into(value);
-            }
-            ((), write)
-        });
-        if held.is_some() {
-            return result;
-        }
-        let mut value = Vec::new();
-        self.store
-            .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                let mut r = FairRecord::decode_or_new(bytes, bands);
-                let (out, write) = f(&mut r);
-                if write {
-                    r.encode_into(value);
-                }
-                (out, write)
-            })
-            .ok()
     }
 }
 
