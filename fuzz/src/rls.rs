@@ -68,15 +68,34 @@ pub fn run(data: &[u8]) {
         assert!(finished.is_err(), "a failed call decoded");
     }
 
-    // The request decoder; a request of one descriptor encodes back to itself.
+    // The request decoder, and a round trip through the encoder of the request's shape: one
+    // descriptor with no hits_addend of its own (encode_request), or descriptors that each have
+    // one and a request hits_addend of 1 (encode_request_each).
     if let Ok(r) = rls::decode_request(message) {
         assert!(r.hits >= 1);
-        if let ([descriptor], Ok(hits)) = (&r.descriptors[..], u32::try_from(r.hits)) {
-            let entries: Vec<(&str, &[u8])> = descriptor
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
-                .collect();
-            let again = rls::decode_request(&rls::encode_request(&r.domain, &entries, hits));
+        assert_eq!(r.descriptor_hits.len(), r.descriptors.len());
+        let entries: Vec<Vec<(&str, &[u8])>> = r
+            .descriptors
+            .iter()
+            .map(|d| d.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect())
+            .collect();
+        let own: Option<Vec<u64>> = r.descriptor_hits.iter().copied().collect();
+        let encoded = match (&entries[..], u32::try_from(r.hits), own) {
+            ([one], Ok(hits), _) if r.descriptor_hits == [None] => {
+                Some(rls::encode_request(&r.domain, one, hits))
+            }
+            (_, _, Some(own)) if r.hits == 1 => {
+                let each: Vec<rls::Each<'_>> = entries
+                    .iter()
+                    .zip(own)
+                    .map(|(e, hits)| rls::Each { entries: e, hits })
+                    .collect();
+                Some(rls::encode_request_each(&r.domain, &each))
+            }
+            _ => None,
+        };
+        if let Some(encoded) = encoded {
+            let again = rls::decode_request(&encoded);
             assert_eq!(
                 again.as_ref(),
                 Ok(&r),
