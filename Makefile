@@ -294,6 +294,7 @@ test:
 lint: target docs
 	python3 crates/ratelimit-core/floors.py
 	cargo fmt --all --check
+	cargo fmt --all --check --manifest-path fuzz/Cargo.toml
 	cargo clippy --workspace --all-targets --features envoy-tests/envoy -- -D warnings
 	cargo clippy --release --target $(TARGET) -p filter-wasm -p ratelimit-core -- -D warnings
 	cargo clippy --profile native -p filter-native --features panic-trigger -- -D warnings

@@ -105,7 +105,15 @@ pub fn run(data: &[u8]) {
                 retry_after_ms: number(&mut input),
             };
             let admitted = now.saturating_sub(u64::from(input.u16()));
-            learn::fold(&learn, &share, &capacity, &mut record, &answer, admitted, now);
+            learn::fold(
+                &learn,
+                &share,
+                &capacity,
+                &mut record,
+                &answer,
+                admitted,
+                now,
+            );
             let (configured, _) = capacity.limit_and_window();
             assert!(learn::limit_in_force(&record, configured, share.ramp_ms, now) <= configured);
             let in_force = learn::policy_in_force(&capacity, &record, &share, now);
