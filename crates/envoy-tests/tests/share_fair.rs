@@ -3,12 +3,15 @@
 //! computed over the whole fleet from counters in the same service (the test service counting
 //! each descriptor by its own `hits_addend`, as envoyproxy/ratelimit does, over the limitador
 //! engine and Redis). Tenants are pinned to Envoys (each keeps its connection to one replica),
-//! the case local sharing gets wrong. Two shared rules run at once for SHARE_SECONDS (40 by
-//! default), each in front of the stand-in provider's 200 requests a second:
+//! the case local sharing gets wrong, or spread over them, evenly or not. Three shared rules run
+//! at once for SHARE_SECONDS (40 by default), each in front of the stand-in provider's 200
+//! requests a second:
 //!
 //! - `/f1`: `solo` alone on the first Envoy, `b1` and `b2` on the second, `c1` (weight 2) and
 //!   `light` (10 a second) on the third; the others ask 120 a second each;
-//! - `/f2`: weights 1, 2 and 4, one per Envoy, each asking 200 a second.
+//! - `/f2`: weights 1, 2 and 4, one per Envoy, each asking 200 a second;
+//! - `/f3`: `k1` sending 80 % of its requests to the first Envoy and 10 % to each other, `k2`
+//!   (weight 2) and `spread` (10 a second) spread evenly; `k1` and `k2` ask 150 a second.
 //!
 //! Measured on the provider's side from second 10 to the end.
 #![allow(
@@ -34,7 +37,7 @@ const PROXIES: usize = 3;
 /// (docs/src/performance/evidence.md, shared capacity).
 const LIGHT_SERVED: f64 = 0.97;
 const USED: f64 = 0.95;
-const RULES: [&str; 2] = ["f1", "f2"];
+const RULES: [&str; 3] = ["f1", "f2", "f3"];
 
 /// The service's limits: per rule, the capacity leased (`RATE` a second) and the fair
 /// counters (each tenant's asks and each band's sums, by epoch: an hour's counters, far above
@@ -75,18 +78,44 @@ fn config() -> String {
     format!(r#"{{"rules": [{}]}}"#, rules.join(", "))
 }
 
-/// The tenants, each with the Envoy it is pinned to and its weight.
-fn tenants() -> Vec<(Tenant, usize, f64)> {
+/// Where a tenant's requests go: all to one Envoy, spread evenly, or 80 % to the first.
+#[derive(Clone, Copy)]
+enum To {
+    Pinned(usize),
+    Even,
+    Skewed,
+}
+
+impl To {
+    /// The Envoys its requests go to in turn.
+    fn addrs(self, all: &[SocketAddr]) -> Vec<SocketAddr> {
+        match self {
+            To::Pinned(i) => vec![all[i]],
+            To::Even => all.to_vec(),
+            // Eight in ten to the first, one to each other.
+            To::Skewed => (0..10usize)
+                .map(|k| all[k.saturating_sub(7).min(all.len() - 1)])
+                .collect(),
+        }
+    }
+}
+
+/// The tenants, each with the Envoys it sends to and its weight.
+fn tenants() -> Vec<(Tenant, To, f64)> {
     let w = |n: &'static str| [("x-weight", n)];
+    let p = To::Pinned;
     vec![
-        (tenant("/f1/x", "solo", 120.0, &w("1")), 0, 1.0),
-        (tenant("/f1/x", "b1", 120.0, &w("1")), 1, 1.0),
-        (tenant("/f1/x", "b2", 120.0, &w("1")), 1, 1.0),
-        (tenant("/f1/x", "c1", 120.0, &w("2")), 2, 2.0),
-        (tenant("/f1/x", "light", 10.0, &w("1")), 2, 1.0),
-        (tenant("/f2/x", "w1", RATE, &w("1")), 0, 1.0),
-        (tenant("/f2/x", "w2", RATE, &w("2")), 1, 2.0),
-        (tenant("/f2/x", "w4", RATE, &w("4")), 2, 4.0),
+        (tenant("/f1/x", "solo", 120.0, &w("1")), p(0), 1.0),
+        (tenant("/f1/x", "b1", 120.0, &w("1")), p(1), 1.0),
+        (tenant("/f1/x", "b2", 120.0, &w("1")), p(1), 1.0),
+        (tenant("/f1/x", "c1", 120.0, &w("2")), p(2), 2.0),
+        (tenant("/f1/x", "light", 10.0, &w("1")), p(2), 1.0),
+        (tenant("/f2/x", "w1", RATE, &w("1")), p(0), 1.0),
+        (tenant("/f2/x", "w2", RATE, &w("2")), p(1), 2.0),
+        (tenant("/f2/x", "w4", RATE, &w("4")), p(2), 4.0),
+        (tenant("/f3/x", "k1", 150.0, &w("1")), To::Skewed, 1.0),
+        (tenant("/f3/x", "k2", 150.0, &w("2")), To::Even, 2.0),
+        (tenant("/f3/x", "spread", 10.0, &w("1")), To::Even, 1.0),
     ]
 }
 
@@ -109,7 +138,7 @@ fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
     let pinned = tenants();
     let clients: Vec<Tenant> = pinned.iter().map(|(t, _, _)| t.clone()).collect();
     let seen = drive_to(
-        |n| vec![addrs[pinned[n].1]],
+        |n| pinned[n].1.addrs(&addrs),
         &provider,
         &clients,
         run_s,
@@ -122,7 +151,7 @@ fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
     for rule in RULES {
         let got = out.admitted(rule);
         out.report(rule, &got);
-        let case: Vec<&(Tenant, usize, f64)> = pinned
+        let case: Vec<&(Tenant, To, f64)> = pinned
             .iter()
             .filter(|(t, _, _)| t.path.starts_with(&format!("/{rule}/")))
             .collect();
