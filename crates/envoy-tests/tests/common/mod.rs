@@ -18,6 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod http;
+pub mod fair;
 pub mod llm;
 pub mod pages;
 pub mod provider;

@@ -1,0 +1,170 @@
+//! Fair across the fleet (`share.fleet: "fair"`) in real Envoys: the service (the test one,
+//! counting each descriptor by its own `hits_addend` as envoyproxy/ratelimit does, over the
+//! limitador engine and Redis), the stand-in provider, N Envoys in front of it with one rule of
+//! [`RATE`] a second per path, tenants sending to the Envoys each as it is placed; and the
+//! checks, on the provider's side from [`WARMUP_S`] to the end: no provider 429s, every
+//! backlogged tenant within ±5 % of its water-filling share of 97 % of the capacity (Jain's
+//! index per unit of weight ≥ 0.99), tenants under their shares served, the capacity used.
+use super::provider::Provider;
+use super::share::{drive_to, jain, Outcome, Tenant, RATE, WARMUP_S};
+use super::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Envoy, Listener};
+use ratelimit_core::testkit::fair::water_fill;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The least part of its requests a tenant under its share gets through, and the least part of
+/// the capacity used (97 % is handed out: `share.target`), as runs measured them
+/// (docs/src/performance/evidence.md, shared capacity).
+pub const LIGHT_SERVED: f64 = 0.97;
+pub const USED: f64 = 0.95;
+
+/// The service's limits: per rule, the capacity leased (`RATE` a second) and the fair
+/// counters (each tenant's asks and each band's sums, by epoch: an hour's counters, far above
+/// any sum).
+fn limits(rules: &[&str]) -> String {
+    let mut all = Vec::new();
+    for &rule in rules {
+        all.push(format!(
+            r#"{{"namespace": "provider", "name": "{rule}", "max_value": {RATE}, "seconds": 1,
+                 "conditions": ["descriptors[0].rule == '{rule}'"], "variables": []}}"#
+        ));
+        for kind in ["asked", "band"] {
+            all.push(format!(
+                r#"{{"namespace": "provider", "name": "{rule}-{kind}", "max_value": 4294967295,
+                     "seconds": 3600, "conditions": ["descriptors[0].fair == '{rule}'"],
+                     "variables": ["descriptors[0].{kind}", "descriptors[0].epoch"]}}"#
+            ));
+        }
+    }
+    format!("[{}]", all.join(", "))
+}
+
+fn config(rules: &[&str]) -> String {
+    let rules: Vec<String> = rules
+        .iter()
+        .map(|name| {
+            format!(
+                r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}},
+                    "key": ["header:x-tenant"],
+                    "rate_limit": {{"requests_per_unit": {RATE}, "unit": "second"}},
+                    "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
+                                "timeout_ms": 200, "flush_ms": 20}},
+                    "share": {{"fleet": "fair",
+                               "weight": {{"from": "header:x-weight", "default": 1, "max": 10}}}}}}"#
+            )
+        })
+        .collect();
+    format!(r#"{{"rules": [{}]}}"#, rules.join(", "))
+}
+
+/// Where a tenant's requests go: all to one Envoy, spread evenly, or 80 % to the first.
+#[derive(Clone, Copy)]
+pub enum To {
+    Pinned(usize),
+    Even,
+    Skewed,
+}
+
+impl To {
+    /// The Envoys its requests go to in turn.
+    pub fn addrs(self, all: &[SocketAddr]) -> Vec<SocketAddr> {
+        match self {
+            To::Pinned(i) => vec![all[i]],
+            To::Even => all.to_vec(),
+            // Eight in ten to the first, one to each other.
+            To::Skewed => (0..10usize)
+                .map(|k| all[k.saturating_sub(7).min(all.len() - 1)])
+                .collect(),
+        }
+    }
+}
+
+/// `proxies` Envoys, each rule of `rules` (a path `/<rule>/`) fair across them, and
+/// `tenants` (each with where it sends and its weight) for SHARE_SECONDS (40 by default); panics
+/// unless every check holds.
+pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)]) {
+    let run_s = super::env_number("SHARE_SECONDS", 40);
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    // One call at a time: the engine's own race would grant past the limit.
+    let _rls = rls_server_each(rls_port, redis_port, &limits(rules), true);
+    let provider = Arc::new(Provider::start(RATE));
+    let listener = Listener::to(provider.addr);
+    let yaml = format!(
+        "{}{}",
+        bootstrap_with(&config(rules), &listener),
+        rls_cluster(rls_port, "1s")
+    );
+    let proxies: Vec<Envoy> = (0..proxies).map(|_| Envoy::start_yaml(&yaml)).collect();
+    let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+    let clients: Vec<Tenant> = pinned.iter().map(|(t, _, _)| t.clone()).collect();
+    let seen = drive_to(
+        |n| pinned[n].1.addrs(&addrs),
+        &provider,
+        &clients,
+        run_s,
+        WARMUP_S,
+    );
+    let out = Outcome::new(&provider, &clients, seen, WARMUP_S, RATE);
+    super::share::print_counters(&proxies, rules);
+    assert_eq!(provider.refused(), 0, "the provider refused requests");
+    let target = 0.97 * RATE;
+    for &rule in rules {
+        let got = out.admitted(rule);
+        out.report(rule, &got);
+        let case: Vec<&(Tenant, To, f64)> = pinned
+            .iter()
+            .filter(|(t, _, _)| t.path.starts_with(&format!("/{rule}/")))
+            .collect();
+        let demands: Vec<f64> = case.iter().map(|(t, _, _)| t.rate).collect();
+        let weights: Vec<f64> = case.iter().map(|(_, _, w)| *w).collect();
+        let ideal = water_fill(target, &demands, &weights);
+        let rates: Vec<f64> = case
+            .iter()
+            .map(|(t, _, _)| got.get(&t.name).copied().unwrap_or(0.0))
+            .collect();
+        eprintln!("{rule}: admitted {rates:.1?}, water-filling {ideal:.1?}");
+        // Backlogged tenants: Jain's index of their rates per unit of weight, each within
+        // ±5 % of its water-filling share.
+        let held: Vec<usize> = (0..case.len())
+            .filter(|&i| demands[i] > ideal[i] + 1.0)
+            .collect();
+        let per_weight: Vec<f64> = held.iter().map(|&i| rates[i] / weights[i]).collect();
+        assert!(
+            jain(&per_weight) >= 0.99,
+            "{rule}: Jain's index {:.4} of {per_weight:.2?}",
+            jain(&per_weight)
+        );
+        for &i in &held {
+            let off = (rates[i] - ideal[i]).abs() / ideal[i];
+            assert!(
+                off <= 0.05,
+                "{rule} {}: {:.1}/s for {:.1}/s",
+                case[i].0.name,
+                rates[i],
+                ideal[i]
+            );
+        }
+        // Tenants under their shares get nearly all they ask: the lease's refusals, when the
+        // fleet's quota of a window runs out, fall on whoever asks then.
+        for (i, (t, _, _)) in case.iter().enumerate() {
+            if held.contains(&i) {
+                continue;
+            }
+            let s = out.seen[&t.name];
+            assert!(
+                s.ok as f64 >= LIGHT_SERVED * s.sent as f64,
+                "{}: {} of {} passed",
+                t.name,
+                s.ok,
+                s.sent
+            );
+        }
+        let used: f64 = rates.iter().sum::<f64>() / RATE;
+        assert!(
+            used >= USED,
+            "{rule}: {:.1} % of the capacity used",
+            100.0 * used
+        );
+    }
+}
