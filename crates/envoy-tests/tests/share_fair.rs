@@ -20,6 +20,10 @@ use common::fair::{fair_fleet, To};
 use common::share::{tenant, Tenant, RATE};
 
 const PROXIES: usize = 3;
+/// The least part of its requests a tenant under its share gets through, as runs measured it
+/// (docs/src/performance/evidence.md, shared capacity): the fleet's quota of a window, when
+/// it runs out, is refused to whoever asks then.
+const LIGHT_SERVED: f64 = 0.97;
 const RULES: [&str; 3] = ["f1", "f2", "f3"];
 
 /// The tenants, each with the Envoys it sends to and its weight.
@@ -43,5 +47,5 @@ fn tenants() -> Vec<(Tenant, To, f64)> {
 
 #[test]
 fn tenants_pinned_to_envoys_get_the_fleets_fair_shares() {
-    fair_fleet(PROXIES, &RULES, &tenants());
+    fair_fleet(PROXIES, &RULES, &tenants(), LIGHT_SERVED);
 }

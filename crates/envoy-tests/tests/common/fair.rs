@@ -12,10 +12,8 @@ use ratelimit_core::testkit::fair::water_fill;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// The least part of its requests a tenant under its share gets through, and the least part of
-/// the capacity used (97 % is handed out: `share.target`), as runs measured them
-/// (docs/src/performance/evidence.md, shared capacity).
-pub const LIGHT_SERVED: f64 = 0.97;
+/// The least part of the capacity used (97 % is handed out: `share.target`), as runs measured
+/// it (docs/src/performance/evidence.md, shared capacity).
 pub const USED: f64 = 0.95;
 
 /// The service's limits: per rule, the capacity leased (`RATE` a second) and the fair
@@ -81,8 +79,9 @@ impl To {
 
 /// `proxies` Envoys, each rule of `rules` (a path `/<rule>/`) fair across them, and
 /// `tenants` (each with where it sends and its weight) for SHARE_SECONDS (40 by default); panics
-/// unless every check holds.
-pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)]) {
+/// unless every check holds, tenants under their shares getting at least `light_served` of
+/// their requests through.
+pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)], light_served: f64) {
     let run_s = super::env_number("SHARE_SECONDS", 40);
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
@@ -153,7 +152,7 @@ pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)]) 
             }
             let s = out.seen[&t.name];
             assert!(
-                s.ok as f64 >= LIGHT_SERVED * s.sent as f64,
+                s.ok as f64 >= light_served * s.sent as f64,
                 "{}: {} of {} passed",
                 t.name,
                 s.ok,

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub mod http;
 pub mod fair;
+pub mod http;
 pub mod llm;
 pub mod pages;
 pub mod provider;

@@ -301,9 +301,11 @@ pub fn print_counters(proxies: &[super::Envoy], rules: &[&str]) {
     };
     for &rule in rules {
         eprintln!(
-            "{rule}: lease_claims {} lease_granted {} lease_refused {} share_refused {} limited {}",
+            "{rule}: lease_claims {} lease_granted {} lease_lapsed {} lease_refused {} \
+             share_refused {} limited {}",
             fleet(rule, "lease_claims"),
             fleet(rule, "lease_granted"),
+            fleet(rule, "lease_lapsed"),
             fleet(rule, "lease_refused"),
             fleet(rule, "share_refused"),
             fleet(rule, "limited"),
