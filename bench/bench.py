@@ -991,21 +991,91 @@ def share(args, work):
                                      objects=[MODULE], read_stats=["share_queued", "share_waited_ms"])
         counts.update(waited)
         seen.update(waits)
+        # Leased from the test rate limit service (over Redis), shared locally or fair across
+        # the fleet: what each request pays, and the service's calls per request.
+        leased, calls = lease_instructions(args, rw)
+        counts.update(leased)
+        seen.update(calls)
         rounds.append({"instructions": counts,
                        "module": {n: c[f"object {MODULE}"] for n, c in seen.items()},
                        "waits": {n: {k: v for k, v in c.items() if k.startswith("stat ")}
-                                 for n, c in waits.items()}})
+                                 for n, c in waits.items()},
+                       "calls": {n: {k: v for k, v in c.items() if k.startswith("stat ")}
+                                 for n, c in calls.items()}})
     median = lambda key, n: statistics.median(r[key][n] for r in rounds)
-    names = [sp[0] for sp in specs] + [sp[0] for sp in wait_specs(args)]
+    names = [sp[0] for sp in specs] + [sp[0] for sp in wait_specs(args)] + [
+        n for n in rounds[0]["instructions"] if n.endswith(("-leased", "-fair"))]
     r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
          "instructions": {n: median("instructions", n) for n in names},
          "module": {n: median("module", n) for n in names if n.startswith("native")},
          "waits": {n: {k: statistics.median(rd["waits"][n][k] for rd in rounds)
                        for k in rounds[0]["waits"][n]} for n in rounds[0]["waits"]},
+         "calls": {n: {k: statistics.median(rd["calls"][n][k] for rd in rounds)
+                       for k in rounds[0]["calls"][n]} for n in rounds[0]["calls"]},
          "rounds": rounds, "requests": args.requests, "wait_requests": WAIT_REQUESTS,
          "wait_rate": WAIT_RATE}
     (BENCH / "results-share.json").write_text(json.dumps(r, indent=2) + "\n")
     print(share_report(r))
+
+
+def lease_instructions(args, work):
+    """The leased variants, both builds: the shared rule of `share` (never reached) whose
+    capacity is leased from the test rate limit service over Redis (`-leased`: shared locally;
+    `-fair`: fair across the fleet, `share.fleet: "fair"`, the service counting each descriptor
+    by itself). Their instructions per request and, per request sent, the lease's claims and the
+    calls to the service (`cluster.ratelimit.upstream_rq_total`: claims and the fair rule's
+    reports). Skipped (nothing returned) without the rls-server build or redis-server."""
+    rls_bin = ROOT / "crates/envoy-tests/rls-server/target/release/rls-server"
+    if not rls_bin.exists() or not shutil.which("redis-server"):
+        print("  leased: skipped (no rls-server build or no redis-server)")
+        return {}, {}
+    name = "per-client"
+    limits = [{"namespace": "bench", "name": name, "max_value": NEVER, "seconds": 1,
+               "conditions": [f"descriptors[0].rule == '{name}'"], "variables": []}]
+    limits += [{"namespace": "bench", "name": f"{name}-{kind}", "max_value": 4294967295,
+                "seconds": 3600, "conditions": [f"descriptors[0].fair == '{name}'"],
+                "variables": [f"descriptors[0].{kind}", "descriptors[0].epoch"]}
+               for kind in ("asked", "band")]
+    procs = []
+    try:
+        redis_port, rls_port = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_listening(redis_port)
+        procs.append(subprocess.Popen(
+            [str(rls_bin), f"127.0.0.1:{rls_port}", f"redis://127.0.0.1:{redis_port}",
+             json.dumps(limits), "0", "serial"], env={**os.environ, "RLS_DESCRIPTORS": "each"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_listening(rls_port)
+        extra = RLS_CLUSTER.format(port=rls_port)
+        lease = {"cluster": "ratelimit", "domain": "bench", "mode": "lease", "timeout_ms": 1000}
+        base = dict(rule(name, ["remote_address"], n=NEVER, unit="second"), **{"global": lease})
+        specs = []
+        for b in ("native", "wasm"):
+            specs.append((f"{b}-leased", ours([dict(base, share={})], build=b), None, extra))
+            specs.append((f"{b}-fair", ours([dict(base, share={"fleet": "fair"})], build=b),
+                          None, extra))
+        if args.only:
+            specs = [sp for sp in specs if sp[0] in args.only.split(",")]
+        if not specs:
+            return {}, {}
+        return instructions(args.envoy, specs, work, requests=args.requests, objects=[MODULE],
+                            read_stats=["lease_claims", "ratelimit.upstream_rq_total"])
+    finally:
+        stop(procs)
+
+
+def wait_listening(port):
+    """Waits (at most 10 s) until something listens on `port`."""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on {port}")
 
 
 # The capacity a request waits for in the waiting variants, a second, and their requests.
@@ -1050,6 +1120,20 @@ def share_report(r):
             lines.append(f"| {b} | {s:,.0f} | {w:,.0f} | {w - s:+,.0f} | "
                          f"{st.get('stat share_queued', 0):.2f} | "
                          f"{st.get('stat share_waited_ms', 0):.1f} | {m} |")
+    calls = r.get("calls", {})
+    if calls:
+        lines += ["", "| build | shared, never reached | leased | leased − shared | fair across the fleet | fair − leased | claims per 100 requests (leased, fair) | service calls per 100 requests (leased, fair) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for b in ("native", "wasm"):
+            s_, l_, f_ = (ins.get(f"{b}-{v}") for v in ("shared", "leased", "fair"))
+            if None in (s_, l_, f_):
+                continue
+            per100 = lambda v, st: 100 * calls.get(f"{b}-{v}", {}).get(f"stat {st}", 0)
+            lines.append(f"| {b} | {s_:,.0f} | {l_:,.0f} | {l_ - s_:+,.0f} | {f_:,.0f} | "
+                         f"{f_ - l_:+,.0f} | {per100('leased', 'lease_claims'):.2f}, "
+                         f"{per100('fair', 'lease_claims'):.2f} | "
+                         f"{per100('leased', 'ratelimit.upstream_rq_total'):.2f}, "
+                         f"{per100('fair', 'ratelimit.upstream_rq_total'):.2f} |")
     return "\n".join(lines)
 
 
