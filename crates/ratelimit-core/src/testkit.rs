@@ -248,10 +248,20 @@ pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {
 /// and what it counted there), checked then counted as limitador does: its answer to a call of
 /// `hits` at `now_ms`, with what remains and the window's reset.
 pub fn second_counter(counter: &mut (u64, u64), hits: u64, now_ms: u64) -> RlsResponse {
-    if counter.0 != now_ms / 1000 {
-        *counter = (now_ms / 1000, 0);
+    window_counter(counter, hits, now_ms, (100, 1000))
+}
+
+/// [`second_counter`] of `limit` a window of `window_ms` (clock-aligned).
+pub fn window_counter(
+    counter: &mut (u64, u64),
+    hits: u64,
+    now_ms: u64,
+    (limit, window_ms): (u64, u64),
+) -> RlsResponse {
+    if counter.0 != now_ms / window_ms {
+        *counter = (now_ms / window_ms, 0);
     }
-    let code = if counter.1 + hits <= 100 {
+    let code = if counter.1 + hits <= limit {
         counter.1 += hits;
         Code::Ok
     } else {
@@ -261,10 +271,10 @@ pub fn second_counter(counter: &mut (u64, u64), hits: u64, now_ms: u64) -> RlsRe
         overall_code: code,
         statuses: vec![DescriptorStatus {
             code,
-            requests_per_unit: Some(100),
-            unit_seconds: Some(1),
-            limit_remaining: u32::try_from(100 - counter.1).unwrap(),
-            reset_ms: Some(1000 - now_ms % 1000),
+            requests_per_unit: Some(u32::try_from(limit).unwrap()),
+            unit_seconds: Some(window_ms / 1000),
+            limit_remaining: u32::try_from(limit - counter.1).unwrap(),
+            reset_ms: Some(window_ms - now_ms % window_ms),
         }],
         headers: Vec::new(),
     }

@@ -234,9 +234,12 @@ mod tests {
     struct Service {
         /// The capacity's counter: its window and what it counted there.
         lease: (u64, u64),
+        /// The capacity and its window, ms.
+        capacity: (u64, u64),
         counters: HashMap<Vec<(String, Vec<u8>)>, u64>,
         statuses: bool,
         reports: u64,
+        claims: u64,
     }
 
     impl Service {
@@ -272,7 +275,8 @@ mod tests {
                     headers: Vec::new(),
                 };
             }
-            crate::testkit::second_counter(&mut self.lease, req.hits, now)
+            self.claims += 1;
+            crate::testkit::window_counter(&mut self.lease, req.hits, now, self.capacity)
         }
     }
 
@@ -285,22 +289,49 @@ mod tests {
         ("light", 2, 1, 5.0),
     ];
 
+    /// What a run of [`pinned_on`] measured.
+    struct Run {
+        /// Each tenant's admitted rate a second over the measured seconds.
+        rates: Vec<f64>,
+        /// The most admitted in one of the capacity's windows.
+        most: u64,
+        /// The fair rule's reports, and the lease's claims, over the run.
+        reports: u64,
+        claims: u64,
+        /// Requests admitted over the run.
+        admitted: u64,
+    }
+
     /// Three Envoys leasing one capacity of 100 a second (`fleet`: `share.fleet`), each
     /// tenant pinned to one of them, on a virtual clock, every call answered at once: each
     /// tenant's admitted rate over seconds 10 to 30, the most admitted in one second, and the
     /// reports made.
     fn pinned(fleet: &str, statuses: bool) -> (Vec<f64>, u64, u64) {
-        pinned_on(fleet, statuses, 1)
+        let r = pinned_on(fleet, statuses, 1, Window::Second);
+        (r.rates, r.most, r.reports)
+    }
+
+    /// The capacity's window: 100 a second (the run 30 s, measured from second 10), or 6,000
+    /// a minute (`max_block` 600; the run 5 minutes, measured from minute 2).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Window {
+        Second,
+        Minute,
     }
 
     /// [`pinned`] with `workers` runtimes per Envoy over its one store (the wasm build's
-    /// workers), each request going to the next worker of its Envoy.
-    fn pinned_on(fleet: &str, statuses: bool, workers: usize) -> (Vec<f64>, u64, u64) {
+    /// workers), each request going to the next worker of its Envoy, and the capacity's
+    /// `window`.
+    fn pinned_on(fleet: &str, statuses: bool, workers: usize, window: Window) -> Run {
+        let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
+            Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
+            Window::Minute => (6_000, "minute", 60_000, 600, 300_000, 120),
+        };
         let json = format!(
             r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
-            "rate_limit": {{"requests_per_unit": 100, "unit": "second"}},
+            "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},
             "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
-                       "max_block": 10}},
+                       "max_block": {max_block}}},
             "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 4}},
                        "fleet": "{fleet}"}}}}]}}"#
         );
@@ -318,12 +349,13 @@ mod tests {
         let mut turn = 0usize;
         let mut service = Service {
             lease: (0, 0),
+            capacity: (limit, window_ms),
             counters: HashMap::new(),
             statuses,
             reports: 0,
+            claims: 0,
         };
         let t0: u64 = 1_800_000_000_000;
-        let run_ms = 30_000u64;
         let mut next_at: Vec<f64> = (0..TENANTS.len()).map(|i| i as f64 * 2.3).collect();
         let mut per_s = vec![vec![0u64; TENANTS.len()]; (run_ms / 1000) as usize];
         let mut id = 0u64;
@@ -370,12 +402,25 @@ mod tests {
                 }
             }
         }
-        let measured = &per_s[10..];
+        let measured = &per_s[from_s..];
         let rates = (0..TENANTS.len())
             .map(|i| measured.iter().map(|s| s[i]).sum::<u64>() as f64 / measured.len() as f64)
             .collect();
-        let most = per_s.iter().map(|s| s.iter().sum::<u64>()).max().unwrap();
-        (rates, most, service.reports)
+        // The capacity's windows are clock-aligned, as t0 is to a minute.
+        let per_window = (window_ms / 1000) as usize;
+        let most = per_s
+            .chunks(per_window)
+            .map(|w| w.iter().flatten().sum::<u64>())
+            .max()
+            .unwrap();
+        let admitted = per_s.iter().flatten().sum();
+        Run {
+            rates,
+            most,
+            reports: service.reports,
+            claims: service.claims,
+            admitted,
+        }
     }
 
     /// Tenants pinned to Envoys share the capacity as the whole fleet's weighted max-min
@@ -417,7 +462,8 @@ mod tests {
         // service says nothing of the fleet's counters.
         // Two workers per Envoy over its one store, as in the wasm build: the same shares,
         // still one report per Envoy and window.
-        let (two, _, reports_two) = pinned_on("fair", true, 2);
+        let two_workers = pinned_on("fair", true, 2, Window::Second);
+        let (two, reports_two) = (two_workers.rates, two_workers.reports);
         println!("two workers each: {two:.1?}, {reports_two} reports");
         for i in 0..5 {
             assert!((two[i] - fair[i]).abs() <= 0.05 * ideal[i], "{two:?}");
@@ -428,5 +474,53 @@ mod tests {
             assert!(jain(&per_weight) < 0.95, "{per_weight:?}");
             assert!(shares[4] >= 0.99 * 5.0, "light {:.2}", shares[4]);
         }
+    }
+
+    /// A provider's limit a minute (its requests or tokens per minute), shared fairly across
+    /// three Envoys: the same shares as a second's window, never more than the capacity in a
+    /// minute, and the service's calls (the lease's claims and the fair reports) per 100
+    /// requests admitted, a second's window against a minute's.
+    #[test]
+    fn a_minutes_capacity_is_shared_as_fairly_with_fewer_calls() {
+        let second = pinned_on("fair", true, 1, Window::Second);
+        let minute = pinned_on("fair", true, 1, Window::Minute);
+        let per_100 = |r: &Run| 100.0 * (r.claims + r.reports) as f64 / r.admitted as f64;
+        let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
+        let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
+        let ideal = water_fill(97.0, &demands, &weights);
+        println!(
+            "a second: {:.1?}, {} claims, {} reports, {} admitted: {:.2} calls per 100",
+            second.rates,
+            second.claims,
+            second.reports,
+            second.admitted,
+            per_100(&second)
+        );
+        println!(
+            "a minute: {:.1?}, {} claims, {} reports, {} admitted: {:.2} calls per 100; most in a minute {}",
+            minute.rates,
+            minute.claims,
+            minute.reports,
+            minute.admitted,
+            per_100(&minute),
+            minute.most
+        );
+        println!("water-filling {ideal:.1?}");
+        assert!(minute.most <= 6_000, "{} in one minute", minute.most);
+        let per_weight: Vec<f64> = (0..4).map(|i| minute.rates[i] / weights[i]).collect();
+        assert!(jain(&per_weight) >= 0.99, "{per_weight:?}");
+        for i in 0..4 {
+            let off = (minute.rates[i] - ideal[i]).abs() / ideal[i];
+            assert!(off <= 0.02, "{}: {:.1}", TENANTS[i].0, minute.rates[i]);
+        }
+        assert!(
+            minute.rates[4] >= 0.97 * 5.0,
+            "light {:.2}",
+            minute.rates[4]
+        );
+        // A claim's block follows what an Envoy expects to admit in the rest of the window:
+        // with a minute's, far fewer calls for as many requests.
+        assert!(per_100(&minute) <= 2.0, "{:.2}", per_100(&minute));
+        assert!(per_100(&second) > 10.0 * per_100(&minute));
     }
 }
