@@ -217,6 +217,7 @@ fn from_wire(item: &Item, value: u64) -> u64 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {
+    use crate::error::ServiceError;
     use crate::key::Seed;
     use crate::rls::{self, Code, DescriptorStatus};
     use crate::runtime::{Background, Next, Runtime, StreamState};
@@ -309,7 +310,7 @@ mod tests {
     /// tenant's admitted rate over seconds 10 to 30, the most admitted in one second, and the
     /// reports made.
     fn pinned(fleet: &str, statuses: bool) -> (Vec<f64>, u64, u64) {
-        let r = pinned_on(fleet, statuses, 1, Window::Second, &|_, e, _| e);
+        let r = pinned_on(Case::new(fleet, statuses));
         (r.rates, r.most, r.reports)
     }
 
@@ -324,22 +325,56 @@ mod tests {
     /// Where tenant `i`, pinned to Envoy `e`, sends its request at `ms` into the run.
     type Placement<'a> = &'a dyn Fn(usize, usize, u64) -> usize;
 
-    /// [`pinned`] with `workers` runtimes per Envoy over its one store (the wasm build's
-    /// workers), each request going to the next worker of its Envoy, the capacity's `window`,
-    /// and each request's Envoy as `place` says.
-    fn pinned_on(
-        fleet: &str,
+    /// A run of [`pinned_on`].
+    struct Case<'a> {
+        /// `share.fleet`.
+        fleet: &'a str,
+        /// Whether the service answers the fair counters' statuses.
         statuses: bool,
+        /// Runtimes per Envoy over its one store (the wasm build's workers), each request
+        /// going to the next worker of its Envoy.
         workers: usize,
         window: Window,
-        place: Placement<'_>,
-    ) -> Run {
+        /// Each request's Envoy.
+        place: Placement<'a>,
+        /// When the service does not answer (gRPC status 14), ms into the run.
+        down: std::ops::Range<u64>,
+        /// The configuration's `failure_mode`.
+        failure_mode: &'a str,
+    }
+
+    impl<'a> Case<'a> {
+        /// Tenants pinned, one worker each, a second's window, the service always up.
+        fn new(fleet: &'a str, statuses: bool) -> Case<'a> {
+            Case {
+                fleet,
+                statuses,
+                workers: 1,
+                window: Window::Second,
+                place: &|_, e, _| e,
+                down: 0..0,
+                failure_mode: "allow",
+            }
+        }
+    }
+
+    /// [`pinned`] as `case` says.
+    fn pinned_on(case: Case<'_>) -> Run {
+        let Case {
+            fleet,
+            statuses,
+            workers,
+            window,
+            place,
+            down,
+            failure_mode,
+        } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
             Window::Minute => (6_000, "minute", 60_000, 600, 300_000, 120),
         };
         let json = format!(
-            r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
+            r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "p", "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},
             "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
                        "max_block": {max_block}}},
@@ -389,8 +424,12 @@ mod tests {
                             Next::Call { message, .. } => {
                                 id += 1;
                                 assert!(matches!(st.started(rt, &mut h, Ok(id)), Next::Wait));
-                                let a = service.answer(&message, now);
-                                st.call_answer(rt, &mut h, id, Ok(a))
+                                let a = if down.contains(&ms) {
+                                    Err(ServiceError::Grpc(14))
+                                } else {
+                                    Ok(service.answer(&message, now))
+                                };
+                                st.call_answer(rt, &mut h, id, a)
                             }
                             Next::Continue => {
                                 per_s[(ms / 1000) as usize][i] += 1;
@@ -412,9 +451,13 @@ mod tests {
                 }
                 for call in bg.tick(rt, now, None).calls {
                     id += 1;
-                    let a = service.answer(&call.message, now);
+                    let a = if down.contains(&ms) {
+                        Err(ServiceError::Grpc(14))
+                    } else {
+                        Ok(service.answer(&call.message, now))
+                    };
                     bg.started(rt, call, Some(id));
-                    bg.answered(rt, id, Ok(a), now);
+                    bg.answered(rt, id, a, now);
                 }
             }
         }
@@ -479,7 +522,10 @@ mod tests {
         // service says nothing of the fleet's counters.
         // Two workers per Envoy over its one store, as in the wasm build: the same shares,
         // still one report per Envoy and window.
-        let two_workers = pinned_on("fair", true, 2, Window::Second, &|_, e, _| e);
+        let two_workers = pinned_on(Case {
+            workers: 2,
+            ..Case::new("fair", true)
+        });
         let (two, reports_two) = (two_workers.rates, two_workers.reports);
         println!("two workers each: {two:.1?}, {reports_two} reports");
         for i in 0..5 {
@@ -499,8 +545,11 @@ mod tests {
     /// requests admitted, a second's window against a minute's.
     #[test]
     fn a_minutes_capacity_is_shared_as_fairly_with_fewer_calls() {
-        let second = pinned_on("fair", true, 1, Window::Second, &|_, e, _| e);
-        let minute = pinned_on("fair", true, 1, Window::Minute, &|_, e, _| e);
+        let second = pinned_on(Case::new("fair", true));
+        let minute = pinned_on(Case {
+            window: Window::Minute,
+            ..Case::new("fair", true)
+        });
         let per_100 = |r: &Run| 100.0 * (r.claims + r.reports) as f64 / r.admitted as f64;
         let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
         let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
@@ -554,7 +603,10 @@ mod tests {
             (2, 12_000..20_000) => 0,
             _ => e,
         };
-        let r = pinned_on("fair", true, 1, Window::Second, &place);
+        let r = pinned_on(Case {
+            place: &place,
+            ..Case::new("fair", true)
+        });
         let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
         let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
         let ideal = water_fill(97.0, &demands, &weights);
@@ -577,6 +629,44 @@ mod tests {
                 assert!(off <= 0.03, "{from}-{to} {}: {:.1}", TENANTS[i].0, rates[i]);
             }
             assert!(rates[4] >= 0.99 * 5.0, "{from}-{to} light: {:.1}", rates[4]);
+        }
+    }
+
+    /// The service down from second 10 to 15 (every call fails as unreachable), then back:
+    /// with `failure_mode: "deny"` the fleet never admits more than the capacity in a second
+    /// (what the Envoys held, then nothing that must claim); with `"allow"`, each Envoy what
+    /// its own shares let through, at most the capacity each; and from three seconds after the
+    /// service is back the shares are the water-filling's again.
+    #[test]
+    fn the_service_down_follows_failure_mode_and_the_shares_come_back() {
+        let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
+        let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
+        let ideal = water_fill(97.0, &demands, &weights);
+        for mode in ["deny", "allow"] {
+            let r = pinned_on(Case {
+                down: 10_000..15_000,
+                failure_mode: mode,
+                ..Case::new("fair", true)
+            });
+            let totals: Vec<u64> = r.per_s.iter().map(|s| s.iter().sum()).collect();
+            println!("{mode}: admitted each second {totals:?}");
+            let down = totals[10..15].iter().max().copied().unwrap_or(0);
+            if mode == "deny" {
+                assert!(r.most <= 100, "{} in one second", r.most);
+            } else {
+                // Each Envoy at most the capacity; the tenants ask 245 a second in all.
+                assert!(down > 100 && down <= 3 * 100, "{down}");
+            }
+            let rates: Vec<f64> = (0..TENANTS.len())
+                .map(|i| r.per_s[18..30].iter().map(|s| s[i]).sum::<u64>() as f64 / 12.0)
+                .collect();
+            println!("{mode}: seconds 18 to 30 {rates:.1?}, water-filling {ideal:.1?}");
+            for i in 0..4 {
+                let off = (rates[i] - ideal[i]).abs() / ideal[i];
+                assert!(off <= 0.03, "{mode} {}: {:.1}", TENANTS[i].0, rates[i]);
+            }
+            assert!(rates[4] >= 0.99 * 5.0, "{mode} light: {:.1}", rates[4]);
+            assert!(totals[18..].iter().all(|&t| t <= 100), "{totals:?}");
         }
     }
 }
