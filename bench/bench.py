@@ -1339,16 +1339,6 @@ def global_section(args, lua, work, rounds):
         procs.append(p)
         return p
 
-    def wait_port(port):
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit(f"nothing listens on {port}")
-
     def limits(rule, max_value):
         return json.dumps([{"namespace": "edge", "name": rule, "max_value": max_value, "seconds": 60,
                             "conditions": [f"descriptors[0].rule == '{rule}'"],
@@ -1358,10 +1348,10 @@ def global_section(args, lua, work, rounds):
         redis_port, rls_port = free_port(), free_port()
         start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no"])
-        wait_port(redis_port)
+        wait_listening(redis_port)
         start([str(rls_bin), f"127.0.0.1:{rls_port}", f"redis://127.0.0.1:{redis_port}",
                limits("g", NEVER)])
-        wait_port(rls_port)
+        wait_listening(rls_port)
         extra = RLS_CLUSTER.format(port=rls_port)
         g = lambda mode, more, b: ours([rule("g", ["remote_address"]) | {
             "global": {"cluster": "ratelimit", "domain": "edge", "mode": mode} | more}], build=b)
