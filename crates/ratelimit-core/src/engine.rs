@@ -486,8 +486,39 @@ fn fair_ask(
     cost: u64,
     how: (bool, bool),
 ) -> Result<(), u64> {
+    use share::fair_record::FairRecord;
     let who = (f.id, sc.asker.weight, sc.asker.band);
-    update_fair_record(store, f.slot, sc.share.bands, |r| {
+    let bands = sc.share.bands;
+    // A tenant the record keeps: its entry changed in place, the rest neither decoded nor
+    // written (held by the store where it can, else with compare-and-swap).
+    let in_place =
+        |value: &mut [u8]| FairRecord::request_in_place(value, bands, who, at, cost, how);
+    let fast = match store.locked_value(f.slot, |value, present| {
+        let r = if present { in_place(value) } else { None };
+        (r, r.is_some())
+    }) {
+        Some(held) => held.ok().flatten(),
+        None => {
+            let mut value = Vec::new();
+            store
+                .replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
+                    value.clear();
+                    value.extend_from_slice(bytes.unwrap_or_default());
+                    let r = if bytes.is_some() {
+                        in_place(value)
+                    } else {
+                        None
+                    };
+                    (r, r.is_some())
+                })
+                .ok()
+                .flatten()
+        }
+    };
+    if let Some(r) = fast {
+        return r;
+    }
+    update_fair_record(store, f.slot, bands, |r| {
         (r.request(who, at, cost, how), true)
     })
     .unwrap_or(Ok(()))

@@ -143,18 +143,7 @@ impl FairRecord {
         let n = self.tenants.len().min(MAX_TENANTS) as u16;
         out.extend_from_slice(&n.to_le_bytes());
         for t in self.tenants.iter().take(MAX_TENANTS) {
-            out.extend_from_slice(&t.id.to_le_bytes());
-            out.extend_from_slice(&t.weight.to_le_bytes());
-            out.push(t.band);
-            let l = &t.local;
-            out.extend_from_slice(&l.epoch.to_le_bytes());
-            for a in l.asked {
-                out.extend_from_slice(&a.to_le_bytes());
-            }
-            out.extend_from_slice(&l.mine.to_le_bytes());
-            out.extend_from_slice(&l.fleet.to_le_bytes());
-            out.extend_from_slice(&l.credit.to_le_bytes());
-            out.extend_from_slice(&l.credit_ms.to_le_bytes());
+            out.extend_from_slice(&tracked_bytes(t));
         }
     }
 
@@ -202,23 +191,69 @@ impl FairRecord {
         let Some(t) = self.tenants.get_mut(i) else {
             return Ok(());
         };
-        t.weight = weight.max(1);
-        t.band = band;
-        if asks {
-            t.local.ask(epoch, cost);
+        serve(
+            t,
+            level,
+            (weight, band),
+            (now_ms, window_ms),
+            cost,
+            (asks, admitted),
+        )
+    }
+
+    /// [`FairRecord::request`] on the encoded record `bytes` (of `bands` bands), in place, for
+    /// a tenant the record keeps: only the view and that tenant's entry are read, and only the
+    /// entry is written. `None` when `bytes` is not such a record or does not keep the tenant
+    /// ([`FairRecord::request`] on the whole record then).
+    pub fn request_in_place(
+        bytes: &mut [u8],
+        bands: usize,
+        (id, weight, band): (u64, u16, u8),
+        (now_ms, window_ms): (u64, u64),
+        cost: u64,
+        how: (bool, bool),
+    ) -> Option<Result<(), u64>> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != VERSION || usize::from(*rest.first()?) != bands.clamp(1, MAX_BANDS) {
+            return None;
         }
-        if !admitted {
-            return Ok(());
+        let u64_at = |b: &[u8], at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(*b.get(at..)?.first_chunk::<8>()?))
+        };
+        let n = usize::from(u16::from_le_bytes(
+            *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
+        ));
+        if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
+            return None;
         }
-        let allowance = fair::allowance(level, t.weight, &t.local);
-        if t.local.take(allowance, now_ms, window_ms, cost) {
-            return Ok(());
+        // The view: its epoch after the version, the bands and `reported`; then each band's
+        // level and budget.
+        let epoch = u64_at(bytes, 10)?;
+        let mut view = View::new(bands);
+        view.epoch = (epoch != NONE).then_some(epoch);
+        for (i, b) in view.bands.iter_mut().enumerate() {
+            *b = BandView {
+                level: u64_at(bytes, 18 + 16 * i)?,
+                budget: u64_at(bytes, 26 + 16 * i)?,
+            };
         }
-        // What is missing of half the request, at the allowance's pace.
-        let per_ms = allowance.unwrap_or(0).max(1);
-        let need = i128::from(cost.saturating_mul(super::LEVEL_ONE)) * i128::from(window_ms) / 2;
-        let short = u64::try_from(need - i128::from(t.local.credit)).unwrap_or(0);
-        Err((short / per_ms).clamp(1, window_ms))
+        let window_ms = window_ms.max(1);
+        let level = view.level(band, now_ms / window_ms);
+        let slot = bytes
+            .get_mut(HEADER_LEN..)?
+            .chunks_exact_mut(TENANT_LEN)
+            .find(|raw| u64_at(raw, 0) == Some(id))?;
+        let mut t = decode_tracked(slot)?;
+        let r = serve(
+            &mut t,
+            level,
+            (weight, band),
+            (now_ms, window_ms),
+            cost,
+            how,
+        );
+        slot.copy_from_slice(&tracked_bytes(&t));
+        Some(r)
     }
 
     /// Gives back to tenant `id`'s allowance a request of `cost` it covered (another check
@@ -363,6 +398,92 @@ impl FairRecord {
     }
 }
 
+/// A request of `cost` from tenant `t`, of `weight` in `band` now, under the view's `level` for
+/// its band: [`FairRecord::request`]'s work once the tenant is found.
+fn serve(
+    t: &mut Tracked,
+    level: u64,
+    (weight, band): (u16, u8),
+    (now_ms, window_ms): (u64, u64),
+    cost: u64,
+    (asks, admitted): (bool, bool),
+) -> Result<(), u64> {
+    let epoch = now_ms / window_ms.max(1);
+    t.weight = weight.max(1);
+    t.band = band;
+    if asks {
+        t.local.ask(epoch, cost);
+    }
+    if !admitted {
+        return Ok(());
+    }
+    let allowance = fair::allowance(level, t.weight, &t.local);
+    if t.local.take(allowance, now_ms, window_ms, cost) {
+        return Ok(());
+    }
+    // What is missing of half the request, at the allowance's pace.
+    let per_ms = allowance.unwrap_or(0).max(1);
+    let need = i128::from(cost.saturating_mul(super::LEVEL_ONE)) * i128::from(window_ms) / 2;
+    let short = u64::try_from(need - i128::from(t.local.credit)).unwrap_or(0);
+    Err((short / per_ms).clamp(1, window_ms))
+}
+
+/// A tenant's entry, as the record keeps it.
+fn tracked_bytes(t: &Tracked) -> [u8; TENANT_LEN] {
+    let mut out = [0u8; TENANT_LEN];
+    let mut at = 0;
+    let mut put = |b: &[u8]| {
+        if let Some(dst) = out.get_mut(at..at + b.len()) {
+            dst.copy_from_slice(b);
+        }
+        at += b.len();
+    };
+    let l = &t.local;
+    put(&t.id.to_le_bytes());
+    put(&t.weight.to_le_bytes());
+    put(&[t.band]);
+    put(&l.epoch.to_le_bytes());
+    for a in l.asked {
+        put(&a.to_le_bytes());
+    }
+    put(&l.mine.to_le_bytes());
+    put(&l.fleet.to_le_bytes());
+    put(&l.credit.to_le_bytes());
+    put(&l.credit_ms.to_le_bytes());
+    out
+}
+
+/// A tenant's entry from [`tracked_bytes`]'s.
+fn decode_tracked(raw: &[u8]) -> Option<Tracked> {
+    let mut at = 0usize;
+    let mut take = |len: usize| -> Option<&[u8]> {
+        let s = raw.get(at..at + len)?;
+        at += len;
+        Some(s)
+    };
+    let u64_of = |s: &[u8]| s.try_into().ok().map(u64::from_le_bytes);
+    let id = u64_of(take(8)?)?;
+    let weight = u16::from_le_bytes(take(2)?.try_into().ok()?);
+    let band = *take(1)?.first()?;
+    let mut local = Local {
+        epoch: u64_of(take(8)?)?,
+        ..Local::default()
+    };
+    for a in local.asked.iter_mut() {
+        *a = u32::from_le_bytes(take(4)?.try_into().ok()?);
+    }
+    local.mine = u64_of(take(8)?)?;
+    local.fleet = u64_of(take(8)?)?;
+    local.credit = i64::from_le_bytes(take(8)?.try_into().ok()?);
+    local.credit_ms = u64_of(take(8)?)?;
+    Some(Tracked {
+        id,
+        weight,
+        band,
+        local,
+    })
+}
+
 fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     let (&version, rest) = bytes.split_first()?;
     let (&stored_bands, mut rest) = rest.split_first()?;
@@ -406,33 +527,7 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     for _ in 0..n {
         let (raw, more) = rest.split_at_checked(TENANT_LEN)?;
         rest = more;
-        let mut at = 0usize;
-        let mut take = |len: usize| -> Option<&[u8]> {
-            let s = raw.get(at..at + len)?;
-            at += len;
-            Some(s)
-        };
-        let u64_of = |s: &[u8]| s.try_into().ok().map(u64::from_le_bytes);
-        let id = u64_of(take(8)?)?;
-        let weight = u16::from_le_bytes(take(2)?.try_into().ok()?);
-        let band = *take(1)?.first()?;
-        let mut local = Local {
-            epoch: u64_of(take(8)?)?,
-            ..Local::default()
-        };
-        for a in local.asked.iter_mut() {
-            *a = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        }
-        local.mine = u64_of(take(8)?)?;
-        local.fleet = u64_of(take(8)?)?;
-        local.credit = i64::from_le_bytes(take(8)?.try_into().ok()?);
-        local.credit_ms = u64_of(take(8)?)?;
-        r.tenants.push(Tracked {
-            id,
-            weight,
-            band,
-            local,
-        });
+        r.tenants.push(decode_tracked(raw)?);
     }
     Some(r)
 }
@@ -488,6 +583,68 @@ mod tests {
         bytes[0] = 9;
         assert_eq!(FairRecord::decode_or_new(Some(&bytes), 2), fresh);
         assert_eq!(FairRecord::decode_or_new(None, 2), fresh);
+    }
+
+    #[test]
+    fn a_request_in_place_is_the_whole_records_request() {
+        // Three tenants in two bands under a view holding band 1 to a level: a run of
+        // requests (asking, waiting turns, refused by another check) done on the whole record
+        // and in place on its bytes leave the same bytes and the same verdicts.
+        let mut r = FairRecord::new(2);
+        r.view.epoch = Some(8);
+        r.view.bands[1].level = 3 * LEVEL_ONE;
+        for id in 1..=3u64 {
+            r.request((id, 1, 1), (9_000, 1_000), 1, (true, true))
+                .unwrap();
+        }
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        for k in 0..400u64 {
+            let who = (1 + k % 3, 1 + (k % 2) as u16, (k % 5 != 0) as u8);
+            let at = (9_000 + 7 * k, 1_000);
+            let how = (k % 7 != 0, k % 3 != 1);
+            let whole = r.request(who, at, 1 + k % 2, how);
+            let in_place = FairRecord::request_in_place(&mut bytes, 2, who, at, 1 + k % 2, how);
+            assert_eq!(in_place, Some(whole), "request {k}");
+            let mut again = Vec::new();
+            r.encode_into(&mut again);
+            assert_eq!(bytes, again, "request {k}");
+        }
+        // A tenant it does not keep, another band count, or bytes cut short: not in place.
+        assert_eq!(
+            FairRecord::request_in_place(
+                &mut bytes,
+                2,
+                (9, 1, 0),
+                (12_000, 1_000),
+                1,
+                (true, true)
+            ),
+            None
+        );
+        assert_eq!(
+            FairRecord::request_in_place(
+                &mut bytes,
+                3,
+                (1, 1, 0),
+                (12_000, 1_000),
+                1,
+                (true, true)
+            ),
+            None
+        );
+        let mut short = bytes[..bytes.len() - 1].to_vec();
+        assert_eq!(
+            FairRecord::request_in_place(
+                &mut short,
+                2,
+                (1, 1, 0),
+                (12_000, 1_000),
+                1,
+                (true, true)
+            ),
+            None
+        );
     }
 
     #[test]
