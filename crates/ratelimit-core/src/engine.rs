@@ -489,37 +489,19 @@ fn fair_ask(
     use share::fair_record::FairRecord;
     let who = (f.id, sc.asker.weight, sc.asker.band);
     let bands = sc.share.bands;
-    // A tenant the record keeps: its entry changed in place, the rest neither decoded nor
-    // written (held by the store where it can, else with compare-and-swap).
-    let in_place =
-        |value: &mut [u8]| FairRecord::request_in_place(value, bands, who, at, cost, how);
-    let fast = match store.locked_value(f.slot, |value, present| {
-        let r = if present { in_place(value) } else { None };
-        (r, r.is_some())
-    }) {
-        Some(held) => held.ok().flatten(),
-        None => {
-            let mut value = Vec::new();
-            store
-                .replace(f.slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-                    value.clear();
-                    value.extend_from_slice(bytes.unwrap_or_default());
-                    let r = if bytes.is_some() {
-                        in_place(value)
-                    } else {
-                        None
-                    };
-                    (r, r.is_some())
-                })
-                .ok()
-                .flatten()
+    update_fair_bytes(store, f.slot, |value, present| {
+        // A tenant the record keeps: its entry changed in place, the rest neither decoded nor
+        // encoded; else the whole record.
+        let in_place = present
+            .then(|| FairRecord::request_in_place(value, bands, who, at, cost, how))
+            .flatten();
+        if let Some(fits) = in_place {
+            return (fits, true);
         }
-    };
-    if let Some(r) = fast {
-        return r;
-    }
-    update_fair_record(store, f.slot, bands, |r| {
-        (r.request(who, at, cost, how), true)
+        let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
+        let fits = r.request(who, at, cost, how);
+        r.encode_into(value);
+        (fits, true)
     })
     .unwrap_or(Ok(()))
 }
@@ -538,8 +520,7 @@ fn fair_give_back(store: &impl Store, check: &Check, sc: &ShareCheck) {
 }
 
 /// Changes a fleet-fair shared rule's fair record at `slot` (for `bands` bands) with `f`, which
-/// says whether to write it: held by the store in place where it can (the native build's), else
-/// with compare-and-swap. `f`'s result (`None`: the store failed).
+/// says whether to write it. `f`'s result (`None`: the store failed).
 pub fn update_fair_record<T>(
     store: &impl Store,
     slot: u64,
@@ -547,28 +528,34 @@ pub fn update_fair_record<T>(
     mut f: impl FnMut(&mut share::fair_record::FairRecord) -> (T, bool),
 ) -> Option<T> {
     use share::fair_record::FairRecord;
-    let mut result = None;
-    let held = store.locked_value(slot, |value, present| {
+    update_fair_bytes(store, slot, |value, present| {
         let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
         let (out, write) = f(&mut r);
-        result = Some(out);
         if write {
             r.encode_into(value);
         }
-        ((), write)
-    });
-    if held.is_some() {
-        return result;
+        (out, write)
+    })
+}
+
+/// Changes the encoded fair record at `slot` with `f` (given its bytes and whether the store
+/// held any; it says whether to write them): held by the store in place where it can (the
+/// native build's), else read, changed and written with compare-and-swap. `f`'s result
+/// (`None`: the store failed).
+fn update_fair_bytes<T>(
+    store: &impl Store,
+    slot: u64,
+    mut f: impl FnMut(&mut Vec<u8>, bool) -> (T, bool),
+) -> Option<T> {
+    if let Some(held) = store.locked_value(slot, &mut f) {
+        return held.ok();
     }
     let mut value = Vec::new();
     store
         .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-            let mut r = FairRecord::decode_or_new(bytes, bands);
-            let (out, write) = f(&mut r);
-            if write {
-                r.encode_into(value);
-            }
-            (out, write)
+            value.clear();
+            value.extend_from_slice(bytes.unwrap_or_default());
+            f(value, bytes.is_some())
         })
         .ok()
 }

@@ -213,36 +213,19 @@ impl FairRecord {
         cost: u64,
         how: (bool, bool),
     ) -> Option<Result<(), u64>> {
-        let (&version, rest) = bytes.split_first()?;
-        if version != VERSION || usize::from(*rest.first()?) != bands.clamp(1, MAX_BANDS) {
-            return None;
-        }
-        let u64_at = |b: &[u8], at: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(*b.get(at..)?.first_chunk::<8>()?))
-        };
+        let (_, view, _) = decode_head(bytes, bands)?;
         let n = usize::from(u16::from_le_bytes(
             *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
         ));
         if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
             return None;
         }
-        // The view: its epoch after the version, the bands and `reported`; then each band's
-        // level and budget.
-        let epoch = u64_at(bytes, 10)?;
-        let mut view = View::new(bands);
-        view.epoch = (epoch != NONE).then_some(epoch);
-        for (i, b) in view.bands.iter_mut().enumerate() {
-            *b = BandView {
-                level: u64_at(bytes, 18 + 16 * i)?,
-                budget: u64_at(bytes, 26 + 16 * i)?,
-            };
-        }
         let window_ms = window_ms.max(1);
         let level = view.level(band, now_ms / window_ms);
         let slot = bytes
             .get_mut(HEADER_LEN..)?
             .chunks_exact_mut(TENANT_LEN)
-            .find(|raw| u64_at(raw, 0) == Some(id))?;
+            .find(|raw| raw.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) == Some(id))?;
         let mut t = decode_tracked(slot)?;
         let r = serve(
             &mut t,
@@ -484,7 +467,9 @@ fn decode_tracked(raw: &[u8]) -> Option<Tracked> {
     })
 }
 
-fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
+/// The head of an encoded record of `bands` bands: its `reported`, its view, and the bytes
+/// after them (`None`: not such a record).
+fn decode_head(bytes: &[u8], bands: usize) -> Option<(u64, View, &[u8])> {
     let (&version, rest) = bytes.split_first()?;
     let (&stored_bands, mut rest) = rest.split_first()?;
     if version != VERSION || usize::from(stored_bands) != bands.clamp(1, MAX_BANDS) {
@@ -495,17 +480,30 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
         rest = r;
         Some(u64::from_le_bytes(*b))
     };
-    let mut r = FairRecord::new(bands);
-    r.reported = u64_()?;
+    let reported = u64_()?;
     let epoch = u64_()?;
-    r.view.epoch = (epoch != NONE).then_some(epoch);
+    let mut view = View::new(bands);
+    view.epoch = (epoch != NONE).then_some(epoch);
     for i in 0..MAX_BANDS {
         let level = u64_()?;
         let budget = u64_()?;
-        if let Some(b) = r.view.bands.get_mut(i) {
+        if let Some(b) = view.bands.get_mut(i) {
             *b = BandView { level, budget };
         }
     }
+    Some((reported, view, rest))
+}
+
+fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
+    let (reported, view, mut rest) = decode_head(bytes, bands)?;
+    let mut u64_ = || -> Option<u64> {
+        let (b, r) = rest.split_first_chunk::<8>()?;
+        rest = r;
+        Some(u64::from_le_bytes(*b))
+    };
+    let mut r = FairRecord::new(bands);
+    r.reported = reported;
+    r.view = view;
     for w in r.wrote.iter_mut() {
         w.0 = u64_()?;
         for s in w.1.iter_mut() {
