@@ -87,7 +87,9 @@ pub fn markdown(runs: &[Pair]) -> String {
             first.duration_ms / 1000
         );
         let cap = match leased.split {
-            crate::share::Split::Leased(cap) | crate::share::Split::Fair(cap) => cap.label(),
+            crate::share::Split::Leased(cap)
+            | crate::share::Split::Fair(cap)
+            | crate::share::Split::Runtime(cap) => cap.label(),
             crate::share::Split::Static => "?".into(),
         };
         let common = format!(

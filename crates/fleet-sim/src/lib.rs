@@ -18,9 +18,12 @@
 //! - [`fair_model`]: that capacity leased and fair across the whole fleet, each proxy learning
 //!   every tenant's fleet-wide share from counters in the same service.
 //! - [`fair`]: the fair runs beside the leased ones, their tables and JSON (`--share --fair`).
+//! - [`fair_runtime`]: the fair runs through the filter's own runtime, every proxy a
+//!   `Runtime` with a rule of `share.fleet: "fair"` (`--share --fair --runtime`).
 
 pub mod fair;
 pub mod fair_model;
+pub mod fair_runtime;
 pub mod fleet;
 pub mod lease_model;
 pub mod leased;

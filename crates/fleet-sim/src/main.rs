@@ -36,13 +36,14 @@ const USAGE: &str = "usage: fleet-sim [--quick] [--json FILE] [--threads N] [--r
                      [--seconds S]\n       \
                      fleet-sim --share --fair [--quick] [--json FILE] [--threads N] \
                      [--proxies N,N,...] [--tenants N,N,...] [--seconds S] [--seed N] \
-                     [--per-proxy-rate R]";
+                     [--per-proxy-rate R] [--runtime]";
 
 struct Args {
     quick: bool,
     share: bool,
     lease: bool,
     fair: bool,
+    runtime: bool,
     seed: Option<u64>,
     per_proxy_rate: Option<u64>,
     blocks: u64,
@@ -78,6 +79,7 @@ fn args() -> Result<Args, String> {
         share: false,
         lease: false,
         fair: false,
+        runtime: false,
         seed: None,
         per_proxy_rate: None,
         blocks: 40,
@@ -97,6 +99,7 @@ fn args() -> Result<Args, String> {
             "--share" => a.share = true,
             "--lease" => a.lease = true,
             "--fair" => a.fair = true,
+            "--runtime" => a.runtime = true,
             "--seed" => a.seed = Some(number("--seed", it.next())?),
             "--per-proxy-rate" => a.per_proxy_rate = Some(number("--per-proxy-rate", it.next())?),
             "--blocks" => a.blocks = number("--blocks", it.next())?,
@@ -306,6 +309,7 @@ fn fair_main(args: Args, started: Instant) -> ExitCode {
     if let Some(r) = args.per_proxy_rate {
         sweep.per_proxy = r;
     }
+    sweep.runtime = args.runtime;
     let pairs = sweep.studies();
     let all: Vec<share::Study> = pairs
         .iter()

@@ -5,6 +5,10 @@
 //! length; the next hit after the window's end starts a new one. A call of `hits_addend` N is
 //! granted if the count plus N stays within the limit (and then counted), else refused without
 //! counting. Answers carry the limit, what remains and the time to the window's end.
+//!
+//! A descriptor whose first entry is `fair` is a fleet-fair counter
+//! ([`ratelimit_core::share::fair`]): counted by its own `hits_addend` where it has one, against
+//! a limit of `u32::MAX` an hour, as the tests configure limitador for them.
 
 use ratelimit_core::rls::{self, Code, DescriptorStatus, Response};
 use std::collections::HashMap;
@@ -27,12 +31,19 @@ struct Counter {
 pub struct Service {
     limit: u64,
     window_us: u64,
-    /// The protocol's unit of the limit (`RateLimit.Unit`: SECOND = 1, MINUTE = 2, HOUR = 3,
-    /// DAY = 4), for `current_limit`.
-    unit_seconds: u64,
     counters: HashMap<Descriptor, Counter>,
     /// Calls decided.
     pub calls: u64,
+    /// Of them, calls whose first descriptor is a fleet-fair counter (reports).
+    pub reports: u64,
+}
+
+/// A fleet-fair counter's limit and window, µs.
+const FAIR_COUNTER: (u64, u64) = (u32::MAX as u64, 3_600_000_000);
+
+/// Whether descriptor `d` is a fleet-fair counter.
+fn is_fair(d: &[(String, Vec<u8>)]) -> bool {
+    d.first().is_some_and(|(k, _)| k == "fair")
 }
 
 impl Service {
@@ -41,9 +52,9 @@ impl Service {
         Service {
             limit,
             window_us: window_s.saturating_mul(1_000_000),
-            unit_seconds: window_s,
             counters: HashMap::new(),
             calls: 0,
+            reports: 0,
         }
     }
 
@@ -55,9 +66,27 @@ impl Service {
         let Ok(request) = rls::decode_request(message) else {
             return Response::default();
         };
-        let (limit, window_us) = (self.limit, self.window_us);
+        if request.descriptors.first().is_some_and(|d| is_fair(d)) {
+            self.reports += 1;
+        }
+        let limits = |d: &[(String, Vec<u8>)]| {
+            if is_fair(d) {
+                FAIR_COUNTER
+            } else {
+                (self.limit, self.window_us)
+            }
+        };
+        let hits = |i: usize| {
+            request
+                .descriptor_hits
+                .get(i)
+                .copied()
+                .flatten()
+                .unwrap_or(request.hits)
+        };
         let mut fits = true;
-        for d in &request.descriptors {
+        for (i, d) in request.descriptors.iter().enumerate() {
+            let (limit, window_us) = limits(d);
             let c = self.counters.entry(d.clone()).or_insert(Counter {
                 start_us: now_us,
                 count: 0,
@@ -68,23 +97,23 @@ impl Service {
                 c.count = 0;
                 c.starts.push(now_us);
             }
-            fits &= c.count.saturating_add(request.hits) <= limit;
+            fits &= c.count.saturating_add(hits(i)) <= limit;
         }
         let code = if fits { Code::Ok } else { Code::OverLimit };
-        let unit_seconds = self.unit_seconds;
         let mut statuses = Vec::with_capacity(request.descriptors.len());
-        for d in &request.descriptors {
+        for (i, d) in request.descriptors.iter().enumerate() {
+            let (limit, window_us) = limits(d);
             let Some(c) = self.counters.get_mut(d) else {
                 continue;
             };
             if fits {
-                c.count += request.hits;
+                c.count += hits(i);
             }
             let end = c.start_us.saturating_add(window_us);
             statuses.push(DescriptorStatus {
                 code,
                 requests_per_unit: u32::try_from(limit).ok(),
-                unit_seconds: Some(unit_seconds),
+                unit_seconds: Some(window_us / 1_000_000),
                 limit_remaining: u32::try_from(limit.saturating_sub(c.count)).unwrap_or(u32::MAX),
                 reset_ms: Some(end.saturating_sub(now_us) / 1000),
             });
@@ -144,5 +173,30 @@ mod tests {
         assert_eq!(windows.len(), 1);
         assert_eq!(windows[0].1, [1_000_000, 61_000_000]);
         assert_eq!(s.calls, 5);
+    }
+
+    #[test]
+    fn fair_counters_add_their_own_hits_without_a_limit_and_are_counted_as_reports() {
+        let mut s = Service::new(10, 1);
+        let entries = |kind: &'static [u8]| [("fair", &b"p"[..]), ("asked", kind), ("epoch", b"7")];
+        let (a, b) = (entries(b"t1"), entries(b"t2"));
+        let each = [
+            rls::Each {
+                entries: &a,
+                hits: 25,
+            },
+            rls::Each {
+                entries: &b,
+                hits: 0,
+            },
+        ];
+        let r = s.decide(&rls::encode_request_each("edge", &each), 1_000);
+        assert_eq!(r.overall_code, Code::Ok);
+        let left: Vec<u32> = r.statuses.iter().map(|x| x.limit_remaining).collect();
+        assert_eq!(left, [u32::MAX - 25, u32::MAX]);
+        assert_eq!(r.statuses[0].unit_seconds, Some(3_600));
+        // The capacity's counter beside them is still 10 a second.
+        assert_eq!(s.decide(&message(11), 2_000).overall_code, Code::OverLimit);
+        assert_eq!((s.calls, s.reports), (2, 1));
     }
 }

@@ -104,6 +104,10 @@ pub enum Split {
     /// within the tenant's allowance on its proxy, from the fleet's counters in the service;
     /// blocks of at most this until a proxy knows its part.
     Fair(BlockCap),
+    /// Fair across the fleet as the filter itself does it ([`crate::fair_runtime`]): every
+    /// proxy the core's own `Runtime` with a rule of `share.fleet: "fair"`, driven as the hosts
+    /// drive it, against a service counting as limitador does; `global.max_block` this.
+    Runtime(BlockCap),
 }
 
 /// The largest block a proxy claims of a leased capacity `C`.
@@ -193,7 +197,7 @@ impl Study {
                 let p = self.proxies.max(1) as u64;
                 (self.per_proxy() * p * window_ms).div_ceil(1000) + p * (self.burst_per_proxy() + 1)
             }
-            Split::Leased(_) | Split::Fair(_) => {
+            Split::Leased(_) | Split::Fair(_) | Split::Runtime(_) => {
                 let windows = window_ms.div_ceil(crate::lease_model::WINDOW_MS) + 1;
                 self.capacity.saturating_mul(windows)
             }
@@ -204,10 +208,12 @@ impl Study {
     pub fn max_block(&self) -> u64 {
         let n = match self.split {
             Split::Static => return 0,
-            Split::Leased(BlockCap::OfCapacity(n)) | Split::Fair(BlockCap::OfCapacity(n)) => n,
-            Split::Leased(BlockCap::PerProxy(n)) | Split::Fair(BlockCap::PerProxy(n)) => {
-                n.saturating_mul(self.proxies.max(1) as u64)
-            }
+            Split::Leased(BlockCap::OfCapacity(n))
+            | Split::Fair(BlockCap::OfCapacity(n))
+            | Split::Runtime(BlockCap::OfCapacity(n)) => n,
+            Split::Leased(BlockCap::PerProxy(n))
+            | Split::Fair(BlockCap::PerProxy(n))
+            | Split::Runtime(BlockCap::PerProxy(n)) => n.saturating_mul(self.proxies.max(1) as u64),
         };
         (self.capacity / n.max(1)).max(1)
     }
@@ -229,7 +235,7 @@ impl Study {
     pub fn policy(&self) -> Policy {
         let limit = match self.split {
             Split::Static => self.per_proxy(),
-            Split::Leased(_) | Split::Fair(_) => self.capacity,
+            Split::Leased(_) | Split::Fair(_) | Split::Runtime(_) => self.capacity,
         };
         Policy::Gcra(gcra::Params {
             limit,
@@ -389,7 +395,7 @@ impl Figures {
     }
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {
@@ -426,11 +432,73 @@ struct Proxy {
 }
 
 /// SplitMix64: the sticky balancer's hash and the seed's spreading.
-fn splitmix(x: u64) -> u64 {
+pub(crate) fn splitmix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// Where the balancer sends each request: `study`'s balancer over its proxies.
+pub(crate) struct Placer {
+    balancer: Balancer,
+    proxies: usize,
+    /// Each tenant's proxy when pinned.
+    home: Vec<usize>,
+    /// The skewed balancer's cumulative weights, and their sum.
+    cdf: Vec<f64>,
+    total: f64,
+}
+
+impl Placer {
+    /// The placement of `tenants` tenants under `study`.
+    pub(crate) fn new(study: &Study, tenants: usize) -> Placer {
+        let p = study.proxies.max(1);
+        let home = (0..tenants)
+            .map(|i| (splitmix(i as u64 ^ study.seed.rotate_left(32)) % p as u64) as usize)
+            .collect();
+        let mut cdf: Vec<f64> = Vec::with_capacity(p);
+        let mut total = 0.0;
+        for i in 0..p {
+            total += 1.0 / (i + 1) as f64;
+            cdf.push(total);
+        }
+        Placer {
+            balancer: study.balancer,
+            proxies: p,
+            home,
+            cdf,
+            total,
+        }
+    }
+
+    /// The proxy tenant `i`'s next request goes to.
+    pub(crate) fn proxy(&self, i: usize, rng: &mut Rng) -> usize {
+        let p = self.proxies;
+        match self.balancer {
+            Balancer::Random => rng.below(p as u64) as usize,
+            Balancer::Sticky => self.home.get(i).copied().unwrap_or(0),
+            Balancer::Skewed => {
+                let u = unit(rng) * self.total;
+                self.cdf.partition_point(|&c| c <= u).min(p - 1)
+            }
+            Balancer::Hot => {
+                if p == 1 || rng.below(10) < 8 {
+                    0
+                } else {
+                    1 + rng.below(p as u64 - 1) as usize
+                }
+            }
+        }
+    }
+
+    /// Proxies no tenant is pinned to (sticky; 0 otherwise).
+    pub(crate) fn idle(&self) -> usize {
+        match self.balancer {
+            Balancer::Sticky => (0..self.proxies).filter(|q| !self.home.contains(q)).count(),
+            _ => 0,
+        }
+    }
 }
 
 /// Each tenant's weight and request rate (a second) under `study`'s mix.
@@ -460,6 +528,9 @@ pub fn demands(study: &Study, rng: &mut Rng) -> (Vec<u16>, Vec<f64>) {
 /// Runs `study`: every request decided by the proxy the balancer sends it to.
 pub fn run(study: &Study) -> Figures {
     let (weights, rates) = demands(study, &mut Rng(splitmix(study.seed) | 1));
+    if matches!(study.split, Split::Runtime(_)) {
+        return crate::fair_runtime::run_with(study, &weights, &rates);
+    }
     run_with(study, &weights, &rates)
 }
 
@@ -474,15 +545,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let end_us = study.duration_ms.saturating_mul(1000);
     let warmup_us = study.warmup_ms.min(study.duration_ms).saturating_mul(1000);
 
-    let home: Vec<usize> = (0..n)
-        .map(|i| (splitmix(i as u64 ^ study.seed.rotate_left(32)) % p as u64) as usize)
-        .collect();
-    let mut cdf: Vec<f64> = Vec::with_capacity(p);
-    let mut acc = 0.0;
-    for i in 0..p {
-        acc += 1.0 / (i + 1) as f64;
-        cdf.push(acc);
-    }
+    let placer = Placer::new(study, n);
     let mut proxies: Vec<Proxy> = (0..p)
         .map(|_| Proxy {
             record: Record::new(1),
@@ -497,7 +560,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let mut decisions = 0u64;
     let from_ms = start_ms + warmup_us / 1000;
     let mut leases = match study.split {
-        Split::Static => None,
+        Split::Static | Split::Runtime(_) => None,
         Split::Leased(_) => Some(Leases::new(study.capacity, study.max_block(), p, from_ms)),
         Split::Fair(_) => Some(Leases::fair(study.capacity, study.max_block(), p, from_ms)),
     };
@@ -533,21 +596,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
             continue;
         };
         heap.push(Reverse((at_us + exponential_us(&mut rng, rate), id)));
-        let q = match study.balancer {
-            Balancer::Random => rng.below(p as u64) as usize,
-            Balancer::Sticky => home.get(i).copied().unwrap_or(0),
-            Balancer::Skewed => {
-                let u = unit(&mut rng) * acc;
-                cdf.partition_point(|&c| c <= u).min(p - 1)
-            }
-            Balancer::Hot => {
-                if p == 1 || rng.below(10) < 8 {
-                    0
-                } else {
-                    1 + rng.below(p as u64 - 1) as usize
-                }
-            }
-        };
+        let q = placer.proxy(i, &mut rng);
         let Some(proxy) = proxies.get_mut(q) else {
             continue;
         };
@@ -641,10 +690,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     let capacity = study.capacity as f64;
     let ideal = water_fill(capacity, &offered, &weights);
     let proxy_cap = study.per_proxy() as f64 * seconds;
-    let idle_proxies = match study.balancer {
-        Balancer::Sticky => (0..p).filter(|q| !home.contains(q)).count(),
-        _ => 0,
-    };
+    let idle_proxies = placer.idle();
     let lease = leases.map(|l| {
         let records: Vec<&Record> = proxies.iter().map(|x| &x.record).collect();
         l.figures(&records, &per_ms, (end_us - warmup_us) / 1000)

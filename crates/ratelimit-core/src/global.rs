@@ -50,12 +50,14 @@ pub struct Claim {
 }
 
 /// When quota the service granted at `answer` to a claim sent at `sent_ms` lapses: the
-/// service's reset counted from the claim (its window ends no earlier), else the end of the
-/// rule's window holding `sent_ms` (a clock-aligned window, as envoyproxy/ratelimit counts).
+/// service's reset counted from the claim (its window ends no earlier; a reset of 0, under a
+/// millisecond left, lapses at once: the service's next window has its own quota), else the
+/// end of the rule's window holding `sent_ms` (a clock-aligned window, as envoyproxy/ratelimit
+/// counts).
 pub fn lease_expiry(answer: &rls::Response, policy: &Policy, sent_ms: u64) -> u64 {
     let end = policy.window_at(sent_ms).map_or(sent_ms, |(_, end)| end);
     match answer.statuses.first().and_then(|s| s.reset_ms) {
-        Some(ms) if ms > 0 => sent_ms.saturating_add(ms),
+        Some(ms) => sent_ms.saturating_add(ms),
         _ => end,
     }
 }

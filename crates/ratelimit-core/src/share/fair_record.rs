@@ -17,7 +17,7 @@ use super::fair::{self, BandCounts, BandView, Local, View};
 use super::{Share, MAX_BANDS};
 
 /// The record's format version, its first byte.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// The weights of the band sums a report adds are whole multiples of this (thousandths of a
 /// unit of weight, [`fair::ONE`] being a unit): a service's counter holds at most 4,294,967,295
 /// (the protocol's `requests_per_unit`), 4,294 units of weight in millionths, 4.3 million in
@@ -29,7 +29,8 @@ pub const MAX_TENANTS: usize = 64;
 const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
 const BAND_SUMS: usize = 4;
-const HEADER_LEN: usize = 2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 2;
+const HEADER_LEN: usize =
+    2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 2;
 const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
 
 /// One tenant this Envoy serves.
@@ -91,6 +92,9 @@ pub struct FairRecord {
     pub part: Option<u64>,
     /// The tenants it serves.
     pub tenants: Vec<Tracked>,
+    /// This Envoy's own random draw for rounding the weights it reports (0: none drawn yet,
+    /// drawn at its first report): see [`FairRecord::report`].
+    pub dither: u64,
 }
 
 impl FairRecord {
@@ -102,6 +106,7 @@ impl FairRecord {
             wrote: [(NONE, [BandCounts::default(); MAX_BANDS]); 2],
             part: None,
             tenants: Vec::new(),
+            dither: 0,
         }
     }
 
@@ -140,6 +145,7 @@ impl FairRecord {
             }
         }
         put(self.part.unwrap_or(NONE));
+        put(self.dither);
         let n = self.tenants.len().min(MAX_TENANTS) as u16;
         out.extend_from_slice(&n.to_le_bytes());
         for t in self.tenants.iter().take(MAX_TENANTS) {
@@ -280,8 +286,21 @@ impl FairRecord {
                 ));
             }
         }
-        // What is sent, and so what is written: weights rounded to the unit the service counts.
-        let round = |w: u64| w.saturating_add(WEIGHT_UNIT / 2) / WEIGHT_UNIT * WEIGHT_UNIT;
+        // What is sent, and so what is written: weights rounded to the unit the service counts,
+        // up with the odds of the remainder (down otherwise), by a draw of this Envoy's own.
+        // Rounded to the nearest, a tenant spread over many replicas, each holding a small
+        // fraction of its weight, vanished from the sums (1,000 proxies, each under half a
+        // unit: the level rose by a quarter) or doubled (300, each over half); rounded at
+        // random, each replica's error is unbiased and the replicas' errors do not add up.
+        if self.dither == 0 {
+            self.dither = crate::seed::Seed::random().0[0] | 1;
+        }
+        let mut draw = self.dither ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut round = |w: u64| {
+            draw = mix(draw);
+            let up = draw % WEIGHT_UNIT < w % WEIGHT_UNIT;
+            (w / WEIGHT_UNIT + u64::from(up)) * WEIGHT_UNIT
+        };
         for s in sums.iter_mut() {
             s.held_weight = round(s.held_weight);
             s.active_weight = round(s.active_weight);
@@ -467,6 +486,14 @@ fn decode_tracked(raw: &[u8]) -> Option<Tracked> {
     })
 }
 
+/// SplitMix64's step: the next of a sequence of well-spread 64-bit draws.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The head of an encoded record of `bands` bands: its `reported`, its view, and the bytes
 /// after them (`None`: not such a record).
 fn decode_head(bytes: &[u8], bands: usize) -> Option<(u64, View, &[u8])> {
@@ -517,6 +544,7 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     }
     let part = u64_()?;
     r.part = (part != NONE).then_some(part);
+    r.dither = u64_()?;
     let (n, mut rest) = rest.split_first_chunk::<2>()?;
     let n = usize::from(u16::from_le_bytes(*n));
     if n > MAX_TENANTS || rest.len() != n * TENANT_LEN {
@@ -547,11 +575,57 @@ mod tests {
         }
     }
 
+    /// What `replicas` Envoys each add to the band's active weight for one tenant of weight 1
+    /// asking 1 a window on each (its fleet demand `replicas`), in thousandths of a unit.
+    fn spread_weight(replicas: u64) -> u64 {
+        (0..replicas)
+            .map(|_| {
+                let mut r = FairRecord::new(1);
+                r.request((7, 1, 0), (9_500, 1_000), 1, (true, true))
+                    .unwrap();
+                r.tenants[0].local.told(9, replicas);
+                let report = r.report(1, 10).unwrap();
+                report
+                    .items
+                    .iter()
+                    .find(|(i, _)| {
+                        matches!(
+                            i,
+                            Item::Band {
+                                sum: 3,
+                                epoch: 9,
+                                ..
+                            }
+                        )
+                    })
+                    .unwrap()
+                    .1
+                    / WEIGHT_UNIT
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_weight_spread_thin_over_many_envoys_adds_up_to_itself() {
+        // A tenant of weight 1 seen by 5,000 Envoys (each holding 0.2 thousandths of its
+        // weight) or 1,430 (0.7): rounded to the nearest thousandth, each Envoy's part was 0
+        // (the tenant gone from the fleet's sums) or 1 (counted 1.43 times); rounded at random
+        // by each Envoy's own draw, the parts add up to 1 within a few hundredths (the bound is over 5 standard deviations).
+        for replicas in [5_000, 1_430] {
+            let sum = spread_weight(replicas);
+            assert!(
+                (850..=1_150).contains(&sum),
+                "{replicas} Envoys: {sum} thousandths"
+            );
+        }
+    }
+
     #[test]
     fn a_record_round_trips_and_refuses_what_it_did_not_write() {
         let mut r = FairRecord::new(2);
         r.reported = 7;
         r.part = Some(12);
+        r.dither = 99;
         r.view.epoch = Some(5);
         for i in 0..3u64 {
             r.request((i + 1, 2, 1), (7_100 + i, 1_000), 3, (true, true))

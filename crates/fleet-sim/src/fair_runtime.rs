@@ -1,0 +1,291 @@
+//! A shared capacity fair across the fleet as the filter itself shares it
+//! ([`crate::share::Split::Runtime`], `--share --fair --runtime`): every proxy is the core's own
+//! [`Runtime`] over its own store, configured with one rule of `share.fleet: "fair"` leased
+//! from the rate limit service, and driven as the hosts drive it: each request a
+//! [`StreamState`] (its headers, the lease claims it starts and their answers), each proxy's
+//! [`Background`] ticked at the period it asks for (claims ahead of need, the fleet-fair
+//! reports). Nothing else decides: the loop only carries requests, calls and answers.
+//!
+//! The service is [`crate::service::Service`]: the capacity's counter in windows starting at
+//! their first hit, as limitador counts, and the fleet-fair counters each by its own
+//! `hits_addend`. It answers at once and never fails, as in [`crate::fair_model`], so the two
+//! differ only in what decides: the model's reading of the design, or the code Envoy runs.
+//!
+//! Tenants, rates, weights and the balancer's choices are [`crate::share`]'s: the same seeds
+//! draw the same demand.
+
+use crate::fair_model::FairFigures;
+use crate::lease_model::LeaseFigures;
+use crate::service::Service;
+use crate::share::{ratio, splitmix, Figures, Placer, Study};
+use crate::traffic::exponential_us;
+use ratelimit_core::config::Config;
+use ratelimit_core::key::Seed;
+use ratelimit_core::rls::{self, Code};
+use ratelimit_core::runtime::{Background, Next, Runtime, StreamState};
+use ratelimit_core::store::MemoryStore;
+use ratelimit_core::testkit::fair::water_fill;
+use ratelimit_core::testkit::{FakeHost, Rng};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+
+/// The rule every proxy runs: `capacity` a second for the whole fleet, leased in blocks of at
+/// most `max_block`, shared by weight (`x-weight`, 1 to 4) among tenants (`x-tenant`), fair
+/// across the fleet; the default sharing parameters otherwise (target 97 %, one band).
+pub fn config_json(capacity: u64, max_block: u64) -> String {
+    format!(
+        r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {{"requests_per_unit": {capacity}, "unit": "second"}},
+            "global": {{"cluster": "rls", "domain": "provider", "mode": "lease",
+                       "timeout_ms": 200, "flush_ms": 20, "max_block": {max_block}}},
+            "share": {{"fleet": "fair",
+                       "weight": {{"from": "header:x-weight", "default": 1, "max": 4}}}}}}]}}"#
+    )
+}
+
+/// One proxy.
+struct Proxy {
+    rt: Runtime<MemoryStore>,
+    bg: Background,
+    offered: u64,
+    admitted: u64,
+}
+
+/// What comes next: a proxy's tick (kind 0, before requests at the same µs) or a tenant's
+/// request (kind 1).
+type Event = Reverse<(u64, u8, u32)>;
+
+/// The simulation's epoch on the core's clock, ms (a whole second: the service's windows
+/// start at their first hit whatever it is).
+const START_MS: u64 = 1_800_000_000_000;
+
+/// The calls of a run and what they did, over the measured part.
+#[derive(Default)]
+struct Calls {
+    next_id: u64,
+    claims: u64,
+    granted: u64,
+    reports: u64,
+    descriptors: u64,
+    /// The windows (by their end, ms) in which a claim was refused.
+    ran_out: HashSet<u64>,
+}
+
+impl Calls {
+    /// Sends `message` at `now_us` and returns the service's answer, counting it when
+    /// `measured`.
+    fn call(
+        &mut self,
+        service: &mut Service,
+        message: &[u8],
+        now_us: u64,
+        measured: bool,
+    ) -> (u64, rls::Response) {
+        self.next_id += 1;
+        let reports = service.reports;
+        let answer = service.decide(message, now_us);
+        if measured {
+            if service.reports > reports {
+                self.reports += 1;
+                self.descriptors += answer.statuses.len() as u64;
+            } else {
+                self.claims += 1;
+                let hits = rls::decode_request(message).map_or(0, |r| r.hits);
+                if answer.overall_code == Code::Ok {
+                    self.granted += hits;
+                } else if let Some(reset) = answer.statuses.first().and_then(|s| s.reset_ms) {
+                    self.ran_out.insert((now_us / 1000).saturating_add(reset));
+                }
+            }
+        }
+        (self.next_id, answer)
+    }
+}
+
+/// Runs `study` (its split [`crate::share::Split::Runtime`]) with these tenants' weights and
+/// rates (requests a second).
+pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
+    let p = study.proxies.max(1);
+    let n = weights.len().min(rates.len());
+    let json = config_json(study.capacity, study.max_block());
+    let Ok(config) = Config::parse(json.as_bytes()) else {
+        return Figures::default();
+    };
+    let mut proxies: Vec<Proxy> = (0..p)
+        .map(|i| {
+            let rt = Runtime::new(
+                config.clone(),
+                Seed([study.seed, i as u64]),
+                MemoryStore::new(),
+            );
+            let bg = Background::new(&rt);
+            Proxy {
+                rt,
+                bg,
+                offered: 0,
+                admitted: 0,
+            }
+        })
+        .collect();
+    let placer = Placer::new(study, n);
+    let mut rng = Rng(splitmix(study.seed ^ 0x5eed) | 1);
+    let end_us = study.duration_ms.saturating_mul(1000);
+    let warmup_us = study.warmup_ms.min(study.duration_ms).saturating_mul(1000);
+    let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+    let weight_texts: Vec<String> = weights.iter().map(u16::to_string).collect();
+
+    let mut service = Service::new(study.capacity, 1);
+    let mut calls = Calls::default();
+    let mut offered = vec![0u64; n];
+    let mut admitted = vec![0u64; n];
+    let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
+    // Every admission's time, µs, in order: the service's windows start within a ms.
+    let mut admissions: Vec<u64> = Vec::new();
+    let mut decisions = 0u64;
+    let mut requests = 0u64;
+
+    let mut heap: BinaryHeap<Event> = BinaryHeap::new();
+    for (q, x) in proxies.iter().enumerate() {
+        let period_us = u64::from(x.bg.period_ms().max(1)) * 1000;
+        heap.push(Reverse((rng.below(period_us), 0, q as u32)));
+    }
+    for (i, &r) in rates.iter().take(n).enumerate() {
+        if r > 0.0 {
+            heap.push(Reverse((exponential_us(&mut rng, r), 1, i as u32)));
+        }
+    }
+    while let Some(Reverse((at_us, kind, idx))) = heap.pop() {
+        if at_us >= end_us {
+            break;
+        }
+        let now_ms = START_MS + at_us / 1000;
+        let measured = at_us >= warmup_us;
+        if kind == 0 {
+            let Some(x) = proxies.get_mut(idx as usize) else {
+                continue;
+            };
+            for call in x.bg.tick(&x.rt, now_ms, None).calls {
+                let (id, answer) = calls.call(&mut service, &call.message, at_us, measured);
+                x.bg.started(&x.rt, call, Some(id));
+                x.bg.answered(&x.rt, id, Ok(answer), now_ms);
+            }
+            let period_us = u64::from(x.bg.period_ms().max(1)) * 1000;
+            heap.push(Reverse((at_us + period_us, 0, idx)));
+            continue;
+        }
+        let i = idx as usize;
+        let (Some(&rate), Some(name), Some(weight)) =
+            (rates.get(i), names.get(i), weight_texts.get(i))
+        else {
+            continue;
+        };
+        heap.push(Reverse((at_us + exponential_us(&mut rng, rate), 1, idx)));
+        let q = placer.proxy(i, &mut rng);
+        let Some(x) = proxies.get_mut(q) else {
+            continue;
+        };
+        let mut host = FakeHost::new("10.0.0.1", "/")
+            .header("x-tenant", name)
+            .header("x-weight", weight);
+        host.now = now_ms;
+        let mut st = StreamState::default();
+        let mut next = st.request_headers(&x.rt, &mut host);
+        let admits = loop {
+            next = match next {
+                Next::Call { message, .. } => {
+                    let (id, answer) = calls.call(&mut service, &message, at_us, measured);
+                    match st.started(&x.rt, &mut host, Ok(id)) {
+                        Next::Wait => st.call_answer(&x.rt, &mut host, id, Ok(answer)),
+                        other => other,
+                    }
+                }
+                Next::Continue => break true,
+                // No `max_wait_ms`: nothing is held; a refusal or anything else admits nothing.
+                _ => break false,
+            };
+        };
+        decisions += 1;
+        if admits {
+            if let Some(slot) = per_ms.get_mut((at_us / 1000) as usize) {
+                *slot += 1;
+            }
+            admissions.push(at_us);
+        }
+        if measured {
+            requests += 1;
+            x.offered += 1;
+            if let Some(o) = offered.get_mut(i) {
+                *o += 1;
+            }
+            if admits {
+                x.admitted += 1;
+                if let Some(a) = admitted.get_mut(i) {
+                    *a += 1;
+                }
+            }
+        }
+    }
+
+    let seconds = (end_us - warmup_us) as f64 / 1e6;
+    let per_s = |v: &[u64]| -> Vec<f64> {
+        v.iter()
+            .map(|&x| x as f64 / seconds.max(f64::MIN_POSITIVE))
+            .collect()
+    };
+    let offered = per_s(&offered);
+    let weights: Vec<f64> = weights.iter().take(n).map(|&w| f64::from(w)).collect();
+    let capacity = study.capacity as f64;
+    let ideal = water_fill(capacity, &offered, &weights);
+    let proxy_cap = study.per_proxy() as f64 * seconds;
+    // The capacity's windows, as the service started them (at their first hit).
+    let starts: Vec<u64> = service
+        .windows()
+        .filter(|(d, _)| d.first().is_some_and(|(k, _)| k != "fair"))
+        .flat_map(|(_, s)| s.iter().copied())
+        .collect();
+    let window_peak = starts
+        .iter()
+        .map(|&s| {
+            let from = admissions.partition_point(|&t| t < s);
+            let to = admissions.partition_point(|&t| t < s.saturating_add(1_000_000));
+            (to - from) as u64
+        })
+        .max()
+        .unwrap_or(0);
+    let windows = starts.iter().filter(|&&s| s >= warmup_us).count() as u64;
+    let lease = LeaseFigures {
+        windows,
+        ran_out: calls.ran_out.len() as u64,
+        granted: calls.granted,
+        claims: calls.claims,
+        window_peak,
+        ..LeaseFigures::default()
+    };
+    let fair = FairFigures {
+        reports: calls.reports,
+        descriptors: calls.descriptors,
+        ..FairFigures::default()
+    };
+    Figures {
+        weights,
+        offered,
+        admitted: per_s(&admitted),
+        ideal,
+        proxy_use: proxies
+            .iter()
+            .map(|x| ratio(x.admitted as f64, proxy_cap))
+            .collect(),
+        proxy_demand: proxies
+            .iter()
+            .map(|x| ratio(x.offered as f64, proxy_cap))
+            .collect(),
+        idle_proxies: placer.idle(),
+        per_ms,
+        decisions,
+        capacity,
+        warmup_ms: study.warmup_ms.min(study.duration_ms),
+        lease: Some(lease),
+        fair: Some(fair),
+        requests,
+    }
+}
