@@ -30,7 +30,7 @@ const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
 const BAND_SUMS: usize = 4;
 const HEADER_LEN: usize =
-    2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 2;
+    2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 3 * 8 + 2;
 const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
 
 /// One tenant this Envoy serves.
@@ -95,6 +95,10 @@ pub struct FairRecord {
     /// This Envoy's own random draw for rounding the weights it reports (0: none drawn yet,
     /// drawn at its first report): see [`FairRecord::report`].
     pub dither: u64,
+    /// What the tenants it does not keep (every place taken) asked here: the epoch of the
+    /// first figure, and the figures of that epoch and the one before. They are shared locally
+    /// but take quota all the same, so what this Envoy expects to admit counts them.
+    pub untracked: (u64, [u64; 2]),
 }
 
 impl FairRecord {
@@ -107,6 +111,7 @@ impl FairRecord {
             part: None,
             tenants: Vec::new(),
             dither: 0,
+            untracked: (0, [0; 2]),
         }
     }
 
@@ -146,6 +151,9 @@ impl FairRecord {
         }
         put(self.part.unwrap_or(NONE));
         put(self.dither);
+        put(self.untracked.0);
+        put(self.untracked.1[0]);
+        put(self.untracked.1[1]);
         let n = self.tenants.len().min(MAX_TENANTS) as u16;
         out.extend_from_slice(&n.to_le_bytes());
         for t in self.tenants.iter().take(MAX_TENANTS) {
@@ -192,6 +200,9 @@ impl FairRecord {
         let epoch = now_ms / window_ms;
         let level = self.view.level(band, epoch);
         let Some(i) = self.place(id, epoch) else {
+            if asks {
+                self.untracked_ask(epoch, cost);
+            }
             return Ok(());
         };
         let Some(t) = self.tenants.get_mut(i) else {
@@ -205,6 +216,30 @@ impl FairRecord {
             cost,
             (asks, admitted),
         )
+    }
+
+    /// Counts an ask of `cost` in `epoch` from a tenant this Envoy does not keep.
+    fn untracked_ask(&mut self, epoch: u64, cost: u64) {
+        let (at, n) = &mut self.untracked;
+        if epoch != *at {
+            *n = if epoch == at.saturating_add(1) {
+                [0, n[0]]
+            } else {
+                [0; 2]
+            };
+            *at = epoch;
+        }
+        n[0] = n[0].saturating_add(cost);
+    }
+
+    /// What the tenants this Envoy does not keep asked in `epoch` (0 when not kept).
+    fn untracked_in(&self, epoch: u64) -> u64 {
+        let (at, n) = self.untracked;
+        match at.checked_sub(epoch) {
+            Some(0) => n[0],
+            Some(1) => n[1],
+            _ => 0,
+        }
     }
 
     /// [`FairRecord::request`] on the encoded record `bytes` (of `bands` bands), in place, for
@@ -392,7 +427,11 @@ impl FairRecord {
             self.view = fair::view(share, limit, share.target_pm, read, counts);
         }
         let epoch = report.epoch;
-        let part = self.tenants.iter().fold(0u64, |acc, t| {
+        let untracked = self
+            .untracked_in(epoch.saturating_sub(1))
+            .max(self.untracked_in(epoch))
+            .saturating_mul(super::LEVEL_ONE);
+        let part = self.tenants.iter().fold(untracked, |acc, t| {
             let level = self.view.level(t.band, epoch);
             acc.saturating_add(fair::expected(level, t.weight, &t.local, epoch))
         });
@@ -545,6 +584,7 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     let part = u64_()?;
     r.part = (part != NONE).then_some(part);
     r.dither = u64_()?;
+    r.untracked = (u64_()?, [u64_()?, u64_()?]);
     let (n, mut rest) = rest.split_first_chunk::<2>()?;
     let n = usize::from(u16::from_le_bytes(*n));
     if n > MAX_TENANTS || rest.len() != n * TENANT_LEN {
@@ -621,11 +661,35 @@ mod tests {
     }
 
     #[test]
+    fn what_untracked_tenants_ask_counts_in_what_the_envoy_expects_to_admit() {
+        // Every place taken: a 65th tenant is shared locally, but its 30 requests a window
+        // take quota too; before, the blocks followed the kept tenants alone (1,000 tenants
+        // spread over 100 proxies: 28 service calls per 100 requests).
+        let part = |extra: u64| {
+            let mut r = FairRecord::new(1);
+            for id in 1..=MAX_TENANTS as u64 {
+                r.request((id, 1, 0), (9_100, 1_000), 1, (true, true))
+                    .unwrap();
+            }
+            for _ in 0..extra {
+                r.request((1_000, 1, 0), (9_200, 1_000), 1, (true, true))
+                    .unwrap();
+            }
+            assert_eq!(r.tenants.len(), MAX_TENANTS);
+            let report = r.report(1, 10).unwrap();
+            r.answered(&share(), 100, &report, &vec![None; report.items.len()]);
+            r.part.unwrap()
+        };
+        assert_eq!(part(30) - part(0), 30 * LEVEL_ONE);
+    }
+
+    #[test]
     fn a_record_round_trips_and_refuses_what_it_did_not_write() {
         let mut r = FairRecord::new(2);
         r.reported = 7;
         r.part = Some(12);
         r.dither = 99;
+        r.untracked = (6, [5, 4]);
         r.view.epoch = Some(5);
         for i in 0..3u64 {
             r.request((i + 1, 2, 1), (7_100 + i, 1_000), 3, (true, true))
