@@ -17,17 +17,16 @@
 use crate::fair_model::FairFigures;
 use crate::lease_model::LeaseFigures;
 use crate::service::Service;
-use crate::share::{ratio, splitmix, Figures, Placer, Study};
+use crate::share::{splitmix, Counts, Figures, Placer, Study};
 use crate::traffic::exponential_us;
 use ratelimit_core::config::Config;
 use ratelimit_core::key::Seed;
 use ratelimit_core::rls::{self, Code};
 use ratelimit_core::runtime::{Background, Next, Runtime, StreamState};
 use ratelimit_core::store::MemoryStore;
-use ratelimit_core::testkit::fair::water_fill;
 use ratelimit_core::testkit::{FakeHost, Rng};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::BinaryHeap;
 
 /// The rule every proxy runs: `capacity` a second for the whole fleet, leased in blocks of at
 /// most `max_block`, shared by weight (`x-weight`, 1 to 4) among tenants (`x-tenant`), fair
@@ -47,8 +46,6 @@ pub fn config_json(capacity: u64, max_block: u64) -> String {
 struct Proxy {
     rt: Runtime<MemoryStore>,
     bg: Background,
-    offered: u64,
-    admitted: u64,
 }
 
 /// What comes next: a proxy's tick (kind 0, before requests at the same µs) or a tenant's
@@ -67,8 +64,8 @@ struct Calls {
     granted: u64,
     reports: u64,
     descriptors: u64,
-    /// The windows (by their end, ms) in which a claim was refused.
-    ran_out: HashSet<u64>,
+    /// When claims were refused with nothing left, µs.
+    ran_out: Vec<u64>,
 }
 
 impl Calls {
@@ -93,8 +90,12 @@ impl Calls {
                 let hits = rls::decode_request(message).map_or(0, |r| r.hits);
                 if answer.overall_code == Code::Ok {
                     self.granted += hits;
-                } else if let Some(reset) = answer.statuses.first().and_then(|s| s.reset_ms) {
-                    self.ran_out.insert((now_us / 1000).saturating_add(reset));
+                } else if answer
+                    .statuses
+                    .first()
+                    .is_some_and(|s| s.limit_remaining == 0)
+                {
+                    self.ran_out.push(now_us);
                 }
             }
         }
@@ -117,14 +118,10 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 config.clone(),
                 Seed([study.seed, i as u64]),
                 MemoryStore::new(),
-            );
+            )
+            .with_fair_dither(splitmix(study.seed ^ (i as u64).rotate_left(17)));
             let bg = Background::new(&rt);
-            Proxy {
-                rt,
-                bg,
-                offered: 0,
-                admitted: 0,
-            }
+            Proxy { rt, bg }
         })
         .collect();
     let placer = Placer::new(study, n);
@@ -136,13 +133,9 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
 
     let mut service = Service::new(study.capacity, 1);
     let mut calls = Calls::default();
-    let mut offered = vec![0u64; n];
-    let mut admitted = vec![0u64; n];
-    let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
+    let mut counts = Counts::new(n, p, study.duration_ms);
     // Every admission's time, µs, in order: the service's windows start within a ms.
     let mut admissions: Vec<u64> = Vec::new();
-    let mut decisions = 0u64;
-    let mut requests = 0u64;
 
     let mut heap: BinaryHeap<Event> = BinaryHeap::new();
     for (q, x) in proxies.iter().enumerate() {
@@ -204,39 +197,12 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 _ => break false,
             };
         };
-        decisions += 1;
         if admits {
-            if let Some(slot) = per_ms.get_mut((at_us / 1000) as usize) {
-                *slot += 1;
-            }
             admissions.push(at_us);
         }
-        if measured {
-            requests += 1;
-            x.offered += 1;
-            if let Some(o) = offered.get_mut(i) {
-                *o += 1;
-            }
-            if admits {
-                x.admitted += 1;
-                if let Some(a) = admitted.get_mut(i) {
-                    *a += 1;
-                }
-            }
-        }
+        counts.count((i, q), at_us, measured, admits);
     }
 
-    let seconds = (end_us - warmup_us) as f64 / 1e6;
-    let per_s = |v: &[u64]| -> Vec<f64> {
-        v.iter()
-            .map(|&x| x as f64 / seconds.max(f64::MIN_POSITIVE))
-            .collect()
-    };
-    let offered = per_s(&offered);
-    let weights: Vec<f64> = weights.iter().take(n).map(|&w| f64::from(w)).collect();
-    let capacity = study.capacity as f64;
-    let ideal = water_fill(capacity, &offered, &weights);
-    let proxy_cap = study.per_proxy() as f64 * seconds;
     // The capacity's windows, as the service started them (at their first hit).
     let starts: Vec<u64> = service
         .windows()
@@ -253,9 +219,16 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         .max()
         .unwrap_or(0);
     let windows = starts.iter().filter(|&&s| s >= warmup_us).count() as u64;
+    // The windows (by their start) in which the fleet's quota ran out.
+    let mut ran_out: Vec<usize> = calls
+        .ran_out
+        .iter()
+        .map(|&t| starts.partition_point(|&s| s <= t))
+        .collect();
+    ran_out.dedup();
     let lease = LeaseFigures {
         windows,
-        ran_out: calls.ran_out.len() as u64,
+        ran_out: ran_out.len() as u64,
         granted: calls.granted,
         claims: calls.claims,
         window_peak,
@@ -266,26 +239,5 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         descriptors: calls.descriptors,
         ..FairFigures::default()
     };
-    Figures {
-        weights,
-        offered,
-        admitted: per_s(&admitted),
-        ideal,
-        proxy_use: proxies
-            .iter()
-            .map(|x| ratio(x.admitted as f64, proxy_cap))
-            .collect(),
-        proxy_demand: proxies
-            .iter()
-            .map(|x| ratio(x.offered as f64, proxy_cap))
-            .collect(),
-        idle_proxies: placer.idle(),
-        per_ms,
-        decisions,
-        capacity,
-        warmup_ms: study.warmup_ms.min(study.duration_ms),
-        lease: Some(lease),
-        fair: Some(fair),
-        requests,
-    }
+    counts.figures(study, weights, placer.idle(), (Some(lease), Some(fair)))
 }

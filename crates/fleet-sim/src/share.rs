@@ -427,8 +427,6 @@ impl Hasher for IdHasher {
 struct Proxy {
     record: Record,
     tenants: HashMap<u32, Tenant, BuildHasherDefault<IdHasher>>,
-    offered: u64,
-    admitted: u64,
 }
 
 /// SplitMix64: the sticky balancer's hash and the seed's spreading.
@@ -501,6 +499,111 @@ impl Placer {
     }
 }
 
+/// What a run counts request by request: each tenant's and each proxy's requests and
+/// admissions over the measured part, and the fleet's admissions by millisecond over the whole
+/// run.
+pub(crate) struct Counts {
+    offered: Vec<u64>,
+    admitted: Vec<u64>,
+    proxy_offered: Vec<u64>,
+    proxy_admitted: Vec<u64>,
+    /// The fleet's admissions by millisecond, the whole run.
+    pub(crate) per_ms: Vec<u32>,
+    decisions: u64,
+    requests: u64,
+}
+
+impl Counts {
+    /// Nothing counted yet, for `tenants` tenants, `proxies` proxies and a run of `duration_ms`.
+    pub(crate) fn new(tenants: usize, proxies: usize, duration_ms: u64) -> Counts {
+        Counts {
+            offered: vec![0; tenants],
+            admitted: vec![0; tenants],
+            proxy_offered: vec![0; proxies],
+            proxy_admitted: vec![0; proxies],
+            per_ms: vec![0; usize::try_from(duration_ms).unwrap_or(0)],
+            decisions: 0,
+            requests: 0,
+        }
+    }
+
+    /// Tenant `tenant`'s request at `at_us` decided by proxy `proxy`: `admits` or not,
+    /// `measured` (past the warm-up) or not.
+    pub(crate) fn count(
+        &mut self,
+        (tenant, proxy): (usize, usize),
+        at_us: u64,
+        measured: bool,
+        admits: bool,
+    ) {
+        self.decisions += 1;
+        if admits {
+            if let Some(slot) = self.per_ms.get_mut((at_us / 1000) as usize) {
+                *slot += 1;
+            }
+        }
+        if !measured {
+            return;
+        }
+        self.requests += 1;
+        let add = |v: &mut Vec<u64>, i: usize| {
+            if let Some(x) = v.get_mut(i) {
+                *x += 1;
+            }
+        };
+        add(&mut self.offered, tenant);
+        add(&mut self.proxy_offered, proxy);
+        if admits {
+            add(&mut self.admitted, tenant);
+            add(&mut self.proxy_admitted, proxy);
+        }
+    }
+
+    /// The run's figures: `study`'s, of tenants of `weights`, `idle_proxies` of its proxies
+    /// pinned no tenant, with what its lease and fair shares did.
+    pub(crate) fn figures(
+        self,
+        study: &Study,
+        weights: &[u16],
+        idle_proxies: usize,
+        (lease, fair): (Option<LeaseFigures>, Option<FairFigures>),
+    ) -> Figures {
+        let warmup_ms = study.warmup_ms.min(study.duration_ms);
+        let seconds = study.duration_ms.saturating_sub(warmup_ms) as f64 / 1e3;
+        let per_s = |v: &[u64]| -> Vec<f64> {
+            v.iter()
+                .map(|&x| x as f64 / seconds.max(f64::MIN_POSITIVE))
+                .collect()
+        };
+        let offered = per_s(&self.offered);
+        let weights: Vec<f64> = weights
+            .iter()
+            .take(self.offered.len())
+            .map(|&w| f64::from(w))
+            .collect();
+        let capacity = study.capacity as f64;
+        let ideal = water_fill(capacity, &offered, &weights);
+        let proxy_cap = study.per_proxy() as f64 * seconds;
+        let of_cap = |v: &[u64]| v.iter().map(|&x| ratio(x as f64, proxy_cap)).collect();
+        Figures {
+            weights,
+            offered,
+            admitted: per_s(&self.admitted),
+            ideal,
+            proxy_use: of_cap(&self.proxy_admitted),
+            proxy_demand: of_cap(&self.proxy_offered),
+            idle_proxies,
+            per_ms: self.per_ms,
+            decisions: self.decisions,
+            capacity,
+            warmup_ms,
+            lease,
+            fair,
+            requests: self.requests,
+        }
+    }
+}
+
 /// Each tenant's weight and request rate (a second) under `study`'s mix.
 pub fn demands(study: &Study, rng: &mut Rng) -> (Vec<u16>, Vec<f64>) {
     let t = study.tenants.max(1);
@@ -550,14 +653,9 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
         .map(|_| Proxy {
             record: Record::new(1),
             tenants: HashMap::default(),
-            offered: 0,
-            admitted: 0,
         })
         .collect();
-    let mut offered = vec![0u64; n];
-    let mut admitted = vec![0u64; n];
-    let mut per_ms = vec![0u32; usize::try_from(study.duration_ms).unwrap_or(0)];
-    let mut decisions = 0u64;
+    let mut counts = Counts::new(n, p, study.duration_ms);
     let from_ms = start_ms + warmup_us / 1000;
     let mut leases = match study.split {
         Split::Static | Split::Runtime(_) => None,
@@ -577,7 +675,6 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
             from_ms,
         )
     });
-    let mut requests = 0u64;
 
     // Each tenant's next arrival, µs (ties: the lower id first).
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = rates
@@ -656,67 +753,15 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 f.tally.piggybacked += 1;
             }
         }
-        decisions += 1;
-        if measured {
-            requests += 1;
-        }
-        if measured {
-            proxy.offered += 1;
-            if let Some(o) = offered.get_mut(i) {
-                *o += 1;
-            }
-        }
-        if admits {
-            if let Some(slot) = per_ms.get_mut((at_us / 1000) as usize) {
-                *slot += 1;
-            }
-            if measured {
-                proxy.admitted += 1;
-                if let Some(a) = admitted.get_mut(i) {
-                    *a += 1;
-                }
-            }
-        }
+        counts.count((i, q), at_us, measured, admits);
     }
 
-    let seconds = (end_us - warmup_us) as f64 / 1e6;
-    let per_s = |v: &[u64]| -> Vec<f64> {
-        v.iter()
-            .map(|&x| x as f64 / seconds.max(f64::MIN_POSITIVE))
-            .collect()
-    };
-    let offered = per_s(&offered);
-    let weights: Vec<f64> = weights.iter().take(n).map(|&w| f64::from(w)).collect();
-    let capacity = study.capacity as f64;
-    let ideal = water_fill(capacity, &offered, &weights);
-    let proxy_cap = study.per_proxy() as f64 * seconds;
     let idle_proxies = placer.idle();
     let lease = leases.map(|l| {
         let records: Vec<&Record> = proxies.iter().map(|x| &x.record).collect();
-        l.figures(&records, &per_ms, (end_us - warmup_us) / 1000)
+        l.figures(&records, &counts.per_ms, (end_us - warmup_us) / 1000)
     });
-    Figures {
-        weights,
-        offered,
-        admitted: per_s(&admitted),
-        ideal,
-        proxy_use: proxies
-            .iter()
-            .map(|x| ratio(x.admitted as f64, proxy_cap))
-            .collect(),
-        proxy_demand: proxies
-            .iter()
-            .map(|x| ratio(x.offered as f64, proxy_cap))
-            .collect(),
-        idle_proxies,
-        per_ms,
-        decisions,
-        capacity,
-        warmup_ms: study.warmup_ms.min(study.duration_ms),
-        lease,
-        fair: fair.map(|f| f.tally),
-        requests,
-    }
+    counts.figures(study, weights, idle_proxies, (lease, fair.map(|f| f.tally)))
 }
 
 /// A sweep of the study: every combination of its lists, and for each tenant count and mix one

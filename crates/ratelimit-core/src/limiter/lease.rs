@@ -257,6 +257,15 @@ impl State {
     pub fn granted(state: Option<&State>, now_ms: u64, grant: Grant, background: bool) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
+        if grant.expires_ms <= now_ms {
+            // The grant's window turned before its answer came (a reset of 0, or shorter than
+            // the round trip): its block lapses at once, and what is held of a newer window
+            // stays as it is (taking the earlier end would drop it).
+            if background {
+                s.claiming = false;
+            }
+            return s;
+        }
         // Quota of two grants lapses at the earlier end: one never outlives its window.
         s.expires_ms = if old.held > 0 && now_ms < old.expires_ms {
             old.expires_ms.min(grant.expires_ms)
@@ -284,6 +293,14 @@ impl State {
     ) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
+        if remaining == 0 && until_ms <= now_ms {
+            // The refused window turned before the answer came: nothing is refused now, and
+            // what is held of a newer window stays as it is.
+            if background {
+                s.claiming = false;
+            }
+            return s;
+        }
         if remaining == 0 {
             s.refused = true;
             // At a window's turn, a refusal may be the old window's (its counter full) and come
@@ -464,6 +481,21 @@ mod tests {
         let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
         assert_eq!(s.lapsing(60_000), 10);
         assert!(!decide(Some(s), 60_000, 100, MINUTE, 1).0.allowed);
+    }
+
+    #[test]
+    fn an_answer_whose_window_turned_leaves_a_newer_lease_alone() {
+        // A block of a newer window held until 2,000; a grant and a refusal of the window
+        // before, answered late (their windows ended at 999, before the answers came).
+        let newer = State::granted(None, 1_000, grant(10, 0, 2_000), false);
+        let late = State::granted(Some(&newer), 1_001, grant(10, 0, 999), false);
+        assert_eq!((late.held, late.expires_ms), (10, 2_000));
+        let refused = State::refused_claim(Some(&newer), 1_001, 999, 0, false);
+        assert_eq!((refused.held, refused.expires_ms), (10, 2_000));
+        assert!(!refused.refused);
+        // With nothing newer held, the late grant's block lapses at once.
+        let alone = State::granted(None, 1_001, grant(10, 1, 1_001), false);
+        assert_eq!(alone.at(1_001).held, 0);
     }
 
     #[test]

@@ -38,6 +38,9 @@ impl<S: Store> Runtime<S> {
             let bands = sh.params.bands;
             let made = update_fair_record(&self.store, c.fair_record(), bands, |r| {
                 let due = r.reported < epoch;
+                if r.dither == 0 {
+                    r.dither = self.fair_dither;
+                }
                 ((r.report(bands, epoch), r.view.epoch, r.part), due)
             });
             let Some((report, view, part)) = made else {

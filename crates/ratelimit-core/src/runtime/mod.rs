@@ -191,6 +191,9 @@ pub struct Runtime<S> {
     /// one whose stream were never settled would stay (its key's refusals told 1 s): both
     /// hosts settle each stream when it ends ([`StreamState::complete`]), however it ends.
     pub(crate) reserved: Mutex<HashMap<(usize, u64, u64), u64>>,
+    /// This Envoy's draw for rounding what its fleet-fair rules report (random; a host or a
+    /// simulation may fix it: [`Runtime::with_fair_dither`]).
+    pub(crate) fair_dither: u64,
     /// The lines of the shared rules that let refused requests wait.
     pub(crate) lines: wait::Lines,
     /// The name each request body field that rules read is handed to the access log under
@@ -287,7 +290,17 @@ impl<S: Store> Runtime<S> {
             last_tick: AtomicU64::new(0),
             reserved: Mutex::default(),
             lines,
+            fair_dither: Seed::random().0[0] | 1,
         }
+    }
+
+    /// The runtime with `dither` as its draw for rounding the weights its fleet-fair rules
+    /// report ([`crate::share::fair_record::FairRecord::report`]), instead of a random one:
+    /// for reproducible simulations. Envoys with equal draws round alike, and their errors
+    /// add up.
+    pub fn with_fair_dither(mut self, dither: u64) -> Runtime<S> {
+        self.fair_dither = dither | 1;
+        self
     }
 
     /// The configuration.

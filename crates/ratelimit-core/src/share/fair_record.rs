@@ -92,8 +92,9 @@ pub struct FairRecord {
     pub part: Option<u64>,
     /// The tenants it serves.
     pub tenants: Vec<Tracked>,
-    /// This Envoy's own random draw for rounding the weights it reports (0: none drawn yet,
-    /// drawn at its first report): see [`FairRecord::report`].
+    /// This Envoy's own draw for rounding the weights it reports (the runtime's, set at the
+    /// first report: [`crate::runtime::Runtime::with_fair_dither`]): see
+    /// [`FairRecord::report`].
     pub dither: u64,
     /// What the tenants it does not keep (every place taken) asked here: the epoch of the
     /// first figure, and the figures of that epoch and the one before. They are shared locally
@@ -221,7 +222,7 @@ impl FairRecord {
     /// Counts an ask of `cost` in `epoch` from a tenant this Envoy does not keep.
     fn untracked_ask(&mut self, epoch: u64, cost: u64) {
         let (at, n) = &mut self.untracked;
-        if epoch != *at {
+        if epoch > *at {
             *n = if epoch == at.saturating_add(1) {
                 [0, n[0]]
             } else {
@@ -229,7 +230,16 @@ impl FairRecord {
             };
             *at = epoch;
         }
-        n[0] = n[0].saturating_add(cost);
+        // An ask of the epoch before (a worker's clock a little behind another's at the
+        // turn) counts there; an older one is left out.
+        let slot = match at.checked_sub(epoch) {
+            Some(0) => n.get_mut(0),
+            Some(1) => n.get_mut(1),
+            _ => None,
+        };
+        if let Some(x) = slot {
+            *x = x.saturating_add(cost);
+        }
     }
 
     /// What the tenants this Envoy does not keep asked in `epoch` (0 when not kept).
@@ -327,18 +337,16 @@ impl FairRecord {
         // fraction of its weight, vanished from the sums (1,000 proxies, each under half a
         // unit: the level rose by a quarter) or doubled (300, each over half); rounded at
         // random, each replica's error is unbiased and the replicas' errors do not add up.
-        if self.dither == 0 {
-            self.dither = crate::seed::Seed::random().0[0] | 1;
-        }
+        // One draw a band for both weights, so that the held weight stays within the active.
         let mut draw = self.dither ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let mut round = |w: u64| {
-            draw = mix(draw);
-            let up = draw % WEIGHT_UNIT < w % WEIGHT_UNIT;
+        let round = |w: u64, d: u64| {
+            let up = d % WEIGHT_UNIT < w % WEIGHT_UNIT;
             (w / WEIGHT_UNIT + u64::from(up)) * WEIGHT_UNIT
         };
         for s in sums.iter_mut() {
-            s.held_weight = round(s.held_weight);
-            s.active_weight = round(s.active_weight);
+            draw = mix(draw);
+            s.held_weight = round(s.held_weight, draw);
+            s.active_weight = round(s.active_weight, draw);
         }
         for (b, s) in sums.iter().enumerate().take(bands) {
             for (sum, v) in [s.demand, s.free, s.held_weight, s.active_weight]
@@ -619,8 +627,9 @@ mod tests {
     /// asking 1 a window on each (its fleet demand `replicas`), in thousandths of a unit.
     fn spread_weight(replicas: u64) -> u64 {
         (0..replicas)
-            .map(|_| {
+            .map(|i| {
                 let mut r = FairRecord::new(1);
+                r.dither = mix(i) | 1;
                 r.request((7, 1, 0), (9_500, 1_000), 1, (true, true))
                     .unwrap();
                 r.tenants[0].local.told(9, replicas);
@@ -681,6 +690,17 @@ mod tests {
             r.part.unwrap()
         };
         assert_eq!(part(30) - part(0), 30 * LEVEL_ONE);
+        // Asks of the epoch before, after the turn, count there; older ones are left out.
+        let mut r = FairRecord::new(1);
+        r.untracked_ask(10, 5);
+        r.untracked_ask(9, 2);
+        r.untracked_ask(7, 100);
+        assert_eq!((r.untracked_in(10), r.untracked_in(9)), (5, 2));
+        r.untracked_ask(11, 1);
+        assert_eq!(
+            (r.untracked_in(11), r.untracked_in(10), r.untracked_in(9)),
+            (1, 5, 0)
+        );
     }
 
     #[test]
