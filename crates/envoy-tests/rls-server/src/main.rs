@@ -112,7 +112,9 @@ impl Service {
 /// A descriptor's status from one of its counters, with the code `code`.
 fn status(c: &limitador::counter::Counter, code: Code) -> DescriptorStatus {
     let (_, u) = unit(c.window().as_secs());
-    let reset = c.expires_in().unwrap_or_default();
+    // A counter without an expiry says nothing of its reset (0 would read as "the window
+    // turns now").
+    let reset = c.expires_in();
     DescriptorStatus {
         code: code.into(),
         current_limit: Some(RateLimit {
@@ -121,9 +123,9 @@ fn status(c: &limitador::counter::Counter, code: Code) -> DescriptorStatus {
             unit: u.into(),
         }),
         limit_remaining: u32::try_from(c.remaining().unwrap_or(0)).unwrap_or(0),
-        duration_until_reset: Some(PbDuration {
-            seconds: reset.as_secs() as i64,
-            nanos: reset.subsec_nanos() as i32,
+        duration_until_reset: reset.map(|r| PbDuration {
+            seconds: r.as_secs() as i64,
+            nanos: r.subsec_nanos() as i32,
         }),
     }
 }
