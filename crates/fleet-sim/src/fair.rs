@@ -112,6 +112,15 @@ impl FairSweep {
     }
 }
 
+/// Runs `study` as its split says: through the runtime ([`crate::fair_runtime`]) or the model
+/// ([`crate::share::run`]).
+pub fn run(study: &Study) -> Figures {
+    match study.split {
+        Split::Runtime(_) => crate::fair_runtime::run(study),
+        _ => crate::share::run(study),
+    }
+}
+
 /// Service calls per 100 requests over the measured part: lease claims, and reports that did
 /// not ride on one.
 pub fn calls_per_100(f: &Figures) -> f64 {
@@ -249,7 +258,6 @@ pub fn row_json(((s, l), (t, f)): &Pair) -> Value {
 mod tests {
     use super::*;
     use crate::lease_model::WINDOW_MS;
-    use crate::share::run;
 
     fn sweep(proxies: Vec<usize>, balancers: Vec<Balancer>, seconds: u64) -> FairSweep {
         FairSweep {

@@ -17,7 +17,7 @@
 use crate::fair_model::FairFigures;
 use crate::lease_model::LeaseFigures;
 use crate::service::Service;
-use crate::share::{splitmix, Counts, Figures, Placer, Study};
+use crate::share::{demands, splitmix, Counts, Figures, Placer, Study};
 use crate::traffic::exponential_us;
 use ratelimit_core::config::Config;
 use ratelimit_core::key::Seed;
@@ -101,6 +101,13 @@ impl Calls {
         }
         (self.next_id, answer)
     }
+}
+
+/// Runs `study` (its split [`crate::share::Split::Runtime`]): its tenants' demand drawn as
+/// [`crate::share::run`] draws it.
+pub fn run(study: &Study) -> Figures {
+    let (weights, rates) = demands(study, &mut Rng(splitmix(study.seed) | 1));
+    run_with(study, &weights, &rates)
 }
 
 /// Runs `study` (its split [`crate::share::Split::Runtime`]) with these tenants' weights and

@@ -315,7 +315,7 @@ fn fair_main(args: Args, started: Instant) -> ExitCode {
         .iter()
         .flat_map(|(a, b)| [a.clone(), b.clone()])
         .collect();
-    let runs = share::run_all(&all, args.threads);
+    let runs = share::run_all_with(&all, args.threads, fair::run);
     let pairs: Vec<fair::Pair> = runs
         .chunks(2)
         .filter_map(|c| match c {

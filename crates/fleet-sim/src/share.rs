@@ -631,9 +631,6 @@ pub fn demands(study: &Study, rng: &mut Rng) -> (Vec<u16>, Vec<f64>) {
 /// Runs `study`: every request decided by the proxy the balancer sends it to.
 pub fn run(study: &Study) -> Figures {
     let (weights, rates) = demands(study, &mut Rng(splitmix(study.seed) | 1));
-    if matches!(study.split, Split::Runtime(_)) {
-        return crate::fair_runtime::run_with(study, &weights, &rates);
-    }
     run_with(study, &weights, &rates)
 }
 
@@ -845,6 +842,15 @@ impl ShareSweep {
 
 /// Runs `studies` on `threads` threads; each with its figures, in the studies' order.
 pub fn run_all(studies: &[Study], threads: usize) -> Vec<(Study, Figures)> {
+    run_all_with(studies, threads, run)
+}
+
+/// [`run_all`], each study run by `run` (the runtime's studies by [`crate::fair::run`]).
+pub fn run_all_with(
+    studies: &[Study],
+    threads: usize,
+    run: fn(&Study) -> Figures,
+) -> Vec<(Study, Figures)> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Figures>>> = Mutex::new(vec![None; studies.len()]);
     std::thread::scope(|scope| {
