@@ -335,8 +335,9 @@ impl FairRecord {
         // up with the odds of the remainder (down otherwise), by a draw of this Envoy's own.
         // Rounded to the nearest, a tenant spread over many replicas, each holding a small
         // fraction of its weight, vanished from the sums (1,000 proxies, each under half a
-        // unit: the level rose by a quarter) or doubled (300, each over half); rounded at
-        // random, each replica's error is unbiased and the replicas' errors do not add up.
+        // unit: the level rose by a quarter) or counted half again (300, each over half);
+        // rounded at random, each replica's error is unbiased and the replicas' errors do not
+        // add up.
         // One draw a band for both weights, so that the held weight stays within the active.
         let mut draw = self.dither ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let round = |w: u64, d: u64| {
