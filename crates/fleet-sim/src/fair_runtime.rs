@@ -17,7 +17,7 @@
 use crate::fair_model::FairFigures;
 use crate::lease_model::LeaseFigures;
 use crate::service::Service;
-use crate::share::{demands, splitmix, Counts, Figures, Placer, Study};
+use crate::share::{seeded_demands, splitmix, Counts, Figures, Placer, Study};
 use crate::traffic::exponential_us;
 use ratelimit_core::config::Config;
 use ratelimit_core::key::Seed;
@@ -106,7 +106,7 @@ impl Calls {
 /// Runs `study` (its split [`crate::share::Split::Runtime`]): its tenants' demand drawn as
 /// [`crate::share::run`] draws it.
 pub fn run(study: &Study) -> Figures {
-    let (weights, rates) = demands(study, &mut Rng(splitmix(study.seed) | 1));
+    let (weights, rates) = seeded_demands(study);
     run_with(study, &weights, &rates)
 }
 

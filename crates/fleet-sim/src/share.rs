@@ -628,9 +628,15 @@ pub fn demands(study: &Study, rng: &mut Rng) -> (Vec<u16>, Vec<f64>) {
     }
 }
 
+/// Each tenant's weight and request rate under `study`'s mix, drawn from its seed (every
+/// split of a study draws the same).
+pub fn seeded_demands(study: &Study) -> (Vec<u16>, Vec<f64>) {
+    demands(study, &mut Rng(splitmix(study.seed) | 1))
+}
+
 /// Runs `study`: every request decided by the proxy the balancer sends it to.
 pub fn run(study: &Study) -> Figures {
-    let (weights, rates) = demands(study, &mut Rng(splitmix(study.seed) | 1));
+    let (weights, rates) = seeded_demands(study);
     run_with(study, &weights, &rates)
 }
 
