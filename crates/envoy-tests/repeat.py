@@ -10,7 +10,8 @@ Each run is the test binary `cargo test -p envoy-tests --features envoy --test N
 (built once before the series, then run directly with `--test-threads N --nocapture`: a run
 never waits on cargo's build lock, which a compile beside the series would hold), for each
 build (FILTER=wasm, FILTER=native), one run at a time, in the environment `make integration`
-gives the suite (the Makefile's TEST_ENV: the builds must be there, `make prepare`). A hog is a
+gives the suite (the Makefile's TEST_ENV: the builds must be there, `make prepare`; a variable
+already set, such as WASM=... or NATIVE_DIR=... naming a copy of a build, is kept). A hog is a
 process that spins on one core for the whole series (two hogs on this two-core machine: every
 Envoy and client gets what a starved machine leaves). Every run's output goes to
 target/repeat/NAME-BUILD-RUN.log (an earlier series' logs of the same test and build are moved
@@ -24,6 +25,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,21 +49,27 @@ def test_env():
     for word in shlex.split(line.split(" python3 ")[0]):
         if "=" in word:
             k, v = word.split("=", 1)
-            env[k] = v
+            # A build the caller names (a copy kept apart while the tree is rebuilt) wins.
+            env.setdefault(k, v)
     # The suite's jobs name the Envoy; the pinned one unless ENVOY says otherwise.
     env.setdefault("ENVOY", str(ROOT / ".venv" / "bin" / "envoy"))
     return env
 
 
 def test_binary(test, env):
-    """Builds the test binary of tests/TEST.rs (the suite's features) and returns its path."""
+    """Builds the test binary of tests/TEST.rs (the suite's features) and returns the path of a
+    copy of it under target/repeat/bin/ (a build of the tree during the series, which rewrites
+    cargo's own, leaves the series' binary alone)."""
     out = subprocess.run(["cargo", "test", "-q", "-p", "envoy-tests", "--features", "envoy",
                           "--test", test, "--no-run", "--message-format=json"], cwd=ROOT,
                          env=env, capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         msg = json.loads(line)
         if msg.get("executable") and msg.get("target", {}).get("name") == test:
-            return msg["executable"]
+            copy = OUT / "bin" / f"{test}-{int(time.time())}"
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(msg["executable"], copy)
+            return str(copy)
     sys.exit(f"no test binary for {test}")
 
 
