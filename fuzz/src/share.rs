@@ -105,14 +105,16 @@ pub fn run(data: &[u8]) {
                 retry_after_ms: number(&mut input),
             };
             let admitted = now.saturating_sub(u64::from(input.u16()));
+            // Fair across a fleet, or this Envoy's alone.
+            let fleet = input.bool();
             learn::fold(
                 &learn,
                 &share,
                 &capacity,
                 &mut record,
                 &answer,
-                admitted,
-                now,
+                (admitted, now),
+                fleet,
             );
             let (configured, _) = capacity.limit_and_window();
             assert!(learn::limit_in_force(&record, configured, share.ramp_ms, now) <= configured);

@@ -37,7 +37,15 @@ fn limits(rules: &[&str]) -> String {
     format!("[{}]", all.join(", "))
 }
 
-fn config(rules: &[&str]) -> String {
+/// Each rule of `rules` at [`RATE`] a second, leased and fair across the fleet; `learn`: each
+/// also holds its capacity to what the provider's answers say (`share.learn`, OpenAI's fields
+/// of a second).
+fn config(rules: &[&str], learn: bool) -> String {
+    let learn = if learn {
+        r#", "learn": {"from": "openai", "unit": "second"}"#
+    } else {
+        ""
+    };
     let rules: Vec<String> = rules
         .iter()
         .map(|name| {
@@ -48,7 +56,7 @@ fn config(rules: &[&str]) -> String {
                     "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
                                 "timeout_ms": 200, "flush_ms": 20}},
                     "share": {{"fleet": "fair",
-                               "weight": {{"from": "header:x-weight", "default": 1, "max": 10}}}}}}"#
+                               "weight": {{"from": "header:x-weight", "default": 1, "max": 10}}{learn}}}}}"#
             )
         })
         .collect();
@@ -82,16 +90,31 @@ impl To {
 /// unless every check holds, tenants under their shares getting at least `light_served` of
 /// their requests through.
 pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)], light_served: f64) {
+    fair_fleet_of(proxies, rules, pinned, light_served, None);
+}
+
+/// [`fair_fleet`] in front of a provider that admits `account` requests a second (each
+/// organisation: each rule's path) and says so in its answers, where each rule is configured
+/// to [`RATE`]: the rules learn it (`share.learn`) and the checks hold against it, the provider
+/// refusing nothing from [`WARMUP_S`]. `None`: the provider admits [`RATE`], nothing learned.
+pub fn fair_fleet_of(
+    proxies: usize,
+    rules: &[&str],
+    pinned: &[(Tenant, To, f64)],
+    light_served: f64,
+    account: Option<f64>,
+) {
     let run_s = super::env_number("SHARE_SECONDS", 40);
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);
     // One call at a time: the engine's own race would grant past the limit.
     let _rls = rls_server_each(rls_port, redis_port, &limits(rules), true);
-    let provider = Arc::new(Provider::start(RATE));
+    let capacity = account.unwrap_or(RATE);
+    let provider = Arc::new(Provider::start(capacity));
     let listener = Listener::to(provider.addr);
     let yaml = format!(
         "{}{}",
-        bootstrap_with(&config(rules), &listener),
+        bootstrap_with(&config(rules, account.is_some()), &listener),
         rls_cluster(rls_port, "1s")
     );
     let proxies: Vec<Envoy> = (0..proxies).map(|_| Envoy::start_yaml(&yaml)).collect();
@@ -104,10 +127,28 @@ pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)], 
         run_s,
         WARMUP_S,
     );
-    let out = Outcome::new(&provider, &clients, seen, WARMUP_S, RATE);
+    let out = Outcome::new(&provider, &clients, seen, WARMUP_S, capacity);
     super::share::print_counters(&proxies, rules);
-    assert_eq!(provider.refused(), 0, "the provider refused requests");
-    let target = 0.97 * RATE;
+    if account.is_none() {
+        assert_eq!(provider.refused(), 0, "the provider refused requests");
+    } else {
+        // Before the first answers each Envoy knows only the configured capacity, and the
+        // fleet's view of a window is read two windows later: refusals then are expected.
+        eprintln!("the provider refused {} in all", provider.refused());
+        let to = provider.elapsed_s() as u64 + 1;
+        for &rule in rules {
+            let refused: u64 = provider
+                .tally(rule, WARMUP_S, to)
+                .values()
+                .map(|t| t.1)
+                .sum();
+            assert_eq!(
+                refused, 0,
+                "{rule}: the provider refused requests after the warm-up"
+            );
+        }
+    }
+    let target = 0.97 * capacity;
     for &rule in rules {
         let got = out.admitted(rule);
         out.report(rule, &got);
@@ -159,7 +200,7 @@ pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)], 
                 s.sent
             );
         }
-        let used: f64 = rates.iter().sum::<f64>() / RATE;
+        let used: f64 = rates.iter().sum::<f64>() / capacity;
         assert!(
             used >= USED,
             "{rule}: {:.1} % of the capacity used",

@@ -86,6 +86,20 @@ impl<S: Store> Runtime<S> {
             .collect();
         let (limit, window_ms) = c.policy.limit_and_window();
         let now_ms = report.epoch.saturating_mul(window_ms.max(1));
+        // The fleet's level shares the capacity in force: the configured one, or less where
+        // the provider said less (`share.learn`: every replica reads the same account's
+        // answers, so every replica lowers it alike).
+        let limit = match sh.learn {
+            Some(_) => {
+                crate::engine::update_share_record(&self.store, c.share_record(), None, |r| {
+                    let in_force =
+                        crate::share::learn::policy_in_force(&c.policy, r, &sh.params, now_ms);
+                    (in_force.limit_and_window().0, false)
+                })
+                .unwrap_or(limit)
+            }
+            None => limit,
+        };
         let read = update_fair_record(&self.store, c.fair_record(), sh.params.bands, |f| {
             f.answered(&sh.params, limit, report, &values);
             ((f.part, f.view.epoch), true)
@@ -226,7 +240,7 @@ mod tests {
     use crate::runtime::{Background, Next, Runtime, StreamState};
     use crate::store::MemoryStore;
     use crate::testkit::fair::{jain, water_fill};
-    use crate::testkit::FakeHost;
+    use crate::testkit::{FakeHost, FakeResponse};
     use std::collections::HashMap;
     use std::sync::Arc;
 
@@ -304,6 +318,8 @@ mod tests {
         claims: u64,
         /// Requests admitted over the run.
         admitted: u64,
+        /// Requests the provider refused (a provider of [`Case::provider`]), each second.
+        provider_refused: Vec<u64>,
         /// Each second's admitted requests, by tenant.
         per_s: Vec<Vec<u64>>,
     }
@@ -344,6 +360,10 @@ mod tests {
         down: std::ops::Range<u64>,
         /// The configuration's `failure_mode`.
         failure_mode: &'a str,
+        /// A provider behind the Envoys that admits this many requests in each clock second
+        /// (429 past it) and says so in OpenAI's fields, every answer read by the rule's
+        /// `share.learn` (`None`: no provider, no `learn`).
+        provider: Option<u64>,
     }
 
     impl<'a> Case<'a> {
@@ -357,6 +377,7 @@ mod tests {
                 place: &|_, e, _| e,
                 down: 0..0,
                 failure_mode: "allow",
+                provider: None,
             }
         }
     }
@@ -371,10 +392,15 @@ mod tests {
             place,
             down,
             failure_mode,
+            provider,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
             Window::Minute => (6_000, "minute", 60_000, 600, 300_000, 120),
+        };
+        let learn = match provider {
+            Some(_) => r#", "learn": {"from": "openai", "unit": "second"}"#,
+            None => "",
         };
         let json = format!(
             r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "p", "key": ["header:x-tenant"],
@@ -382,7 +408,7 @@ mod tests {
             "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
                        "max_block": {max_block}}},
             "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 4}},
-                       "fleet": "{fleet}"}}}}]}}"#
+                       "fleet": "{fleet}"{learn}}}}}]}}"#
         );
         let config = crate::config::Config::parse(json.as_bytes()).unwrap();
         // Worker w of Envoy e is `envoys[e * workers + w]`.
@@ -408,6 +434,10 @@ mod tests {
         let mut next_at: Vec<f64> = (0..TENANTS.len()).map(|i| i as f64 * 2.3).collect();
         let mut per_s = vec![vec![0u64; TENANTS.len()]; (run_ms / 1000) as usize];
         let mut id = 0u64;
+        // The provider's count in the current clock second, and what it refused.
+        let (mut provider_second, mut provider_count) = (0u64, 0u64);
+        let mut provider_refused = vec![0u64; (run_ms / 1000) as usize];
+        let mut buf = String::new();
         for ms in 0..run_ms {
             let now = t0 + ms;
             for (i, &(name, e, weight, rate)) in TENANTS.iter().enumerate() {
@@ -436,6 +466,32 @@ mod tests {
                             }
                             Next::Continue => {
                                 per_s[(ms / 1000) as usize][i] += 1;
+                                if let Some(p) = provider {
+                                    if ms / 1000 != provider_second {
+                                        (provider_second, provider_count) = (ms / 1000, 0);
+                                    }
+                                    let ok = provider_count < p;
+                                    provider_count += u64::from(ok);
+                                    provider_refused[(ms / 1000) as usize] += u64::from(!ok);
+                                    let reset = format!("{}ms", 1000 - ms % 1000);
+                                    let mut answer = FakeResponse(vec![
+                                        (":status".into(), if ok { "200" } else { "429" }.into()),
+                                        ("x-ratelimit-limit-requests".into(), p.to_string().into()),
+                                        (
+                                            "x-ratelimit-remaining-requests".into(),
+                                            (p - provider_count).to_string().into(),
+                                        ),
+                                        ("x-ratelimit-reset-requests".into(), reset.into()),
+                                    ]);
+                                    st.response_headers(
+                                        rt,
+                                        &mut answer,
+                                        || now,
+                                        &mut buf,
+                                        |_, _, _| {},
+                                        |_, _| {},
+                                    );
+                                }
                                 break;
                             }
                             Next::Reply(r) => {
@@ -482,6 +538,7 @@ mod tests {
             reports: service.reports,
             claims: service.claims,
             admitted,
+            provider_refused,
             per_s,
         }
     }
@@ -672,6 +729,52 @@ mod tests {
             }
             assert_water_filling(&r, 18..30, mode);
             assert!(totals[18..].iter().all(|&t| t <= 100), "{totals:?}");
+        }
+    }
+
+    /// The provider admits 70 a second where the rule says 100, and says so in every answer
+    /// (`share.learn`; every Envoy reads the same account's fields). Fair across the fleet,
+    /// the fleet shares 70 as it would share a configured 70: the water-filling's shares of
+    /// 97 % of it wherever the tenants are, the light one all it asks, and the provider never
+    /// refuses: from the first answers each Envoy's lease takes no more of the service's window
+    /// than 70 (the fleet's view of a window, read two windows later, sets the shares).
+    /// Leased and shared locally (`fleet: "local"`), each Envoy holds its own part to what it
+    /// learned: the light tenant is served, the provider refuses a few requests (5 over the run
+    /// after the second second), and the shares are each Envoy's (as without `learn`).
+    #[test]
+    fn a_provider_limit_below_the_configured_one_is_the_fleets() {
+        let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
+        let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
+        let ideal = water_fill(0.97 * 70.0, &demands, &weights);
+        for fleet in ["fair", "local"] {
+            let r = pinned_on(Case {
+                provider: Some(70),
+                ..Case::new(fleet, true)
+            });
+            let used: f64 = r.rates.iter().sum();
+            // From the third second: the fleet's view is read two windows after it is written.
+            let late: u64 = r.provider_refused[3..].iter().sum();
+            let most = r.per_s[3..].iter().map(|s| s.iter().sum::<u64>()).max();
+            println!(
+                "{fleet}: {:.1?} (water-filling of 97 % of 70: {ideal:.1?}), used {used:.1}, the provider refused {:?}, most in a second from the third {most:?}",
+                r.rates, r.provider_refused
+            );
+            assert!(r.rates[4] >= 0.99 * 5.0, "{fleet}: light {:.2}", r.rates[4]);
+            if fleet == "local" {
+                assert!(late <= 10, "{fleet}: {:?}", r.provider_refused);
+                continue;
+            }
+            assert!(
+                r.provider_refused.iter().all(|&n| n == 0),
+                "{fleet}: {:?}",
+                r.provider_refused
+            );
+            assert!(r.most <= 70, "{fleet}: {} in a second", r.most);
+            assert!(used >= 0.95 * 70.0, "{fleet}: used {used:.1}");
+            for i in 0..4 {
+                let off = (r.rates[i] - ideal[i]).abs() / ideal[i];
+                assert!(off <= 0.03, "{fleet} {}: {:.1}", TENANTS[i].0, r.rates[i]);
+            }
         }
     }
 }

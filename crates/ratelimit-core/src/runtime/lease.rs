@@ -178,6 +178,30 @@ impl<S: Store> Runtime<S> {
         self.claim_ahead(applied.hash, applied.descriptor.as_ref(), claim, now_ms);
     }
 
+    /// How much less than the configured capacity a fleet-fair shared rule's fleet may take of
+    /// a window at `now_ms`: what its provider said less (`share.learn`, read from the rule's
+    /// record; every Envoy reads the same account's answers, so all cut alike); 0 for any other
+    /// rule, and while nothing lower is learned. (Shared locally, each Envoy holds its own part
+    /// to what it learned instead: a cut here would refuse whoever asks once the fleet's quota
+    /// is spent, light tenants included.)
+    fn learned_cut(&self, rule: usize, now_ms: u64) -> u64 {
+        let (Some(c), Some(sh)) = (
+            self.compiled.get(rule).filter(|c| c.capacity_key.is_some()),
+            self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
+        ) else {
+            return 0;
+        };
+        if sh.learn.is_none() || !sh.fleet_fair {
+            return 0;
+        }
+        let configured = c.policy.limit_and_window().0;
+        let in_force = engine::update_share_record(&self.store, c.share_record(), None, |r| {
+            let p = share::learn::policy_in_force(&c.policy, r, &sh.params, now_ms);
+            (p.limit_and_window().0, false)
+        });
+        in_force.map_or(0, |l| configured.saturating_sub(l))
+    }
+
     /// The largest block a lease check of `applied`'s rule claims at `now_ms` (`limit`,
     /// `max_block` its policy's): a shared capacity's blocks follow this proxy's part of it,
     /// a fleet-fair one's what it expects to admit ([`share::fair::block_cap`]).
@@ -346,6 +370,16 @@ impl<S: Store> Runtime<S> {
             .ok_or(ServiceError::NotGlobal)?;
         let expires_ms = global::lease_expiry(answer, &policy, claim.sent_ms);
         let remaining = answer.statuses.first().map_or(0, |s| s.limit_remaining);
+        // What the fleet may still take of the window: the service counts the configured
+        // capacity, and the provider may have said less (`share.learn`).
+        let (remaining_here, over) = match self.learned_cut(t.rule, now_ms) {
+            0 => (remaining, 0),
+            cut => {
+                let left = u64::from(remaining);
+                let here = u32::try_from(left.saturating_sub(cut)).unwrap_or(u32::MAX);
+                (here, cut.saturating_sub(left))
+            }
+        };
         let granted = match answer.overall_code {
             rls::Code::Ok => true,
             rls::Code::OverLimit => false,
@@ -353,17 +387,26 @@ impl<S: Store> Runtime<S> {
         };
         let updated = self.update_lease(t, now_ms, |state| {
             if granted {
+                // Granted past what the fleet may take: that much of the block is not used,
+                // and nothing more is claimed until the window ends.
+                let unused = over.min(claim.block.saturating_sub(taken));
                 let grant = Grant {
-                    block: claim.block,
+                    block: claim.block - unused,
                     taken,
                     expires_ms,
-                    remaining,
+                    remaining: remaining_here,
                 };
-                let s = lease::State::granted(state, now_ms, grant, background);
+                let mut s = lease::State::granted(state, now_ms, grant, background);
+                s.refused |= remaining_here == 0 && remaining > 0 && now_ms < expires_ms;
                 (s, Some(s))
             } else {
-                let s =
-                    lease::State::refused_claim(state, now_ms, expires_ms, remaining, background);
+                let s = lease::State::refused_claim(
+                    state,
+                    now_ms,
+                    expires_ms,
+                    remaining_here,
+                    background,
+                );
                 (s, Some(s))
             }
         });

@@ -197,23 +197,16 @@ impl<S: Store> Runtime<S> {
         if said.is_none() && !refused {
             return;
         }
-        let Some((policy, slot)) = self
+        let Some((policy, slot, fleet)) = self
             .compiled
             .get(rule)
-            .map(|c| (c.policy, c.share_record()))
+            .map(|c| (c.policy, c.share_record(), sh.fleet_fair))
         else {
             return;
         };
         let folded = engine::update_share_record(&self.store, slot, None, |record| {
-            let f = learn::fold(
-                &l,
-                &sh.params,
-                &policy,
-                record,
-                &answer,
-                admitted_ms,
-                now_ms,
-            );
+            let at = (admitted_ms, now_ms);
+            let f = learn::fold(&l, &sh.params, &policy, record, &answer, at, fleet);
             (f, f.changed)
         });
         if let Some(f) = folded {

@@ -110,14 +110,18 @@ pub fn lowered(capacity: &Policy, in_force: u64) -> Policy {
 }
 
 /// Folds one answer to a request the rule admitted at `admitted_ms` into `record`, at `now_ms`.
+/// `fleet`: the capacity is shared fair across a fleet of Envoys (`share.fleet: "fair"`), its
+/// level computed alike by every Envoy from the capacity in force: what this one used is its
+/// part of what the provider counted, and a refusal does not say what the fleet used (only the
+/// stated limit, and the remaining, lower the capacity then).
 pub fn fold(
     learn: &Learn,
     share: &Share,
     capacity: &Policy,
     record: &mut Record,
     answer: &Answer,
-    admitted_ms: u64,
-    now_ms: u64,
+    (admitted_ms, now_ms): (u64, u64),
+    fleet: bool,
 ) -> Folded {
     let mut out = Folded::default();
     let (limit, window_ms) = capacity.limit_and_window();
@@ -179,13 +183,14 @@ pub fn fold(
             out.changed = true;
         }
         // Refused while at least half the capacity was used: the provider counts more than
-        // this capacity does; hold it to 90 % of what it used.
+        // this capacity does; hold it to 90 % of what it used. (Not fair across a fleet: each
+        // Envoy would hold the fleet's level to 90 % of its own part, and the levels differ.)
         let used: u64 = record
             .bands
             .iter()
             .map(|b| b.used.usage(now_ms, window_ms))
             .sum();
-        if used.saturating_mul(2) >= in_force {
+        if !fleet && used.saturating_mul(2) >= in_force {
             let lower = (used.saturating_mul(9) / 10).max(1);
             if lower < in_force {
                 record.learned_limit = lower;
@@ -246,7 +251,7 @@ mod tests {
     /// [`fold`] of the provider's `answer` under `learn(w)` and [`share`] into `r`, for a request
     /// admitted at `at`.
     fn told(w: u64, cap: &Policy, r: &mut Record, answer: &Answer, at: u64, now: u64) -> Folded {
-        fold(&learn(w), &share(), cap, r, answer, at, now)
+        fold(&learn(w), &share(), cap, r, answer, (at, now), false)
     }
 
     /// One request (a cost of 1) of a tenant of weight 1 in the first band, `tenant` its state.
@@ -409,6 +414,21 @@ mod tests {
         let later = now + 60_000;
         told(1000, &cap, &mut r, &said(Some(190), None), later, later);
         assert_eq!(r.learned_limit, 190);
+        // Fair across a fleet, what this Envoy used is its part of what the provider counted:
+        // the refusal blocks as before and lowers nothing.
+        let mut r = Record::new(1);
+        admitted(&cap, &mut r, now - 1000, 1, 180);
+        let f = fold(
+            &learn(1000),
+            &share(),
+            &cap,
+            &mut r,
+            &refused,
+            (now, now),
+            true,
+        );
+        assert!(f.changed);
+        assert_eq!((r.blocked_until_ms, r.learned_limit), (now + 1000, 0));
     }
 
     #[test]

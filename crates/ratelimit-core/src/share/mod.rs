@@ -130,6 +130,7 @@ pub fn decide(
         *record = Record::new(share.bands);
     }
     // The capacity in force: lowered to what the provider said, if it said less.
+    let configured = capacity.limit_and_window().0;
     let in_force = learn::policy_in_force(capacity, record, share, now_ms);
     let capacity = &in_force;
     let (limit, window_ms) = capacity.limit_and_window();
@@ -159,7 +160,7 @@ pub fn decide(
             share,
             record,
             (band, t.held),
-            (whole, limit),
+            (configured, whole, limit),
             (now_ms, window_ms),
             cost,
         ) {
@@ -505,9 +506,10 @@ pub fn charge(capacity: &Policy, record: &mut Record, tenant: &mut Tenant, now_m
     tenant.usage = sliding_window::add(tenant.usage, now_ms, window_ms, cost);
 }
 
-/// A capacity leased across Envoys (`whole`, of which this proxy's part is `part`), for a
-/// request of `cost` in band `band` from a tenant held to its share or not (`held`): when what
-/// the fleet has left of the service's window (its latest answer) no longer covers what the
+/// A capacity leased across Envoys (`whole` in force of the `configured` one the service
+/// counts, of which this proxy's part is `part`), for a request of `cost` in band `band` from a
+/// tenant held to its share or not (`held`): when what the fleet has left of the service's
+/// window (its latest answer, less what the capacity in force leaves out) no longer covers what the
 /// bands above, and the tenants of its band that are not held, will use until that window ends,
 /// the request waits for the next window (returns how long). The fleet's last grants of a
 /// window then go to the higher bands and the tenants below their shares, as the shares do
@@ -522,11 +524,14 @@ fn fleet_reserved(
     share: &Share,
     record: &Record,
     (band, held): (usize, bool),
-    (whole, part): (u64, u64),
+    (configured, whole, part): (u64, u64, u64),
     (now_ms, window_ms): (u64, u64),
     cost: u64,
 ) -> Option<u64> {
     let f = &record.fleet;
+    // What the fleet may still use of the window: the service counts the configured capacity,
+    // the provider said less.
+    let left = u64::from(f.left).saturating_sub(configured.saturating_sub(whole));
     if (band == 0 && !held) || f.part_pm == 0 || now_ms >= f.window_end_ms {
         return None;
     }
@@ -549,13 +554,13 @@ fn fleet_reserved(
         return None;
     }
     // This proxy's part of the fleet, permille.
-    let fleet_granted = whole.saturating_sub(u64::from(f.left));
+    let fleet_granted = configured.saturating_sub(u64::from(f.left));
     let of_grants = u64::from(f.granted).saturating_mul(1000) / fleet_granted.max(1);
     let here_pm = u128::from(u64::from(f.part_pm).min(of_grants.max(1)));
     let rest = (f.window_end_ms - now_ms).min(window_ms);
     let need =
         u128::from(above) * 1000 * u128::from(rest) / (here_pm * u128::from(window_ms.max(1)));
-    (u128::from(f.left) < need + u128::from(cost)).then_some(rest)
+    (u128::from(left) < need + u128::from(cost)).then_some(rest)
 }
 
 /// A refusal decided before the capacity is asked ([`fleet_reserved`]'s, for `reason`, until
