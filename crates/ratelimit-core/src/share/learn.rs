@@ -112,8 +112,8 @@ pub fn lowered(capacity: &Policy, in_force: u64) -> Policy {
 /// Folds one answer to a request the rule admitted at `admitted_ms` into `record`, at `now_ms`.
 /// `fleet`: the capacity is shared fair across a fleet of Envoys (`share.fleet: "fair"`), its
 /// level computed alike by every Envoy from the capacity in force: what this one used is its
-/// part of what the provider counted, and a refusal does not say what the fleet used (only the
-/// stated limit, and the remaining, lower the capacity then).
+/// part of what the provider counted, so neither a refusal nor the remaining says what to
+/// lower here (only the stated limit does then).
 pub fn fold(
     learn: &Learn,
     share: &Share,
@@ -150,7 +150,10 @@ pub fn fold(
     let policy = policy_in_force(capacity, record, share, now_ms);
     let in_force = policy.limit_and_window().0;
     let remaining = answer.said.and_then(|s| s.remaining);
-    if let Some(said) = remaining.filter(|_| learn.window_ms == window_ms) {
+    // Fair across a fleet, this Envoy's capacity counts its own admissions only, and the
+    // lease holds the fleet to the limit in force: the account's remaining, charged here, would
+    // refuse whoever asks once the fleet's count neared the limit, light tenants too.
+    if let Some(said) = remaining.filter(|_| learn.window_ms == window_ms && !fleet) {
         let ours = policy
             .decide(record.capacity.as_ref(), now_ms, 0)
             .0
@@ -415,7 +418,7 @@ mod tests {
         told(1000, &cap, &mut r, &said(Some(190), None), later, later);
         assert_eq!(r.learned_limit, 190);
         // Fair across a fleet, what this Envoy used is its part of what the provider counted:
-        // the refusal blocks as before and lowers nothing.
+        // the refusal blocks as before and lowers nothing, and a remaining is not charged.
         let mut r = Record::new(1);
         admitted(&cap, &mut r, now - 1000, 1, 180);
         let f = fold(
@@ -429,6 +432,9 @@ mod tests {
         );
         assert!(f.changed);
         assert_eq!((r.blocked_until_ms, r.learned_limit), (now + 1000, 0));
+        let low = said(Some(200), Some(3));
+        let f = fold(&learn(1000), &share(), &cap, &mut r, &low, (now, now), true);
+        assert_eq!((f.synced, r.learned_limit), (0, 0));
     }
 
     #[test]
