@@ -152,7 +152,7 @@ pub fn fold(
     let remaining = answer.said.and_then(|s| s.remaining);
     // Fair across a fleet, this Envoy's capacity counts its own admissions only, and the
     // lease holds the fleet to the limit in force: the account's remaining, charged here, would
-    // refuse whoever asks once the fleet's count neared the limit, light tenants too.
+    // make this Envoy refuse whoever asks once the fleet's count neared the limit.
     if let Some(said) = remaining.filter(|_| learn.window_ms == window_ms && !fleet) {
         let ours = policy
             .decide(record.capacity.as_ref(), now_ms, 0)
