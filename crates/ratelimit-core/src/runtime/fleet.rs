@@ -89,17 +89,7 @@ impl<S: Store> Runtime<S> {
         // The fleet's level shares the capacity in force: the configured one, or less where
         // the provider said less (`share.learn`: every replica reads the same account's
         // answers, so every replica lowers it alike).
-        let limit = match sh.learn {
-            Some(_) => {
-                crate::engine::update_share_record(&self.store, c.share_record(), None, |r| {
-                    let in_force =
-                        crate::share::learn::policy_in_force(&c.policy, r, &sh.params, now_ms);
-                    (in_force.limit_and_window().0, false)
-                })
-                .unwrap_or(limit)
-            }
-            None => limit,
-        };
+        let limit = self.limit_in_force(c, sh, now_ms).unwrap_or(limit);
         let read = update_fair_record(&self.store, c.fair_record(), sh.params.bands, |f| {
             f.answered(&sh.params, limit, report, &values);
             ((f.part, f.view.epoch), true)
@@ -108,6 +98,22 @@ impl<S: Store> Runtime<S> {
             return;
         };
         self.fair_known(rule, view, part, now_ms);
+    }
+
+    /// A shared rule's capacity in force at `now_ms` as its record says (lowered to what the
+    /// provider said, `share.learn`); `None` for a rule that learns nothing, or a store that
+    /// cannot say.
+    pub(super) fn limit_in_force(
+        &self,
+        c: &super::Compiled,
+        sh: &crate::config::ShareConfig,
+        now_ms: u64,
+    ) -> Option<u64> {
+        sh.learn?;
+        crate::engine::update_share_record(&self.store, c.share_record(), None, |r| {
+            let in_force = crate::share::learn::policy_in_force(&c.policy, r, &sh.params, now_ms);
+            (in_force.limit_and_window().0, false)
+        })
     }
 
     /// Takes what the fair record says (the epoch of its view, what this Envoy expects to

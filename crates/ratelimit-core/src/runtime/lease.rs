@@ -191,15 +191,12 @@ impl<S: Store> Runtime<S> {
         ) else {
             return 0;
         };
-        if sh.learn.is_none() || !sh.fleet_fair {
+        if !sh.fleet_fair {
             return 0;
         }
         let configured = c.policy.limit_and_window().0;
-        let in_force = engine::update_share_record(&self.store, c.share_record(), None, |r| {
-            let p = share::learn::policy_in_force(&c.policy, r, &sh.params, now_ms);
-            (p.limit_and_window().0, false)
-        });
-        in_force.map_or(0, |l| configured.saturating_sub(l))
+        self.limit_in_force(c, sh, now_ms)
+            .map_or(0, |l| configured.saturating_sub(l))
     }
 
     /// The largest block a lease check of `applied`'s rule claims at `now_ms` (`limit`,
