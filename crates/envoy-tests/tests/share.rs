@@ -46,8 +46,8 @@ fn a_provider_capacity_is_shared_fairly_and_never_exceeded() {
     let envoy = Envoy::start_yaml(&bootstrap_with(&config, &listener));
 
     let tenants = four_cases(RATE);
-    let seen = drive(&[envoy.addr], &provider, &tenants, run_s, WARMUP_S);
-    let out = Outcome::new(&provider, &tenants, seen, WARMUP_S, RATE);
+    let driven = drive(&[envoy.addr], &provider, &tenants, run_s, WARMUP_S);
+    let out = Outcome::new(&provider, &tenants, driven, RATE);
     let seen = &out.seen;
     let admitted = |org: &str| out.admitted(org);
     let report = |org: &str, got: &HashMap<String, f64>| out.report(org, got);

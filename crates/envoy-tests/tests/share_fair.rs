@@ -21,9 +21,11 @@ use common::share::{tenant, Tenant, RATE};
 
 const PROXIES: usize = 3;
 /// The least part of its requests a tenant under its share gets through, as runs measured it
-/// (docs/src/performance/evidence.md, shared capacity): the fleet's quota of a window, when
-/// it runs out, is refused to whoever asks then.
-const LIGHT_SERVED: f64 = 0.97;
+/// (docs/src/performance/evidence.md, shared capacity): 97.5 to 100 % on a quiet machine, 93.6
+/// to 100 % beside two CPU hogs. What is refused is refused at the end of a window whose quota
+/// ran out (`reason=capacity`): the last grants are kept for the tenants under their shares only
+/// as far as each Envoy's latest answer from the service tells what the fleet has left.
+const LIGHT_SERVED: f64 = 0.95;
 const RULES: [&str; 3] = ["f1", "f2", "f3"];
 
 /// The tenants, each with the Envoys it sends to and its weight.

@@ -16,7 +16,7 @@ use common::share::tenant;
 const ACCOUNT: f64 = 120.0;
 /// The least part of its requests the light tenant gets through: 97.7 % to 99.7 % in runs of
 /// both builds (native beside two CPU hogs too), 92.7 % to 97.4 % in six wasm runs beside them
-/// (`share_fair.rs` holds 97 %).
+/// (`share_fair.rs` holds 95 %).
 /// What is refused is refused when the fleet's quota of a window runs out before its end
 /// (`reason=capacity`): what the levels leave of the window is 3 % of the smaller capacity the
 /// provider states, and the blocks that lapse at each window's turn take most of it.

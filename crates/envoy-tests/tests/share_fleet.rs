@@ -92,10 +92,10 @@ fn three_envoys_lease_one_capacity_and_share_it_fairly() {
             }
         })
     };
-    let seen = drive(&addrs, &provider, &tenants, run_s, WARMUP_S);
+    let driven = drive(&addrs, &provider, &tenants, run_s, WARMUP_S);
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     sampler.join().unwrap();
-    let out = Outcome::new(&provider, &tenants, seen, WARMUP_S, RATE);
+    let out = Outcome::new(&provider, &tenants, driven, RATE);
     let seen = &out.seen;
     let admitted = |org: &str| out.admitted(org);
     let report = |org: &str, got: &HashMap<String, f64>| out.report(org, got);

@@ -506,6 +506,31 @@ fn fair_ask(
     .unwrap_or(Ok(()))
 }
 
+/// What a fleet-fair shared rule's tenant asking `cost` at `at` (now, the window), in blocks of
+/// at most `block`, may take of the fleet's quota when the service said it has `left` ([`share::fair::keeping`], from the
+/// rule's fair record). `None`: nothing is kept, or a store that cannot say.
+pub fn fair_keeping(
+    store: &impl Store,
+    sc: &ShareCheck,
+    at: (u64, u64),
+    (cost, block): (u64, u64),
+    left: share::fair::Left,
+) -> Option<share::fair::Keeping> {
+    use share::fair_record::FairRecord;
+    let f = sc.fleet.as_ref()?;
+    let who = (f.id, sc.asker.weight, sc.asker.band);
+    let bands = sc.share.bands;
+    let read = update_fair_bytes(store, f.slot, |value, present| {
+        let read = present
+            .then(|| FairRecord::kept_for(value, bands, who, at))
+            .flatten();
+        (read, false)
+    })
+    .flatten()?;
+    let (band, here, held) = read;
+    share::fair::keeping((&band, here, held), left, at, (cost, block))
+}
+
 /// Gives a fleet-fair shared rule's tenant back, in its allowance here, a request its
 /// allowance covered and another check refused.
 fn fair_give_back(store: &impl Store, check: &Check, sc: &ShareCheck) {

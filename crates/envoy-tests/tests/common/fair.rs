@@ -2,9 +2,10 @@
 //! counting each descriptor by its own `hits_addend` as envoyproxy/ratelimit does, over the
 //! limitador engine and Redis), the stand-in provider, N Envoys in front of it with one rule of
 //! [`RATE`] a second per path, tenants sending to the Envoys each as it is placed; and the
-//! checks, on the provider's side from [`WARMUP_S`] to the end: no provider 429s, every
-//! backlogged tenant within ±5 % of its water-filling share of 97 % of the capacity (Jain's
-//! index per unit of weight ≥ 0.99), tenants under their shares served, the capacity used.
+//! checks, on the provider's side from [`WARMUP_S`] into the traffic to its end: no provider
+//! 429s, every backlogged tenant within ±5 % of its water-filling share of 97 % of the capacity
+//! (Jain's index per unit of weight ≥ 0.99), tenants under their shares served, the capacity
+//! used.
 use super::provider::Provider;
 use super::share::{drive_to, jain, Outcome, Tenant, RATE, WARMUP_S};
 use super::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Envoy, Listener};
@@ -96,7 +97,8 @@ pub fn fair_fleet(proxies: usize, rules: &[&str], pinned: &[(Tenant, To, f64)], 
 /// [`fair_fleet`] in front of a provider that admits `account` requests a second (each
 /// organisation: each rule's path) and says so in its answers, where each rule is configured
 /// to [`RATE`]: the rules learn it (`share.learn`) and the checks hold against it, the provider
-/// refusing nothing from [`WARMUP_S`]. `None`: the provider admits [`RATE`], nothing learned.
+/// refusing nothing from [`WARMUP_S`] into the traffic. `None`: the provider admits [`RATE`],
+/// nothing learned.
 pub fn fair_fleet_of(
     proxies: usize,
     rules: &[&str],
@@ -120,14 +122,15 @@ pub fn fair_fleet_of(
     let proxies: Vec<Envoy> = (0..proxies).map(|_| Envoy::start_yaml(&yaml)).collect();
     let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
     let clients: Vec<Tenant> = pinned.iter().map(|(t, _, _)| t.clone()).collect();
-    let seen = drive_to(
+    let driven = drive_to(
         |n| pinned[n].1.addrs(&addrs),
         &provider,
         &clients,
         run_s,
         WARMUP_S,
     );
-    let out = Outcome::new(&provider, &clients, seen, WARMUP_S, capacity);
+    let from_s = driven.from_s;
+    let out = Outcome::new(&provider, &clients, driven, capacity);
     super::share::print_counters(&proxies, rules);
     if account.is_none() {
         assert_eq!(provider.refused(), 0, "the provider refused requests");
@@ -137,11 +140,7 @@ pub fn fair_fleet_of(
         eprintln!("the provider refused {} in all", provider.refused());
         let to = provider.elapsed_s() as u64 + 1;
         for &rule in rules {
-            let refused: u64 = provider
-                .tally(rule, WARMUP_S, to)
-                .values()
-                .map(|t| t.1)
-                .sum();
+            let refused: u64 = provider.tally(rule, from_s, to).values().map(|t| t.1).sum();
             assert_eq!(
                 refused, 0,
                 "{rule}: the provider refused requests after the warm-up"

@@ -95,16 +95,25 @@ impl Seen {
     }
 }
 
+/// What a run saw: each tenant's answers once the traffic had run its warm-up, and the first
+/// whole second measured on the provider's clock (the provider counts by its seconds).
+pub struct Driven {
+    pub seen: Vec<Seen>,
+    pub from_s: u64,
+}
+
 /// Each tenant on its own thread, paced at its rate for `run_s` seconds, its requests sent to
-/// `addrs` in turn (one keep-alive connection to each); what each saw once the provider had run
-/// `warmup_s` seconds, in `tenants`' order.
+/// `addrs` in turn (one keep-alive connection to each); what each saw once the traffic had run
+/// `warmup_s` seconds (from the first whole second of the provider's after that), in `tenants`'
+/// order. The warm-up counts from the traffic's start, not the provider's: Envoys starting
+/// slowly (a busy machine compiling the wasm filter) would otherwise eat into it.
 pub fn drive(
     addrs: &[SocketAddr],
     provider: &Arc<Provider>,
     tenants: &[Tenant],
     run_s: u64,
     warmup_s: u64,
-) -> Vec<Seen> {
+) -> Driven {
     drive_to(|_| addrs.to_vec(), provider, tenants, run_s, warmup_s)
 }
 
@@ -115,7 +124,8 @@ pub fn drive_to(
     tenants: &[Tenant],
     run_s: u64,
     warmup_s: u64,
-) -> Vec<Seen> {
+) -> Driven {
+    let (from_s, _) = provider.window(warmup_s as f64, run_s);
     let threads: Vec<_> = tenants
         .iter()
         .cloned()
@@ -131,7 +141,7 @@ pub fn drive_to(
                 headers.extend(t.headers.iter().map(|(k, v)| (*k, v.as_str())));
                 paced(t.rate, Duration::from_secs(run_s), |k| {
                     let i = (k as usize + n) % addrs.len();
-                    let measured = provider.elapsed_s() >= warmup_s as f64;
+                    let measured = provider.elapsed_s() >= from_s as f64;
                     let status = or_reconnect(
                         &mut clients[i],
                         || Client::connect(addrs[i]).unwrap(),
@@ -148,7 +158,8 @@ pub fn drive_to(
             })
         })
         .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    let seen = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    Driven { seen, from_s }
 }
 
 /// Jain's fairness index of `xs`: 1 when all are equal, 1/n when one has everything.
@@ -237,24 +248,27 @@ pub struct Outcome<'a> {
     provider: &'a Provider,
     /// By tenant.
     pub seen: std::collections::HashMap<String, Seen>,
-    warmup_s: u64,
+    from_s: u64,
     end_s: u64,
     rate: f64,
 }
 
 impl<'a> Outcome<'a> {
-    /// After [`drive`] returned `seen` for `tenants`.
+    /// After [`drive`] returned `driven` for `tenants`.
     pub fn new(
         provider: &'a Provider,
         tenants: &[Tenant],
-        seen: Vec<Seen>,
-        warmup_s: u64,
+        driven: Driven,
         rate: f64,
     ) -> Outcome<'a> {
         Outcome {
             provider,
-            seen: tenants.iter().map(|t| t.name.clone()).zip(seen).collect(),
-            warmup_s,
+            seen: tenants
+                .iter()
+                .map(|t| t.name.clone())
+                .zip(driven.seen)
+                .collect(),
+            from_s: driven.from_s,
             end_s: provider.elapsed_s() as u64,
             rate,
         }
@@ -262,9 +276,9 @@ impl<'a> Outcome<'a> {
 
     /// Each tenant of organisation `org`: what the provider admitted, a second.
     pub fn admitted(&self, org: &str) -> std::collections::HashMap<String, f64> {
-        let measured_s = self.end_s.saturating_sub(self.warmup_s).max(1) as f64;
+        let measured_s = self.end_s.saturating_sub(self.from_s).max(1) as f64;
         self.provider
-            .tally(org, self.warmup_s, self.end_s)
+            .tally(org, self.from_s, self.end_s)
             .into_iter()
             .map(|(t, (a, _))| (t, a as f64 / measured_s))
             .collect()

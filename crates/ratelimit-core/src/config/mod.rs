@@ -325,6 +325,7 @@ impl Rule {
                 limit: u64::from(quota.requests_per_unit),
                 windows: quota.windows(),
                 max_block: g.max_block,
+                kept: 0,
             }),
             Limit::InFlight { .. } => None,
         }

@@ -375,6 +375,18 @@ pub fn decide(
     windows: Windows,
     cost: u64,
 ) -> (Verdict, Option<State>) {
+    decide_keeping(state, now_ms, (limit, windows), cost, 0)
+}
+
+/// [`decide`], the request taking nothing of the last `kept` units held (kept for others until
+/// the service's window ends: a request they alone would cover waits for it to end).
+pub fn decide_keeping(
+    state: Option<State>,
+    now_ms: u64,
+    (limit, windows): (u64, Windows),
+    cost: u64,
+    kept: u64,
+) -> (Verdict, Option<State>) {
     let s = state.unwrap_or_default().at(now_ms);
     let (start, end) = windows.bounds(now_ms);
     let to_end = s.expires_ms.saturating_sub(now_ms);
@@ -389,7 +401,8 @@ pub fn decide(
         retry_after_ms: 0,
         delay_ms: 0,
     };
-    if s.held >= icost {
+    let ikept = i64::try_from(kept).unwrap_or(i64::MAX);
+    if s.held.saturating_sub(ikept) >= icost {
         let next = State {
             held: s.held - icost,
             ..s
@@ -398,7 +411,7 @@ pub fn decide(
         return (v, (cost > 0).then_some(next));
     }
     v.allowed = false;
-    v.retry_after_ms = if s.refused {
+    v.retry_after_ms = if s.refused || (kept > 0 && s.held >= icost) {
         to_end.max(1)
     } else {
         SHORT_WAIT_MS
@@ -481,6 +494,22 @@ mod tests {
         let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
         assert_eq!(s.lapsing(60_000), 10);
         assert!(!decide(Some(s), 60_000, 100, MINUTE, 1).0.allowed);
+    }
+
+    #[test]
+    fn what_is_kept_for_others_is_not_taken_and_the_refusal_waits_for_the_window_end() {
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
+        let keeping = |cost, kept| decide_keeping(Some(s), 2_000, (100, MINUTE), cost, kept);
+        let (v, next) = keeping(4, 6);
+        assert!(v.allowed);
+        assert_eq!(next.unwrap().held, 6);
+        let (v, next) = keeping(5, 6);
+        assert!(!v.allowed && next.is_none());
+        assert_eq!(v.retry_after_ms, 58_000, "until the service's window ends");
+        // Held too little whatever is kept: a claim is due, as without keeping.
+        let (v, _) = keeping(11, 6);
+        assert_eq!(v.retry_after_ms, SHORT_WAIT_MS);
+        assert_eq!(keeping(5, 0), decide(Some(s), 2_000, 100, MINUTE, 5));
     }
 
     #[test]

@@ -82,6 +82,10 @@ pub enum Policy {
         windows: Windows,
         /// The largest block claimed at once.
         max_block: u64,
+        /// What a request may not take of what this proxy holds: kept for the tenants under
+        /// their shares of a fleet-fair shared capacity, set per request
+        /// ([`crate::share::fair::keep_for_others`]); 0 as configured.
+        kept: u64,
     },
 }
 
@@ -214,11 +218,15 @@ impl Policy {
                 lease_ms,
             },
             Policy::Lease {
-                windows, max_block, ..
+                windows,
+                max_block,
+                kept,
+                ..
             } => Policy::Lease {
                 limit,
                 windows,
                 max_block,
+                kept,
             },
         }
     }
@@ -305,12 +313,17 @@ impl Policy {
                 let (v, n) = in_flight::decide(s, now_ms, max, lease_ms, cost);
                 (v, n.map(State::InFlight))
             }
-            Policy::Lease { limit, windows, .. } => {
+            Policy::Lease {
+                limit,
+                windows,
+                kept,
+                ..
+            } => {
                 let s = match state {
                     Some(State::Lease(s)) => Some(*s),
                     _ => None,
                 };
-                let (v, n) = lease::decide(s, now_ms, limit, windows, cost);
+                let (v, n) = lease::decide_keeping(s, now_ms, (limit, windows), cost, kept);
                 (v, n.map(State::Lease))
             }
         }

@@ -41,14 +41,15 @@ impl<S: Store> Runtime<S> {
                 if r.dither == 0 {
                     r.dither = self.fair_dither;
                 }
-                ((r.report(bands, epoch), r.view.epoch, r.part), due)
+                let known = (r.view.epoch, r.part, r.view.most_reserved());
+                ((r.report(bands, epoch), known), due)
             });
-            let Some((report, view, part)) = made else {
+            let Some((report, known)) = made else {
                 continue;
             };
             // What this runtime knows of the record, as another worker's answer may have left
             // it (in the wasm build each worker has its own runtime).
-            self.fair_known(i, view, part, now_ms);
+            self.fair_known(i, known, now_ms);
             let Some(report) = report else {
                 continue;
             };
@@ -92,12 +93,12 @@ impl<S: Store> Runtime<S> {
         let limit = self.limit_in_force(c, sh, now_ms).unwrap_or(limit);
         let read = update_fair_record(&self.store, c.fair_record(), sh.params.bands, |f| {
             f.answered(&sh.params, limit, report, &values);
-            ((f.part, f.view.epoch), true)
+            ((f.view.epoch, f.part, f.view.most_reserved()), true)
         });
-        let Some((part, view)) = read else {
+        let Some(known) = read else {
             return;
         };
-        self.fair_known(rule, view, part, now_ms);
+        self.fair_known(rule, known, now_ms);
     }
 
     /// A shared rule's capacity in force at `now_ms` as its record says (lowered to what the
@@ -117,9 +118,10 @@ impl<S: Store> Runtime<S> {
     }
 
     /// Takes what the fair record says (the epoch of its view, what this Envoy expects to
-    /// admit) into `c`'s copies; once the view is in force, the part this proxy learned while
-    /// it had none is dropped from the rule's record.
-    fn fair_known(&self, rule: usize, view: Option<u64>, part: Option<u64>, now_ms: u64) {
+    /// admit, the most any band keeps for others) into `c`'s copies; once the view is in
+    /// force, the part this proxy learned while it had none is dropped from the rule's record.
+    fn fair_known(&self, rule: usize, known: (Option<u64>, Option<u64>, u64), now_ms: u64) {
+        let (view, part, reserved) = known;
         let (Some(c), Some(sh)) = (
             self.compiled.get(rule),
             self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
@@ -131,6 +133,7 @@ impl<S: Store> Runtime<S> {
             .store(part.unwrap_or(u64::MAX), Ordering::Relaxed);
         c.fair_view
             .store(view.unwrap_or(u64::MAX), Ordering::Relaxed);
+        c.fair_reserved.store(reserved, Ordering::Relaxed);
         if !was_fresh && self.fair_view_fresh(c, now_ms) {
             // The fleet's view is in force: the part this proxy learned while it had none
             // (sharing locally, as a rule of `share.fleet: "local"`) no longer bounds it.
@@ -348,6 +351,8 @@ mod tests {
     }
 
     /// Where tenant `i`, pinned to Envoy `e`, sends its request at `ms` into the run.
+    /// Tenant `i`'s Envoy (pinned to `e`) for its request `ms` into the run; `usize::MAX`: it
+    /// sends nothing then.
     type Placement<'a> = &'a dyn Fn(usize, usize, u64) -> usize;
 
     /// A run of [`pinned_on`].
@@ -370,6 +375,8 @@ mod tests {
         /// (429 past it) and says so in OpenAI's fields, every answer read by the rule's
         /// `share.learn` (`None`: no provider, no `learn`).
         provider: Option<u64>,
+        /// `share.target` (`None`: the default).
+        target: Option<f64>,
     }
 
     impl<'a> Case<'a> {
@@ -384,6 +391,7 @@ mod tests {
                 down: 0..0,
                 failure_mode: "allow",
                 provider: None,
+                target: None,
             }
         }
     }
@@ -399,15 +407,19 @@ mod tests {
             down,
             failure_mode,
             provider,
+            target,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
             Window::Minute => (6_000, "minute", 60_000, 600, 300_000, 120),
         };
-        let learn = match provider {
-            Some(_) => r#", "learn": {"from": "openai", "unit": "second"}"#,
-            None => "",
+        let mut learn = match provider {
+            Some(_) => r#", "learn": {"from": "openai", "unit": "second"}"#.to_string(),
+            None => String::new(),
         };
+        if let Some(t) = target {
+            learn.push_str(&format!(r#", "target": {t}"#));
+        }
         let json = format!(
             r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "p", "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},
@@ -451,6 +463,9 @@ mod tests {
                     next_at[i] += 1000.0 / rate;
                     turn += 1;
                     let e = place(i, e, ms);
+                    if e == usize::MAX {
+                        continue; // not sending yet
+                    }
                     let rt = &envoys[e * workers + turn % workers];
                     let mut h = FakeHost::new("10.0.0.1", "/")
                         .header("x-tenant", name)
@@ -603,6 +618,27 @@ mod tests {
             assert!(jain(&per_weight) < 0.95, "{per_weight:?}");
             assert!(shares[4] >= 0.99 * 5.0, "light {:.2}", shares[4]);
         }
+    }
+
+    /// A tenant arrives (the lone one on the first Envoy, from second 15): until the fleet's
+    /// view counts it, two windows later, the others still get their old shares and the fleet's
+    /// quota runs out before the window ends. Its last grants then go to the light tenant,
+    /// which asks for them, not to the held ones (without that the light one lost about a
+    /// second's worth of its requests).
+    #[test]
+    fn the_fleets_last_grants_of_a_window_go_to_the_tenants_under_their_shares() {
+        let r = pinned_on(Case {
+            place: &|i, e, ms| if i == 0 && ms < 15_000 { usize::MAX } else { e },
+            ..Case::new("fair", true)
+        });
+        let light: Vec<u64> = r.per_s.iter().map(|row| row[4]).collect();
+        let sent: u64 = light.iter().skip(10).count() as u64 * 5;
+        println!(
+            "the light tenant each second {light:?}; most in a second {}",
+            r.most
+        );
+        assert!(r.most <= 100, "{} in one second", r.most);
+        assert_eq!(light.iter().skip(10).sum::<u64>(), sent, "{light:?}");
     }
 
     /// A provider's limit a minute (its requests or tokens per minute), shared fairly across

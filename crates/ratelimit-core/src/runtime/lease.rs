@@ -46,9 +46,18 @@ impl<S: Store> Runtime<S> {
                         alt: check.alt,
                         fingerprint: check.fingerprint,
                     };
-                    let cap = self.block_cap(applied, *limit, *max_block, now_ms);
-                    let peeked = self.lease_peek(target, check.cost, cap, now_ms, applied, host);
-                    match peeked {
+                    // Near the end of a fleet-fair rule's window: the fleet's rest is kept for
+                    // the tenants under their shares.
+                    let mut cap = self.block_cap(applied, *limit, *max_block, now_ms);
+                    let keeping = applied
+                        .capacity
+                        .then(|| self.fair_keeping(&p.shares, rule, (check.cost, cap), now_ms))
+                        .flatten();
+                    if let Some(k) = keeping {
+                        cap = cap.min(k.most).max(1);
+                    }
+                    let cost = (check.cost, keeping);
+                    match self.lease_peek(target, cost, cap, now_ms, applied, host) {
                         Some(block) => Some(Claim {
                             target,
                             block,
@@ -56,6 +65,16 @@ impl<S: Store> Runtime<S> {
                             last: false,
                         }),
                         None => {
+                            if let (
+                                Some(k),
+                                Some(Check {
+                                    policy: Policy::Lease { kept, .. },
+                                    ..
+                                }),
+                            ) = (keeping, p.checks.get_mut(i))
+                            {
+                                *kept = k.kept;
+                            }
                             i += 1;
                             continue;
                         }
@@ -99,18 +118,22 @@ impl<S: Store> Runtime<S> {
 
     /// A lease's view of a request of `cost`: `Some(block)` to claim now, `None` when what is
     /// held decides (covered, or refused by the service). A key running low gets a claim ahead
-    /// of need, sent at the next tick (its descriptor built for it).
+    /// of need, sent at the next tick (its descriptor built for it). Near the end of a
+    /// fleet-fair rule's window (`keeping`), what the request may not take of what is held
+    /// counts as its own need, and it claims only if what it may claim covers what is missing.
     fn lease_peek(
         &self,
         target: Target,
-        cost: u64,
+        (cost, keeping): (u64, Option<share::fair::Keeping>),
         cap: u64,
         now_ms: u64,
         applied: &mut Applied,
         host: &mut impl Attributes,
     ) -> Option<u64> {
+        let kept = keeping.map_or(0, |k| k.kept);
+        let need = cost.saturating_add(kept);
         let peeked = self.update_lease(target, now_ms, |state| {
-            match lease::State::peek(state, now_ms, cost, cap) {
+            match lease::State::peek(state, now_ms, need, cap) {
                 Peek::Covered { low: true } => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
                     let (next, block) = s.start_claim(now_ms, (cap, cost), true);
@@ -118,8 +141,19 @@ impl<S: Store> Runtime<S> {
                 }
                 Peek::Claim => {
                     let s = state.copied().unwrap_or_default().at(now_ms);
-                    let (next, block) = s.start_claim(now_ms, (cap, cost), false);
-                    ((Peek::Claim, block.max(cost)), Some(next))
+                    // Kept for others: a block of what is missing, if it may claim that much.
+                    let short = match keeping {
+                        None => cost,
+                        Some(k) => {
+                            let short = need.saturating_sub(u64::try_from(s.held).unwrap_or(0));
+                            if short > k.most {
+                                return ((Peek::Refused, 0), None);
+                            }
+                            short
+                        }
+                    };
+                    let (next, block) = s.start_claim(now_ms, (cap, short), false);
+                    ((Peek::Claim, block.max(short)), Some(next))
                 }
                 peek => ((peek, 0), None),
             }
@@ -224,6 +258,36 @@ impl<S: Store> Runtime<S> {
         }
         let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
         share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
+    }
+
+    /// What a request of `cost` at `now_ms`, claiming blocks of at most `block`, may take of a
+    /// fleet-fair rule's leased quota (`shares`: the request's shared checks) near the end of
+    /// the service's window
+    /// ([`share::fair::keeping`]): `None` while what the service's latest answer here said the
+    /// fleet has left covers what the rule's bands keep for others (read from a copy, without
+    /// the rule's record), or for any other rule.
+    fn fair_keeping(
+        &self,
+        shares: &[engine::Shared],
+        rule: usize,
+        (cost, block): (u64, u64),
+        now_ms: u64,
+    ) -> Option<share::fair::Keeping> {
+        let c = self.compiled.get(rule)?;
+        let left = c.fair_left()?;
+        let window_ms = c.policy.limit_and_window().1.max(1);
+        // The most any band keeps: no band needs the record read while what is left covers it.
+        let most = share::fair::BandView {
+            level: share::NO_LEVEL,
+            budget: 0,
+            reserved: c.fair_reserved.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        share::fair::keeping((&most, 0, false), left, (now_ms, window_ms), (cost, block))?;
+        let slot = c.fair_record();
+        let (_, sc) = shares
+            .iter()
+            .find(|(_, sc)| sc.fleet.is_some_and(|f| f.slot == slot))?;
+        engine::fair_keeping(&self.store, sc, (now_ms, window_ms), (cost, block), left)
     }
 
     /// Whether `rule` is a shared capacity fair across the fleet (`share.fleet: "fair"`).
@@ -382,6 +446,18 @@ impl<S: Store> Runtime<S> {
             rls::Code::OverLimit => false,
             rls::Code::Unknown => return Err(ServiceError::Unknown),
         };
+        if self.fleet_fair(t.rule) {
+            // What the fleet has left, for the tenants under their shares: only when said (an
+            // answer without statuses says nothing of it).
+            let left = answer
+                .statuses
+                .first()
+                .map_or(u64::MAX, |_| u64::from(remaining_here));
+            if let Some(c) = self.compiled.get(t.rule) {
+                c.fair_left
+                    .store(left, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         let updated = self.update_lease(t, now_ms, |state| {
             if granted {
                 // Granted past what the fleet may take: that much of the block is not used,

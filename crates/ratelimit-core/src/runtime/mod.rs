@@ -76,6 +76,14 @@ pub(crate) struct Compiled {
     /// A fleet-fair shared rule: when the service's window of this runtime's latest lease
     /// answer ends, ms (0: none yet): the blocks claimed near it shrink to what is left of it.
     pub fair_end: AtomicU64,
+    /// A fleet-fair shared rule: what the fleet had left of that window as the same answer
+    /// said, cost units (`u64::MAX`: not said): its last grants are kept for the tenants
+    /// under their shares ([`crate::share::fair::keep_for_others`]).
+    pub fair_left: AtomicU64,
+    /// A fleet-fair shared rule: the most any band of its fair record's view keeps for others
+    /// a window ([`crate::share::fair::BandView::reserved`]): while what the fleet has left
+    /// covers it, no request reads the record to ask whether its tenant must leave it.
+    pub fair_reserved: AtomicU64,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -91,6 +99,17 @@ impl Compiled {
     /// A shared rule's record: its store slot ([`table::SlotKind::Share`]).
     pub fn share_record(&self) -> u64 {
         table::SlotKind::Share.slot(self.fingerprint % (1 << 31))
+    }
+
+    /// A fleet-fair shared rule: what the service's latest answer here said the fleet has left
+    /// of its window, and when that ends (`None`: nothing said).
+    pub fn fair_left(&self) -> Option<crate::share::fair::Left> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let units = self.fair_left.load(Relaxed);
+        (units != u64::MAX).then(|| crate::share::fair::Left {
+            units,
+            end_ms: self.fair_end.load(Relaxed),
+        })
     }
 
     /// A fleet-fair shared rule's fair record ([`crate::share::fair_record`]): its store slot,
@@ -246,6 +265,8 @@ impl<S: Store> Runtime<S> {
                     fair_part: AtomicU64::new(u64::MAX),
                     fair_view: AtomicU64::new(u64::MAX),
                     fair_end: AtomicU64::new(0),
+                    fair_left: AtomicU64::new(u64::MAX),
+                    fair_reserved: AtomicU64::new(0),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(

@@ -147,6 +147,9 @@ pub struct BandView {
     pub level: u64,
     /// The band's budget a window.
     pub budget: u64,
+    /// What the fleet's last grants of a window are kept for, a window: what the bands above
+    /// use and what this band's tenants under the level ask ([`reserved`]).
+    pub reserved: u64,
 }
 
 /// What a replica knows of the fleet: each band's level, computed from the fleet's counters of
@@ -168,6 +171,7 @@ impl View {
                 BandView {
                     level: NO_LEVEL,
                     budget: 0,
+                    reserved: 0,
                 };
                 bands.clamp(1, MAX_BANDS)
             ],
@@ -182,12 +186,25 @@ impl View {
 
     /// Band `band`'s level in epoch `now_epoch`: [`NO_LEVEL`] when the view is stale.
     pub fn level(&self, band: u8, now_epoch: u64) -> u64 {
+        self.band(band, now_epoch).level
+    }
+
+    /// The most any band keeps for others a window ([`BandView::reserved`]).
+    pub fn most_reserved(&self) -> u64 {
+        self.bands.iter().map(|b| b.reserved).max().unwrap_or(0)
+    }
+
+    /// Band `band` in epoch `now_epoch`: no level and nothing reserved when the view is stale.
+    pub fn band(&self, band: u8, now_epoch: u64) -> BandView {
+        let none = BandView {
+            level: NO_LEVEL,
+            budget: 0,
+            reserved: 0,
+        };
         if !self.fresh(now_epoch) {
-            return NO_LEVEL;
+            return none;
         }
-        self.bands
-            .get(usize::from(band))
-            .map_or(NO_LEVEL, |b| b.level)
+        self.bands.get(usize::from(band)).copied().unwrap_or(none)
     }
 }
 
@@ -224,8 +241,16 @@ pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[Ban
     for i in 0..n {
         let kept_below: u64 = (i + 1..n).map(|c| asked(c).min(reserve(c))).sum();
         let budget = band_budget(n, target, used_above, kept_below, reserve(i));
-        used_above = used_above.saturating_add(asked(i).min(budget));
         let c = counts.get(i).copied().unwrap_or_default();
+        // Kept for others: what the bands above use, and what this band's tenants under the
+        // level asked, if the epoch held some at it (else nobody was under a level: its free
+        // demand is all its demand, which says nothing of who will be held).
+        let free = match c.held_weight {
+            0 => 0,
+            _ => c.free.saturating_mul(LEVEL_ONE).min(budget),
+        };
+        let reserved = used_above.saturating_add(free);
+        used_above = used_above.saturating_add(asked(i).min(budget));
         let plain = mul_div(budget, ONE, c.active_weight);
         let level = if c.held_weight > 0 {
             let free = c.free.saturating_mul(LEVEL_ONE);
@@ -236,7 +261,11 @@ pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[Ban
             NO_LEVEL
         };
         if let Some(b) = out.bands.get_mut(i) {
-            *b = BandView { level, budget };
+            *b = BandView {
+                level,
+                budget,
+                reserved,
+            };
         }
     }
     out
@@ -352,13 +381,88 @@ pub fn contribution(level: u64, weight: u16, local: &Local, epoch: u64) -> Optio
         return None;
     }
     let w = u64::from(weight.max(1)).saturating_mul(local.fraction());
-    let demand = local.fleet_demand().max(asked).saturating_mul(LEVEL_ONE);
-    let held = level != NO_LEVEL && demand >= level.saturating_mul(u64::from(weight.max(1)));
+    let held = held(level, weight, local, asked);
     Some(BandCounts {
         demand: asked,
         free: if held { 0 } else { asked },
         held_weight: if held { w } else { 0 },
         active_weight: w,
+    })
+}
+
+/// Whether a tenant of weight `weight` kept as `local`, which asked `asked` here in the last
+/// epoch, is held to its share under the level `level`: its fleet demand a window at the level
+/// or above.
+pub fn held(level: u64, weight: u16, local: &Local, asked: u64) -> bool {
+    let demand = local.fleet_demand().max(asked).saturating_mul(LEVEL_ONE);
+    level != NO_LEVEL && demand >= level.saturating_mul(u64::from(weight.max(1)))
+}
+
+/// What the service's latest answer here said the fleet has left of the capacity's window
+/// (less what a learned capacity leaves out), and when that window ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Left {
+    /// Cost units.
+    pub units: u64,
+    /// When the window ends, ms.
+    pub end_ms: u64,
+}
+
+/// What a request may take of the fleet's quota near the end of the service's window, while
+/// what is left there no longer covers what is kept for others ([`keeping`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keeping {
+    /// What the request may not take of what this replica holds, cost units: kept for the
+    /// tenants under their shares here (0 for a request of one of them).
+    pub kept: u64,
+    /// The most this replica may claim of the service's rest for it, cost units: what is left
+    /// past what the other replicas' tenants under their shares need.
+    pub most: u64,
+}
+
+/// What a request of `cost` at `now_ms` (windows of `window_ms`) may take of the fleet's quota,
+/// claiming blocks of at most `block`, from a tenant held to its share or not (`held`), in a
+/// band whose view is `band`, on a replica whose own tenants under their shares (and those of
+/// the bands above) ask `here` a window (× [`LEVEL_ONE`]), when the service's latest answer
+/// here said the fleet has `left`: `None` while `left` covers what the band keeps for others
+/// until the window ends ([`BandView::reserved`], at an even pace), the request and a block.
+///
+/// Past that, the fleet's last grants of a window go to the tenants under their shares, not to
+/// whoever asks first: this replica claims no more than what is left past what the other
+/// replicas' need ([`Keeping::most`]; a block, not only a request, would take it), and once
+/// what is left no longer covers the request past what the band keeps, a held tenant takes
+/// nothing of what its own need ([`Keeping::kept`]). A held tenant still spends the rest of
+/// what this replica holds, so that what was granted does not lapse.
+pub fn keeping(
+    (band, here, held): (&BandView, u64, bool),
+    left: Left,
+    (now_ms, window_ms): (u64, u64),
+    (cost, block): (u64, u64),
+) -> Option<Keeping> {
+    if now_ms >= left.end_ms || band.reserved == 0 {
+        return None;
+    }
+    let window_ms = window_ms.max(1);
+    let rest = (left.end_ms - now_ms).min(window_ms);
+    let fleet = mul_div(band.reserved, rest, window_ms);
+    let mine = mul_div(here.min(band.reserved), rest, window_ms);
+    let have = left.units.saturating_mul(LEVEL_ONE);
+    let asks = |units: u64| fleet.saturating_add(units.saturating_mul(LEVEL_ONE));
+    if have >= asks(cost.saturating_add(block)) {
+        return None;
+    }
+    let others = fleet - mine;
+    let most = have.saturating_sub(others) / LEVEL_ONE;
+    Some(if held && have < asks(cost) {
+        Keeping {
+            kept: mine.div_ceil(LEVEL_ONE),
+            most,
+        }
+    } else {
+        Keeping {
+            kept: 0,
+            most: most.max(cost),
+        }
     })
 }
 
@@ -755,6 +859,60 @@ mod tests {
             "{:?}",
             f.shares(110)
         );
+    }
+
+    #[test]
+    fn the_fleets_rest_is_kept_for_the_tenants_under_their_shares() {
+        let one = LEVEL_ONE;
+        // The band keeps 10 a window for others; 4 of them ask on this replica. Halfway
+        // through the window: 5 kept in the fleet, 2 of them here.
+        let band = BandView {
+            level: 20 * one,
+            budget: 90 * one,
+            reserved: 10 * one,
+        };
+        let at = (500, 1_000);
+        let left = |units| Left {
+            units,
+            end_ms: 1_000,
+        };
+        let keep = |held, units, cost| keeping((&band, 4 * one, held), left(units), at, (cost, 1));
+        // What is left covers what is kept, the request and a block: nothing kept.
+        assert_eq!(keep(true, 7, 1), None);
+        assert_eq!(keep(true, 20, 1), None);
+        // A block would take what the others need: it is cut to what they leave.
+        let claims = |units, block| keeping((&band, 4 * one, true), left(units), at, (1, block));
+        assert_eq!(claims(20, 16), Some(Keeping { kept: 0, most: 17 }));
+        assert_eq!(claims(6, 1), Some(Keeping { kept: 0, most: 3 }));
+        // Under it: a held tenant leaves this replica's 2, and it claims only what the other
+        // replicas' 3 leave; a tenant under its share may always claim its request.
+        assert_eq!(keep(true, 5, 1), Some(Keeping { kept: 2, most: 2 }));
+        assert_eq!(keep(false, 5, 1), Some(Keeping { kept: 0, most: 2 }));
+        assert_eq!(keep(true, 2, 1), Some(Keeping { kept: 2, most: 0 }));
+        assert_eq!(keep(false, 2, 3), Some(Keeping { kept: 0, most: 3 }));
+        // A window ended, or nothing kept: nothing.
+        assert_eq!(
+            keeping((&band, 0, true), left(2), (1_000, 1_000), (1, 1)),
+            None
+        );
+        let none = BandView {
+            reserved: 0,
+            ..band
+        };
+        assert_eq!(keeping((&none, 0, true), left(0), at, (1, 1)), None);
+        // The view keeps what the bands above use and what this band's free tenants ask, once
+        // some tenant of it was held; with nobody held, nothing of its own.
+        let share = one_band();
+        let counts = |held_weight| BandCounts {
+            demand: 120,
+            free: 10,
+            held_weight,
+            active_weight: 3 * ONE,
+        };
+        let v = view(&share, 100, 970, 7, &[counts(2 * ONE)]);
+        assert_eq!(v.bands[0].reserved, 10 * one);
+        let v = view(&share, 100, 970, 7, &[counts(0)]);
+        assert_eq!(v.bands[0].reserved, 0);
     }
 
     #[test]

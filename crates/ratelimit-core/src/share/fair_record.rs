@@ -17,7 +17,7 @@ use super::fair::{self, BandCounts, BandView, Local, View};
 use super::{Share, MAX_BANDS};
 
 /// The record's format version, its first byte.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// The weights of the band sums a report adds are whole multiples of this (thousandths of a
 /// unit of weight, [`fair::ONE`] being a unit): a service's counter holds at most 4,294,967,295
 /// (the protocol's `requests_per_unit`), 4,294 units of weight in millionths, 4.3 million in
@@ -30,7 +30,7 @@ const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
 const BAND_SUMS: usize = 4;
 const HEADER_LEN: usize =
-    2 + 8 + 8 + MAX_BANDS * 16 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 3 * 8 + 2;
+    2 + 8 + 8 + MAX_BANDS * 24 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 3 * 8 + 2;
 const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
 
 /// One tenant this Envoy serves.
@@ -137,9 +137,11 @@ impl FairRecord {
             let b = self.view.bands.get(i).copied().unwrap_or(BandView {
                 level: super::NO_LEVEL,
                 budget: 0,
+                reserved: 0,
             });
             put(b.level);
             put(b.budget);
+            put(b.reserved);
         }
         for (epoch, sums) in &self.wrote {
             put(*epoch);
@@ -288,6 +290,41 @@ impl FairRecord {
         );
         slot.copy_from_slice(&tracked_bytes(&t));
         Some(r)
+    }
+
+    /// What the encoded record `bytes` (of `bands` bands) says of a request at `now_ms`
+    /// (windows of `window_ms`) from tenant `id` of `weight` in `band`, for
+    /// [`fair::keeping`]: its band's view, what this Envoy's tenants under their shares and
+    /// those of the bands above ask here a window (× [`super::LEVEL_ONE`], [`fair::expected`]),
+    /// and whether the tenant is held to its share (one it does not keep is not). Nothing is
+    /// written; `None` when `bytes` is not such a record.
+    pub fn kept_for(
+        bytes: &[u8],
+        bands: usize,
+        (id, weight, band): (u64, u16, u8),
+        (now_ms, window_ms): (u64, u64),
+    ) -> Option<(BandView, u64, bool)> {
+        let (_, view, _) = decode_head(bytes, bands)?;
+        let epoch = now_ms / window_ms.max(1);
+        let last = epoch.saturating_sub(1);
+        let b = view.band(band, epoch);
+        let mut here = 0u64;
+        let mut held = false;
+        for raw in bytes.get(HEADER_LEN..)?.chunks_exact(TENANT_LEN) {
+            let Some(t) = decode_tracked(raw) else {
+                continue;
+            };
+            let level = view.level(t.band, epoch);
+            let t_held =
+                t.band == band && fair::held(level, t.weight, &t.local, t.local.asked_in(last));
+            if t.id == id {
+                held = fair::held(b.level, weight, &t.local, t.local.asked_in(last));
+            }
+            if t.band < band || (t.band == band && !t_held) {
+                here = here.saturating_add(fair::expected(level, t.weight, &t.local, epoch));
+            }
+        }
+        Some((b, here, held))
     }
 
     /// Gives back to tenant `id`'s allowance a request of `cost` it covered (another check
@@ -562,8 +599,13 @@ fn decode_head(bytes: &[u8], bands: usize) -> Option<(u64, View, &[u8])> {
     for i in 0..MAX_BANDS {
         let level = u64_()?;
         let budget = u64_()?;
+        let reserved = u64_()?;
         if let Some(b) = view.bands.get_mut(i) {
-            *b = BandView { level, budget };
+            *b = BandView {
+                level,
+                budget,
+                reserved,
+            };
         }
     }
     Some((reported, view, rest))
