@@ -84,7 +84,7 @@ pub enum Policy {
         max_block: u64,
         /// What a request may not take of what this proxy holds: kept for the tenants under
         /// their shares of a fleet-fair shared capacity, set per request
-        /// ([`crate::share::fair::keep_for_others`]); 0 as configured.
+        /// ([`crate::share::fair::keeping`]); 0 as configured.
         kept: u64,
     },
 }

@@ -78,7 +78,7 @@ pub(crate) struct Compiled {
     pub fair_end: AtomicU64,
     /// A fleet-fair shared rule: what the fleet had left of that window as the same answer
     /// said, cost units (`u64::MAX`: not said): its last grants are kept for the tenants
-    /// under their shares ([`crate::share::fair::keep_for_others`]).
+    /// under their shares ([`crate::share::fair::keeping`]).
     pub fair_left: AtomicU64,
     /// A fleet-fair shared rule: the most any band of its fair record's view keeps for others
     /// a window ([`crate::share::fair::BandView::reserved`]): while what the fleet has left
