@@ -14,13 +14,12 @@ use common::share::tenant;
 
 /// What the provider admits, requests a second (the rule is configured to `RATE`, 200).
 const ACCOUNT: f64 = 120.0;
-/// The least part of its requests the light tenant gets through: 97.7 % to 99.7 % in runs of
-/// both builds (native beside two CPU hogs too), 92.7 % to 97.4 % in six wasm runs beside them
-/// (`share_fair.rs` holds 95 %).
-/// What is refused is refused when the fleet's quota of a window runs out before its end
-/// (`reason=capacity`): what the levels leave of the window is 3 % of the smaller capacity the
-/// provider states, and the blocks that lapse at each window's turn take most of it.
-const LIGHT_SERVED: f64 = 0.90;
+/// The least part of its requests the light tenant gets through, as `share_fair.rs` holds:
+/// 99.3 % to 99.7 % in two runs per build beside two CPU hogs once the warm-up counted from the
+/// traffic's start and the fleet's last grants were kept for it (92.7 % to 97.4 % in wasm before,
+/// the first seconds of traffic partly measured). What is refused is refused when the fleet's
+/// quota of a window runs out before its end (`reason=capacity`).
+const LIGHT_SERVED: f64 = 0.95;
 
 #[test]
 fn the_fleet_shares_the_limit_the_provider_states() {
