@@ -507,8 +507,9 @@ fn fair_ask(
 }
 
 /// What a fleet-fair shared rule's tenant asking `cost` at `at` (now, the window), in blocks of
-/// at most `block`, may take of the fleet's quota when the service said it has `left` ([`share::fair::keeping`], from the
-/// rule's fair record). `None`: nothing is kept, or a store that cannot say.
+/// at most `block`, may take of the fleet's quota when the service said it has `left`
+/// ([`share::fair::keeping`], from the rule's fair record). `None`: nothing is kept, or a store
+/// that cannot say.
 pub fn fair_keeping(
     store: &impl Store,
     sc: &ShareCheck,

@@ -350,9 +350,8 @@ mod tests {
         Minute,
     }
 
-    /// Where tenant `i`, pinned to Envoy `e`, sends its request at `ms` into the run.
-    /// Tenant `i`'s Envoy (pinned to `e`) for its request `ms` into the run; `usize::MAX`: it
-    /// sends nothing then.
+    /// Where tenant `i`, pinned to Envoy `e`, sends its request at `ms` into the run
+    /// (`usize::MAX`: it sends nothing then).
     type Placement<'a> = &'a dyn Fn(usize, usize, u64) -> usize;
 
     /// A run of [`pinned_on`].
@@ -375,8 +374,6 @@ mod tests {
         /// (429 past it) and says so in OpenAI's fields, every answer read by the rule's
         /// `share.learn` (`None`: no provider, no `learn`).
         provider: Option<u64>,
-        /// `share.target` (`None`: the default).
-        target: Option<f64>,
     }
 
     impl<'a> Case<'a> {
@@ -391,7 +388,6 @@ mod tests {
                 down: 0..0,
                 failure_mode: "allow",
                 provider: None,
-                target: None,
             }
         }
     }
@@ -407,19 +403,15 @@ mod tests {
             down,
             failure_mode,
             provider,
-            target,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
             Window::Minute => (6_000, "minute", 60_000, 600, 300_000, 120),
         };
-        let mut learn = match provider {
-            Some(_) => r#", "learn": {"from": "openai", "unit": "second"}"#.to_string(),
-            None => String::new(),
+        let learn = match provider {
+            Some(_) => r#", "learn": {"from": "openai", "unit": "second"}"#,
+            None => "",
         };
-        if let Some(t) = target {
-            learn.push_str(&format!(r#", "target": {t}"#));
-        }
         let json = format!(
             r#"{{"failure_mode": "{failure_mode}", "rules": [{{"name": "p", "key": ["header:x-tenant"],
             "rate_limit": {{"requests_per_unit": {limit}, "unit": "{unit}"}},

@@ -148,7 +148,7 @@ pub struct BandView {
     /// The band's budget a window.
     pub budget: u64,
     /// What the fleet's last grants of a window are kept for, a window: what the bands above
-    /// use and what this band's tenants under the level ask ([`reserved`]).
+    /// use and what this band's tenants under the level ask ([`keeping`]).
     pub reserved: u64,
 }
 
