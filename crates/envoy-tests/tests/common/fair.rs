@@ -20,7 +20,7 @@ pub const USED: f64 = 0.95;
 /// The service's limits: per rule, the capacity leased (`RATE` a second) and the fair
 /// counters (each tenant's asks and each band's sums, by epoch: an hour's counters, far above
 /// any sum).
-fn limits(rules: &[&str]) -> String {
+pub fn limits(rules: &[&str]) -> String {
     let mut all = Vec::new();
     for &rule in rules {
         all.push(format!(
@@ -40,8 +40,8 @@ fn limits(rules: &[&str]) -> String {
 
 /// Each rule of `rules` at [`RATE`] a second, leased and fair across the fleet; `learn`: each
 /// also holds its capacity to what the provider's answers say (`share.learn`, OpenAI's fields
-/// of a second).
-fn config(rules: &[&str], learn: bool) -> String {
+/// of a second); `failure_mode` what a request gets when the service cannot decide.
+pub fn config(rules: &[&str], learn: bool, failure_mode: &str) -> String {
     let learn = if learn {
         r#", "learn": {"from": "openai", "unit": "second"}"#
     } else {
@@ -61,7 +61,10 @@ fn config(rules: &[&str], learn: bool) -> String {
             )
         })
         .collect();
-    format!(r#"{{"rules": [{}]}}"#, rules.join(", "))
+    format!(
+        r#"{{"failure_mode": "{failure_mode}", "rules": [{}]}}"#,
+        rules.join(", ")
+    )
 }
 
 /// Where a tenant's requests go: all to one Envoy, spread evenly, or 80 % to the first.
@@ -116,7 +119,7 @@ pub fn fair_fleet_of(
     let listener = Listener::to(provider.addr);
     let yaml = format!(
         "{}{}",
-        bootstrap_with(&config(rules, account.is_some()), &listener),
+        bootstrap_with(&config(rules, account.is_some(), "allow"), &listener),
         rls_cluster(rls_port, "1s")
     );
     let proxies: Vec<Envoy> = (0..proxies).map(|_| Envoy::start_yaml(&yaml)).collect();

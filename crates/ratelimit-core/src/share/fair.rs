@@ -86,6 +86,11 @@ pub const MAX_STALE: u64 = 4;
 pub const SMOOTH: u64 = 4;
 /// The fixed point of the smoothed demands.
 const SCALE: u64 = 16;
+/// A replica's part of a tenant's demand that moves by more than 1 / this in one epoch is
+/// taken as it is, not smoothed ([`Local::told`]): a tenant whose requests moved to a new
+/// replica got its share there over about nine windows smoothed (`share_fair_faults.rs`, the
+/// others above theirs meanwhile), two unsmoothed. A balancer's noise moves a part by less.
+pub const JUMP_PARTS: u64 = 4;
 /// A replica claims its leased quota in blocks of at most 1 / this of its part, and of what it
 /// expects to admit until the service's window ends: it then holds less than that (it claims
 /// again once under half a block), and little is left unused when the window turns. Measured
@@ -352,11 +357,23 @@ impl Local {
     /// replica added itself (an expired or missing counter) is not believed; nothing is
     /// folded for an epoch in which it asked nothing here and the fleet nothing, nor before
     /// its first ask here (a tenant new to this replica, asking elsewhere: its part here
-    /// would read as none, and its allowance here as nothing for a window).
+    /// would read as none, and its allowance here as nothing for a window). A part that moved
+    /// by more than a [`JUMP_PARTS`]th of the tenant's demand since the last epoch read (its
+    /// requests sent to another replica: one added, one killed, a client reconnected) restarts
+    /// both averages at this epoch, so the shares follow the move two epochs late, not over the
+    /// smoothing's many.
     pub fn told(&mut self, epoch: u64, fleet: u64) {
         let mine = self.asked_in(epoch);
         if fleet < mine || fleet == 0 || (mine == 0 && self.mine == 0) {
             return;
+        }
+        if self.fleet != 0 {
+            let now = mul_div(mine, ONE, fleet).min(ONE);
+            if now.abs_diff(self.fraction()) > ONE / JUMP_PARTS {
+                self.mine = mine.saturating_mul(SCALE);
+                self.fleet = fleet.saturating_mul(SCALE).max(1);
+                return;
+            }
         }
         let fold = |avg: u64, x: u64| {
             let x = x.saturating_mul(SCALE);
@@ -828,13 +845,20 @@ mod tests {
         l.told(10, 120);
         assert_eq!(l.fraction(), ONE / 4);
         assert_eq!(l.fleet_demand(), 120);
-        // Smoothed: a next epoch of 60 of 60 moves it a quarter of the way.
-        l.ask(12, 60);
-        l.told(12, 60);
+        // Smoothed: a next epoch of 50 of 120 moves it a quarter of the way.
+        l.ask(12, 50);
+        l.told(12, 120);
         assert_eq!(
             l.fraction(),
-            (30 * 16 * 3 / 4 + 60 * 16 / 4) * ONE / (120 * 16 * 3 / 4 + 60 * 16 / 4)
+            (30 * 16 * 3 / 4 + 50 * 16 / 4) * ONE / (120 * 16 * 3 / 4 + 120 * 16 / 4)
         );
+        // A jump of more than a quarter (all its requests here now: moved) is taken at once.
+        l.ask(13, 60);
+        l.told(13, 60);
+        assert_eq!(l.fraction(), ONE);
+        // And so is its leaving.
+        l.told(14, 80);
+        assert_eq!((l.fraction(), l.fleet_demand()), (0, 80));
         // Kept for four epochs only.
         assert_eq!((l.asked_in(10), l.asked_in(9)), (30, 0));
         l.ask(14, 1);
