@@ -19,6 +19,7 @@
 //! and then no more than the stated bound, (N − 1) × C a second (each Envoy admits at most what
 //! its own shares let through, at most C); under `"deny"` it refuses nothing at all. Each mode
 //! runs as its own fleet.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod common;
 
 use common::fair::{config, limits};
