@@ -226,35 +226,31 @@ fn faults(failure_mode: &str) {
     let senders = drive(&slots, &tenants(), Duration::from_secs(120), &stop);
     let mut phases = vec![Phase::new("steady", t0 + STEADY_S / 2.0, t0 + STEADY_S)];
 
+    // Each fault: its phase measured from `settle` seconds after it for MEASURE_S; the next
+    // fault once that is over.
+    let mut measure = |name: &'static str, settle: f64| -> f64 {
+        let at = provider.elapsed_s();
+        eprintln!("{failure_mode}: {name} at {at:.1} s");
+        phases.push(Phase::new(name, at + settle, at + settle + MEASURE_S));
+        at + settle + MEASURE_S
+    };
+
     // 1. The third Envoy killed; its tenants on the first.
     until(&provider, t0 + STEADY_S);
     let first = slots.lock().unwrap()[0];
     slots.lock().unwrap()[2] = first;
-    let killed = envoys[2].take();
-    drop(killed);
-    let at = provider.elapsed_s();
-    eprintln!("{failure_mode}: the third Envoy killed at {at:.1} s");
-    phases.push(Phase::new(
-        "killed",
-        at + SETTLE_S,
-        at + SETTLE_S + MEASURE_S,
-    ));
+    drop(envoys[2].take());
+    let next = measure("killed", SETTLE_S);
 
     // 2. A new Envoy; the third slot's tenants on it once it listens.
-    until(&provider, at + SETTLE_S + MEASURE_S);
+    until(&provider, next);
     let added = Envoy::start_yaml(&yaml);
     slots.lock().unwrap()[2] = added.addr;
     envoys[2] = Some(added);
-    let at = provider.elapsed_s();
-    eprintln!("{failure_mode}: a new Envoy serving from {at:.1} s");
-    phases.push(Phase::new(
-        "added",
-        at + SETTLE_ADDED_S,
-        at + SETTLE_ADDED_S + MEASURE_S,
-    ));
+    let next = measure("added", SETTLE_ADDED_S);
 
     // 3. The service down for OUTAGE_S, then back on the same port.
-    until(&provider, at + SETTLE_ADDED_S + MEASURE_S);
+    until(&provider, next);
     let down = provider.elapsed_s();
     drop(rls.take());
     until(&provider, down + OUTAGE_S);
