@@ -22,12 +22,11 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod common;
 
-use common::fair::{config, limits};
+use common::fair::{config, limits, Shares};
 use common::provider::Provider;
-use common::share::{jain, paced, tenant, Tenant, RATE};
+use common::share::{paced, tenant, Tenant, RATE};
 use common::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Client, Envoy};
 use common::{metric, Listener, Proc};
-use ratelimit_core::testkit::fair::water_fill;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -129,11 +128,9 @@ impl Phase {
 }
 
 /// What is wrong over `phase` (nothing: the provider refused nothing and every tenant got its
-/// fair share): backlogged tenants within ±5 % of their water-filling shares of 97 % of the capacity
-/// (Jain's index per unit of weight ≥ 0.99), the light one at least [`LIGHT_SERVED`] of what it
-/// asked.
+/// fair share): the backlogged tenants as [`Shares::check`] holds them, the light one at least
+/// [`LIGHT_SERVED`] of what it asked.
 fn fair_over(provider: &Provider, phase: &Phase, mode: &str) -> Vec<String> {
-    let mut wrong = Vec::new();
     let case = tenants();
     let tally = provider.tally(RULE, phase.from, phase.to);
     let secs = phase.seconds().max(1.0);
@@ -142,50 +139,30 @@ fn fair_over(provider: &Provider, phase: &Phase, mode: &str) -> Vec<String> {
         .map(|(t, _, _)| tally.get(&t.name).map_or(0.0, |n| n.0 as f64 / secs))
         .collect();
     let refused: u64 = tally.values().map(|n| n.1).sum();
+    let names: Vec<&str> = case.iter().map(|(t, _, _)| t.name.as_str()).collect();
     let demands: Vec<f64> = case.iter().map(|(t, _, _)| t.rate).collect();
     let weights: Vec<f64> = case.iter().map(|(_, _, w)| *w).collect();
-    let ideal = water_fill(0.97 * RATE, &demands, &weights);
+    let label = format!("{mode} {}", phase.name);
+    let shares = Shares::check(&label, &names, &rates, &demands, &weights, RATE);
     let used: f64 = rates.iter().sum::<f64>() / RATE;
     eprintln!(
-        "{mode} {} (seconds {}..{}): admitted {rates:.1?}, water-filling {ideal:.1?}, \
+        "{label} (seconds {}..{}): admitted {rates:.1?}, water-filling {:.1?}, \
          {:.1} % used, provider refused {refused}",
-        phase.name,
         phase.from,
         phase.to,
+        shares.ideal,
         100.0 * used
     );
+    let mut wrong = shares.wrong;
     if refused > 0 {
-        wrong.push(format!(
-            "{mode} {}: the provider refused {refused}",
-            phase.name
-        ));
+        wrong.push(format!("{label}: the provider refused {refused}"));
     }
-    let held: Vec<usize> = (0..case.len())
-        .filter(|&i| demands[i] > ideal[i] + 1.0)
-        .collect();
-    let per_weight: Vec<f64> = held.iter().map(|&i| rates[i] / weights[i]).collect();
-    if jain(&per_weight) < 0.99 {
-        wrong.push(format!(
-            "{mode} {}: Jain's index {:.4} of {per_weight:.2?}",
-            phase.name,
-            jain(&per_weight)
-        ));
-    }
-    for (i, (t, _, _)) in case.iter().enumerate() {
-        if held.contains(&i) {
-            if (rates[i] - ideal[i]).abs() > 0.05 * ideal[i] {
-                wrong.push(format!(
-                    "{mode} {} {}: {:.1}/s for {:.1}/s",
-                    phase.name, t.name, rates[i], ideal[i]
-                ));
-            }
-        } else if rates[i] * secs < LIGHT_SERVED * demands[i] * secs - 1.0 {
+    for &i in &shares.under {
+        let (got, asked) = (rates[i] * secs, demands[i] * secs);
+        if got < LIGHT_SERVED * asked - 1.0 {
             wrong.push(format!(
-                "{mode} {} {}: {:.0} of {:.0} passed",
-                phase.name,
-                t.name,
-                rates[i] * secs,
-                demands[i] * secs
+                "{label} {}: {got:.0} of {asked:.0} passed",
+                names[i]
             ));
         }
     }

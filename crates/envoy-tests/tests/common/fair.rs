@@ -150,7 +150,6 @@ pub fn fair_fleet_of(
             );
         }
     }
-    let target = 0.97 * capacity;
     for &rule in rules {
         let got = out.admitted(rule);
         out.report(rule, &got);
@@ -158,41 +157,23 @@ pub fn fair_fleet_of(
             .iter()
             .filter(|(t, _, _)| t.path.starts_with(&format!("/{rule}/")))
             .collect();
-        let demands: Vec<f64> = case.iter().map(|(t, _, _)| t.rate).collect();
-        let weights: Vec<f64> = case.iter().map(|(_, _, w)| *w).collect();
-        let ideal = water_fill(target, &demands, &weights);
         let rates: Vec<f64> = case
             .iter()
             .map(|(t, _, _)| got.get(&t.name).copied().unwrap_or(0.0))
             .collect();
-        eprintln!("{rule}: admitted {rates:.1?}, water-filling {ideal:.1?}");
-        // Backlogged tenants: Jain's index of their rates per unit of weight, each within
-        // ±5 % of its water-filling share.
-        let held: Vec<usize> = (0..case.len())
-            .filter(|&i| demands[i] > ideal[i] + 1.0)
-            .collect();
-        let per_weight: Vec<f64> = held.iter().map(|&i| rates[i] / weights[i]).collect();
-        assert!(
-            jain(&per_weight) >= 0.99,
-            "{rule}: Jain's index {:.4} of {per_weight:.2?}",
-            jain(&per_weight)
+        let names: Vec<&str> = case.iter().map(|(t, _, _)| t.name.as_str()).collect();
+        let demands: Vec<f64> = case.iter().map(|(t, _, _)| t.rate).collect();
+        let weights: Vec<f64> = case.iter().map(|(_, _, w)| *w).collect();
+        let shares = Shares::check(rule, &names, &rates, &demands, &weights, capacity);
+        eprintln!(
+            "{rule}: admitted {rates:.1?}, water-filling {:.1?}",
+            shares.ideal
         );
-        for &i in &held {
-            let off = (rates[i] - ideal[i]).abs() / ideal[i];
-            assert!(
-                off <= 0.05,
-                "{rule} {}: {:.1}/s for {:.1}/s",
-                case[i].0.name,
-                rates[i],
-                ideal[i]
-            );
-        }
+        assert!(shares.wrong.is_empty(), "{:#?}", shares.wrong);
         // Tenants under their shares get nearly all they ask: the lease's refusals, when the
         // fleet's quota of a window runs out, fall on whoever asks then.
-        for (i, (t, _, _)) in case.iter().enumerate() {
-            if held.contains(&i) {
-                continue;
-            }
+        for &i in &shares.under {
+            let t = &case[i].0;
             let s = out.seen[&t.name];
             assert!(
                 s.ok as f64 >= light_served * s.sent as f64,
@@ -208,5 +189,54 @@ pub fn fair_fleet_of(
             "{rule}: {:.1} % of the capacity used",
             100.0 * used
         );
+    }
+}
+
+/// One case's shares checked: each tenant's water-filling share of 97 % of the capacity, the
+/// tenants under theirs (for the caller's own check of them: what each asked, seen as it
+/// sees it), and what is wrong with the backlogged ones.
+pub struct Shares {
+    pub ideal: Vec<f64>,
+    pub under: Vec<usize>,
+    pub wrong: Vec<String>,
+}
+
+impl Shares {
+    /// Tenants `names` of weights `weights` asking `demands` and admitted `rates` (a second) in
+    /// front of `capacity` a second: every backlogged tenant (asking more than its share)
+    /// within ±5 % of its share, Jain's index of their rates per unit of weight ≥ 0.99; each
+    /// fault named after `label`.
+    pub fn check(
+        label: &str,
+        names: &[&str],
+        rates: &[f64],
+        demands: &[f64],
+        weights: &[f64],
+        capacity: f64,
+    ) -> Shares {
+        let ideal = water_fill(0.97 * capacity, demands, weights);
+        let (held, under): (Vec<usize>, Vec<usize>) =
+            (0..names.len()).partition(|&i| demands[i] > ideal[i] + 1.0);
+        let mut wrong = Vec::new();
+        let per_weight: Vec<f64> = held.iter().map(|&i| rates[i] / weights[i]).collect();
+        if jain(&per_weight) < 0.99 {
+            wrong.push(format!(
+                "{label}: Jain's index {:.4} of {per_weight:.2?}",
+                jain(&per_weight)
+            ));
+        }
+        for &i in &held {
+            if (rates[i] - ideal[i]).abs() > 0.05 * ideal[i] {
+                wrong.push(format!(
+                    "{label} {}: {:.1}/s for {:.1}/s",
+                    names[i], rates[i], ideal[i]
+                ));
+            }
+        }
+        Shares {
+            ideal,
+            under,
+            wrong,
+        }
     }
 }
