@@ -70,6 +70,9 @@ pub struct FleetAsk {
     pub slot: u64,
     /// The tenant's name in the service's counters ([`crate::key::fleet_id`]).
     pub id: u64,
+    /// Whether the request's ask is counted already (a waiter decided a last time at the end of
+    /// its wait): only its allowance here decides it.
+    pub counted: bool,
 }
 
 impl Check {
@@ -449,7 +452,7 @@ fn decide_share(
     if let Some(f) = &sc.fleet {
         // Within the fleet's share too: the tenant's allowance on this Envoy.
         let (_, window_ms) = check.policy.limit_and_window();
-        let asks = !sc.asker.again;
+        let asks = !sc.asker.again && !f.counted;
         let fits = fair_ask(
             store,
             f,
@@ -504,6 +507,24 @@ fn fair_ask(
         (fits, true)
     })
     .unwrap_or(Ok(()))
+}
+
+/// Counts a request's asks in the fair records of its fleet-fair shared rules (`shares`, of
+/// `checks`) where no decision of its shares will: a claim of its lease the service refused, or
+/// could not answer, decides it before them. A request's ask counts once, admitted or not (a
+/// turn in a line, or a last decision, does not count it again).
+pub fn fair_count_asks(store: &impl Store, checks: &[Check], shares: &[Shared], now_ms: u64) {
+    for (i, sc) in shares {
+        let (Some(f), Some(check)) = (&sc.fleet, checks.get(*i)) else {
+            continue;
+        };
+        if sc.asker.again || f.counted {
+            continue;
+        }
+        let (_, window_ms) = check.policy.limit_and_window();
+        // Counted only (nothing admitted): its allowance is not asked.
+        let _ = fair_ask(store, f, sc, (now_ms, window_ms), check.cost, (true, false));
+    }
 }
 
 /// What a fleet-fair shared rule's tenant asking `cost` at `at` (now, the window), in blocks of

@@ -331,6 +331,11 @@ mod tests {
         provider_refused: Vec<u64>,
         /// Each second's admitted requests, by tenant.
         per_s: Vec<Vec<u64>>,
+        /// Each second's refused requests, by tenant (a request that waited: when its wait
+        /// ended).
+        refused_per_s: Vec<Vec<u64>>,
+        /// How long each request that waited for its turn waited, ms.
+        waits: Vec<u64>,
     }
 
     /// Three Envoys leasing one capacity of 100 a second (`fleet`: `share.fleet`), each
@@ -374,6 +379,12 @@ mod tests {
         /// (429 past it) and says so in OpenAI's fields, every answer read by the rule's
         /// `share.learn` (`None`: no provider, no `learn`).
         provider: Option<u64>,
+        /// The tenants (name, Envoy, weight, requests a second).
+        tenants: &'a [(&'a str, usize, u16, f64)],
+        /// Each tenant's band (`x-band`), by its place in `tenants` (none past the end).
+        bands: &'a [&'a str],
+        /// More members of the rule's `share` object (after a comma).
+        share: &'a str,
     }
 
     impl<'a> Case<'a> {
@@ -388,6 +399,9 @@ mod tests {
                 down: 0..0,
                 failure_mode: "allow",
                 provider: None,
+                tenants: &TENANTS,
+                bands: &[],
+                share: "",
             }
         }
     }
@@ -403,6 +417,9 @@ mod tests {
             down,
             failure_mode,
             provider,
+            tenants,
+            bands,
+            share,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
@@ -418,7 +435,7 @@ mod tests {
             "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
                        "max_block": {max_block}}},
             "share": {{"weight": {{"from": "header:x-weight", "default": 1, "max": 4}},
-                       "fleet": "{fleet}"{learn}}}}}]}}"#
+                       "fleet": "{fleet}"{learn}{share}}}}}]}}"#
         );
         let config = crate::config::Config::parse(json.as_bytes()).unwrap();
         // Worker w of Envoy e is `envoys[e * workers + w]`.
@@ -441,16 +458,55 @@ mod tests {
             claims: 0,
         };
         let t0: u64 = 1_800_000_000_000;
-        let mut next_at: Vec<f64> = (0..TENANTS.len()).map(|i| i as f64 * 2.3).collect();
-        let mut per_s = vec![vec![0u64; TENANTS.len()]; (run_ms / 1000) as usize];
+        let mut next_at: Vec<f64> = (0..tenants.len()).map(|i| i as f64 * 2.3).collect();
+        let seconds = (run_ms / 1000) as usize;
+        let mut per_s = vec![vec![0u64; tenants.len()]; seconds];
+        let mut refused_per_s = vec![vec![0u64; tenants.len()]; seconds];
         let mut id = 0u64;
         // The provider's count in the current clock second, and what it refused.
         let (mut provider_second, mut provider_count) = (0u64, 0u64);
-        let mut provider_refused = vec![0u64; (run_ms / 1000) as usize];
+        let mut provider_refused = vec![0u64; seconds];
         let mut buf = String::new();
+        // Requests waiting for their turn: the stream, its tenant, its runtime, when it looks
+        // next, when it came.
+        let mut held: Vec<(StreamState, usize, usize, u64, u64)> = Vec::new();
+        let mut waits = Vec::new();
+        // A request admitted at `ms`: counted, and answered by the provider if there is one.
+        let mut admitted =
+            |st: &mut StreamState, rt: &Runtime<Arc<MemoryStore>>, i: usize, ms: u64| {
+                let now = t0 + ms;
+                per_s[(ms / 1000) as usize][i] += 1;
+                let Some(p) = provider else {
+                    return;
+                };
+                if ms / 1000 != provider_second {
+                    (provider_second, provider_count) = (ms / 1000, 0);
+                }
+                let ok = provider_count < p;
+                provider_count += u64::from(ok);
+                provider_refused[(ms / 1000) as usize] += u64::from(!ok);
+                let reset = format!("{}ms", 1000 - ms % 1000);
+                let mut answer = FakeResponse(vec![
+                    (":status".into(), if ok { "200" } else { "429" }.into()),
+                    ("x-ratelimit-limit-requests".into(), p.to_string().into()),
+                    (
+                        "x-ratelimit-remaining-requests".into(),
+                        (p - provider_count).to_string().into(),
+                    ),
+                    ("x-ratelimit-reset-requests".into(), reset.into()),
+                ]);
+                st.response_headers(rt, &mut answer, || now, &mut buf, |_, _, _| {}, |_, _| {});
+            };
         for ms in 0..run_ms {
             let now = t0 + ms;
-            for (i, &(name, e, weight, rate)) in TENANTS.iter().enumerate() {
+            let mut answer = |message: &[u8]| {
+                if down.contains(&ms) {
+                    Err(ServiceError::Grpc(14))
+                } else {
+                    Ok(service.answer(message, now))
+                }
+            };
+            for (i, &(name, e, weight, rate)) in tenants.iter().enumerate() {
                 while next_at[i] <= ms as f64 {
                     next_at[i] += 1000.0 / rate;
                     turn += 1;
@@ -458,83 +514,65 @@ mod tests {
                     if e == usize::MAX {
                         continue; // not sending yet
                     }
-                    let rt = &envoys[e * workers + turn % workers];
+                    let k = e * workers + turn % workers;
+                    let rt = &envoys[k];
                     let mut h = FakeHost::new("10.0.0.1", "/")
                         .header("x-tenant", name)
                         .header("x-weight", &weight.to_string());
+                    if let Some(band) = bands.get(i) {
+                        h = h.header("x-band", band);
+                    }
                     h.now = now;
                     let mut st = StreamState::default();
-                    let mut next = st.request_headers(rt, &mut h);
-                    loop {
-                        next = match next {
-                            Next::Call { message, .. } => {
-                                id += 1;
-                                assert!(matches!(st.started(rt, &mut h, Ok(id)), Next::Wait));
-                                let a = if down.contains(&ms) {
-                                    Err(ServiceError::Grpc(14))
-                                } else {
-                                    Ok(service.answer(&message, now))
-                                };
-                                st.call_answer(rt, &mut h, id, a)
-                            }
-                            Next::Continue => {
-                                per_s[(ms / 1000) as usize][i] += 1;
-                                if let Some(p) = provider {
-                                    if ms / 1000 != provider_second {
-                                        (provider_second, provider_count) = (ms / 1000, 0);
-                                    }
-                                    let ok = provider_count < p;
-                                    provider_count += u64::from(ok);
-                                    provider_refused[(ms / 1000) as usize] += u64::from(!ok);
-                                    let reset = format!("{}ms", 1000 - ms % 1000);
-                                    let mut answer = FakeResponse(vec![
-                                        (":status".into(), if ok { "200" } else { "429" }.into()),
-                                        ("x-ratelimit-limit-requests".into(), p.to_string().into()),
-                                        (
-                                            "x-ratelimit-remaining-requests".into(),
-                                            (p - provider_count).to_string().into(),
-                                        ),
-                                        ("x-ratelimit-reset-requests".into(), reset.into()),
-                                    ]);
-                                    st.response_headers(
-                                        rt,
-                                        &mut answer,
-                                        || now,
-                                        &mut buf,
-                                        |_, _, _| {},
-                                        |_, _| {},
-                                    );
-                                }
-                                break;
-                            }
-                            Next::Reply(r) => {
-                                assert_eq!(r.status, 429);
-                                break;
-                            }
-                            other => panic!("{other:?}"),
-                        };
+                    let next = st.request_headers(rt, &mut h);
+                    match settle(rt, &mut st, &mut h, next, &mut answer, &mut id) {
+                        Next::Continue => admitted(&mut st, rt, i, ms),
+                        Next::Reply(r) => {
+                            assert_eq!(r.status, 429);
+                            refused_per_s[(ms / 1000) as usize][i] += 1;
+                        }
+                        Next::Hold { until_ms } => held.push((st, i, k, until_ms, now)),
+                        other => panic!("{other:?}"),
                     }
                 }
             }
+            // The waiting requests whose time has come look at their lines.
+            let mut still = Vec::with_capacity(held.len());
+            for (mut st, i, k, until, came) in held.drain(..) {
+                if until > now {
+                    still.push((st, i, k, until, came));
+                    continue;
+                }
+                match st.wake(&envoys[k], now) {
+                    Next::Hold { until_ms } => still.push((st, i, k, until_ms, came)),
+                    Next::Continue => {
+                        waits.push(now - came);
+                        admitted(&mut st, &envoys[k], i, ms);
+                    }
+                    Next::Reply(r) => {
+                        assert_eq!(r.status, 429);
+                        waits.push(now - came);
+                        refused_per_s[(ms / 1000) as usize][i] += 1;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            held = still;
             for (n, (rt, bg)) in envoys.iter().zip(bgs.iter_mut()).enumerate() {
                 // An Envoy no tenant is placed on now is down: no ticks either.
-                if !(0..TENANTS.len()).any(|i| place(i, TENANTS[i].1, ms) == n / workers) {
+                if !(0..tenants.len()).any(|i| place(i, tenants[i].1, ms) == n / workers) {
                     continue;
                 }
                 for call in bg.tick(rt, now, None).calls {
                     id += 1;
-                    let a = if down.contains(&ms) {
-                        Err(ServiceError::Grpc(14))
-                    } else {
-                        Ok(service.answer(&call.message, now))
-                    };
+                    let a = answer(&call.message);
                     bg.started(rt, call, Some(id));
                     bg.answered(rt, id, a, now);
                 }
             }
         }
         let measured = &per_s[from_s..];
-        let rates = (0..TENANTS.len())
+        let rates = (0..tenants.len())
             .map(|i| measured.iter().map(|s| s[i]).sum::<u64>() as f64 / measured.len() as f64)
             .collect();
         // The capacity's windows are clock-aligned, as t0 is to a minute.
@@ -553,6 +591,31 @@ mod tests {
             admitted,
             provider_refused,
             per_s,
+            refused_per_s,
+            waits,
+        }
+    }
+
+    /// Steps a request through its calls to the service (each answered by `answer`) to what
+    /// it comes to: going on, refused, or held.
+    fn settle(
+        rt: &Runtime<Arc<MemoryStore>>,
+        st: &mut StreamState,
+        h: &mut FakeHost,
+        mut next: Next,
+        answer: &mut dyn FnMut(&[u8]) -> Result<rls::Response, ServiceError>,
+        id: &mut u64,
+    ) -> Next {
+        loop {
+            next = match next {
+                Next::Call { message, .. } => {
+                    *id += 1;
+                    assert!(matches!(st.started(rt, h, Ok(*id)), Next::Wait));
+                    let a = answer(&message);
+                    st.call_answer(rt, h, *id, a)
+                }
+                other => return other,
+            }
         }
     }
 
@@ -809,6 +872,148 @@ mod tests {
                 let off = (r.rates[i] - ideal[i]).abs() / ideal[i];
                 assert!(off <= 0.03, "{fleet} {}: {:.1}", TENANTS[i].0, r.rates[i]);
             }
+        }
+    }
+
+    /// Bands across the fleet: an interactive band (three tenants of 10 a second, one on each
+    /// Envoy) beside a batch band (three tenants of 60 a second, weights 1, 1 and 2, one on
+    /// each Envoy), sharing 100 a second fair across three Envoys; with and without waits
+    /// (`max_wait_ms`). The interactive tenants are never refused while the batch band absorbs
+    /// the overload in its tenants' weights' shares of the rest; a request waits no longer
+    /// than `max_wait_ms`; never more than the capacity in a second.
+    #[test]
+    fn bands_and_waits_hold_across_the_fleet() {
+        let tenants = [
+            ("i0", 0, 1, 10.0),
+            ("i1", 1, 1, 10.0),
+            ("i2", 2, 1, 10.0),
+            ("b0", 0, 1, 60.0),
+            ("b1", 1, 1, 60.0),
+            ("b2", 2, 2, 60.0),
+        ];
+        let bands = [
+            "interactive",
+            "interactive",
+            "interactive",
+            "batch",
+            "batch",
+            "batch",
+        ];
+        let bands_json = r#", "bands": [{"name": "interactive", "min_share": 0.2},
+            {"name": "batch", "min_share": 0.05}],
+            "band": {"from": "header:x-band", "default": "batch"}"#;
+        let waits_json = format!(r#"{bands_json}, "max_wait_ms": 1000"#);
+        // Or the interactive tenants all on the first Envoy, the batch ones spread over the
+        // three (a request's Envoy by the millisecond it is sent).
+        let apart = |i: usize, _: usize, ms: u64| if i < 3 { 0 } else { (ms % 3) as usize };
+        let cases: [(&str, &str, Placement<'_>); 4] = [
+            ("bands, pinned", bands_json, &|_, e, _| e),
+            ("waits, pinned", &waits_json, &|_, e, _| e),
+            ("bands, apart", bands_json, &apart),
+            ("waits, apart", &waits_json, &apart),
+        ];
+        for (what, share, place) in cases {
+            let r = pinned_on(Case {
+                tenants: &tenants,
+                bands: &bands,
+                share,
+                place,
+                ..Case::new("fair", true)
+            });
+            let refused: Vec<u64> = (0..tenants.len())
+                .map(|i| r.refused_per_s[10..].iter().map(|s| s[i]).sum())
+                .collect();
+            let longest = r.waits.iter().max().copied().unwrap_or(0);
+            println!(
+                "{what}: {:.1?} a second, refused {refused:?}, {} waited (longest {longest} ms), most in a second {}",
+                r.rates,
+                r.waits.len(),
+                r.most
+            );
+            for s in 8..14 {
+                println!(
+                    "  second {s}: admitted {:?} refused {:?}",
+                    r.per_s[s], r.refused_per_s[s]
+                );
+            }
+            assert!(r.most <= 100, "{what}: {} in one second", r.most);
+            let ideal = water_fill(97.0 - 30.0, &[60.0; 3], &[1.0, 1.0, 2.0]);
+            for i in 0..3 {
+                assert_eq!(refused[i], 0, "{what}: {} refused", tenants[i].0);
+                assert!(
+                    r.rates[i] >= 9.9,
+                    "{what}: {} {:.2}",
+                    tenants[i].0,
+                    r.rates[i]
+                );
+                let off = (r.rates[3 + i] - ideal[i]).abs() / ideal[i];
+                assert!(
+                    off <= 0.05,
+                    "{what}: {} {:.1} for {:.1}",
+                    tenants[3 + i].0,
+                    r.rates[3 + i],
+                    ideal[i]
+                );
+            }
+            let used: f64 = r.rates.iter().sum();
+            assert!(used >= 95.0, "{what}: used {used:.1}");
+            assert!(longest <= 1000, "{what}: a wait of {longest} ms");
+        }
+    }
+
+    /// A request whose lease claim the service refuses (the fleet's quota spent) is decided
+    /// before its shares are: its ask still counts in the fleet's demand, once, whether it is
+    /// refused at once or waits for its turn (and then not again at its turns or at the end of
+    /// its wait).
+    #[test]
+    fn a_request_the_service_refuses_counts_as_asked_once() {
+        for wait in ["", r#", "max_wait_ms": 300"#] {
+            let json = format!(
+                r#"{{"rules": [{{"name": "p", "key": ["header:x-tenant"],
+                "rate_limit": {{"requests_per_unit": 100, "unit": "second"}},
+                "global": {{"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                           "max_block": 10}},
+                "share": {{"fleet": "fair"{wait}}}}}]}}"#
+            );
+            let config = crate::config::Config::parse(json.as_bytes()).unwrap();
+            let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
+            // A service whose window has nothing left.
+            let mut service = Service {
+                lease: (0, 0),
+                capacity: (0, 1_000),
+                counters: HashMap::new(),
+                statuses: true,
+                reports: 0,
+                claims: 0,
+            };
+            let t0: u64 = 1_800_000_000_000;
+            let mut id = 0;
+            for n in 0..5u64 {
+                let now = t0 + n * 20;
+                let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+                h.now = now;
+                let mut st = StreamState::default();
+                let next = st.request_headers(&rt, &mut h);
+                let mut answer = |m: &[u8]| Ok(service.answer(m, now));
+                let mut next = settle(&rt, &mut st, &mut h, next, &mut answer, &mut id);
+                // Waiting: it looks at its line until it is decided (refused at its end).
+                let mut at = now;
+                while let Next::Hold { until_ms } = next {
+                    at = until_ms.max(at + 1);
+                    next = st.wake(&rt, at);
+                }
+                assert!(matches!(next, Next::Reply(_)), "{wait}: {next:?}");
+            }
+            let asked = crate::engine::update_fair_record(
+                &rt.store,
+                rt.compiled[0].fair_record(),
+                1,
+                |r| (r.tenants.clone(), false),
+            )
+            .unwrap();
+            let asked: Vec<u32> = asked.iter().map(|t| t.local.asked.iter().sum()).collect();
+            assert_eq!(asked, [5], "{wait}");
+            assert!(service.claims >= 1);
         }
     }
 }

@@ -629,6 +629,7 @@ impl<S: Store> Runtime<S> {
                 .map(|id| crate::engine::FleetAsk {
                     slot: compiled.fair_record(),
                     id,
+                    counted: false,
                 });
             let sc = ShareCheck {
                 record: compiled.share_record(),
@@ -882,6 +883,10 @@ impl<S: Store> Runtime<S> {
                     refused |= self.config.failure_mode == FailureMode::Deny && !rule.shadow;
                 }
             }
+        }
+        if decided.is_none() && (refused || !spent.is_empty()) {
+            // Decided (or waiting) before its shares are: its fleet-fair asks count now.
+            engine::fair_count_asks(&self.store, &p.checks, &p.shares, now);
         }
         if !spent.is_empty() {
             // Every other question granted (or asked again), and every rule it matched lets

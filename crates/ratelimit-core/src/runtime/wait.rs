@@ -68,8 +68,11 @@ fn last_ask(mut p: Pending) -> Pending {
     for (_, sc) in p.shares.iter_mut() {
         sc.asker.again = false;
         sc.asker.wait_ms = 0;
-        // A fleet-fair rule counted its demand at its first ask: not again.
-        sc.fleet = None;
+        // A fleet-fair rule counted its demand at its first ask: not again, but its allowance
+        // here still decides it.
+        if let Some(f) = sc.fleet.as_mut() {
+            f.counted = true;
+        }
     }
     p
 }
