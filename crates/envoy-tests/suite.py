@@ -43,6 +43,7 @@ ESTIMATES = {
     "wasm-share_fair_six": (45, 70), "native-share_fair_six": (43, 55),
     "wasm-share_fair_learn": (45, 60), "native-share_fair_learn": (43, 45),
     "wasm-share_fair_faults": (75, 70), "native-share_fair_faults": (68, 55),
+    "wasm-share_fair_waits": (45, 70), "native-share_fair_waits": (42, 55),
     "native-soak": (63, 121), "native-share_fleet": (61, 69), "wasm-flood": (61, 115),
     "wasm-envoy": (61, 46), "wasm-share": (61, 57), "native-share": (60, 51),
     "wasm@1.37.0-envoy": (59, 48), "wasm-sdk": (58, 41), "wasm@1.39.3-envoy": (55, 49),

@@ -19,10 +19,9 @@
 mod common;
 
 use common::provider::Provider;
-use common::share::paced;
+use common::waits::{self, Seen};
 use common::{bootstrap_with, metric, AccessLog, Envoy, Listener};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +44,8 @@ const WARMUP_S: u64 = 4;
 /// What a request may be held past `max_wait_ms` by, in Envoy: a look at the line every 10 ms,
 /// the host's timer, and a loaded two-core machine's scheduling.
 const SLACK_MS: u64 = 150;
+/// The path every request of this file asks for (the rules' `/p1/`).
+const PATH: &str = "/p1/x";
 
 /// The tests of this file one at a time: each measures a capacity's use, which another Envoy
 /// under load beside it would disturb.
@@ -58,37 +59,7 @@ fn request(addr: SocketAddr, tenant: &str, hang_up_ms: Option<u64>) -> (u16, u64
 
 /// [`request`] with more header lines (`extra`, each ending in CRLF).
 fn request_in(addr: SocketAddr, tenant: &str, extra: &str, hang_up_ms: Option<u64>) -> (u16, u64) {
-    let start = Instant::now();
-    let mut s = TcpStream::connect(addr).unwrap();
-    let _ = s.set_nodelay(true);
-    let timeout = Duration::from_millis(hang_up_ms.unwrap_or(10_000));
-    s.set_read_timeout(Some(timeout)).unwrap();
-    let head = format!(
-        "GET /p1/x HTTP/1.1\r\nhost: test\r\nx-tenant: {tenant}\r\n{extra}connection: close\r\n\r\n"
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    let mut buf = [0u8; 64];
-    let mut got = Vec::new();
-    while got.len() < 12 {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(_) => return (0, start.elapsed().as_millis() as u64), // hung up
-        }
-    }
-    let status = std::str::from_utf8(&got)
-        .ok()
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0);
-    (status, start.elapsed().as_millis() as u64)
-}
-
-/// What one request saw: when it was sent (s since the provider started), status, wait.
-#[derive(Clone, Copy, Debug)]
-struct Seen {
-    at_s: f64,
-    status: u16,
-    ms: u64,
+    waits::request_at(addr, PATH, tenant, extra, hang_up_ms)
 }
 
 /// A tenant sending `rate` requests a second, paced, each on its own thread, until `run_s`.
@@ -127,26 +98,9 @@ fn drive_over(
     run_s: u64,
     hang_up_ms: Option<u64>,
 ) -> std::thread::JoinHandle<Vec<Seen>> {
-    let extra = extra.to_string();
-    let provider = provider.clone();
-    let tenant = tenant.to_string();
-    let addrs = addrs.to_vec();
-    std::thread::spawn(move || {
-        let mut threads = Vec::new();
-        let mut n = 0usize;
-        paced(rate, Duration::from_secs(run_s), |_| {
-            let (tenant, extra) = (tenant.clone(), extra.clone());
-            let addr = addrs[n % addrs.len()];
-            n += 1;
-            let at_s = provider.elapsed_s();
-            threads.push(std::thread::spawn(move || {
-                let (status, ms) = request_in(addr, &tenant, &extra, hang_up_ms);
-                Seen { at_s, status, ms }
-            }));
-            true
-        });
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    })
+    waits::drive_over(
+        addrs, PATH, provider, tenant, extra, rate, run_s, hang_up_ms,
+    )
 }
 
 /// What Envoy's access log says of the requests that waited (held over 20 ms): how many, and

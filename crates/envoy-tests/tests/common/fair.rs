@@ -42,6 +42,13 @@ pub fn limits(rules: &[&str]) -> String {
 /// also holds its capacity to what the provider's answers say (`share.learn`, OpenAI's fields
 /// of a second); `failure_mode` what a request gets when the service cannot decide.
 pub fn config(rules: &[&str], learn: bool, failure_mode: &str) -> String {
+    let rules: Vec<(&str, &str)> = rules.iter().map(|r| (*r, "")).collect();
+    config_with(&rules, learn, failure_mode)
+}
+
+/// [`config`], each rule (name, more members of its `share` object, after a comma: bands,
+/// `max_wait_ms`).
+pub fn config_with(rules: &[(&str, &str)], learn: bool, failure_mode: &str) -> String {
     let learn = if learn {
         r#", "learn": {"from": "openai", "unit": "second"}"#
     } else {
@@ -49,7 +56,7 @@ pub fn config(rules: &[&str], learn: bool, failure_mode: &str) -> String {
     };
     let rules: Vec<String> = rules
         .iter()
-        .map(|name| {
+        .map(|(name, more)| {
             format!(
                 r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}},
                     "key": ["header:x-tenant"],
@@ -57,7 +64,7 @@ pub fn config(rules: &[&str], learn: bool, failure_mode: &str) -> String {
                     "global": {{"cluster": "ratelimit", "domain": "provider", "mode": "lease",
                                 "timeout_ms": 200, "flush_ms": 20}},
                     "share": {{"fleet": "fair",
-                               "weight": {{"from": "header:x-weight", "default": 1, "max": 10}}{learn}}}}}"#
+                               "weight": {{"from": "header:x-weight", "default": 1, "max": 10}}{learn}{more}}}}}"#
             )
         })
         .collect();

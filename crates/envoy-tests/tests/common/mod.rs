@@ -25,6 +25,7 @@ pub mod provider;
 pub mod replay;
 pub mod share;
 pub mod upstream;
+pub mod waits;
 
 pub use http::{at_once, get, Client, Response};
 pub use ratelimit_core::testkit::{fixture_files, fixtures, output, scratch, Rng};
