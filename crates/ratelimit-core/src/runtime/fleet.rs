@@ -334,8 +334,9 @@ mod tests {
         /// Each second's refused requests, by tenant (a request that waited: when its wait
         /// ended).
         refused_per_s: Vec<Vec<u64>>,
-        /// How long each request that waited for its turn waited, ms.
-        waits: Vec<u64>,
+        /// Each request that waited for its turn: its tenant, when its wait ended (ms into the
+        /// run), and how long it waited, ms.
+        waits: Vec<(usize, u64, u64)>,
     }
 
     /// Three Envoys leasing one capacity of 100 a second (`fleet`: `share.fleet`), each
@@ -546,12 +547,12 @@ mod tests {
                 match st.wake(&envoys[k], now) {
                     Next::Hold { until_ms } => still.push((st, i, k, until_ms, came)),
                     Next::Continue => {
-                        waits.push(now - came);
+                        waits.push((i, ms, now - came));
                         admitted(&mut st, &envoys[k], i, ms);
                     }
                     Next::Reply(r) => {
                         assert_eq!(r.status, 429);
-                        waits.push(now - came);
+                        waits.push((i, ms, now - came));
                         refused_per_s[(ms / 1000) as usize][i] += 1;
                     }
                     other => panic!("{other:?}"),
@@ -878,9 +879,10 @@ mod tests {
     /// Bands across the fleet: an interactive band (three tenants of 10 a second, one on each
     /// Envoy) beside a batch band (three tenants of 60 a second, weights 1, 1 and 2, one on
     /// each Envoy), sharing 100 a second fair across three Envoys; with and without waits
-    /// (`max_wait_ms`). The interactive tenants are never refused while the batch band absorbs
-    /// the overload in its tenants' weights' shares of the rest; a request waits no longer
-    /// than `max_wait_ms`; never more than the capacity in a second.
+    /// (`max_wait_ms`). The interactive tenants are never refused (and from the tenth second
+    /// never wait: before, a few waited 100 to 200 ms at the ends of windows) while the batch
+    /// band absorbs the overload in its tenants' weights' shares of the rest; a request waits
+    /// no longer than `max_wait_ms`; never more than the capacity in a second.
     #[test]
     fn bands_and_waits_hold_across_the_fleet() {
         let tenants = [
@@ -923,7 +925,14 @@ mod tests {
             let refused: Vec<u64> = (0..tenants.len())
                 .map(|i| r.refused_per_s[10..].iter().map(|s| s[i]).sum())
                 .collect();
-            let longest = r.waits.iter().max().copied().unwrap_or(0);
+            let longest = r.waits.iter().map(|w| w.2).max().unwrap_or(0);
+            // Interactive waits only in the first windows (at their ends, for the next), not once
+            // the fleet's shares are settled.
+            let interactive: Vec<&(usize, u64, u64)> = r
+                .waits
+                .iter()
+                .filter(|w| w.0 < 3 && w.1 >= 10_000)
+                .collect();
             println!(
                 "{what}: {:.1?} a second, refused {refused:?}, {} waited (longest {longest} ms), most in a second {}",
                 r.rates,
@@ -958,6 +967,10 @@ mod tests {
             let used: f64 = r.rates.iter().sum();
             assert!(used >= 95.0, "{what}: used {used:.1}");
             assert!(longest <= 1000, "{what}: a wait of {longest} ms");
+            assert!(
+                interactive.is_empty(),
+                "{what}: interactive waited {interactive:?}"
+            );
         }
     }
 
