@@ -27,7 +27,9 @@ use common::fair::{config_with, limits, Shares, To, USED};
 use common::provider::Provider;
 use common::share::{print_counters, RATE, WARMUP_S};
 use common::waits::{drive_over, Seen};
-use common::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Envoy, Listener};
+use common::{
+    bootstrap_with, free_port, metric, redis, rls_cluster, rls_server_each, Envoy, Listener,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -138,6 +140,19 @@ fn bands_and_waits_hold_across_three_envoys() {
             t.0,
             m.len()
         );
+    }
+    // How often each band's requests joined a line, over the fleet.
+    for band in ["interactive", "batch"] {
+        let name = match common::build() {
+            common::Build::Wasm => {
+                metric(Some(rule), &format!("band=.={band};.;share_band_queued"))
+            }
+            common::Build::Native => {
+                format!("{}.band.{band}", metric(Some(rule), "share_band_queued"))
+            }
+        };
+        let queued: u64 = proxies.iter().map(|p| p.stat(&name).unwrap_or(0)).sum();
+        eprintln!("{band}: queued {queued} times in all");
     }
     assert_eq!(
         by_provider, 0,

@@ -84,22 +84,15 @@ fn drive_in(
     run_s: u64,
     hang_up_ms: Option<u64>,
 ) -> std::thread::JoinHandle<Vec<Seen>> {
-    drive_over(&[addr], provider, tenant, extra, rate, run_s, hang_up_ms)
-}
-
-/// [`drive_in`] with each request to the next of `addrs` in turn (a load balancer in front of
-/// replicas).
-fn drive_over(
-    addrs: &[SocketAddr],
-    provider: &Arc<Provider>,
-    tenant: &str,
-    extra: &str,
-    rate: f64,
-    run_s: u64,
-    hang_up_ms: Option<u64>,
-) -> std::thread::JoinHandle<Vec<Seen>> {
     waits::drive_over(
-        addrs, PATH, provider, tenant, extra, rate, run_s, hang_up_ms,
+        &[addr],
+        PATH,
+        provider,
+        tenant,
+        extra,
+        rate,
+        run_s,
+        hang_up_ms,
     )
 }
 
@@ -561,10 +554,19 @@ fn a_leased_capacity_lets_requests_wait_on_every_envoy() {
     let heavy: Vec<_> = (0..4)
         .map(|i| {
             let name = format!("equal{i}");
-            drive_over(&addrs, &provider, &name, "", 0.5 * RATE, run_s, None)
+            waits::drive_over(&addrs, PATH, &provider, &name, "", 0.5 * RATE, run_s, None)
         })
         .collect();
-    let light = drive_over(&addrs, &provider, "light", "", 0.08 * RATE, run_s, None);
+    let light = waits::drive_over(
+        &addrs,
+        PATH,
+        &provider,
+        "light",
+        "",
+        0.08 * RATE,
+        run_s,
+        None,
+    );
     let heavy: Vec<Vec<Seen>> = heavy.into_iter().map(|h| h.join().unwrap()).collect();
     let light = light.join().unwrap();
     let log_paths: Vec<&std::path::Path> = logs.iter().map(|l| l.as_path()).collect();
