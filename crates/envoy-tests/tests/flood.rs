@@ -122,7 +122,7 @@ fn a_flood_of_keys_keeps_memory_bounded_and_the_heavy_client_limited() {
                         "127.0.0.{}",
                         10 + (j / PER_CONNECTION * FLOOD_THREADS + t) % 240
                     );
-                    if j % PER_CONNECTION == 0 {
+                    if j.is_multiple_of(PER_CONNECTION) {
                         client = Some(Client::connect_from(addr, &source).unwrap());
                     }
                     let c = client.as_mut().unwrap();

@@ -227,7 +227,7 @@ fn start(dir: &Path, log: &Path) -> (Envoy, Proc, Killed) {
     let limits = std::fs::read_to_string(dir.join("limits.json")).unwrap();
     let (redis_port, rls_port) = (common::free_port(), common::free_port());
     let store = common::redis(redis_port);
-    let child = Command::new(rls_server_bin())
+    let mut child = Command::new(rls_server_bin())
         .args([
             format!("127.0.0.1:{rls_port}"),
             format!("redis://127.0.0.1:{redis_port}"),
@@ -240,7 +240,7 @@ fn start(dir: &Path, log: &Path) -> (Envoy, Proc, Killed) {
         .stderr(Stdio::null())
         .spawn()
         .expect("the test RLS server (make rls-server builds it)");
-    common::wait_port(rls_port);
+    common::ports::wait_listening(&mut child, rls_port, "the test RLS server");
     let yaml =
         common::example_yaml(dir).replace("port_value: 8081", &format!("port_value: {rls_port}"));
     let envoy = Envoy::start_yaml(&common::for_build(&yaml));

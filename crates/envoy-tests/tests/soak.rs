@@ -339,7 +339,7 @@ fn start_clients(addr: SocketAddr, shared: &Arc<Shared>) -> Vec<std::thread::Joi
         let mut n = 0u64;
         threads.push(client_loop(addr, shared.clone(), move |c, s| {
             n += 1;
-            let steady = n % 4 == 0;
+            let steady = n.is_multiple_of(4);
             let key = if steady {
                 format!("steady-{}", (n / 4) % STEADY_KEYS)
             } else {

@@ -21,6 +21,7 @@ pub mod fair;
 pub mod http;
 pub mod llm;
 pub mod pages;
+pub mod ports;
 pub mod provider;
 pub mod replay;
 pub mod share;
@@ -180,13 +181,11 @@ pub fn wasm_path() -> PathBuf {
     }
 }
 
-/// A loopback port free at the time of the call.
+/// A loopback port nobody listens on, for a process the test starts: held by this test process
+/// alone, and never one the kernel gives another process's listener or connection
+/// ([`ports`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    ports::take()
 }
 
 /// Indents every line of `text` by `n` spaces (to embed JSON in YAML as a block scalar).
@@ -788,16 +787,6 @@ pub fn example_yaml(dir: &Path) -> String {
         )
 }
 
-/// Waits (≤ 10 s) until something listens on `port`.
-#[allow(dead_code)]
-pub fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A child process killed on drop.
 pub struct Proc(Child);
 impl Drop for Proc {
@@ -827,17 +816,16 @@ pub fn redis(port: u16) -> Proc {
     )
 }
 
-/// Starts `cmd` (its output discarded) and waits until it listens on `port`; `what` names it
-/// and where it comes from, should it not start.
+/// Starts `cmd` (its output discarded) and waits until it listens on `port` itself; `what`
+/// names it and where it comes from, should it not start.
 fn listening(cmd: &mut Command, port: u16, what: &str) -> Proc {
-    let child = cmd
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let proc = Proc(child);
-    wait_port(port);
-    proc
+    ports::wait_listening(&mut child, port, what);
+    Proc(child)
 }
 
 fn rls_server_bin() -> PathBuf {

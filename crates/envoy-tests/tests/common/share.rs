@@ -316,13 +316,16 @@ pub fn print_counters(proxies: &[super::Envoy], rules: &[&str]) {
     for &rule in rules {
         eprintln!(
             "{rule}: lease_claims {} lease_granted {} lease_lapsed {} lease_refused {} \
-             share_refused {} limited {}",
+             share_refused {} limited {} global_errors {} failed_open {} failed_closed {}",
             fleet(rule, "lease_claims"),
             fleet(rule, "lease_granted"),
             fleet(rule, "lease_lapsed"),
             fleet(rule, "lease_refused"),
             fleet(rule, "share_refused"),
             fleet(rule, "limited"),
+            fleet(rule, "global_errors"),
+            fleet(rule, "failed_open"),
+            fleet(rule, "failed_closed"),
         );
     }
     eprintln!(

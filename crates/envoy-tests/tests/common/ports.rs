@@ -1,0 +1,185 @@
+//! Loopback ports for the processes a test starts (Redis, the test rate limit service, stand-in
+//! backends), and the proof that the process started is the one listening.
+//!
+//! A port the kernel picks (bind to port 0) and releases can be picked again at once by any other
+//! process: an Envoy of another job binding its listener, or a client's connection. With four
+//! jobs at once, each opening hundreds of connections a second, a released port was taken before
+//! the service meant for it started (a CI run of share_fair_waits.rs: every lease claim of the
+//! run unanswered, the service's port answered by somebody else). So the ports here come from
+//! below the kernel's ephemeral range (`ip_local_port_range`), where the kernel picks none, and a
+//! port is held for the whole test process by an advisory lock on a file named after it (shared
+//! by every test process of this checkout's user), so no two test processes take the same one.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How many ports below the ephemeral range are used.
+const SPAN: u16 = 10_000;
+
+/// The lock files of the ports this process holds, until it exits.
+static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
+
+/// A loopback port nobody listens on, outside the kernel's ephemeral range and held by no other
+/// test process (nor given twice in this one).
+pub fn take() -> u16 {
+    let Some((low, high)) = range() else {
+        return kernel_pick();
+    };
+    let dir = std::env::temp_dir().join(format!("wasm-ratelimit-ports-{}", user()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let span = u32::from(high - low);
+    // Start somewhere else in each process, so that processes rarely contend.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for i in 0..span {
+        let port = low + ((start + i) % span) as u16;
+        let lock = File::create(dir.join(port.to_string())).unwrap();
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        HELD.lock().unwrap().push(lock);
+        return port;
+    }
+    panic!("no free port in {low}..{high}");
+}
+
+/// The ports to take from: below the kernel's ephemeral range, or `None` where that leaves too
+/// few (then the kernel picks).
+fn range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u16 = text.split_whitespace().next()?.parse().ok()?;
+    (low >= 1024 + 1000).then(|| (low.saturating_sub(SPAN).max(1024), low))
+}
+
+fn kernel_pick() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn user() -> String {
+    std::env::var("USER").unwrap_or_else(|_| "user".into())
+}
+
+/// Waits (≤ 10 s) until `child` itself listens on 127.0.0.1:`port` (a listening socket of the
+/// port among its open files); panics, naming `what`, if it exits first or something else holds
+/// the port.
+pub fn wait_listening(child: &mut Child, port: u16, what: &str) {
+    if let Err(e) = listens(child, port, what) {
+        panic!("{e}");
+    }
+}
+
+/// [`wait_listening`], saying what went wrong.
+fn listens(child: &mut Child, port: u16, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let inodes = listening_inodes(port);
+        if let Some(status) = child.try_wait().unwrap() {
+            let there = if inodes.is_empty() {
+                "nobody"
+            } else {
+                "another process"
+            };
+            return Err(format!(
+                "{what} exited ({status}) before listening on {port}; listening there now: {there}"
+            ));
+        }
+        if !inodes.is_empty() && owns_any(child.id(), &inodes) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what} does not listen on {port} after 10 s (another process does: {})",
+                !inodes.is_empty()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The inodes of the listening TCP sockets on `port` (IPv4 and IPv6, any address).
+fn listening_inodes(port: u16) -> Vec<String> {
+    let want = format!(":{port:04X}");
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if fields.len() > 9 && fields[1].ends_with(&want) && fields[3] == "0A" {
+                inodes.push(fields[9].to_string());
+            }
+        }
+    }
+    inodes
+}
+
+/// Whether process `pid` has one of the sockets `inodes` open.
+fn owns_any(pid: u32, inodes: &[String]) -> bool {
+    let Ok(fds) = std::fs::read_dir(PathBuf::from(format!("/proc/{pid}/fd"))) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            let t = target.to_string_lossy();
+            inodes.iter().any(|i| t == format!("socket:[{i}]"))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let (a, b) = (take(), take());
+        assert_ne!(a, b);
+        if let Some((_, end)) = range() {
+            assert!(a < end && b < end, "{a} {b} not below {end}");
+        }
+        drop(TcpListener::bind(("127.0.0.1", a)).unwrap());
+    }
+
+    #[test]
+    fn only_the_child_itself_listening_will_do() {
+        let port = take();
+        // Somebody else holds the port: the child cannot bind it and exits, which is said.
+        let squatter = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let script = format!(
+            "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); \
+             time.sleep(30)"
+        );
+        let mut child = Command::new("python3")
+            .args(["-c", &script])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let said = listens(&mut child, port, "the child").unwrap_err();
+        assert!(
+            said.contains("exited") && said.contains("another process"),
+            "{said}"
+        );
+        // Once it is free, the child's own listener is found.
+        drop(squatter);
+        let mut child = Command::new("python3")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        wait_listening(&mut child, port, "the child");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
