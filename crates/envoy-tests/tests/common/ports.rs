@@ -23,7 +23,7 @@ const SPAN: u16 = 10_000;
 /// The lock files of the ports this process holds, until it exits.
 static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 
-/// A loopback port nobody listens on, outside the kernel's ephemeral range and held by no other
+/// A loopback port nobody listens on (on any address), outside the kernel's ephemeral range and held by no other
 /// test process (nor given twice in this one).
 pub fn take() -> u16 {
     let Some((low, high)) = range() else {
@@ -40,7 +40,10 @@ pub fn take() -> u16 {
         if lock.try_lock().is_err() {
             continue;
         }
-        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+        // Nothing listens there (read, not tried: a listener of this process's, however brief,
+        // is copied into any child another thread forks at that moment, and stays until that
+        // child's exec, holding the port the test is about to give its own process).
+        if !listening_inodes(port).is_empty() {
             continue;
         }
         HELD.lock().unwrap().push(lock);
