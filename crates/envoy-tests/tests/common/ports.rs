@@ -1,14 +1,16 @@
 //! Loopback ports for the processes a test starts (Redis, the test rate limit service, stand-in
 //! backends), and the proof that the process started is the one listening.
 //!
-//! A port the kernel picks (bind to port 0) and releases can be picked again at once by any other
-//! process: an Envoy of another job binding its listener, or a client's connection. With four
-//! jobs at once, each opening hundreds of connections a second, a released port was taken before
-//! the service meant for it started (a CI run of share_fair_waits.rs: every lease claim of the
-//! run unanswered, the service's port answered by somebody else). So the ports here come from
-//! below the kernel's ephemeral range (`ip_local_port_range`), where the kernel picks none, and a
-//! port is held for the whole test process by an advisory lock on a file named after it (shared
-//! by every test process of this checkout's user), so no two test processes take the same one.
+//! A port the kernel picks (bind to port 0) and the test releases is anybody's again: two such
+//! calls in a row give the same port about once in 15,000 pairs here, and another process (an
+//! Envoy of another job binding port 0) may take it before the service meant for it starts.
+//! Either way the service cannot bind it and exits, and a test content with anybody listening
+//! there talks to somebody else: a CI run of share_fair_waits.rs had every lease claim of the
+//! run unanswered so. Here a port comes from below the kernel's ephemeral range
+//! (`ip_local_port_range`), where the kernel picks none, and is held for the whole test process
+//! by an advisory lock on a file named after it (shared by every test process of the user), so
+//! no two test processes, and no two calls in one, take the same one; and a started process must
+//! itself hold the listening socket of its port.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -23,8 +25,8 @@ const SPAN: u16 = 10_000;
 /// The lock files of the ports this process holds, until it exits.
 static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 
-/// A loopback port nobody listens on (on any address), outside the kernel's ephemeral range and held by no other
-/// test process (nor given twice in this one).
+/// A loopback port nobody listens on (on any address), outside the kernel's ephemeral range,
+/// held by no other test process (nor given twice in this one).
 pub fn take() -> u16 {
     let Some((low, high)) = range() else {
         return kernel_pick();
