@@ -55,10 +55,58 @@ def run_info(command):
             "command": command}
 
 
+_HELD_PORTS = []  # the lock files of the ports this process took, held until it exits
+
+
+def _listened(port):
+    """Whether anybody listens on `port` (any address), from /proc/net/tcp{,6}."""
+    want = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 3 and f[1].endswith(want) and f[3] == "0A":
+                return True
+    return False
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a process this script starts, as the Envoy tests take theirs
+    (crates/envoy-tests/tests/common/ports.rs, which says why): below the kernel's ephemeral
+    range, nobody listening there, held by a lock file named after it (the same files as the
+    tests') until this process exits. Where the ephemeral range leaves too little below it, the
+    kernel picks."""
+    import fcntl
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low < 2024:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    first = max(1024, low - 10_000)
+    span = low - first
+    folder = Path(tempfile.gettempdir()) / f"wasm-ratelimit-ports-{os.environ.get('USER', 'user')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    start = (os.getpid() * 2654435761) % span
+    for i in range(span):
+        port = first + (start + i) % span
+        lock = open(folder / str(port), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        if _listened(port):
+            lock.close()
+            continue
+        _HELD_PORTS.append(lock)
+        return port
+    raise RuntimeError(f"no free port in {first}..{low}")
 
 
 def wasm_filter(path, config_json, name="bench"):
