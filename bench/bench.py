@@ -77,19 +77,21 @@ def free_port():
     """A loopback port for a process this script starts, as the Envoy tests take theirs
     (crates/envoy-tests/tests/common/ports.rs, which says why): below the kernel's ephemeral
     range, nobody listening there, held by a lock file named after it (the same files as the
-    tests') until this process exits. Where the ephemeral range leaves too little below it, the
-    kernel picks."""
+    tests') until this process exits; above the range, or in it, where it leaves too little
+    below (ports.rs's ports_beside)."""
     import fcntl
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    if low < 2024:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    first = max(1024, low - 10_000)
-    span = low - first
+        low, high = (int(x) for x in
+                     Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if low >= 2024:
+        first, end = max(1024, low - 10_000), low
+    elif high <= 65535 - 1000:
+        first, end = high + 1, min(65535, high + 1 + 10_000)
+    else:
+        first, end = max(1024, low), high
+    span = end - first
     folder = Path(tempfile.gettempdir()) / f"wasm-ratelimit-ports-{os.environ.get('USER', 'user')}"
     folder.mkdir(parents=True, exist_ok=True)
     start = (os.getpid() * 2654435761) % span
@@ -106,7 +108,7 @@ def free_port():
             continue
         _HELD_PORTS.append(lock)
         return port
-    raise RuntimeError(f"no free port in {first}..{low}")
+    raise RuntimeError(f"no free port in {first}..{end}")
 
 
 def wasm_filter(path, config_json, name="bench"):

@@ -7,10 +7,11 @@
 //! Either way the service cannot bind it and exits, and a test content with anybody listening
 //! there talks to somebody else: a CI run of share_fair_waits.rs had every lease claim of the
 //! run unanswered so. Here a port comes from below the kernel's ephemeral range
-//! (`ip_local_port_range`), where the kernel picks none, and is held for the whole test process
-//! by an advisory lock on a file named after it (shared by every test process of the user), so
-//! no two test processes, and no two calls in one, take the same one; and a started process must
-//! itself hold the listening socket of its port.
+//! (`ip_local_port_range`), where the kernel picks none (above it where there is no room
+//! below), and is held for the whole test process by an advisory lock on a file named after it
+//! (shared by every test process of the user), so no two test processes, and no two calls in
+//! one, take the same one; and a started process must itself hold the listening socket of its
+//! port.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -25,12 +26,10 @@ const SPAN: u16 = 10_000;
 /// The lock files of the ports this process holds, until it exits.
 static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 
-/// A loopback port nobody listens on (on any address), outside the kernel's ephemeral range,
-/// held by no other test process (nor given twice in this one).
+/// A loopback port nobody listens on (on any address), beside the kernel's ephemeral range
+/// ([`ports_beside`]), held by no other test process (nor given twice in this one).
 pub fn take() -> u16 {
-    let Some((low, high)) = range() else {
-        return kernel_pick();
-    };
+    let (low, high) = range();
     let dir = std::env::temp_dir().join(format!("wasm-ratelimit-ports-{}", user()));
     std::fs::create_dir_all(&dir).unwrap();
     let span = u32::from(high - low);
@@ -54,20 +53,31 @@ pub fn take() -> u16 {
     panic!("no free port in {low}..{high}");
 }
 
-/// The ports to take from: below the kernel's ephemeral range, or `None` where that leaves too
-/// few (then the kernel picks).
-fn range() -> Option<(u16, u16)> {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-    let low: u16 = text.split_whitespace().next()?.parse().ok()?;
-    (low >= 1024 + 1000).then(|| (low.saturating_sub(SPAN).max(1024), low))
+/// The ports to take from, the kernel's ephemeral range as this machine sets it.
+fn range() -> (u16, u16) {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range");
+    let mut bounds = text.iter().flat_map(|t| t.split_whitespace());
+    let mut next = || bounds.next().and_then(|b| b.parse::<u16>().ok());
+    let ephemeral = match (next(), next()) {
+        (Some(low), Some(high)) if low <= high => (low, high),
+        _ => (32_768, 60_999),
+    };
+    ports_beside(ephemeral)
 }
 
-fn kernel_pick() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The ports to take from (the first, and the end, not taken) beside the ephemeral range
+/// `(low, high)` (both taken by the kernel): up to [`SPAN`] below it, else above it; where
+/// neither leaves 1,000 ports, the ephemeral range itself (the locks still keep the test
+/// processes apart, but the kernel may give another process a port between its check and the
+/// start of the process meant for it).
+fn ports_beside((low, high): (u16, u16)) -> (u16, u16) {
+    if low >= 1024 + 1000 {
+        (low.saturating_sub(SPAN).max(1024), low)
+    } else if high <= u16::MAX - 1000 {
+        (high + 1, high.saturating_add(1).saturating_add(SPAN))
+    } else {
+        (low.max(1024), high)
+    }
 }
 
 fn user() -> String {
@@ -152,10 +162,20 @@ mod tests {
     fn ports_are_distinct_bindable_and_below_the_ephemeral_range() {
         let (a, b) = (take(), take());
         assert_ne!(a, b);
-        if let Some((_, end)) = range() {
-            assert!(a < end && b < end, "{a} {b} not below {end}");
-        }
+        let (first, end) = range();
+        assert!(
+            (first..end).contains(&a) && (first..end).contains(&b),
+            "{a} {b} not in {first}..{end}"
+        );
         drop(TcpListener::bind(("127.0.0.1", a)).unwrap());
+    }
+
+    #[test]
+    fn ports_are_taken_beside_the_ephemeral_range() {
+        assert_eq!(ports_beside((32_768, 60_999)), (22_768, 32_768));
+        assert_eq!(ports_beside((5_000, 60_999)), (1_024, 5_000));
+        assert_eq!(ports_beside((1_024, 60_999)), (61_000, 65_535));
+        assert_eq!(ports_beside((1_024, 65_000)), (1_024, 65_000));
     }
 
     #[test]
