@@ -16,6 +16,10 @@
 //!
 //! and every global rule of the example was called. A service that finds no limit for a
 //! descriptor admits it: a configuration out of step with the filter would not limit at all.
+//!
+//! Also the way every Envoy test starts such services (`common::ports`): the ports it gives,
+//! and that a started service counts only once it listens on its port itself (tested here once
+//! rather than in every test binary that compiles the module).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -379,4 +383,48 @@ fn the_llm_gateways_service_configurations_count_what_the_filter_sends() {
         assert_eq!(curl(envoy, "/v1/chat/completions", &openai), "200");
         assert_eq!(curl(envoy, "/v1/messages", &anthropic), "200");
     });
+}
+
+/// The harness's ports (`common::ports`): two are never one, both in their range and free.
+#[test]
+fn ports_are_distinct_bindable_and_in_their_range() {
+    let (a, b) = (common::free_port(), common::free_port());
+    assert_ne!(a, b);
+    let (first, end) = common::ports::range();
+    assert!(
+        (first..end).contains(&a) && (first..end).contains(&b),
+        "{a} {b} not in {first}..{end}"
+    );
+    drop(std::net::TcpListener::bind(("127.0.0.1", a)).unwrap());
+}
+
+/// A started service counts as started only when it listens on its port itself.
+#[test]
+fn only_the_child_itself_listening_will_do() {
+    let port = common::free_port();
+    // Somebody else holds the port: the child cannot bind it and exits, which is said.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let script = format!(
+        "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); \
+         time.sleep(30)"
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let said = common::ports::listens(&mut child, port, "the child").unwrap_err();
+    assert!(
+        said.contains("exited") && said.contains("another process"),
+        "{said}"
+    );
+    // Once it is free, the child's own listener is found.
+    drop(squatter);
+    let mut child = Command::new("python3")
+        .args(["-c", &script])
+        .spawn()
+        .unwrap();
+    common::ports::wait_listening(&mut child, port, "the child");
+    let _ = child.kill();
+    let _ = child.wait();
 }

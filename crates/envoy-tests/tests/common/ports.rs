@@ -54,7 +54,7 @@ pub fn take() -> u16 {
 }
 
 /// The ports to take from, the kernel's ephemeral range as this machine sets it.
-fn range() -> (u16, u16) {
+pub fn range() -> (u16, u16) {
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range");
     let mut bounds = text.iter().flat_map(|t| t.split_whitespace());
     let mut next = || bounds.next().and_then(|b| b.parse::<u16>().ok());
@@ -94,7 +94,7 @@ pub fn wait_listening(child: &mut Child, port: u16, what: &str) {
 }
 
 /// [`wait_listening`], saying what went wrong.
-fn listens(child: &mut Child, port: u16, what: &str) -> Result<(), String> {
+pub fn listens(child: &mut Child, port: u16, what: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let inodes = listening_inodes(port);
@@ -153,22 +153,11 @@ fn owns_any(pid: u32, inodes: &[String]) -> bool {
     })
 }
 
+// What takes sockets and processes is tested once, in services.rs, not in every test binary
+// that compiles this module.
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Command;
-
-    #[test]
-    fn ports_are_distinct_bindable_and_below_the_ephemeral_range() {
-        let (a, b) = (take(), take());
-        assert_ne!(a, b);
-        let (first, end) = range();
-        assert!(
-            (first..end).contains(&a) && (first..end).contains(&b),
-            "{a} {b} not in {first}..{end}"
-        );
-        drop(TcpListener::bind(("127.0.0.1", a)).unwrap());
-    }
 
     #[test]
     fn ports_are_taken_beside_the_ephemeral_range() {
@@ -176,35 +165,5 @@ mod tests {
         assert_eq!(ports_beside((5_000, 60_999)), (1_024, 5_000));
         assert_eq!(ports_beside((1_024, 60_999)), (61_000, 65_535));
         assert_eq!(ports_beside((1_024, 65_000)), (1_024, 65_000));
-    }
-
-    #[test]
-    fn only_the_child_itself_listening_will_do() {
-        let port = take();
-        // Somebody else holds the port: the child cannot bind it and exits, which is said.
-        let squatter = TcpListener::bind(("127.0.0.1", port)).unwrap();
-        let script = format!(
-            "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); \
-             time.sleep(30)"
-        );
-        let mut child = Command::new("python3")
-            .args(["-c", &script])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let said = listens(&mut child, port, "the child").unwrap_err();
-        assert!(
-            said.contains("exited") && said.contains("another process"),
-            "{said}"
-        );
-        // Once it is free, the child's own listener is found.
-        drop(squatter);
-        let mut child = Command::new("python3")
-            .args(["-c", &script])
-            .spawn()
-            .unwrap();
-        wait_listening(&mut child, port, "the child");
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
