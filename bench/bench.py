@@ -9,6 +9,7 @@ and each figure is the median over the rounds. Results: BENCHMARKS.md and bench/
 """
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -79,7 +80,6 @@ def free_port():
     range, nobody listening there, held by a lock file named after it (the same files as the
     tests') until this process exits; above the range, or in it, where it leaves too little
     below (ports.rs's ports_beside)."""
-    import fcntl
     try:
         low, high = (int(x) for x in
                      Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
