@@ -18,6 +18,10 @@ use crate::share;
 use crate::store::Store;
 use std::sync::PoisonError;
 
+/// A request's lease claim refused at the turn of the service's window is made again at most
+/// this many times ([`Runtime::reclaim`]).
+pub const TURN_ASKS: usize = 3;
+
 impl<S: Store> Runtime<S> {
     /// Before a request is decided: each lease check whose key holds too little here becomes
     /// a claim the request waits for, and a sync rule's check (one whose reservation waited
@@ -316,9 +320,13 @@ impl<S: Store> Runtime<S> {
 
     /// After every question is answered: a lease claim the service refused while saying that
     /// enough remains for the request is made again for a share of what remains
-    /// ([`lease::near_limit`], at least the request's cost; once, and only while the rule's
-    /// `timeout_ms` since the first call at `since_ms` is not spent: the refusal stands
-    /// otherwise). Returns whether there are questions to ask again.
+    /// ([`lease::near_limit`], at least the request's cost; once). A claim refused at the turn
+    /// of the service's window (this proxy's estimate of the end of the window it last heard
+    /// of passed less than [`lease::TURN_MS`] ago: the estimate is early by a claim's round
+    /// trip, and the service may still count the old, spent window) is made again as it was,
+    /// up to [`TURN_ASKS`] times, instead of refusing the request for the old window. Only
+    /// while the rule's `timeout_ms` since the first call at `since_ms` is not spent: the
+    /// refusal stands otherwise. Returns whether there are questions to ask again.
     pub fn reclaim(&self, p: &mut Pending, since_ms: u64, now_ms: u64) -> bool {
         let mut again = false;
         for i in 0..p.questions.len() {
@@ -332,7 +340,14 @@ impl<S: Store> Runtime<S> {
             };
             let remaining = u64::from(answer.statuses.first().map_or(0, |s| s.limit_remaining));
             let need = q.cost.max(1);
-            if answer.overall_code != rls::Code::OverLimit || remaining < need {
+            if answer.overall_code != rls::Code::OverLimit {
+                continue;
+            }
+            let turn = remaining < need && {
+                let asked = p.questions.iter().filter(|x| x.rule == q.rule).count();
+                asked <= TURN_ASKS && self.at_turn(claim.target, now_ms)
+            };
+            if remaining < need && !turn {
                 continue;
             }
             let (Some(g), Some(entries)) = (
@@ -347,7 +362,12 @@ impl<S: Store> Runtime<S> {
             if now_ms.saturating_sub(since_ms) >= u64::from(g.timeout_ms) {
                 continue;
             }
-            let block = lease::near_limit(remaining, need);
+            // At the turn, the same block again (and it may be made again); else a share of
+            // what remains, the last.
+            let block = match turn {
+                true => claim.block,
+                false => lease::near_limit(remaining, need),
+            };
             let again_q = Question {
                 rule: q.rule,
                 hash: q.hash,
@@ -356,7 +376,7 @@ impl<S: Store> Runtime<S> {
                 claim: Some(Claim {
                     block,
                     sent_ms: now_ms,
-                    last: true,
+                    last: !turn,
                     ..claim
                 }),
                 retried: false,
@@ -373,6 +393,18 @@ impl<S: Store> Runtime<S> {
             again = true;
         }
         again
+    }
+
+    /// Whether `now_ms` is at the turn of the service's window for the lease at `target`: the
+    /// end of the window this proxy last heard of passed, less than [`lease::TURN_MS`] ago.
+    fn at_turn(&self, target: Target, now_ms: u64) -> bool {
+        self.update_lease(target, now_ms, |state| {
+            let turn = state.is_some_and(|s| {
+                now_ms >= s.expires_ms && now_ms < s.expires_ms.saturating_add(lease::TURN_MS)
+            });
+            (turn, None)
+        })
+        .unwrap_or(false)
     }
 
     /// What the answer to a request's lease claim does: the grant goes to the key's lease,
@@ -1101,6 +1133,66 @@ mod tests {
         let mut gauges = Vec::new();
         rt.metrics().drain(|_, _, _| {}, |g, d| gauges.push((g, d)));
         assert_eq!(gauges, [(Gauge::TrackedKeys, 1)]);
+    }
+
+    /// A claim refused at the turn of the service's window (this proxy's estimate of its end
+    /// is early by a round trip, and the service still counts the old, spent window) is made
+    /// again, and the request admitted from the next window's grant, not refused for the old
+    /// one; at most [`super::TURN_ASKS`] times. Away from the turn a refusal stands.
+    #[test]
+    fn a_claim_refused_at_the_windows_turn_is_made_again() {
+        // A grant whose window ends, as estimated here, at 31,000 (a reset of 30 s).
+        let granted_then = |rt: &Runtime<MemoryStore>| {
+            assert_eq!(
+                request(rt, 1_000, |_| answer(Code::Ok, 96)),
+                (Some(4), true)
+            );
+        };
+        // The service refuses the first `n` claims (nothing left), then grants.
+        let refusing = |n: u64| {
+            let calls = std::cell::Cell::new(0u64);
+            move |_hits: u64| {
+                calls.set(calls.get() + 1);
+                match calls.get() <= n {
+                    true => answer(Code::OverLimit, 0),
+                    false => answer(Code::Ok, 96),
+                }
+            }
+        };
+        // 20 ms after the estimated end: refused once, then granted; admitted.
+        let rt = runtime(LEASE);
+        granted_then(&rt);
+        claims(&rt);
+        assert!(request(&rt, 31_020, refusing(1)).1);
+        assert_eq!(claims(&rt), 2);
+        // Refused three times, then granted: still admitted (three asks again).
+        let rt = runtime(LEASE);
+        granted_then(&rt);
+        claims(&rt);
+        assert!(request(&rt, 31_020, refusing(3)).1);
+        assert_eq!(claims(&rt), 4);
+        // Refused every time: asked four times in all, then refused.
+        let rt = runtime(LEASE);
+        granted_then(&rt);
+        claims(&rt);
+        assert!(!request(&rt, 31_020, refusing(u64::MAX)).1);
+        assert_eq!(claims(&rt), 4);
+        // Past the turn (the window it knew ended 200 ms ago): the refusal stands, one claim.
+        let rt = runtime(LEASE);
+        granted_then(&rt);
+        claims(&rt);
+        assert!(!request(&rt, 31_200, refusing(1)).1);
+        assert_eq!(claims(&rt), 1);
+        // Within the window it knows (the fleet's quota spent early), what is held spent
+        // first: the same.
+        let rt = runtime(LEASE);
+        granted_then(&rt);
+        for _ in 0..3 {
+            assert_eq!(request(&rt, 19_990, |_| unreachable!()), (None, true));
+        }
+        claims(&rt);
+        assert!(!request(&rt, 20_000, refusing(1)).1);
+        assert_eq!(claims(&rt), 1);
     }
 
     #[test]
