@@ -201,6 +201,7 @@ fn main() -> ExitCode {
 
 /// `--share`: the shared-capacity study's sweep, its tables and JSON.
 fn share_main(args: Args) -> ExitCode {
+    let cap = blocks(&args);
     let started = Instant::now();
     if args.fair {
         return fair_main(args, started);
@@ -221,11 +222,6 @@ fn share_main(args: Args) -> ExitCode {
     }
     let studies = sweep.studies();
     if args.lease {
-        let cap = if args.per_proxy {
-            share::BlockCap::PerProxy(args.blocks)
-        } else {
-            share::BlockCap::OfCapacity(args.blocks)
-        };
         return lease_main(&studies, cap, args.threads, args.json, started);
     }
     let runs = share::run_all(&studies, args.threads);
@@ -288,7 +284,18 @@ fn lease_main(
 }
 
 /// `--share --fair`: every study leased and fair across the fleet, side by side.
+/// A leased study's blocks: at most `C / --blocks` (40 unless given; `--per-proxy`: of each
+/// proxy's part of C).
+fn blocks(args: &Args) -> share::BlockCap {
+    if args.per_proxy {
+        share::BlockCap::PerProxy(args.blocks)
+    } else {
+        share::BlockCap::OfCapacity(args.blocks)
+    }
+}
+
 fn fair_main(args: Args, started: Instant) -> ExitCode {
+    let cap = blocks(&args);
     let mut sweep = if args.quick {
         FairSweep::quick()
     } else {
@@ -310,6 +317,7 @@ fn fair_main(args: Args, started: Instant) -> ExitCode {
         sweep.per_proxy = r;
     }
     sweep.runtime = args.runtime;
+    sweep.cap = cap;
     let pairs = sweep.studies();
     let all: Vec<share::Study> = pairs
         .iter()
