@@ -1188,7 +1188,7 @@ mod tests {
         let rt = runtime(LEASE);
         granted_then(&rt);
         for _ in 0..3 {
-            assert_eq!(request(&rt, 19_990, |_| unreachable!()), (None, true));
+            assert_eq!(request(&rt, 19_990, refusing(u64::MAX)), (None, true));
         }
         claims(&rt);
         assert!(!request(&rt, 20_000, refusing(1)).1);
