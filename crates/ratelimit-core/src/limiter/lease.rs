@@ -282,6 +282,13 @@ impl State {
         s
     }
 
+    /// Whether `now_ms` is at the turn of the service's window: the end of the window this
+    /// proxy last heard of (an estimate, early by a claim's round trip) passed less than
+    /// [`TURN_MS`] ago, and a refusal may still be the old window's.
+    pub fn at_turn(&self, now_ms: u64) -> bool {
+        now_ms >= self.expires_ms && now_ms < self.expires_ms.saturating_add(TURN_MS)
+    }
+
     /// The service refused a claim: none left (`remaining` 0) until `until_ms`, or less than
     /// the block (a claim of what remains is due).
     pub fn refused_claim(
@@ -312,7 +319,7 @@ impl State {
             // request claims again.
             if now_ms < old.expires_ms {
                 s.expires_ms = old.expires_ms.min(until_ms);
-            } else if now_ms < old.expires_ms.saturating_add(TURN_MS) {
+            } else if old.at_turn(now_ms) {
                 s.refused = false;
             } else {
                 s.expires_ms = until_ms;

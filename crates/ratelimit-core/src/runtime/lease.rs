@@ -395,14 +395,11 @@ impl<S: Store> Runtime<S> {
         again
     }
 
-    /// Whether `now_ms` is at the turn of the service's window for the lease at `target`: the
-    /// end of the window this proxy last heard of passed, less than [`lease::TURN_MS`] ago.
+    /// Whether `now_ms` is at the turn of the service's window for the lease at `target`
+    /// ([`lease::State::at_turn`]).
     fn at_turn(&self, target: Target, now_ms: u64) -> bool {
         self.update_lease(target, now_ms, |state| {
-            let turn = state.is_some_and(|s| {
-                now_ms >= s.expires_ms && now_ms < s.expires_ms.saturating_add(lease::TURN_MS)
-            });
-            (turn, None)
+            (state.is_some_and(|s| s.at_turn(now_ms)), None)
         })
         .unwrap_or(false)
     }
