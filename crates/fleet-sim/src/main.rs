@@ -204,7 +204,7 @@ fn share_main(args: Args) -> ExitCode {
     let cap = blocks(&args);
     let started = Instant::now();
     if args.fair {
-        return fair_main(args, started);
+        return fair_main(args, cap, started);
     }
     let mut sweep = match (args.quick, args.lease) {
         (true, true) => ShareSweep::lease_quick(),
@@ -283,7 +283,6 @@ fn lease_main(
     finish(json, "share_lease", rows, runs.len(), started)
 }
 
-/// `--share --fair`: every study leased and fair across the fleet, side by side.
 /// A leased study's blocks: at most `C / --blocks` (40 unless given; `--per-proxy`: of each
 /// proxy's part of C).
 fn blocks(args: &Args) -> share::BlockCap {
@@ -294,8 +293,9 @@ fn blocks(args: &Args) -> share::BlockCap {
     }
 }
 
-fn fair_main(args: Args, started: Instant) -> ExitCode {
-    let cap = blocks(&args);
+/// `--share --fair`: every study leased and fair across the fleet, side by side, its blocks
+/// at most `cap`.
+fn fair_main(args: Args, cap: share::BlockCap, started: Instant) -> ExitCode {
     let mut sweep = if args.quick {
         FairSweep::quick()
     } else {
