@@ -333,6 +333,19 @@ fn decide_shares(
     Outcome { allowed, rules }
 }
 
+/// Decides a request whose one check is a shared rule's ([`decide_shared`] with that check and
+/// its share, without the list of outcomes): whether it is admitted, and the rule's outcome.
+pub(crate) fn decide_one_share(
+    store: &impl Store,
+    check: &Check,
+    sc: &ShareCheck,
+    now_ms: u64,
+    failure_mode: FailureMode,
+) -> (bool, RuleOutcome) {
+    let (out, admitted, _) = decide_share(store, check, sc, now_ms, failure_mode);
+    (admitted, out)
+}
+
 /// Decides one shared rule: the tenant's entry is updated under the store's hold of its
 /// bucket (or with compare-and-swap), and within that step the rule's record with
 /// compare-and-swap ([`share::decide`]). Should the bucket's write lose a race after the record

@@ -181,6 +181,79 @@ impl<S: Store> Runtime<S> {
         }
     }
 
+    /// A lone shared rule's lease on the short path ([`super::shared`]): takes the request's
+    /// cost from what this proxy holds, in the update that finds it covers the request (a
+    /// claim ahead of need started where it runs low, as [`Runtime::promote`] would start it:
+    /// its block does not depend on what is held). The lease's verdict; `None` when what is
+    /// held does not cover the request (it must claim, or the service refused the key), or
+    /// the store cannot tell: nothing written, the general path decides.
+    pub(super) fn take_leased(
+        &self,
+        check: &Check,
+        applied: &mut Applied,
+        host: &mut impl Attributes,
+        now_ms: u64,
+    ) -> Option<crate::limiter::Verdict> {
+        let Policy::Lease {
+            limit,
+            windows,
+            max_block,
+            ..
+        } = check.policy
+        else {
+            return None;
+        };
+        let target = Target {
+            rule: applied.rule,
+            slot: check.slot,
+            alt: check.alt,
+            fingerprint: check.fingerprint,
+        };
+        let cap = self.block_cap(applied, limit, max_block, now_ms);
+        let taken = self.update_lease(target, now_ms, |state| {
+            let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
+                return (None, None);
+            };
+            let (v, next) = lease::decide(state.copied(), now_ms, limit, windows, check.cost);
+            if !v.allowed {
+                return (None, None);
+            }
+            if !low {
+                return (Some((v, None)), next);
+            }
+            let s = next.or(state.copied()).unwrap_or_default().at(now_ms);
+            let (next, block) = s.start_claim(now_ms, (cap, check.cost), true);
+            (Some((v, Some(block))), Some(next))
+        });
+        let (verdict, ahead) = taken.flatten()?;
+        if let Some(block) = ahead {
+            let claim = Claim {
+                target,
+                block,
+                sent_ms: now_ms,
+                last: false,
+            };
+            let hash = applied.hash;
+            let entries = self.describe(applied, host);
+            self.claim_ahead(hash, entries, claim, now_ms);
+        }
+        Some(verdict)
+    }
+
+    /// Gives a request's cost back to the lease [`Runtime::take_leased`] took it from (the
+    /// shares refused the request).
+    pub(super) fn give_back_leased(&self, check: &Check, rule: usize, now_ms: u64) {
+        let target = Target {
+            rule,
+            slot: check.slot,
+            alt: check.alt,
+            fingerprint: check.fingerprint,
+        };
+        self.update_lease(target, now_ms, |state| {
+            ((), lease::refund(state.copied(), now_ms, check.cost))
+        });
+    }
+
     /// A shared capacity's lease refused a waiting request's turn (`check`, as its rule made
     /// it: `applied`): a claim ahead of need, if one is due ([`lease::State::wake`]), so that
     /// the line's next turns find quota without a new request to claim it.

@@ -23,6 +23,7 @@ mod plain;
 mod reply;
 pub mod request;
 mod response;
+mod shared;
 pub mod stream;
 mod wait;
 
@@ -197,6 +198,9 @@ pub struct Runtime<S> {
     /// The configuration's one rule, when it is plain ([`plain::plain_rule`]): its requests
     /// take the short path.
     plain: Option<usize>,
+    /// The configuration's one rule, when it is a capacity shared here
+    /// ([`shared::shared_rule`]): its requests the shares admit take the short path.
+    shared: Option<usize>,
     /// When a failure was last logged (ms), to log at most one a second.
     pub(crate) last_failure_log: AtomicU64,
     /// When a refused call of the operator route was last logged (ms), to log at most one a
@@ -293,6 +297,7 @@ impl<S: Store> Runtime<S> {
         });
         let logged_fields = logged_fields(&config);
         let plain = plain::plain_rule(&config, &compiled);
+        let shared = shared::shared_rule(&config, &compiled);
         let lines = wait::Lines::new(&config.rules);
         Runtime {
             logged_fields,
@@ -306,6 +311,7 @@ impl<S: Store> Runtime<S> {
             ahead: Mutex::default(),
             promotes,
             plain,
+            shared,
             last_failure_log: AtomicU64::new(0),
             last_refusal_log: AtomicU64::new(0),
             last_tick: AtomicU64::new(0),

@@ -490,6 +490,11 @@ impl<S: Store> Runtime<S> {
                 return Start::Decided(decision);
             }
         }
+        if let Some(i) = self.shared {
+            if let Some(decision) = self.start_shared(i, host) {
+                return Start::Decided(decision);
+            }
+        }
         let mut p = Pending::default();
         // One allocation for many rules, not one per doubling (nothing for a few).
         let n = self.config.rules.len();
@@ -1453,7 +1458,7 @@ impl<S: Store> Runtime<S> {
 
 /// A shared rule's tenant as this request says: its weight (1 to 65535) and band, each read
 /// where the rule says, else the rule's defaults.
-fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker {
+pub(super) fn asker(sh: &config::ShareConfig, host: &mut impl Host) -> crate::share::Asker {
     let weight = match &sh.weight_from {
         Some(from) => {
             let n = from.resolve(key::carried(&from.source, host)).value();
