@@ -426,6 +426,20 @@ pub fn decide_keeping(
     (v, None)
 }
 
+/// [`decide`]'s admission without its verdict: `Some` when what is held at `now_ms` covers
+/// `cost`, with the state to write (`None`: the request costs nothing, nothing changes);
+/// `None` when it does not.
+pub fn take(state: Option<&State>, now_ms: u64, cost: u64) -> Option<Option<State>> {
+    let s = state.copied().unwrap_or_default().at(now_ms);
+    let icost = i64::try_from(cost).unwrap_or(i64::MAX);
+    (s.held >= icost).then(|| {
+        (cost > 0).then_some(State {
+            held: s.held - icost,
+            ..s
+        })
+    })
+}
+
 /// Charges `cost` used beyond what was taken: from what is held, into a debt if need be.
 pub fn charge(state: Option<State>, now_ms: u64, cost: u64) -> State {
     let mut s = state.unwrap_or_default().at(now_ms);
@@ -456,6 +470,29 @@ mod tests {
             expires_ms,
             remaining: 100,
         }
+    }
+
+    #[test]
+    fn taking_admits_and_writes_what_deciding_does() {
+        let mut n = 0;
+        for held in [-3i64, 0, 1, 2, 5] {
+            for expires_ms in [500, 2_000] {
+                for cost in [0u64, 1, 2, 3] {
+                    let s = State {
+                        held,
+                        expires_ms,
+                        remaining: 7,
+                        ..State::default()
+                    };
+                    let (v, next) = decide(Some(s), 1_000, 100, MINUTE, cost);
+                    let taken = take(Some(&s), 1_000, cost);
+                    assert_eq!(taken.is_some(), v.allowed, "{s:?} {cost}");
+                    assert_eq!(taken.flatten(), next, "{s:?} {cost}");
+                    n += u32::from(v.allowed && next.is_some());
+                }
+            }
+        }
+        assert!(n > 5);
     }
 
     #[test]

@@ -184,24 +184,21 @@ impl<S: Store> Runtime<S> {
     /// A lone shared rule's lease on the short path ([`super::shared`]): takes the request's
     /// cost from what this proxy holds, in the update that finds it covers the request (a
     /// claim ahead of need started where it runs low, as [`Runtime::promote`] would start it:
-    /// its block does not depend on what is held). The lease's verdict; `None` when what is
-    /// held does not cover the request (it must claim, or the service refused the key), or
-    /// the store cannot tell: nothing written, the general path decides.
+    /// its block does not depend on what is held). `false` when what is held does not cover
+    /// the request (it must claim, or the service refused the key), or the store cannot tell:
+    /// nothing written, the general path decides.
     pub(super) fn take_leased(
         &self,
         check: &Check,
         applied: &mut Applied,
         host: &mut impl Attributes,
         now_ms: u64,
-    ) -> Option<crate::limiter::Verdict> {
+    ) -> bool {
         let Policy::Lease {
-            limit,
-            windows,
-            max_block,
-            ..
+            limit, max_block, ..
         } = check.policy
         else {
-            return None;
+            return false;
         };
         let target = Target {
             rule: applied.rule,
@@ -214,18 +211,19 @@ impl<S: Store> Runtime<S> {
             let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
                 return (None, None);
             };
-            let (v, next) = lease::decide(state.copied(), now_ms, limit, windows, check.cost);
-            if !v.allowed {
+            let Some(next) = lease::take(state, now_ms, check.cost) else {
                 return (None, None);
-            }
+            };
             if !low {
-                return (Some((v, None)), next);
+                return (Some(None), next);
             }
             let s = next.or(state.copied()).unwrap_or_default().at(now_ms);
             let (next, block) = s.start_claim(now_ms, (cap, check.cost), true);
-            (Some((v, Some(block))), Some(next))
+            (Some(Some(block)), Some(next))
         });
-        let (verdict, ahead) = taken.flatten()?;
+        let Some(ahead) = taken.flatten() else {
+            return false;
+        };
         if let Some(block) = ahead {
             let claim = Claim {
                 target,
@@ -237,7 +235,7 @@ impl<S: Store> Runtime<S> {
             let entries = self.describe(applied, host);
             self.claim_ahead(hash, entries, claim, now_ms);
         }
-        Some(verdict)
+        true
     }
 
     /// Gives a request's cost back to the lease [`Runtime::take_leased`] took it from (the

@@ -100,8 +100,10 @@ impl<S: Store> Runtime<S> {
                     priced,
                     capacity: true,
                 };
-                let verdict = self.take_leased(&check, &mut applied, host, now)?;
-                Some((check, applied, verdict))
+                if !self.take_leased(&check, &mut applied, host, now) {
+                    return None;
+                }
+                Some((check, applied))
             }
             _ => None,
         };
@@ -148,17 +150,13 @@ impl<S: Store> Runtime<S> {
             allowed,
             rules: smallvec::smallvec![out],
         };
-        if let Some((lc, applied, verdict)) = lease {
-            let lease_out = if allowed {
-                RuleOutcome {
-                    verdict: Some(verdict),
-                    ..RuleOutcome::default()
-                }
-            } else {
+        if let Some((lc, applied)) = lease {
+            // Taken only if the shares admitted it; admitted, a lease's check reports nothing
+            // (its store's work was counted as it was taken).
+            if !allowed {
                 self.give_back_leased(&lc, i, now);
-                RuleOutcome::default()
-            };
-            outcome.rules.push(lease_out);
+            }
+            outcome.rules.push(RuleOutcome::default());
             p.checks.push(lc);
             p.applied.push(applied);
         }
