@@ -361,6 +361,7 @@ mod tests {
     type Placement<'a> = &'a dyn Fn(usize, usize, u64) -> usize;
 
     /// A run of [`pinned_on`].
+    #[derive(Clone)]
     struct Case<'a> {
         /// `share.fleet`.
         fleet: &'a str,
@@ -386,6 +387,10 @@ mod tests {
         bands: &'a [&'a str],
         /// More members of the rule's `share` object (after a comma).
         share: &'a str,
+        /// Every request through the general path (no lone shared rule's short path).
+        general: bool,
+        /// Each runtime's draws for rounding its fair parts (`None`: random, as in Envoy).
+        dither: Option<u64>,
     }
 
     impl<'a> Case<'a> {
@@ -403,6 +408,8 @@ mod tests {
                 tenants: &TENANTS,
                 bands: &[],
                 share: "",
+                general: false,
+                dither: None,
             }
         }
     }
@@ -421,6 +428,8 @@ mod tests {
             tenants,
             bands,
             share,
+            general,
+            dither,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
@@ -440,7 +449,7 @@ mod tests {
         );
         let config = crate::config::Config::parse(json.as_bytes()).unwrap();
         // Worker w of Envoy e is `envoys[e * workers + w]`.
-        let envoys: Vec<Runtime<Arc<MemoryStore>>> = (0..3u64)
+        let mut envoys: Vec<Runtime<Arc<MemoryStore>>> = (0..3u64)
             .flat_map(|i| {
                 let store = Arc::new(MemoryStore::new());
                 let config = config.clone();
@@ -448,6 +457,14 @@ mod tests {
                     .map(move |_| Runtime::new(config.clone(), Seed([i + 1, 7]), store.clone()))
             })
             .collect();
+        for (k, e) in envoys.iter_mut().enumerate() {
+            if general {
+                e.shared = None;
+            }
+            if let Some(d) = dither {
+                e.fair_dither = d.wrapping_mul(k as u64 + 1) | 1;
+            }
+        }
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
         let mut turn = 0usize;
         let mut service = Service {
@@ -1027,6 +1044,71 @@ mod tests {
             let asked: Vec<u32> = asked.iter().map(|t| t.local.asked.iter().sum()).collect();
             assert_eq!(asked, [5], "{wait}");
             assert!(service.claims >= 1);
+        }
+    }
+
+    /// A lone shared rule's short path (`runtime/shared.rs`) against the general path, in the
+    /// fleet: three Envoys leasing one fleet-fair capacity (tenants pinned; two workers an
+    /// Envoy with bands and waits, spread; a provider whose limit is learned), and leasing it
+    /// shared locally: every second's admissions and refusals, every wait, every claim and
+    /// report the same.
+    #[test]
+    fn the_shared_path_leases_waits_and_shares_across_the_fleet_as_the_general_one() {
+        let tenants = [
+            ("i0", 0, 1, 10.0),
+            ("b0", 0, 1, 60.0),
+            ("b1", 1, 1, 60.0),
+            ("b2", 2, 2, 60.0),
+        ];
+        let bands = ["interactive"];
+        let waits = r#", "bands": [{"name": "interactive", "min_share": 0.2},
+            {"name": "batch", "min_share": 0.05}],
+            "band": {"from": "header:x-band", "default": "batch"}, "max_wait_ms": 1000"#;
+        let spread = |i: usize, _: usize, ms: u64| (ms as usize + i) % 3;
+        let cases: [(&str, Case<'_>); 4] = [
+            ("fair, pinned", Case::new("fair", true)),
+            (
+                "fair, waits, two workers, spread",
+                Case {
+                    tenants: &tenants,
+                    bands: &bands,
+                    share: waits,
+                    place: &spread,
+                    workers: 2,
+                    ..Case::new("fair", true)
+                },
+            ),
+            (
+                "fair, learned",
+                Case {
+                    provider: Some(70),
+                    ..Case::new("fair", true)
+                },
+            ),
+            ("local, pinned", Case::new("local", true)),
+        ];
+        for (what, case) in cases {
+            let case = Case {
+                dither: Some(0x9e37_79b9_7f4a_7c15),
+                ..case
+            };
+            let (short, general) = (
+                pinned_on(case.clone()),
+                pinned_on(Case {
+                    general: true,
+                    ..case
+                }),
+            );
+            assert_eq!(short.per_s, general.per_s, "{what}");
+            assert_eq!(short.refused_per_s, general.refused_per_s, "{what}");
+            assert_eq!(short.waits, general.waits, "{what}");
+            assert_eq!(short.provider_refused, general.provider_refused, "{what}");
+            assert_eq!(
+                (short.claims, short.reports),
+                (general.claims, general.reports)
+            );
+            let refused: u64 = short.refused_per_s.iter().flatten().sum();
+            assert!(short.admitted > 1_000 && refused > 100, "{what}: {refused}");
         }
     }
 }

@@ -185,11 +185,12 @@ impl<S: Store> Runtime<S> {
     /// cost from what this proxy holds, in the update that finds it covers the request (a
     /// claim ahead of need started where it runs low, as [`Runtime::promote`] would start it:
     /// its block does not depend on what is held). `false` when what is held does not cover
-    /// the request (it must claim, or the service refused the key), or the store cannot tell:
-    /// nothing written, the general path decides.
+    /// the request (it must claim, or the service refused the key), when a fleet-fair rule's
+    /// bands keep some of it for others near the window's end (`share`: the request's shared
+    /// check), or when the store cannot tell: nothing written, the general path decides.
     pub(super) fn take_leased(
         &self,
-        check: &Check,
+        (check, share): (&Check, &engine::Shared),
         applied: &mut Applied,
         host: &mut impl Attributes,
         now_ms: u64,
@@ -207,6 +208,14 @@ impl<S: Store> Runtime<S> {
             fingerprint: check.fingerprint,
         };
         let cap = self.block_cap(applied, limit, max_block, now_ms);
+        let shares = std::slice::from_ref(share);
+        if share.1.fleet.is_some()
+            && self
+                .fair_keeping(shares, applied.rule, (check.cost, cap), now_ms)
+                .is_some()
+        {
+            return false;
+        }
         let taken = self.update_lease(target, now_ms, |state| {
             let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
                 return (None, None);

@@ -1,26 +1,28 @@
-//! A configuration of one shared rule (`share`, shared on this proxy, its capacity local or
-//! leased from a rate limit service): its request decided in one step when the shares admit
-//! it, without the pending request of the general path ([`super::request::Pending`]) and, for
-//! a leased capacity, with one update of its lease (what is held taken at once, where the
-//! general path looks at the lease before the shares decide, then takes from it after). It
-//! owns the test of what takes this path and the path itself; a request the shares refuse (or
-//! that must wait, or whose store failed) is concluded by the general path's
-//! [`Runtime::finish_with`] from the outcome already decided, and one whose lease holds too
-//! little for it goes the general path whole (a claim), so that both decide, count, wait and
-//! answer alike (the tests compare them).
+//! A configuration of one shared rule (`share`, its capacity local or leased from a rate limit
+//! service, shared on this proxy or fair across the fleet): its request decided in one step
+//! when the shares admit it, without the pending request of the general path
+//! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what
+//! is held taken at once, where the general path looks at the lease before the shares decide,
+//! then takes from it after). It owns the test of what takes this path and the path itself; a
+//! request the shares refuse (or that must wait, or whose store failed) is concluded by the
+//! general path's [`Runtime::finish_with`] from the outcome already decided, and one whose
+//! lease holds too little for it (or whose fleet-fair bands keep what is held for others) goes
+//! the general path whole, so that both decide, count, wait and answer alike (the tests compare
+//! them).
 
 use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
 use crate::config::{Config, GlobalMode};
 use crate::engine::{self, Check, Outcome, RuleOutcome, ShareCheck};
+use crate::key;
 use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::store::Store;
 use crate::table;
 use smallvec::SmallVec;
 
-/// The index of the configuration's rule when it has one rule and that rule is a capacity
-/// shared on this proxy (not fair across the fleet), local or leased from its service, charged
+/// The index of the configuration's rule when it has one rule and that rule is a shared
+/// capacity, local or leased from its service (shared here or fair across the fleet), charged
 /// by nothing but its fixed or header cost, priced in nothing, with the limit of its
 /// configuration, not elastic, reading no field of the body, and of a bucket's algorithm that
 /// holds no request (delay mode).
@@ -40,7 +42,7 @@ pub(super) fn shared_rule(config: &Config, compiled: &[Compiled]) -> Option<usiz
     };
     let short = algorithm
         && capacity
-        && rule.share.as_ref().is_some_and(|sh| !sh.fleet_fair)
+        && rule.share.is_some()
         && rule.charge().is_none()
         && rule.price().is_none()
         && !rule.per_request.any()
@@ -74,12 +76,25 @@ impl<S: Store> Runtime<S> {
             charge_later: false,
             base: None,
         };
-        let sc = ShareCheck {
-            record: compiled.share_record(),
-            share: sh.params,
-            asker: asker(sh, host),
-            fleet: None,
-        };
+        // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
+        let fleet = sh
+            .fleet_fair
+            .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
+            .flatten()
+            .map(|id| engine::FleetAsk {
+                slot: compiled.fair_record(),
+                id,
+                counted: false,
+            });
+        let share = (
+            0,
+            ShareCheck {
+                record: compiled.share_record(),
+                share: sh.params,
+                asker: asker(sh, host),
+                fleet,
+            },
+        );
         let now = host.now_ms();
         // The lease first: what is held is taken in the same update that looks at it.
         let lease = match (compiled.lease, compiled.capacity_key) {
@@ -100,7 +115,7 @@ impl<S: Store> Runtime<S> {
                     priced,
                     capacity: true,
                 };
-                if !self.take_leased(&check, &mut applied, host, now) {
+                if !self.take_leased((&check, &share), &mut applied, host, now) {
                     return None;
                 }
                 Some((check, applied))
@@ -108,7 +123,7 @@ impl<S: Store> Runtime<S> {
             _ => None,
         };
         let (allowed, out) =
-            engine::decide_one_share(&self.store, &check, &sc, now, self.config.failure_mode);
+            engine::decide_one_share(&self.store, &check, &share.1, now, self.config.failure_mode);
         let admitted = allowed
             && out.failure.is_none()
             && out.verdict.is_some_and(|v| v.allowed && v.delay_ms == 0);
@@ -145,7 +160,7 @@ impl<S: Store> Runtime<S> {
             priced,
             capacity: false,
         });
-        p.shares.push((0, sc));
+        p.shares.push(share);
         let mut outcome = Outcome {
             allowed,
             rules: smallvec::smallvec![out],
@@ -199,11 +214,11 @@ mod tests {
             assert_eq!(rt.shared, Some(0), "{rule}");
             assert_eq!(rt.plain, None, "{rule}");
         }
-        let general = [
-            r#", "global": {"cluster": "rls", "domain": "d", "mode": "lease"},
-                "share": {"fleet": "fair"}"#,
-            r#", "cost": {"response": "header:x-usage", "reserve": 2, "true_up": true}"#,
-        ];
+        let fair = r#", "global": {"cluster": "rls", "domain": "d", "mode": "lease"},
+                "share": {"fleet": "fair"}"#;
+        assert_eq!(runtime(&one(fair)).shared, Some(0));
+        let general =
+            [r#", "cost": {"response": "header:x-usage", "reserve": 2, "true_up": true}"#];
         for rule in general {
             assert_eq!(runtime(&one(rule)).shared, None, "{rule}");
         }
@@ -358,6 +373,12 @@ mod tests {
                 "",
             ),
             leased("", r#", "shadow": true"#),
+            leased(r#""fleet": "fair""#, r#", "cost": {"header": "x-cost"}"#),
+            leased(
+                r#""fleet": "fair", "max_wait_ms": 150, "bands": [{"name": "hi"}, {"name": "lo"}],
+                   "band": {"from": "header:x-band", "default": "lo"}"#,
+                "",
+            ),
         ];
         let t0: u64 = 1_800_000_000_000;
         let mut seen = [0u64; 3];
