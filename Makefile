@@ -326,9 +326,11 @@ bench-tools: build build-native envoy rls-server
 
 # Writes BENCHMARKS.md, bench/results.json and the book's docs/src/performance/summary.md
 # (bench/summary.py, called when BENCHMARKS.md is written; about 20 minutes from a fresh checkout;
-# BENCH_ARGS=--quick for a two-minute smoke run).
-bench: bench-tools
+# BENCH_ARGS=--quick for a two-minute smoke run). Before it: the plain rule's guard, and what a
+# shared rule costs a request, local, leased and fair across the fleet (bench/results-share.json).
+bench: bench-tools system-deps
 	python3 bench/bench.py --envoy $(ENVOY) --guard
+	python3 bench/bench.py --envoy $(ENVOY) --share --rounds 1
 	python3 bench/bench.py $(BENCH_ARGS)
 	python3 bench/fleet.py --envoy $(ENVOY) $(FLEET_ARGS)
 
