@@ -181,6 +181,18 @@ pub struct Target {
     pub fingerprint: u64,
 }
 
+impl Target {
+    /// Where rule `rule`'s `check` counts.
+    pub fn of(rule: usize, check: &engine::Check) -> Target {
+        Target {
+            rule,
+            slot: check.slot,
+            alt: check.alt,
+            fingerprint: check.fingerprint,
+        }
+    }
+}
+
 /// One key's hits since the last flush.
 #[derive(Debug)]
 struct Hit {

@@ -228,6 +228,18 @@ pub fn runtime(json: &str, seed: Seed) -> Runtime<MemoryStore> {
     Runtime::new(config, seed, MemoryStore::new())
 }
 
+/// Every count `rt` keeps (its counters, then its gauges), drained, as text: two runtimes fed
+/// alike compare by it.
+pub fn counts(rt: &Runtime<MemoryStore>) -> Vec<String> {
+    let (mut counters, mut gauges) = (Vec::new(), Vec::new());
+    rt.metrics().drain(
+        |rule, c, n| counters.push(format!("{rule} {} {n}", c.name())),
+        |g, d| gauges.push(format!("{g:?} {d}")),
+    );
+    counters.extend(gauges);
+    counters
+}
+
 /// A rate limit service's answer: `code`, and one status of 10 a minute with `remaining` left,
 /// whole again in 30 s; no headers.
 pub fn rls_answer(code: Code, remaining: u32) -> RlsResponse {

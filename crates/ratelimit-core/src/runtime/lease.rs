@@ -44,12 +44,7 @@ impl<S: Store> Runtime<S> {
                         max_block, limit, ..
                     },
                 ) => {
-                    let target = Target {
-                        rule,
-                        slot: check.slot,
-                        alt: check.alt,
-                        fingerprint: check.fingerprint,
-                    };
+                    let target = Target::of(rule, check);
                     // Near the end of a fleet-fair rule's window: the fleet's rest is kept for
                     // the tenants under their shares.
                     let mut cap = self.block_cap(applied, *limit, *max_block, now_ms);
@@ -164,15 +159,7 @@ impl<S: Store> Runtime<S> {
         });
         match peeked {
             Some((Peek::Covered { low: true }, block)) => {
-                let claim = Claim {
-                    target,
-                    block,
-                    sent_ms: now_ms,
-                    last: false,
-                };
-                let hash = applied.hash;
-                let entries = self.describe(applied, host);
-                self.claim_ahead(hash, entries, claim, now_ms);
+                self.start_ahead(target, block, applied, host, now_ms);
                 None
             }
             Some((Peek::Claim, block)) => Some(block),
@@ -201,12 +188,7 @@ impl<S: Store> Runtime<S> {
         else {
             return false;
         };
-        let target = Target {
-            rule: applied.rule,
-            slot: check.slot,
-            alt: check.alt,
-            fingerprint: check.fingerprint,
-        };
+        let target = Target::of(applied.rule, check);
         let cap = self.block_cap(applied, limit, max_block, now_ms);
         let shares = std::slice::from_ref(share);
         if share.1.fleet.is_some()
@@ -234,28 +216,37 @@ impl<S: Store> Runtime<S> {
             return false;
         };
         if let Some(block) = ahead {
-            let claim = Claim {
-                target,
-                block,
-                sent_ms: now_ms,
-                last: false,
-            };
-            let hash = applied.hash;
-            let entries = self.describe(applied, host);
-            self.claim_ahead(hash, entries, claim, now_ms);
+            self.start_ahead(target, block, applied, host, now_ms);
         }
         true
+    }
+
+    /// A request found `target`'s lease running low and started a claim ahead of need of
+    /// `block` in it: the claim is queued with its descriptor (built now from the request,
+    /// which `applied` keeps for its rule's other calls).
+    fn start_ahead(
+        &self,
+        target: Target,
+        block: u64,
+        applied: &mut Applied,
+        host: &mut impl Attributes,
+        now_ms: u64,
+    ) {
+        let claim = Claim {
+            target,
+            block,
+            sent_ms: now_ms,
+            last: false,
+        };
+        let hash = applied.hash;
+        let entries = self.describe(applied, host);
+        self.claim_ahead(hash, entries, claim, now_ms);
     }
 
     /// Gives a request's cost back to the lease [`Runtime::take_leased`] took it from (the
     /// shares refused the request).
     pub(super) fn give_back_leased(&self, check: &Check, rule: usize, now_ms: u64) {
-        let target = Target {
-            rule,
-            slot: check.slot,
-            alt: check.alt,
-            fingerprint: check.fingerprint,
-        };
+        let target = Target::of(rule, check);
         self.update_lease(target, now_ms, |state| {
             ((), lease::refund(state.copied(), now_ms, check.cost))
         });
@@ -271,12 +262,7 @@ impl<S: Store> Runtime<S> {
         else {
             return;
         };
-        let target = Target {
-            rule: applied.rule,
-            slot: check.slot,
-            alt: check.alt,
-            fingerprint: check.fingerprint,
-        };
+        let target = Target::of(applied.rule, check);
         let cap = self.block_cap(applied, limit, max_block, now_ms);
         let block = self.update_lease(target, now_ms, |state| {
             match lease::State::wake(state, now_ms, check.cost, cap) {

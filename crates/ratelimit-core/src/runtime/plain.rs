@@ -89,7 +89,7 @@ mod tests {
     use crate::key::Seed;
     use crate::runtime::request::Start;
     use crate::store::MemoryStore;
-    use crate::testkit::FakeHost;
+    use crate::testkit::{counts, FakeHost};
 
     fn runtime(json: &str) -> Runtime<MemoryStore> {
         crate::testkit::runtime(json, Seed([1, 2]))
@@ -140,17 +140,6 @@ mod tests {
             {"name": "a", "rate_limit": {"requests_per_unit": 3, "unit": "second"}},
             {"name": "b", "rate_limit": {"requests_per_unit": 3, "unit": "second"}}]}"#;
         assert_eq!(runtime(two).plain, None);
-    }
-
-    /// Every count the runtime keeps, drained.
-    fn counts(rt: &Runtime<MemoryStore>) -> Vec<String> {
-        let (mut counters, mut gauges) = (Vec::new(), Vec::new());
-        rt.metrics().drain(
-            |rule, c, n| counters.push(format!("{rule} {} {n}", c.name())),
-            |g, d| gauges.push(format!("{g:?} {d}")),
-        );
-        counters.extend(gauges);
-        counters
     }
 
     #[test]

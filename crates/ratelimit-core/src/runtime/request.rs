@@ -1046,12 +1046,7 @@ impl<S: Store> Runtime<S> {
                         .as_ref()
                         .is_some_and(|g| g.mode == GlobalMode::Async && rule.charge().is_none());
                     if reports {
-                        let target = Target {
-                            rule: a.rule,
-                            slot: check.slot,
-                            alt: check.alt,
-                            fingerprint: check.fingerprint,
-                        };
+                        let target = Target::of(a.rule, check);
                         // The descriptor is built for the first hits of a key in a flush only.
                         let queued = self
                             .hits
