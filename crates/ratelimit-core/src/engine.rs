@@ -334,16 +334,25 @@ fn decide_shares(
 }
 
 /// Decides a request whose one check is a shared rule's ([`decide_shared`] with that check and
-/// its share, without the list of outcomes): whether it is admitted, and the rule's outcome.
+/// its share, without the list of outcomes): whether it is admitted, the rule's outcome, and
+/// whether the shares counted it (to be given back with [`refund_one_share`] if another check
+/// refuses it).
 pub(crate) fn decide_one_share(
     store: &impl Store,
     check: &Check,
     sc: &ShareCheck,
     now_ms: u64,
     failure_mode: FailureMode,
-) -> (bool, RuleOutcome) {
-    let (out, admitted, _) = decide_share(store, check, sc, now_ms, failure_mode);
-    (admitted, out)
+) -> (bool, RuleOutcome, bool) {
+    let (out, admitted, tenant) = decide_share(store, check, sc, now_ms, failure_mode);
+    (admitted, out, tenant.is_some())
+}
+
+/// Gives back what [`decide_one_share`] counted of a request another check refused, as
+/// [`decide_shared`] does.
+pub(crate) fn refund_one_share(store: &impl Store, check: &Check, sc: &ShareCheck, now_ms: u64) {
+    refund_share(store, check, sc, now_ms);
+    fair_give_back(store, check, sc);
 }
 
 /// Decides one shared rule: the tenant's entry is updated under the store's hold of its

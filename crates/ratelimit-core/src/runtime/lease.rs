@@ -169,9 +169,9 @@ impl<S: Store> Runtime<S> {
     }
 
     /// A lone shared rule's lease on the short path ([`super::shared`]): takes the request's
-    /// cost from what this proxy holds, in the update that finds it covers the request (a
-    /// claim ahead of need started where it runs low, as [`Runtime::promote`] would start it:
-    /// its block does not depend on what is held). `false` when what is held does not cover
+    /// cost from what this proxy holds, in the update that finds it covers the request (`take`;
+    /// else only looks, as [`Runtime::promote`] does), a claim ahead of need started where it
+    /// runs low, as `promote` would start it (its block does not depend on what is held). `false` when what is held does not cover
     /// the request (it must claim, or the service refused the key), when a fleet-fair rule's
     /// bands keep some of it for others near the window's end (`share`: the request's shared
     /// check), or when the store cannot tell: nothing written, the general path decides.
@@ -180,7 +180,7 @@ impl<S: Store> Runtime<S> {
         (check, share): (&Check, &engine::Shared),
         applied: &mut Applied,
         host: &mut impl Attributes,
-        now_ms: u64,
+        (now_ms, take): (u64, bool),
     ) -> bool {
         let Policy::Lease {
             limit, max_block, ..
@@ -202,8 +202,13 @@ impl<S: Store> Runtime<S> {
             let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
                 return (None, None);
             };
-            let Some(next) = lease::take(state, now_ms, check.cost) else {
-                return (None, None);
+            let next = if take {
+                let Some(next) = lease::take(state, now_ms, check.cost) else {
+                    return (None, None);
+                };
+                next
+            } else {
+                None // looked at only: taken from once the shares admit the request
             };
             if !low {
                 return (Some(None), next);

@@ -85,6 +85,10 @@ pub(crate) struct Compiled {
     /// a window ([`crate::share::fair::BandView::reserved`]): while what the fleet has left
     /// covers it, no request reads the record to ask whether its tenant must leave it.
     pub fair_reserved: AtomicU64,
+    /// A lone shared rule leased from its service ([`shared`]): whether its shares refused the
+    /// last request decided here on the short path (the next one looks at the lease before the
+    /// shares decide, and takes from it after, instead of taking at once and giving back).
+    pub share_refusing: std::sync::atomic::AtomicBool,
     /// An elastic rule's view of its backend's health.
     pub watch: Option<Watch>,
     /// What its response fields say whatever the request, written once.
@@ -271,6 +275,7 @@ impl<S: Store> Runtime<S> {
                     fair_end: AtomicU64::new(0),
                     fair_left: AtomicU64::new(u64::MAX),
                     fair_reserved: AtomicU64::new(0),
+                    share_refusing: std::sync::atomic::AtomicBool::new(false),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),
                     texts: crate::headers::Texts::new(

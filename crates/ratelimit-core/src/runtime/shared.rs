@@ -3,7 +3,10 @@
 //! when the shares admit it, without the pending request of the general path
 //! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what
 //! is held taken at once, where the general path looks at the lease before the shares decide,
-//! then takes from it after). It owns the test of what takes this path and the path itself; a
+//! then takes from it after). While the shares refuse the rule's requests (the last one here
+//! was refused), the lease is looked at and taken from after, as on the general path: taken at
+//! once, a refused request would give it back, two writes more than a look. It owns the test
+//! of what takes this path and the path itself; a
 //! request the shares refuse (or that must wait, or whose store failed) is concluded by the
 //! general path's [`Runtime::finish_with`] from the outcome already decided, and one whose
 //! lease holds too little for it (or whose fleet-fair bands keep what is held for others) goes
@@ -96,7 +99,11 @@ impl<S: Store> Runtime<S> {
             },
         );
         let now = host.now_ms();
-        // The lease first: what is held is taken in the same update that looks at it.
+        // The lease first: what is held is taken in the same update that looks at it, unless
+        // the shares refused the rule's last request here (then it is looked at, and taken
+        // from once the shares admit the request: a refusal need not give it back).
+        use std::sync::atomic::Ordering::Relaxed;
+        let refusing = compiled.share_refusing.load(Relaxed);
         let lease = match (compiled.lease, compiled.capacity_key) {
             (Some(policy), Some(key)) => {
                 let (slot, alt) = table::slots_of(key, self.buckets);
@@ -115,21 +122,44 @@ impl<S: Store> Runtime<S> {
                     priced,
                     capacity: true,
                 };
-                if !self.take_leased((&check, &share), &mut applied, host, now) {
+                let took = !refusing;
+                if !self.take_leased((&check, &share), &mut applied, host, (now, took)) {
                     return None;
                 }
-                Some((check, applied))
+                Some((check, applied, took))
             }
             _ => None,
         };
-        let (allowed, out) =
-            engine::decide_one_share(&self.store, &check, &share.1, now, self.config.failure_mode);
+        let fm = self.config.failure_mode;
+        let (mut allowed, out, counted) =
+            engine::decide_one_share(&self.store, &check, &share.1, now, fm);
+        // The lease as the general path decides it after the shares: taken already, or taken
+        // now if they admitted the request (given back to them if it cannot be).
+        let mut lease_out = RuleOutcome::default();
+        if let Some((lc, _, took)) = &lease {
+            if refusing == allowed {
+                compiled.share_refusing.store(!allowed, Relaxed);
+            }
+            if !took && allowed {
+                let (ok, o) = engine::decide_single(&self.store, lc, now, fm);
+                if !ok {
+                    if counted {
+                        engine::refund_one_share(&self.store, &check, &share.1, now);
+                    }
+                    allowed = false;
+                }
+                lease_out = o;
+            }
+        }
         let admitted = allowed
             && out.failure.is_none()
+            && lease_out.failure.is_none()
             && out.verdict.is_some_and(|v| v.allowed && v.delay_ms == 0);
         if admitted {
-            if let Some(failure) = self.store_work(i, &out) {
-                self.failed(host, i, now, failure);
+            for o in [&out, &lease_out] {
+                if let Some(failure) = self.store_work(i, o) {
+                    self.failed(host, i, now, failure);
+                }
             }
             self.metrics.add(i, Counter::Allowed, 1);
             let mut reported: Verdicts = SmallVec::new();
@@ -165,13 +195,13 @@ impl<S: Store> Runtime<S> {
             allowed,
             rules: smallvec::smallvec![out],
         };
-        if let Some((lc, applied)) = lease {
-            // Taken only if the shares admitted it; admitted, a lease's check reports nothing
-            // (its store's work was counted as it was taken).
-            if !allowed {
+        if let Some((lc, applied, took)) = lease {
+            // Taken at once: given back if the shares refused the request; admitted, the
+            // lease's check reports nothing (its store's work was counted as it was taken).
+            if took && !outcome.allowed {
                 self.give_back_leased(&lc, i, now);
             }
-            outcome.rules.push(RuleOutcome::default());
+            outcome.rules.push(lease_out);
             p.checks.push(lc);
             p.applied.push(applied);
         }
