@@ -16,7 +16,7 @@
 use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
 use crate::config::{Config, GlobalMode};
-use crate::engine::{self, Check, Outcome, RuleOutcome, ShareCheck};
+use crate::engine::{self, Check, Outcome, ShareCheck};
 use crate::key;
 use crate::limiter::Policy;
 use crate::metrics::Counter;
@@ -103,7 +103,6 @@ impl<S: Store> Runtime<S> {
         // the shares refused the rule's last request here (then it is looked at, and taken
         // from once the shares admit the request: a refusal need not give it back).
         use std::sync::atomic::Ordering::Relaxed;
-        let refusing = compiled.share_refusing.load(Relaxed);
         let lease = match (compiled.lease, compiled.capacity_key) {
             (Some(policy), Some(key)) => {
                 let (slot, alt) = table::slots_of(key, self.buckets);
@@ -122,7 +121,7 @@ impl<S: Store> Runtime<S> {
                     priced,
                     capacity: true,
                 };
-                let took = !refusing;
+                let took = !compiled.share_refusing.load(Relaxed);
                 if !self.take_leased((&check, &share), &mut applied, host, (now, took)) {
                     return None;
                 }
@@ -135,9 +134,9 @@ impl<S: Store> Runtime<S> {
             engine::decide_one_share(&self.store, &check, &share.1, now, fm);
         // The lease as the general path decides it after the shares: taken already, or taken
         // now if they admitted the request (given back to them if it cannot be).
-        let mut lease_out = RuleOutcome::default();
+        let mut lease_out = None;
         if let Some((lc, _, took)) = &lease {
-            if refusing == allowed {
+            if *took != allowed {
                 compiled.share_refusing.store(!allowed, Relaxed);
             }
             if !took && allowed {
@@ -148,15 +147,15 @@ impl<S: Store> Runtime<S> {
                     }
                     allowed = false;
                 }
-                lease_out = o;
+                lease_out = Some(o);
             }
         }
         let admitted = allowed
             && out.failure.is_none()
-            && lease_out.failure.is_none()
+            && lease_out.as_ref().is_none_or(|o| o.failure.is_none())
             && out.verdict.is_some_and(|v| v.allowed && v.delay_ms == 0);
         if admitted {
-            for o in [&out, &lease_out] {
+            for o in std::iter::once(&out).chain(&lease_out) {
                 if let Some(failure) = self.store_work(i, o) {
                     self.failed(host, i, now, failure);
                 }
@@ -201,7 +200,7 @@ impl<S: Store> Runtime<S> {
             if took && !outcome.allowed {
                 self.give_back_leased(&lc, i, now);
             }
-            outcome.rules.push(lease_out);
+            outcome.rules.push(lease_out.unwrap_or_default());
             p.checks.push(lc);
             p.applied.push(applied);
         }
