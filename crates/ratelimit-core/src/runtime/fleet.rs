@@ -461,6 +461,10 @@ mod tests {
             if general {
                 e.shared = None;
             }
+            assert!(
+                general || e.shared.is_some(),
+                "the rule takes the short path"
+            );
             if let Some(d) = dither {
                 e.fair_dither = d.wrapping_mul(k as u64 + 1) | 1;
             }
@@ -1105,7 +1109,8 @@ mod tests {
             assert_eq!(short.provider_refused, general.provider_refused, "{what}");
             assert_eq!(
                 (short.claims, short.reports),
-                (general.claims, general.reports)
+                (general.claims, general.reports),
+                "{what}"
             );
             let refused: u64 = short.refused_per_s.iter().flatten().sum();
             assert!(short.admitted > 1_000 && refused > 100, "{what}: {refused}");

@@ -168,25 +168,29 @@ impl<S: Store> Runtime<S> {
         }
     }
 
-    /// A lone shared rule's lease on the short path ([`super::shared`]): takes the request's
-    /// cost from what this proxy holds, in the update that finds it covers the request (`take`;
-    /// else only looks, as [`Runtime::promote`] does), a claim ahead of need started where it
-    /// runs low, as `promote` would start it (its block does not depend on what is held). `false` when what is held does not cover
-    /// the request (it must claim, or the service refused the key), when a fleet-fair rule's
-    /// bands keep some of it for others near the window's end (`share`: the request's shared
-    /// check), or when the store cannot tell: nothing written, the general path decides.
+    /// A lone shared rule's lease on the short path ([`super::shared`]): looks at what this
+    /// proxy holds for a request of `check`'s cost, as [`Runtime::promote`] does (a claim
+    /// ahead of need started where it runs low), and takes the cost at once in the same update
+    /// if `take` and plenty is held (not low, the service not refusing the key: a request the
+    /// shares then refuse gives it back, and another worker meanwhile must not find too little).
+    /// Whether it took the cost, and when the quota it took from lapses (only what is still
+    /// that window's may be given back); `None` when what is held does not cover the request
+    /// (it must claim, or the service refused the key), when a fleet-fair rule's bands keep
+    /// some of it for others near the window's end (`share`: the request's shared check), or
+    /// when the store cannot tell: nothing written but a corrupt bucket reset, the general path
+    /// decides.
     pub(super) fn take_leased(
         &self,
         (check, share): (&Check, &engine::Shared),
         applied: &mut Applied,
         host: &mut impl Attributes,
         (now_ms, take): (u64, bool),
-    ) -> bool {
+    ) -> Option<(bool, u64)> {
         let Policy::Lease {
             limit, max_block, ..
         } = check.policy
         else {
-            return false;
+            return None;
         };
         let target = Target::of(applied.rule, check);
         let cap = self.block_cap(applied, limit, max_block, now_ms);
@@ -196,34 +200,30 @@ impl<S: Store> Runtime<S> {
                 .fair_keeping(shares, applied.rule, (check.cost, cap), now_ms)
                 .is_some()
         {
-            return false;
+            return None;
         }
-        let taken = self.update_lease(target, now_ms, |state| {
+        let looked = self.update_lease(target, now_ms, |state| {
             let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
                 return (None, None);
             };
-            let next = if take {
-                let Some(next) = lease::take(state, now_ms, check.cost) else {
-                    return (None, None);
+            let s = state.copied().unwrap_or_default().at(now_ms);
+            if take && !low && !s.refused {
+                return match lease::take(state, now_ms, check.cost) {
+                    Some(next) => (Some((true, s.expires_ms, None)), next),
+                    None => (None, None),
                 };
-                next
-            } else {
-                None // looked at only: taken from once the shares admit the request
-            };
-            if !low {
-                return (Some(None), next);
             }
-            let s = next.or(state.copied()).unwrap_or_default().at(now_ms);
+            if !low {
+                return (Some((false, s.expires_ms, None)), None);
+            }
             let (next, block) = s.start_claim(now_ms, (cap, check.cost), true);
-            (Some(Some(block)), Some(next))
+            (Some((false, s.expires_ms, Some(block))), Some(next))
         });
-        let Some(ahead) = taken.flatten() else {
-            return false;
-        };
+        let (took, expires_ms, ahead) = looked.flatten()?;
         if let Some(block) = ahead {
             self.start_ahead(target, block, applied, host, now_ms);
         }
-        true
+        Some((took, expires_ms))
     }
 
     /// A request found `target`'s lease running low and started a claim ahead of need of
@@ -249,11 +249,20 @@ impl<S: Store> Runtime<S> {
     }
 
     /// Gives a request's cost back to the lease [`Runtime::take_leased`] took it from (the
-    /// shares refused the request).
-    pub(super) fn give_back_leased(&self, check: &Check, rule: usize, now_ms: u64) {
+    /// shares refused the request), if the quota it took from (lapsing at `expires_ms`) is
+    /// still what the lease holds.
+    pub(super) fn give_back_leased(
+        &self,
+        check: &Check,
+        rule: usize,
+        (now_ms, expires_ms): (u64, u64),
+    ) {
         let target = Target::of(rule, check);
         self.update_lease(target, now_ms, |state| {
-            ((), lease::refund(state.copied(), now_ms, check.cost))
+            // Not into a later window's quota (the window it was taken from turned, and a
+            // grant of the next came meanwhile): what was taken lapsed with its window.
+            let same = state.copied().filter(|s| s.expires_ms == expires_ms);
+            ((), lease::refund(same, now_ms, check.cost))
         });
     }
 

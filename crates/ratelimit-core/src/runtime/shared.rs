@@ -4,8 +4,10 @@
 //! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what
 //! is held taken at once, where the general path looks at the lease before the shares decide,
 //! then takes from it after). While the shares refuse the rule's requests (the last one here
-//! was refused), the lease is looked at and taken from after, as on the general path: taken at
-//! once, a refused request would give it back, two writes more than a look. It owns the test
+//! was refused), or where the lease runs low or the service refuses the key, the lease is
+//! looked at and taken from after, as on the general path: taken at once, a refused request
+//! would give it back (two writes more than a look), and another worker meanwhile could find
+//! too little held. It owns the test
 //! of what takes this path and the path itself; a
 //! request the shares refuse (or that must wait, or whose store failed) is concluded by the
 //! general path's [`Runtime::finish_with`] from the outcome already decided, and one whose
@@ -121,11 +123,10 @@ impl<S: Store> Runtime<S> {
                     priced,
                     capacity: true,
                 };
-                let took = !compiled.share_refusing.load(Relaxed);
-                if !self.take_leased((&check, &share), &mut applied, host, (now, took)) {
-                    return None;
-                }
-                Some((check, applied, took))
+                let take = !compiled.share_refusing.load(Relaxed);
+                let (took, expires_ms) =
+                    self.take_leased((&check, &share), &mut applied, host, (now, take))?;
+                Some((check, applied, (take, took, expires_ms)))
             }
             _ => None,
         };
@@ -135,8 +136,8 @@ impl<S: Store> Runtime<S> {
         // The lease as the general path decides it after the shares: taken already, or taken
         // now if they admitted the request (given back to them if it cannot be).
         let mut lease_out = None;
-        if let Some((lc, _, took)) = &lease {
-            if *took != allowed {
+        if let Some((lc, _, (take, took, _))) = &lease {
+            if *take != allowed {
                 compiled.share_refusing.store(!allowed, Relaxed);
             }
             if !took && allowed {
@@ -194,11 +195,11 @@ impl<S: Store> Runtime<S> {
             allowed,
             rules: smallvec::smallvec![out],
         };
-        if let Some((lc, applied, took)) = lease {
+        if let Some((lc, applied, (_, took, expires_ms))) = lease {
             // Taken at once: given back if the shares refused the request; admitted, the
             // lease's check reports nothing (its store's work was counted as it was taken).
             if took && !outcome.allowed {
-                self.give_back_leased(&lc, i, now);
+                self.give_back_leased(&lc, i, (now, expires_ms));
             }
             outcome.rules.push(lease_out.unwrap_or_default());
             p.checks.push(lc);
@@ -370,6 +371,20 @@ mod tests {
                     let answer = crate::testkit::second_counter(service, hits, now);
                     next = st.call_answer(rt, &mut h, id, Ok(answer));
                 }
+                Next::Continue => {
+                    // What the admitted request's response carries.
+                    let mut fields = Vec::new();
+                    st.response_headers(
+                        rt,
+                        &mut crate::testkit::FakeResponse::default(),
+                        || now,
+                        &mut String::new(),
+                        |k, v, _| fields.push(format!("{k}: {v}")),
+                        |_, _| {},
+                    );
+                    steps.push(format!("Continue {fields:?}"));
+                    break;
+                }
                 other => {
                     steps.push(format!("{other:?}"));
                     break;
@@ -377,6 +392,50 @@ mod tests {
             }
         }
         (steps, h.logs)
+    }
+
+    /// What a request the shares refused gives back goes to the quota it was taken from, not
+    /// into a later window's (granted meanwhile).
+    #[test]
+    fn a_refused_request_gives_back_only_to_the_window_it_took_from() {
+        let rt = runtime(&leased("", ""));
+        let (Some(policy), Some(key)) = (rt.compiled[0].lease, rt.compiled[0].capacity_key) else {
+            panic!("not leased");
+        };
+        let (slot, alt) = table::slots_of(key, rt.buckets);
+        let check = Check {
+            slot,
+            alt,
+            fingerprint: table::fingerprint_of(key),
+            policy,
+            cost: 1,
+            shadow: false,
+            charge_later: false,
+            base: None,
+        };
+        let held = |held: i64, expires_ms: u64| {
+            let s = crate::limiter::lease::State {
+                held,
+                expires_ms,
+                ..Default::default()
+            };
+            engine::update_lease(&rt.store, (slot, alt), check.fingerprint, 1_000, |_| {
+                ((), Some(s))
+            });
+        };
+        let now_held = || {
+            engine::update_lease(&rt.store, (slot, alt), check.fingerprint, 1_500, |s| {
+                (s.map(|s| s.held), None)
+            })
+            .0
+            .flatten()
+        };
+        // Taken from a window ending at 1,000; the next window's grant came meanwhile.
+        held(9, 2_000);
+        rt.give_back_leased(&check, 0, (1_001, 1_000));
+        assert_eq!(now_held(), Some(9));
+        rt.give_back_leased(&check, 0, (1_001, 2_000));
+        assert_eq!(now_held(), Some(10));
     }
 
     #[test]
@@ -400,6 +459,9 @@ mod tests {
         ];
         let t0: u64 = 1_800_000_000_000;
         let mut seen = [0u64; 3];
+        // Requests that found the lease to be taken at once, and to be looked at first.
+        let mut looked = [0u64; 2];
+        use std::sync::atomic::Ordering::Relaxed;
         for json in &configs {
             let short = runtime(json);
             let mut general = runtime(json);
@@ -410,18 +472,20 @@ mod tests {
             // claims, runs low, is refused at the window's end; the shares refuse and queue.
             for n in 0..600u64 {
                 let now = t0 + n * 8 + (n % 5);
+                looked[usize::from(short.compiled[0].share_refusing.load(Relaxed))] += 1;
                 let a = leased_request(&short, &mut s1, (n, now));
                 let b = leased_request(&general, &mut s2, (n, now));
                 assert_eq!(a, b, "{json}: request {n}");
                 let last = a.0.last().map_or("", String::as_str);
                 seen[0] += a.0.iter().filter(|s| s.starts_with(['c', 'a'])).count() as u64;
                 seen[1] += u64::from(last.starts_with("Reply"));
-                seen[2] += u64::from(last == "Continue");
+                seen[2] += u64::from(last.starts_with("Continue"));
             }
             assert_eq!(s1, s2, "{json}: the service's counts");
             assert_eq!(counts(&short), counts(&general), "{json}");
         }
-        // Claims, refusals and admissions all compared.
+        // Claims, refusals and admissions all compared, both orders of the lease's check.
         assert!(seen.iter().all(|&k| k > 50), "{seen:?}");
+        assert!(looked.iter().all(|&k| k > 200), "{looked:?}");
     }
 }
