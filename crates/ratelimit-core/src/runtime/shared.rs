@@ -1,5 +1,6 @@
 //! A configuration of one shared rule (`share`, its capacity local or leased from a rate limit
-//! service, shared on this proxy or fair across the fleet): its request decided in one step
+//! service, shared on this proxy; not fair across the fleet: [`shared_rule`]): its request
+//! decided in one step
 //! when the shares admit it, without the pending request of the general path
 //! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what
 //! is held taken at once, where the general path looks at the lease before the shares decide,
