@@ -12,15 +12,13 @@
 //! of what takes this path and the path itself; a
 //! request the shares refuse (or that must wait, or whose store failed) is concluded by the
 //! general path's [`Runtime::finish_with`] from the outcome already decided, and one whose
-//! lease holds too little for it (or whose fleet-fair bands keep what is held for others) goes
-//! the general path whole, so that both decide, count, wait and answer alike (the tests compare
-//! them).
+//! lease holds too little for it goes the general path whole, so that both decide, count, wait
+//! and answer alike (the tests compare them).
 
 use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
 use crate::config::{Config, GlobalMode};
 use crate::engine::{self, Check, Outcome, ShareCheck};
-use crate::key;
 use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::store::Store;
@@ -30,7 +28,7 @@ use smallvec::SmallVec;
 /// The index of the configuration's rule when it has one rule and that rule is a shared
 /// capacity, local or leased from its service, shared here (not fair across the fleet: with the
 /// short path, `share_fair_waits.rs` failed 2 of 7 native runs, its heaviest batch tenant 5.7-8 %
-/// under its share; the path's fleet-fair parts stay, not taken), charged
+/// under its share), charged
 /// by nothing but its fixed or header cost, priced in nothing, with the limit of its
 /// configuration, not elastic, reading no field of the body, and of a bucket's algorithm that
 /// holds no request (delay mode).
@@ -84,23 +82,13 @@ impl<S: Store> Runtime<S> {
             charge_later: false,
             base: None,
         };
-        // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
-        let fleet = sh
-            .fleet_fair
-            .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
-            .flatten()
-            .map(|id| engine::FleetAsk {
-                slot: compiled.fair_record(),
-                id,
-                counted: false,
-            });
         let share = (
             0,
             ShareCheck {
                 record: compiled.share_record(),
                 share: sh.params,
                 asker: asker(sh, host),
-                fleet,
+                fleet: None, // not fair across the fleet: [`shared_rule`]
             },
         );
         let now = host.now_ms();
@@ -128,7 +116,7 @@ impl<S: Store> Runtime<S> {
                 };
                 let take = !compiled.share_refusing.load(Relaxed);
                 let (took, expires_ms) =
-                    self.take_leased((&check, &share), &mut applied, host, (now, take))?;
+                    self.take_leased(&check, &mut applied, host, (now, take))?;
                 Some((check, applied, (take, took, expires_ms)))
             }
             _ => None,
