@@ -412,8 +412,23 @@ fn decide_share(
                     check.cost,
                 )
             };
+            // Nobody contends the capacity: admitted in the record's bytes.
+            let admit = |bytes: &mut [u8]| {
+                let at = (now_ms, check.cost);
+                share::in_place::admit(
+                    &sc.share,
+                    &check.policy,
+                    bytes,
+                    tenant.as_ref(),
+                    sc.asker,
+                    at,
+                )
+            };
             // Held by the store (the native build's process table): in place, no race to lose.
             let held = store.locked_value(sc.record, |value, present| {
+                if let Some(d) = present.then(|| admit(value)).flatten() {
+                    return (d, true);
+                }
                 let d = decide_on(&mut record, present.then_some(&value[..]));
                 record.encode_into_vec(value);
                 (d, true)
@@ -426,6 +441,13 @@ fn decide_share(
                     let replaced =
                         store.replace(sc.record, MAX_ATTEMPTS, &mut value, |bytes, value| {
                             attempts += 1;
+                            if let Some(bytes) = bytes {
+                                value.clear();
+                                value.extend_from_slice(bytes);
+                                if let Some(d) = admit(value) {
+                                    return (d, true);
+                                }
+                            }
                             let d = decide_on(&mut record, bytes);
                             record.encode_into(value);
                             (d, true)

@@ -59,3 +59,37 @@ impl Reader<'_> {
         self.0.is_empty().then_some(())
     }
 }
+
+/// The little-endian `u64` at byte `at` of a fixed-size array; 0 past its end. With a constant
+/// offset, once inlined, a plain load: the array's length is known, so no check is left.
+#[inline(always)]
+pub fn u64_at<const N: usize>(b: &[u8; N], at: usize) -> u64 {
+    b.get(at..)
+        .and_then(|s| s.first_chunk::<8>())
+        .map_or(0, |c| u64::from_le_bytes(*c))
+}
+
+/// The little-endian `u32` at byte `at` of a fixed-size array, as [`u64_at`].
+#[inline(always)]
+pub fn u32_at<const N: usize>(b: &[u8; N], at: usize) -> u32 {
+    b.get(at..)
+        .and_then(|s| s.first_chunk::<4>())
+        .map_or(0, |c| u32::from_le_bytes(*c))
+}
+
+/// Writes `v` little-endian at byte `at` of a fixed-size array (nothing past its end), as
+/// [`u64_at`] reads it.
+#[inline(always)]
+pub fn put_u64_at<const N: usize>(b: &mut [u8; N], at: usize, v: u64) {
+    if let Some(c) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<8>()) {
+        *c = v.to_le_bytes();
+    }
+}
+
+/// Writes `v` little-endian at byte `at` of a fixed-size array, as [`put_u64_at`].
+#[inline(always)]
+pub fn put_u32_at<const N: usize>(b: &mut [u8; N], at: usize, v: u32) {
+    if let Some(c) = b.get_mut(at..).and_then(|s| s.first_chunk_mut::<4>()) {
+        *c = v.to_le_bytes();
+    }
+}

@@ -159,7 +159,12 @@ impl Window {
         let wait = if cur.saturating_add(cost) <= limit {
             // Still in this window, once enough of `previous` has decayed: we need
             // prev × (w − e') ≤ (limit − cur − cost) × w.
-            match (limit - cur - cost).sat_mul(w).checked_div(prev) {
+            match limit
+                .saturating_sub(cur)
+                .saturating_sub(cost)
+                .sat_mul(w)
+                .checked_div(prev)
+            {
                 None => 0,
                 Some(k) if k >= w - e => 0,
                 Some(k) => w - k - e,
@@ -170,7 +175,7 @@ impl Window {
             match (limit - cost).sat_mul(w).checked_div(cur) {
                 None => to_next,
                 Some(k) if k >= w => to_next,
-                Some(k) => to_next + (w - k),
+                Some(k) => to_next.saturating_add(w - k),
             }
         };
         Some(wait)

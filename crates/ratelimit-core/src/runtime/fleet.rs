@@ -337,6 +337,8 @@ mod tests {
         /// Each request that waited for its turn: its tenant, when its wait ended (ms into the
         /// run), and how long it waited, ms.
         waits: Vec<(usize, u64, u64)>,
+        /// Every Envoy's rule took the lone shared rule's short path.
+        short_path: bool,
     }
 
     /// Three Envoys leasing one capacity of 100 a second (`fleet`: `share.fleet`), each
@@ -389,8 +391,6 @@ mod tests {
         share: &'a str,
         /// Every request through the general path (no lone shared rule's short path).
         general: bool,
-        /// Each runtime's draws for rounding its fair parts (`None`: random, as in Envoy).
-        dither: Option<u64>,
     }
 
     impl<'a> Case<'a> {
@@ -409,7 +409,6 @@ mod tests {
                 bands: &[],
                 share: "",
                 general: false,
-                dither: None,
             }
         }
     }
@@ -429,7 +428,6 @@ mod tests {
             bands,
             share,
             general,
-            dither,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
@@ -457,19 +455,10 @@ mod tests {
                     .map(move |_| Runtime::new(config.clone(), Seed([i + 1, 7]), store.clone()))
             })
             .collect();
-        for (k, e) in envoys.iter_mut().enumerate() {
-            if general {
-                e.shared = None;
-            }
-            // The comparison of the paths (its draws fixed) runs a rule of the short path.
-            assert!(
-                general || dither.is_none() || e.shared.is_some(),
-                "the rule takes the short path"
-            );
-            if let Some(d) = dither {
-                e.fair_dither = d.wrapping_mul(k as u64 + 1) | 1;
-            }
+        for e in envoys.iter_mut().filter(|_| general) {
+            e.shared = None;
         }
+        let short_path = envoys.iter().all(|e| e.shared.is_some());
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
         let mut turn = 0usize;
         let mut service = Service {
@@ -616,6 +605,7 @@ mod tests {
             per_s,
             refused_per_s,
             waits,
+            short_path,
         }
     }
 
@@ -1091,16 +1081,16 @@ mod tests {
             ),
         ];
         for (what, case) in cases {
-            let case = Case {
-                dither: Some(0x9e37_79b9_7f4a_7c15),
-                ..case
-            };
             let (short, general) = (
                 pinned_on(case.clone()),
                 pinned_on(Case {
                     general: true,
                     ..case
                 }),
+            );
+            assert!(
+                short.short_path && !general.short_path,
+                "{what}: the paths compared"
             );
             assert_eq!(short.per_s, general.per_s, "{what}");
             assert_eq!(short.refused_per_s, general.refused_per_s, "{what}");

@@ -1,19 +1,16 @@
 //! A configuration of one shared rule (`share`, its capacity local or leased from a rate limit
-//! service, shared on this proxy; not fair across the fleet: [`shared_rule`]): its request
-//! decided in one step
-//! when the shares admit it, without the pending request of the general path
-//! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what
-//! is held taken at once, where the general path looks at the lease before the shares decide,
-//! then takes from it after). While the shares refuse the rule's requests (the last one here
-//! was refused), or where the lease runs low or the service refuses the key, the lease is
-//! looked at and taken from after, as on the general path: taken at once, a refused request
-//! would give it back (two writes more than a look), and another worker meanwhile could find
-//! too little held. It owns the test
-//! of what takes this path and the path itself; a
-//! request the shares refuse (or that must wait, or whose store failed) is concluded by the
-//! general path's [`Runtime::finish_with`] from the outcome already decided, and one whose
-//! lease holds too little for it goes the general path whole, so that both decide, count, wait
-//! and answer alike (the tests compare them).
+//! service, shared on this proxy; not fair across the fleet: [`shared_rule`]): its request decided
+//! in one step when the shares admit it, without the pending request of the general path
+//! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what is
+//! held taken at once, where the general path looks at the lease before the shares decide, then
+//! takes from it after). While the shares refuse the rule's requests (the last one here was
+//! refused), or where the lease runs low or the service refuses the key, the lease is looked at and
+//! taken from after, as on the general path: taken at once, a refused request would give it back
+//! (two writes more than a look), and another worker meanwhile could find too little held. It owns
+//! the test of what takes this path and the path itself; a request the shares refuse (or that must
+//! wait, or whose store failed) is concluded by the general path's [`Runtime::finish_with`] from
+//! the outcome already decided, and one whose lease holds too little for it goes the general path
+//! whole, so that both decide, count, wait and answer alike (the tests compare them).
 
 use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
@@ -25,12 +22,11 @@ use crate::store::Store;
 use crate::table;
 use smallvec::SmallVec;
 
-/// The index of the configuration's rule when it has one rule and that rule is a shared
-/// capacity, local or leased from its service, shared here (not fair across the fleet: with the
-/// short path, `share_fair_waits.rs` failed 2 of 7 native runs, its heaviest batch tenant 5.7-8 %
-/// under its share), charged
-/// by nothing but its fixed or header cost, priced in nothing, with the limit of its
-/// configuration, not elastic, reading no field of the body, and of a bucket's algorithm that
+/// The index of the configuration's rule when it has one rule and that rule is a shared capacity,
+/// local or leased from its service, shared here (not fair across the fleet: with the short path,
+/// `share_fair_waits.rs` failed 2 of 7 native runs, its heaviest batch tenant 5.7-8 % under its
+/// share), charged by nothing but its fixed or header cost, priced in nothing, with the limit of
+/// its configuration, not elastic, reading no field of the body, and of a bucket's algorithm that
 /// holds no request (delay mode).
 pub(super) fn shared_rule(config: &Config, compiled: &[Compiled]) -> Option<usize> {
     let ([rule], [c]) = (config.rules.as_slice(), compiled) else {

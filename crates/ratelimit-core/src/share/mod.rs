@@ -37,6 +37,7 @@
 
 pub mod fair;
 pub mod fair_record;
+pub mod in_place;
 pub mod learn;
 pub mod queue;
 pub mod state;
@@ -158,7 +159,7 @@ pub fn decide(
     if leased.is_some() {
         if let Some(wait_ms) = fleet_reserved(
             share,
-            record,
+            (&record.fleet, &record.bands),
             (band, t.held),
             (configured, whole, limit),
             (now_ms, window_ms),
@@ -187,47 +188,14 @@ pub fn decide(
             .retry_after_ms
             .max(record.blocked_until_ms - now_ms);
     }
-    // The band's budget (the highest active band may use the headroom above the target).
-    let v_band = (record.bands.len() > 1).then(|| {
-        let highest = record
-            .bands
-            .iter()
-            .take(band)
-            .all(|b| b.active_weight() == 0);
-        let headroom = if highest {
-            limit.saturating_sub(permille(limit, share.target_pm))
-        } else {
-            0
-        };
-        // A capacity with no burst to spare (a sliding window, a leaky bucket) keeps what the
-        // higher bands use now from this band at once, and room for one more request of
-        // theirs: the step's budget reads their whole counts, a step apart, and a higher band's
-        // burst in between would meet a capacity this band had filled. A token bucket's burst
-        // absorbs it.
-        let spare = matches!(capacity, Policy::Gcra(p) if p.burst > cost);
-        let mut budget = sums.budget;
-        if !spare && band > 0 {
-            let above_now: u64 = record
-                .bands
-                .iter()
-                .take(band)
-                .map(|b| b.used.usage_in(now_ms, window_ms, LEVEL_ONE))
-                .sum();
-            if above_now > 0 {
-                let target = permille(limit.saturating_mul(LEVEL_ONE), share.target_pm);
-                let reserve = share
-                    .min_share_pm
-                    .get(band)
-                    .map_or(0, |&pm| permille(target, pm));
-                let room = target
-                    .saturating_sub(above_now)
-                    .saturating_sub(cost.saturating_mul(LEVEL_ONE));
-                budget = budget.min(room.max(reserve));
-            }
-        }
-        let budget = budget.saturating_add(headroom.saturating_mul(LEVEL_ONE));
-        under(&sums.used, now_ms, window_ms, budget, cost)
-    });
+    let v_band = band_verdict(
+        share,
+        capacity,
+        (&record.bands, band),
+        limit,
+        (now_ms, window_ms),
+        cost,
+    );
     // The tenant's share of the level, unless there is room for everyone.
     let share_fixed =
         (sums.level != NO_LEVEL).then(|| sums.level.saturating_mul(u64::from(weight)));
@@ -235,17 +203,9 @@ pub fn decide(
     // Without a level (the capacity not contended) nobody is held to a share: what the
     // capacity's use and the tenant's would say is not needed.
     let v_share = share_fixed.and_then(|s| {
-        let used_all: u64 = record
-            .bands
-            .iter()
-            .map(|b| b.used.usage(now_ms, window_ms))
-            .sum();
-        let room = used_all.saturating_add(cost) <= permille(limit, share.saturation_pm);
-        // A tenant that used nothing over the window may always ask: a share under half a
-        // request a window (many tenants, a small capacity) would otherwise never admit one
-        // above the saturation point. The capacity and the band still hold the whole.
-        let idle = t.usage.usage_in(now_ms, window_ms, LEVEL_ONE) == 0;
-        (!room && !idle).then(|| under(&t.usage, now_ms, window_ms, s, cost))
+        let at = (now_ms, window_ms);
+        level_holds(share, (&record.bands, &t), limit, at, cost)
+            .then(|| under(&t.usage, now_ms, window_ms, s, cost))
     });
     // A held tenant not refused for its share for a second is no longer held (nor is anyone
     // once the band has no level).
@@ -322,6 +282,76 @@ pub fn decide(
         tenant: t,
         share: share_now,
     }
+}
+
+/// Whether a band's level (where it has one) holds tenant `t` to its share for a request of
+/// `cost`: the capacity (`limit`, this proxy's part of it if leased) past its saturation point
+/// with the request, and the tenant not idle. A tenant that used nothing over the window may
+/// always ask: a share under half a request a window (many tenants, a small capacity) would
+/// otherwise never admit one above the saturation point. The capacity and the band still hold
+/// the whole.
+fn level_holds(
+    share: &Share,
+    (bands, t): (&[BandSums], &Tenant),
+    limit: u64,
+    (now_ms, window_ms): (u64, u64),
+    cost: u64,
+) -> bool {
+    let used_all = bands
+        .iter()
+        .map(|b| b.used.usage(now_ms, window_ms))
+        .fold(0, u64::saturating_add);
+    let room = used_all.saturating_add(cost) <= permille(limit, share.saturation_pm);
+    !room && t.usage.usage_in(now_ms, window_ms, LEVEL_ONE) != 0
+}
+
+/// The verdict of the budget of band `band` of `bands` (two bands or more; `None` with one): the
+/// highest active band may use the headroom above the target.
+fn band_verdict(
+    share: &Share,
+    capacity: &Policy,
+    (bands, band): (&[BandSums], usize),
+    limit: u64,
+    (now_ms, window_ms): (u64, u64),
+    cost: u64,
+) -> Option<Verdict> {
+    let sums = bands.get(band)?;
+    if bands.len() < 2 {
+        return None;
+    }
+    let highest = bands.iter().take(band).all(|b| b.active_weight() == 0);
+    let headroom = if highest {
+        limit.saturating_sub(permille(limit, share.target_pm))
+    } else {
+        0
+    };
+    // A capacity with no burst to spare (a sliding window, a leaky bucket) keeps what the
+    // higher bands use now from this band at once, and room for one more request of
+    // theirs: the step's budget reads their whole counts, a step apart, and a higher band's
+    // burst in between would meet a capacity this band had filled. A token bucket's burst
+    // absorbs it.
+    let spare = matches!(capacity, Policy::Gcra(p) if p.burst > cost);
+    let mut budget = sums.budget;
+    if !spare && band > 0 {
+        let above_now: u64 = bands
+            .iter()
+            .take(band)
+            .map(|b| b.used.usage_in(now_ms, window_ms, LEVEL_ONE))
+            .sum();
+        if above_now > 0 {
+            let target = permille(limit.saturating_mul(LEVEL_ONE), share.target_pm);
+            let reserve = share
+                .min_share_pm
+                .get(band)
+                .map_or(0, |&pm| permille(target, pm));
+            let room = target
+                .saturating_sub(above_now)
+                .saturating_sub(cost.saturating_mul(LEVEL_ONE));
+            budget = budget.min(room.max(reserve));
+        }
+    }
+    let budget = budget.saturating_add(headroom.saturating_mul(LEVEL_ONE));
+    Some(under(&sums.used, now_ms, window_ms, budget, cost))
 }
 
 /// What a proxy's part of a leased capacity climbs by, permille of the capacity, in each
@@ -434,7 +464,11 @@ pub fn in_force_here(capacity: &Policy, record: &Record, share: &Share, now_ms: 
 /// part ([`lease_answered`]) while it is recent (until a window after the last one the service
 /// answered it in ends); `None` otherwise (this proxy alone), and for a capacity not leased.
 pub fn fleet_limit(record: &Record, limit: u64, window_ms: u64, now_ms: u64) -> Option<u64> {
-    let f = &record.fleet;
+    fleet_part(&record.fleet, limit, window_ms, now_ms)
+}
+
+/// [`fleet_limit`] of a record's [`Fleet`].
+fn fleet_part(f: &Fleet, limit: u64, window_ms: u64, now_ms: u64) -> Option<u64> {
     if f.part_pm == 0 || now_ms >= f.window_end_ms.saturating_add(window_ms) {
         return None;
     }
@@ -522,26 +556,24 @@ pub fn charge(capacity: &Policy, record: &mut Record, tenant: &mut Tenant, now_m
 /// its reserved minimum (of this proxy's part) is never held here.
 fn fleet_reserved(
     share: &Share,
-    record: &Record,
+    (f, bands): (&Fleet, &[BandSums]),
     (band, held): (usize, bool),
     (configured, whole, part): (u64, u64, u64),
     (now_ms, window_ms): (u64, u64),
     cost: u64,
 ) -> Option<u64> {
-    let f = &record.fleet;
     // What the fleet may still use of the window: the service counts the configured capacity,
     // the provider said less.
     let left = u64::from(f.left).saturating_sub(configured.saturating_sub(whole));
     if (band == 0 && !held) || f.part_pm == 0 || now_ms >= f.window_end_ms {
         return None;
     }
-    let mut above: u64 = record
-        .bands
+    let mut above: u64 = bands
         .iter()
         .take(band)
         .map(|b| b.used.usage(now_ms, window_ms))
         .sum();
-    let mine = record.bands.get(band)?;
+    let mine = bands.get(band)?;
     let used = mine.used.usage(now_ms, window_ms);
     if held {
         above += used.saturating_sub(mine.used_held.usage(now_ms, window_ms));
@@ -832,8 +864,11 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
     }
     let n = record.bands.len();
     for i in 0..n {
-        let above: u64 = asked.iter().take(i).sum();
-        let below: u64 = kept.iter().take(n).skip(i + 1).sum();
+        let above = asked
+            .iter()
+            .take(i)
+            .fold(0, |a: u64, &b| a.saturating_add(b));
+        let below = (kept.iter().take(n).skip(i + 1)).fold(0, |a: u64, &b| a.saturating_add(b));
         let budget = band_budget(n, target, above, below, reserve(i));
         let Some(b) = record.bands.get_mut(i) else {
             continue;
@@ -915,6 +950,18 @@ mod sim_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record whose refused demand is as large as it can be (a foreign or corrupt one): the
+    /// step's sums saturate, they do not wrap.
+    #[test]
+    fn a_step_over_saturated_refused_demand_does_not_wrap() {
+        let share = Share::for_bands(&[0, 0, 0]);
+        let mut r = Record::new(3);
+        r.bands[0].starved = u64::MAX;
+        r.bands[1].starved = u64::MAX;
+        step(&share, 1000, 1000, &mut r, 1_000_000);
+        assert_eq!(r.step_ms, 1_000_000);
+    }
 
     #[test]
     fn a_leased_part_climbs_while_held_and_is_cut_when_the_fleet_runs_out() {

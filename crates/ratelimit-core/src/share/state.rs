@@ -2,7 +2,7 @@
 //! one [`Record`] per rule (the capacity's own state, and per band the sums the water level is
 //! computed from). Both are fixed-width little-endian, so a store can update them in place.
 
-use crate::limiter::codec::{Reader, Writer};
+use crate::limiter::codec::{put_u32_at, put_u64_at, u32_at, u64_at};
 pub use crate::limiter::tenant::{Tenant, KEEP_IDLE_MS, MAX_BANDS, TENANT_LEN};
 use crate::limiter::{sliding_window, State};
 use crate::table;
@@ -17,7 +17,22 @@ pub type RecordBytes = SmallVec<[u8; 512]>;
 const _: () = assert!(MAX_RECORD_LEN <= 512);
 /// The record's header length.
 const HEADER_LEN: usize = 80;
-const _: () = assert!(16 + table::TAGGED_LEN + 24 + 16 == HEADER_LEN);
+const _: () = assert!(FLEET_LEFT + 4 == HEADER_LEN);
+/// Where the header's fields are: the first word (version, band count, held epoch), the
+/// epoch, the last step, the capacity's tagged state, the learned limit and until when, blocked
+/// until, the fleet's window end and part, granted, spent and left.
+const EPOCH: usize = 4;
+const STEP: usize = 8;
+const TAGGED: usize = 16;
+const LEARNED: usize = TAGGED + table::TAGGED_LEN;
+const LEARNED_UNTIL: usize = LEARNED + 8;
+const BLOCKED: usize = LEARNED + 16;
+const FLEET_END: usize = LEARNED + 24;
+const FLEET_GRANTED: usize = LEARNED + 32;
+const FLEET_LEFT: usize = LEARNED + 36;
+/// Where a band's `used` and `level` are in its part of the record.
+const USED: usize = 0;
+const LEVEL: usize = 64;
 /// One band's length in the record.
 const BAND_LEN: usize = 80;
 /// The level a band has when nobody in it needs one: every tenant may use what it asks.
@@ -61,48 +76,50 @@ impl BandSums {
         u64::from(self.held_now) + u64::from(self.held_carry)
     }
 
-    fn bytes(&self) -> [u8; BAND_LEN] {
-        let a = self.used;
-        let b = self.used_held;
-        Writer::new()
-            .u64(a.last_ms)
-            .u32(a.window_ms)
-            .u32(a.current)
-            .u32(a.previous)
-            .u64(b.last_ms)
-            .u32(b.window_ms)
-            .u32(b.current)
-            .u32(b.previous)
-            .u32(self.weight_now)
-            .u32(self.weight_carry)
-            .u32(self.held_now)
-            .u32(self.held_carry)
-            .u64(self.starved)
-            .u64(self.level)
-            .u64(self.budget)
-            .finish()
+    /// A counter of the band's at byte `at` of its part of the record.
+    fn counter_at(b: &[u8; BAND_LEN], at: usize) -> sliding_window::State {
+        sliding_window::State {
+            last_ms: u64_at(b, at),
+            window_ms: u32_at(b, at + 8),
+            current: u32_at(b, at + 12),
+            previous: u32_at(b, at + 16),
+        }
     }
 
-    fn decode(r: &mut Reader) -> Option<BandSums> {
-        let counter = |r: &mut Reader| -> Option<sliding_window::State> {
-            Some(sliding_window::State {
-                last_ms: r.u64()?,
-                window_ms: r.u32()?,
-                current: r.u32()?,
-                previous: r.u32()?,
-            })
-        };
-        Some(BandSums {
-            used: counter(r)?,
-            used_held: counter(r)?,
-            weight_now: r.u32()?,
-            weight_carry: r.u32()?,
-            held_now: r.u32()?,
-            held_carry: r.u32()?,
-            starved: r.u64()?,
-            level: r.u64()?,
-            budget: r.u64()?,
-        })
+    /// Writes a counter as [`BandSums::counter_at`] reads it.
+    fn put_counter(b: &mut [u8; BAND_LEN], at: usize, c: &sliding_window::State) {
+        put_u64_at(b, at, c.last_ms);
+        put_u32_at(b, at + 8, c.window_ms);
+        put_u32_at(b, at + 12, c.current);
+        put_u32_at(b, at + 16, c.previous);
+    }
+
+    /// Writes the band's fields into its part of the record (fixed offsets: a few stores).
+    fn write(&self, b: &mut [u8; BAND_LEN]) {
+        BandSums::put_counter(b, USED, &self.used);
+        BandSums::put_counter(b, 20, &self.used_held);
+        put_u32_at(b, 40, self.weight_now);
+        put_u32_at(b, 44, self.weight_carry);
+        put_u32_at(b, 48, self.held_now);
+        put_u32_at(b, 52, self.held_carry);
+        put_u64_at(b, 56, self.starved);
+        put_u64_at(b, LEVEL, self.level);
+        put_u64_at(b, 72, self.budget);
+    }
+
+    /// Reads what [`BandSums::write`] wrote (every bit pattern is some band's sums).
+    fn read(b: &[u8; BAND_LEN]) -> BandSums {
+        BandSums {
+            used: BandSums::counter_at(b, USED),
+            used_held: BandSums::counter_at(b, 20),
+            weight_now: u32_at(b, 40),
+            weight_carry: u32_at(b, 44),
+            held_now: u32_at(b, 48),
+            held_carry: u32_at(b, 52),
+            starved: u64_at(b, 56),
+            level: u64_at(b, LEVEL),
+            budget: u64_at(b, 72),
+        }
     }
 }
 
@@ -148,6 +165,20 @@ pub struct Fleet {
     pub left: u32,
 }
 
+impl Fleet {
+    /// The fleet's fields of a record's header.
+    fn read(head: &[u8; HEADER_LEN]) -> Fleet {
+        let (end, spent) = (u64_at(head, FLEET_END), u32_at(head, FLEET_LEFT));
+        Fleet {
+            window_end_ms: end & 0xffff_ffff_ffff,
+            granted: u32_at(head, FLEET_GRANTED),
+            part_pm: (end >> 48) as u16,
+            spent: spent >> 31 != 0,
+            left: spent & FLEET_LEFT_MAX,
+        }
+    }
+}
+
 /// The most [`Fleet::left`] holds (31 bits: it shares its field with `spent`).
 pub const FLEET_LEFT_MAX: u32 = 0x7fff_ffff;
 
@@ -178,7 +209,7 @@ impl Record {
         HEADER_LEN + BAND_LEN * bands
     }
 
-    /// Fixed-width encoding: version 1, bands 1, reserved 2, epoch 4, step_ms 8, the capacity's
+    /// Fixed-width encoding: version 1, bands 1, held epoch 2, epoch 4, step_ms 8, the capacity's
     /// tagged state (24, zero when none), the learned limit 8, until 8, blocked until 8, the
     /// fleet's window end 6 and part 2, granted 4, spent 1 bit and left 31 bits (80 in all); then each band.
     pub fn encode(&self) -> RecordBytes {
@@ -189,47 +220,52 @@ impl Record {
 
     /// [`Record::encode`] into `out` (its bytes replaced), without moving a buffer around.
     pub fn encode_into(&self, out: &mut RecordBytes) {
-        out.clear();
-        self.write_to(|b| out.extend_from_slice(b));
+        out.resize(Record::len_for(self.bands.len()), 0);
+        self.write_to(out);
     }
 
-    /// [`Record::encode`] into a value a store holds (its bytes replaced; no allocation once it
-    /// has held a record).
+    /// [`Record::encode`] into a value a store holds (its bytes replaced, in place when it held
+    /// a record of as many bands; no allocation once it has held a record).
     pub fn encode_into_vec(&self, out: &mut Vec<u8>) {
-        out.clear();
-        self.write_to(|b| out.extend_from_slice(b));
+        out.resize(Record::len_for(self.bands.len()), 0);
+        self.write_to(out);
     }
 
-    /// The encoding, piece by piece.
-    fn write_to(&self, mut push: impl FnMut(&[u8])) {
-        let mut head = [0u8; HEADER_LEN];
-        let fields: [u8; 16] = Writer::new()
-            .u32(
-                u32::from(RECORD_VERSION)
-                    | (self.bands.len() as u32) << 8
-                    | u32::from(self.held_epoch) << 16,
-            )
-            .u32(self.epoch)
-            .u64(self.step_ms)
-            .finish();
-        let (first, rest) = head.split_at_mut(16);
-        first.copy_from_slice(&fields);
-        let (tagged, learned) = rest.split_at_mut(table::TAGGED_LEN);
-        if let Some(state) = &self.capacity {
-            table::encode_state(state, tagged);
-        }
-        let fields: [u8; 40] = Writer::new()
-            .u64(self.learned_limit)
-            .u64(self.learned_until_ms)
-            .u64(self.blocked_until_ms)
-            .u64(self.fleet.window_end_ms & 0xffff_ffff_ffff | u64::from(self.fleet.part_pm) << 48)
-            .u32(self.fleet.granted)
-            .u32(u32::from(self.fleet.spent) << 31 | self.fleet.left.min(FLEET_LEFT_MAX))
-            .finish();
-        learned.copy_from_slice(&fields);
-        push(&head);
-        for band in &self.bands {
-            push(&band.bytes());
+    /// The encoding, into `out` of [`Record::len_for`] this record's bands (fixed offsets).
+    fn write_to(&self, out: &mut [u8]) {
+        let (head, bands) = out.split_at_mut(HEADER_LEN.min(out.len()));
+        let Some(head) = head.first_chunk_mut::<HEADER_LEN>() else {
+            return;
+        };
+        put_u32_at(
+            head,
+            0,
+            u32::from(RECORD_VERSION)
+                | (self.bands.len() as u32) << 8
+                | u32::from(self.held_epoch) << 16,
+        );
+        put_u32_at(head, EPOCH, self.epoch);
+        put_u64_at(head, STEP, self.step_ms);
+        put_capacity(head, self.capacity.as_ref());
+        put_u64_at(head, LEARNED, self.learned_limit);
+        put_u64_at(head, LEARNED_UNTIL, self.learned_until_ms);
+        put_u64_at(head, BLOCKED, self.blocked_until_ms);
+        let f = &self.fleet;
+        put_u64_at(
+            head,
+            FLEET_END,
+            f.window_end_ms & 0xffff_ffff_ffff | u64::from(f.part_pm) << 48,
+        );
+        put_u32_at(head, FLEET_GRANTED, f.granted);
+        put_u32_at(
+            head,
+            FLEET_LEFT,
+            u32::from(f.spent) << 31 | f.left.min(FLEET_LEFT_MAX),
+        );
+        for (band, out) in self.bands.iter().zip(bands.chunks_exact_mut(BAND_LEN)) {
+            if let Some(out) = out.first_chunk_mut::<BAND_LEN>() {
+                band.write(out);
+            }
         }
     }
 
@@ -262,50 +298,28 @@ impl Record {
     }
 
     fn try_decode_from(&mut self, bytes: &[u8]) -> Option<()> {
-        let (&version, rest) = bytes.split_first()?;
-        let (&bands, _) = rest.split_first()?;
-        let n = usize::from(bands);
-        if version != RECORD_VERSION || !(1..=MAX_BANDS).contains(&n) {
+        let (head, bands) = bytes.split_first_chunk::<HEADER_LEN>()?;
+        let n = usize::from(head[1]);
+        if head[0] != RECORD_VERSION
+            || !(1..=MAX_BANDS).contains(&n)
+            || bytes.len() != Record::len_for(n)
+        {
             return None;
         }
-        if bytes.len() != Record::len_for(n) {
-            return None;
-        }
-        let held_epoch = u16::from_le_bytes([*bytes.get(2)?, *bytes.get(3)?]);
-        let mut r = Reader(bytes.get(4..16)?);
-        let (epoch, step_ms) = (r.u32()?, r.u64()?);
-        let tagged = bytes.get(16..16 + table::TAGGED_LEN)?;
-        let capacity = if tagged.iter().all(|&b| b == 0) {
-            None
-        } else {
-            Some(table::decode_state(tagged).ok()?)
-        };
-        let mut r = Reader(bytes.get(16 + table::TAGGED_LEN..HEADER_LEN)?);
-        let (learned_limit, learned_until_ms, blocked_until_ms) = (r.u64()?, r.u64()?, r.u64()?);
-        let (end, granted, spent) = (r.u64()?, r.u32()?, r.u32()?);
-        let fleet = Fleet {
-            window_end_ms: end & 0xffff_ffff_ffff,
-            granted,
-            part_pm: (end >> 48) as u16,
-            spent: spent >> 31 != 0,
-            left: spent & FLEET_LEFT_MAX,
-        };
-        let mut r = Reader(bytes.get(HEADER_LEN..)?);
+        let capacity = capacity_of(head)?;
         self.bands.clear();
-        for _ in 0..n {
-            let band = BandSums::decode(&mut r);
-            self.bands.push(band.unwrap_or_default());
-            band?;
+        for band in bands.chunks_exact(BAND_LEN) {
+            self.bands
+                .push(BandSums::read(band.first_chunk::<BAND_LEN>()?));
         }
-        r.end()?;
-        self.epoch = epoch;
-        self.held_epoch = held_epoch;
-        self.step_ms = step_ms;
+        self.epoch = u32_at(head, EPOCH);
+        self.held_epoch = held_epoch(head);
+        self.step_ms = u64_at(head, STEP);
         self.capacity = capacity;
-        self.learned_limit = learned_limit;
-        self.learned_until_ms = learned_until_ms;
-        self.blocked_until_ms = blocked_until_ms;
-        self.fleet = fleet;
+        self.learned_limit = u64_at(head, LEARNED);
+        self.learned_until_ms = u64_at(head, LEARNED_UNTIL);
+        self.blocked_until_ms = u64_at(head, BLOCKED);
+        self.fleet = Fleet::read(head);
         Some(())
     }
 
@@ -337,6 +351,114 @@ impl Record {
             b.held_now = 0;
         }
         self.held_epoch = epoch;
+    }
+}
+
+/// The capacity's state in a record's header: `Some(None)` when nothing was counted yet (the
+/// field all zero: tag 0 is no state's), `None` when the field does not decode.
+fn capacity_of(head: &[u8; HEADER_LEN]) -> Option<Option<State>> {
+    let tagged = head.get(TAGGED..LEARNED)?;
+    match tagged.split_first() {
+        // Checked whole only then: a state's tag is never 0.
+        Some((0, rest)) => rest.iter().all(|&b| b == 0).then_some(None),
+        _ => table::decode_state(tagged).ok().map(Some),
+    }
+}
+
+/// Writes the capacity's state as [`capacity_of`] reads it.
+fn put_capacity(head: &mut [u8; HEADER_LEN], state: Option<&State>) {
+    if let Some(tagged) = head.get_mut(TAGGED..LEARNED) {
+        tagged.fill(0);
+        if let Some(state) = state {
+            table::encode_state(state, tagged);
+        }
+    }
+}
+
+/// The held epoch, in the header's first word.
+fn held_epoch(head: &[u8; HEADER_LEN]) -> u16 {
+    (u32_at(head, 0) >> 16) as u16
+}
+
+/// A record read and written in its bytes (fixed offsets, nothing decoded but what is asked
+/// for): what [`super::in_place`] needs of it.
+pub struct RecordView<'a> {
+    head: &'a mut [u8; HEADER_LEN],
+    bands: &'a mut [u8],
+}
+
+impl<'a> RecordView<'a> {
+    /// The record in `bytes` if it is one [`Record::encode`] wrote with `n` bands.
+    pub fn of(bytes: &'a mut [u8], n: usize) -> Option<RecordView<'a>> {
+        let (head, bands) = bytes.split_first_chunk_mut::<HEADER_LEN>()?;
+        let ok = head[0] == RECORD_VERSION
+            && usize::from(head[1]) == n
+            && (1..=MAX_BANDS).contains(&n)
+            && bands.len() == BAND_LEN * n;
+        ok.then_some(RecordView { head, bands })
+    }
+
+    /// [`Record::epoch`].
+    pub fn epoch(&self) -> u32 {
+        u32_at(self.head, EPOCH)
+    }
+
+    /// [`Record::held_epoch`].
+    pub fn held_epoch(&self) -> u16 {
+        held_epoch(self.head)
+    }
+
+    /// [`Record::step_ms`].
+    pub fn step_ms(&self) -> u64 {
+        u64_at(self.head, STEP)
+    }
+
+    /// [`Record::learned_limit`].
+    pub fn learned_limit(&self) -> u64 {
+        u64_at(self.head, LEARNED)
+    }
+
+    /// [`Record::blocked_until_ms`].
+    pub fn blocked_until_ms(&self) -> u64 {
+        u64_at(self.head, BLOCKED)
+    }
+
+    /// [`Record::fleet`].
+    pub fn fleet(&self) -> Fleet {
+        Fleet::read(self.head)
+    }
+
+    /// [`Record::capacity`]; `None` if it does not decode (nor would the record).
+    pub fn capacity(&self) -> Option<Option<State>> {
+        capacity_of(self.head)
+    }
+
+    /// Sets [`Record::capacity`].
+    pub fn set_capacity(&mut self, state: Option<&State>) {
+        put_capacity(self.head, state);
+    }
+
+    /// [`Record::bands`].
+    pub fn bands(&self) -> SmallVec<[BandSums; MAX_BANDS]> {
+        self.bands
+            .chunks_exact(BAND_LEN)
+            .filter_map(|b| b.first_chunk::<BAND_LEN>().map(BandSums::read))
+            .collect()
+    }
+
+    /// Band `band`'s [`BandSums::used`] and [`BandSums::level`] (the rest of its sums unread).
+    pub fn used_and_level(&self, band: usize) -> Option<(sliding_window::State, u64)> {
+        let at = band.saturating_mul(BAND_LEN);
+        let b = self.bands.get(at..)?.first_chunk::<BAND_LEN>()?;
+        Some((BandSums::counter_at(b, USED), u64_at(b, LEVEL)))
+    }
+
+    /// Sets [`BandSums::used`] of band `band`.
+    pub fn set_used(&mut self, band: usize, used: &sliding_window::State) {
+        let at = band.saturating_mul(BAND_LEN);
+        if let Some(b) = self.bands.get_mut(at..).and_then(|b| b.first_chunk_mut()) {
+            BandSums::put_counter(b, USED, used);
+        }
     }
 }
 
@@ -373,7 +495,7 @@ mod tests {
         assert_eq!(bytes.len(), 80 + 3 * 80);
         assert_eq!(Record::decode(&bytes), Some(r.clone()));
         let empty = Record::new(1);
-        assert_eq!(Record::decode(&empty.encode()), Some(empty));
+        assert_eq!(Record::decode(&empty.encode()), Some(empty.clone()));
         assert_eq!(Record::decode(&bytes[..bytes.len() - 1]), None);
         let mut other = bytes.clone();
         other[0] = 1;
@@ -381,6 +503,57 @@ mod tests {
         let mut five = bytes;
         five[1] = 5;
         assert_eq!(Record::decode(&five), None, "too many bands");
+        let mut junk = empty.encode();
+        junk[16 + 5] = 0xab;
+        assert_eq!(
+            Record::decode(&junk),
+            None,
+            "no state's tag, but not all zero"
+        );
+    }
+
+    /// Every field set to its own value: the bytes are the format's (version 3, as written
+    /// before the fixed-offset codec), field by field.
+    #[test]
+    fn a_record_is_written_at_the_formats_offsets() {
+        let counter = |k: u64| sliding_window::State {
+            last_ms: 0x0101_0101_0101_0101 * k,
+            window_ms: 0x0202_0202 * k as u32,
+            current: 0x0303_0303 * k as u32,
+            previous: 0x0404_0404 * k as u32,
+        };
+        let mut r = Record::new(2);
+        r.epoch = 0x1122_3344;
+        r.held_epoch = 0x5566;
+        r.step_ms = 0x0102_0304_0506_0708;
+        r.capacity = Some(State::SlidingWindow(counter(9)));
+        r.learned_limit = 0x1111;
+        r.learned_until_ms = 0x2222;
+        r.blocked_until_ms = 0x3333;
+        r.fleet = Fleet {
+            window_end_ms: 0x0000_a1a2_a3a4_a5a6,
+            granted: 0xb1b2_b3b4,
+            part_pm: 0xc1c2,
+            spent: true,
+            left: 0x0d1d_2d3d,
+        };
+        for (i, b) in r.bands.iter_mut().enumerate() {
+            let k = i as u64 + 1;
+            *b = BandSums {
+                used: counter(k),
+                used_held: counter(k + 2),
+                weight_now: 0x10 * k as u32,
+                weight_carry: 0x20 * k as u32,
+                held_now: 0x30 * k as u32,
+                held_carry: 0x40 * k as u32,
+                starved: 0x50 * k,
+                level: 0x60 * k,
+                budget: 0x70 * k,
+            };
+        }
+        let hex: String = r.encode().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN);
+        assert_eq!(Record::decode(&r.encode()), Some(r));
     }
 
     #[test]
@@ -417,4 +590,16 @@ mod tests {
         r.roll(13);
         assert_eq!(r.bands[0].active_weight() + r.bands[1].active_weight(), 0);
     }
+
+    /// [`Record::encode`] of `a_record_is_written_at_the_formats_offsets`'s record, in hex.
+    const GOLDEN: &str = concat!(
+        "03026655443322110807060504030201010909090909090909121212121b1b1b",
+        "1b24242424000000111100000000000022220000000000003333000000000000",
+        "a6a5a4a3a2a1c2c1b4b3b2b13d2d1d8d01010101010101010202020203030303",
+        "04040404030303030303030306060606090909090c0c0c0c1000000020000000",
+        "3000000040000000500000000000000060000000000000007000000000000000",
+        "0202020202020202040404040606060608080808040404040404040408080808",
+        "0c0c0c0c1010101020000000400000006000000080000000a000000000000000",
+        "c000000000000000e000000000000000",
+    );
 }
