@@ -1014,15 +1014,21 @@ MODULE = "libwasm_ratelimit"
 
 def share(args, work):
     """Instructions per request of one rule keyed by client address whose limit is a capacity
-    shared among the clients (`share`), against the same rule not shared; both builds, and no
-    filter. Every request is admitted (the capacity is never reached, so the level is never
-    needed): this is what sharing costs each request. `--rounds` rounds, interleaved; the
+    shared among the clients (`share`; `-banded`: in two priority bands, each request in the
+    lower), against the same rule not shared; both builds, and no filter. Every request is
+    admitted (the capacity is never reached, so the level is never needed): this is what
+    sharing costs each request. `--rounds` rounds, interleaved; the
     native module's own instructions apart. Prints the table; writes bench/results-share.json."""
     plain = rule("per-client", ["remote_address"], n=NEVER, unit="second")
     shared = dict(plain, share={})
+    # Two bands, every request in the lower one (no x-band header): its budget decided too.
+    banded = dict(plain, share={"bands": [{"name": "interactive", "min_share": 0.2},
+                                          {"name": "batch"}],
+                                "band": {"from": "header:x-band", "default": "batch"}})
     specs = [("no-filter", "")]
     for b in ("native", "wasm"):
-        specs += [(f"{b}-plain", ours([plain], build=b)), (f"{b}-shared", ours([shared], build=b))]
+        specs += [(f"{b}-plain", ours([plain], build=b)), (f"{b}-shared", ours([shared], build=b)),
+                  (f"{b}-banded", ours([banded], build=b))]
     if args.only:
         keep = args.only.split(",")
         specs = [sp for sp in specs if sp[0] in keep]
@@ -1148,15 +1154,17 @@ def share_report(r):
     """The shared rule's cost, as markdown: Envoy's instructions per request (medians of the
     rounds) and, for the native build, the module's own."""
     ins, mod = r["instructions"], r["module"]
-    lines = ["| build | no filter | rule not shared | shared | shared − not shared | module: not shared | module: shared |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| build | no filter | rule not shared | shared | two bands | shared − not shared | module: not shared | module: shared | module: two bands |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    num = lambda d, k: f"{d[k]:,.0f}" if k in d else "–"
     for b in ("native", "wasm"):
         if f"{b}-plain" not in ins or f"{b}-shared" not in ins or "no-filter" not in ins:
             continue
         p, s = ins[f"{b}-plain"], ins[f"{b}-shared"]
-        m = (f"{mod[f'{b}-plain']:,.0f} | {mod[f'{b}-shared']:,.0f}" if b == "native"
-             else "– | –")
-        lines.append(f"| {b} | {ins['no-filter']:,.0f} | {p:,.0f} | {s:,.0f} | {s - p:+,.0f} | {m} |")
+        m = (" | ".join(num(mod, f"{b}-{v}") for v in ("plain", "shared", "banded"))
+             if b == "native" else "– | – | –")
+        lines.append(f"| {b} | {ins['no-filter']:,.0f} | {p:,.0f} | {s:,.0f} | "
+                     f"{num(ins, f'{b}-banded')} | {s - p:+,.0f} | {m} |")
     waits = r.get("waits", {})
     if waits:
         lines += ["", "| build | shared, never reached | waits and is released | waits − never reached | waited per request | waiting ms per request | module: waits |",
