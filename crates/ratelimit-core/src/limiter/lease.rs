@@ -266,8 +266,13 @@ impl State {
             }
             return s;
         }
-        // Quota of two grants lapses at the earlier end: one never outlives its window.
-        s.expires_ms = if old.held > 0 && now_ms < old.expires_ms {
+        // Each grant's end is a lower bound of its window's (from when the claim was sent,
+        // the service's reset rounded down): two of one window (ends within [`TURN_MS`] of
+        // each other: windows are a second at least) lapse at the later bound, the closer
+        // one. Quota of two windows lapses at the earlier end: none outlives its window.
+        s.expires_ms = if now_ms < old.expires_ms && same_window(old.expires_ms, grant.expires_ms) {
+            old.expires_ms.max(grant.expires_ms)
+        } else if old.held > 0 && now_ms < old.expires_ms {
             old.expires_ms.min(grant.expires_ms)
         } else {
             grant.expires_ms
@@ -357,6 +362,11 @@ impl State {
 /// remains.
 pub fn near_limit(remaining: u64, unit: u64) -> u64 {
     (remaining / NEAR_SHARE).max(unit.max(1).min(remaining))
+}
+
+/// Whether two estimates of a window's end, each a lower bound, are of the same window.
+pub fn same_window(a: u64, b: u64) -> bool {
+    a.abs_diff(b) < TURN_MS
 }
 
 /// A block the service granted.
@@ -580,6 +590,27 @@ mod tests {
         assert_eq!(s.lapsing(60_500), 20);
         let s = State::granted(Some(&s), 60_500, grant(4, 1, 120_000), false);
         assert_eq!((s.held, s.expires_ms, s.lapsing(60_500)), (3, 120_000, 0));
+    }
+
+    #[test]
+    fn grants_of_one_window_lapse_at_the_closest_estimate_of_its_end() {
+        // Each end is the claim's send time plus the service's reset rounded down: early by
+        // up to the rounding. Ends within TURN_MS of each other are one window's: the later.
+        let s = State::granted(None, 1_000, grant(10, 0, 60_000), false);
+        let s = State::granted(Some(&s), 2_000, grant(10, 0, 60_002), false);
+        assert_eq!((s.held, s.expires_ms), (20, 60_002));
+        let s = State::granted(Some(&s), 3_000, grant(10, 0, 60_001), false);
+        assert_eq!((s.held, s.expires_ms), (30, 60_002));
+        // So too when nothing is held any more (the last block was used up).
+        let spent = State { held: 0, ..s };
+        let s = State::granted(Some(&spent), 4_000, grant(10, 0, 59_999), false);
+        assert_eq!((s.held, s.expires_ms), (10, 60_002));
+        // Ends TURN_MS apart are two windows': the earlier, as before.
+        let s = State::granted(Some(&s), 5_000, grant(10, 0, 60_002 + TURN_MS), false);
+        assert_eq!((s.held, s.expires_ms), (20, 60_002));
+        // Past its estimated end the old window is not kept on.
+        let s = State::granted(Some(&s), 60_002, grant(10, 0, 60_050), false);
+        assert_eq!((s.held, s.expires_ms), (10, 60_050));
     }
 
     #[test]

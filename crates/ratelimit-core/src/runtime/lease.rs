@@ -250,8 +250,11 @@ impl<S: Store> Runtime<S> {
         let target = Target::of(rule, check);
         self.update_lease(target, now_ms, |state| {
             // Not into a later window's quota (the window it was taken from turned, and a
-            // grant of the next came meanwhile): what was taken lapsed with its window.
-            let same = state.copied().filter(|s| s.expires_ms == expires_ms);
+            // grant of the next came meanwhile): what was taken lapsed with its window. Its
+            // end may have moved by a closer estimate of the same window's meanwhile.
+            let same = state
+                .copied()
+                .filter(|s| lease::same_window(s.expires_ms, expires_ms));
             ((), lease::refund(same, now_ms, check.cost))
         });
     }
