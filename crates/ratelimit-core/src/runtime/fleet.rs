@@ -391,6 +391,8 @@ mod tests {
         share: &'a str,
         /// Every request through the general path (no lone shared rule's short path).
         general: bool,
+        /// Each runtime's draws for rounding its fair parts (`None`: random, as in Envoy).
+        dither: Option<u64>,
     }
 
     impl<'a> Case<'a> {
@@ -409,6 +411,7 @@ mod tests {
                 bands: &[],
                 share: "",
                 general: false,
+                dither: None,
             }
         }
     }
@@ -428,6 +431,7 @@ mod tests {
             bands,
             share,
             general,
+            dither,
         } = case;
         let (limit, unit, window_ms, max_block, run_ms, from_s) = match window {
             Window::Second => (100, "second", 1_000, 10, 30_000u64, 10),
@@ -455,8 +459,13 @@ mod tests {
                     .map(move |_| Runtime::new(config.clone(), Seed([i + 1, 7]), store.clone()))
             })
             .collect();
-        for e in envoys.iter_mut().filter(|_| general) {
-            e.shared = None;
+        for (k, e) in envoys.iter_mut().enumerate() {
+            if general {
+                e.shared = None;
+            }
+            if let Some(d) = dither {
+                e.fair_dither = d.wrapping_mul(k as u64 + 1) | 1;
+            }
         }
         let short_path = envoys.iter().all(|e| e.shared.is_some());
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
@@ -1043,9 +1052,10 @@ mod tests {
     }
 
     /// A lone shared rule's short path (`runtime/shared.rs`) against the general path, in the
-    /// fleet: three Envoys leasing one capacity shared locally (tenants pinned; two workers an
-    /// Envoy with bands and waits, spread; a provider whose limit is learned): every second's
-    /// admissions and refusals, every wait, every claim the same.
+    /// fleet: three Envoys leasing one fleet-fair capacity (tenants pinned; two workers an
+    /// Envoy with bands and waits, spread; a provider whose limit is learned), and leasing it
+    /// shared locally: every second's admissions and refusals, every wait, every claim and
+    /// report the same (each runtime's fair rounding draws fixed: random, they differ by run).
     #[test]
     fn the_shared_path_leases_waits_and_shares_across_the_fleet_as_the_general_one() {
         let tenants = [
@@ -1059,28 +1069,33 @@ mod tests {
             {"name": "batch", "min_share": 0.05}],
             "band": {"from": "header:x-band", "default": "batch"}, "max_wait_ms": 1000"#;
         let spread = |i: usize, _: usize, ms: u64| (ms as usize + i) % 3;
-        let cases: [(&str, Case<'_>); 3] = [
-            ("local, pinned", Case::new("local", true)),
+        let cases: [(&str, Case<'_>); 4] = [
+            ("fair, pinned", Case::new("fair", true)),
             (
-                "local, waits, two workers, spread",
+                "fair, waits, two workers, spread",
                 Case {
                     tenants: &tenants,
                     bands: &bands,
                     share: waits,
                     place: &spread,
                     workers: 2,
-                    ..Case::new("local", true)
+                    ..Case::new("fair", true)
                 },
             ),
             (
-                "local, learned",
+                "fair, learned",
                 Case {
                     provider: Some(70),
-                    ..Case::new("local", true)
+                    ..Case::new("fair", true)
                 },
             ),
+            ("local, pinned", Case::new("local", true)),
         ];
         for (what, case) in cases {
+            let case = Case {
+                dither: Some(0x9e37_79b9_7f4a_7c15),
+                ..case
+            };
             let (short, general) = (
                 pinned_on(case.clone()),
                 pinned_on(Case {

@@ -175,11 +175,13 @@ impl<S: Store> Runtime<S> {
     /// shares then refuse gives it back, and another worker meanwhile must not find too little).
     /// Whether it took the cost, and when the quota it took from lapses (only what is still
     /// that window's may be given back); `None` when what is held does not cover the request
-    /// (it must claim, or the service refused the key), or when the store cannot tell: nothing written but a corrupt bucket reset, the general path
+    /// (it must claim, or the service refused the key), when a fleet-fair rule's bands keep
+    /// some of it for others near the window's end (`share`: the request's shared check), or
+    /// when the store cannot tell: nothing written but a corrupt bucket reset, the general path
     /// decides.
     pub(super) fn take_leased(
         &self,
-        check: &Check,
+        (check, share): (&Check, &engine::Shared),
         applied: &mut Applied,
         host: &mut impl Attributes,
         (now_ms, take): (u64, bool),
@@ -192,6 +194,14 @@ impl<S: Store> Runtime<S> {
         };
         let target = Target::of(applied.rule, check);
         let cap = self.block_cap(applied, limit, max_block, now_ms);
+        let shares = std::slice::from_ref(share);
+        if share.1.fleet.is_some()
+            && self
+                .fair_keeping(shares, applied.rule, (check.cost, cap), now_ms)
+                .is_some()
+        {
+            return None;
+        }
         let looked = self.update_lease(target, now_ms, |state| {
             let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
                 return (None, None);

@@ -1,5 +1,5 @@
 //! A configuration of one shared rule (`share`, its capacity local or leased from a rate limit
-//! service, shared on this proxy; not fair across the fleet: [`shared_rule`]): its request decided
+//! service, shared on this proxy or fair across the fleet: [`shared_rule`]): its request decided
 //! in one step when the shares admit it, without the pending request of the general path
 //! ([`super::request::Pending`]) and, for a leased capacity, with one update of its lease (what is
 //! held taken at once, where the general path looks at the lease before the shares decide, then
@@ -9,13 +9,15 @@
 //! (two writes more than a look), and another worker meanwhile could find too little held. It owns
 //! the test of what takes this path and the path itself; a request the shares refuse (or that must
 //! wait, or whose store failed) is concluded by the general path's [`Runtime::finish_with`] from
-//! the outcome already decided, and one whose lease holds too little for it goes the general path
-//! whole, so that both decide, count, wait and answer alike (the tests compare them).
+//! the outcome already decided, and one whose lease holds too little for it (or whose fleet-fair
+//! bands keep what is held for others) goes the general path whole, so that both decide, count,
+//! wait and answer alike (the tests compare them).
 
 use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
 use crate::config::{Config, GlobalMode};
 use crate::engine::{self, Check, Outcome, ShareCheck};
+use crate::key;
 use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::store::Store;
@@ -23,11 +25,9 @@ use crate::table;
 use smallvec::SmallVec;
 
 /// The index of the configuration's rule when it has one rule and that rule is a shared capacity,
-/// local or leased from its service, shared here (not fair across the fleet: with the short path,
-/// `share_fair_waits.rs` failed 2 of 7 native runs, its heaviest batch tenant 5.7-8 % under its
-/// share), charged by nothing but its fixed or header cost, priced in nothing, with the limit of
-/// its configuration, not elastic, reading no field of the body, and of a bucket's algorithm that
-/// holds no request (delay mode).
+/// local or leased from its service (shared here or fair across the fleet), charged by nothing but
+/// its fixed or header cost, priced in nothing, with the limit of its configuration, not elastic,
+/// reading no field of the body, and of a bucket's algorithm that holds no request (delay mode).
 pub(super) fn shared_rule(config: &Config, compiled: &[Compiled]) -> Option<usize> {
     let ([rule], [c]) = (config.rules.as_slice(), compiled) else {
         return None;
@@ -44,7 +44,7 @@ pub(super) fn shared_rule(config: &Config, compiled: &[Compiled]) -> Option<usiz
     };
     let short = algorithm
         && capacity
-        && rule.share.as_ref().is_some_and(|sh| !sh.fleet_fair)
+        && rule.share.is_some()
         && rule.charge().is_none()
         && rule.price().is_none()
         && !rule.per_request.any()
@@ -78,13 +78,23 @@ impl<S: Store> Runtime<S> {
             charge_later: false,
             base: None,
         };
+        // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
+        let fleet = sh
+            .fleet_fair
+            .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
+            .flatten()
+            .map(|id| engine::FleetAsk {
+                slot: compiled.fair_record(),
+                id,
+                counted: false,
+            });
         let share = (
             0,
             ShareCheck {
                 record: compiled.share_record(),
                 share: sh.params,
                 asker: asker(sh, host),
-                fleet: None, // not fair across the fleet: [`shared_rule`]
+                fleet,
             },
         );
         let now = host.now_ms();
@@ -112,7 +122,7 @@ impl<S: Store> Runtime<S> {
                 };
                 let take = !compiled.share_refusing.load(Relaxed);
                 let (took, expires_ms) =
-                    self.take_leased(&check, &mut applied, host, (now, take))?;
+                    self.take_leased((&check, &share), &mut applied, host, (now, take))?;
                 Some((check, applied, (take, took, expires_ms)))
             }
             _ => None,
@@ -217,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_lone_rule_shared_here_takes_the_shared_path() {
+    fn only_a_lone_shared_rule_takes_the_shared_path() {
         let short = [
             "",
             r#", "algorithm": "token_bucket", "burst": 2"#,
@@ -231,11 +241,11 @@ mod tests {
             assert_eq!(rt.shared, Some(0), "{rule}");
             assert_eq!(rt.plain, None, "{rule}");
         }
-        let general = [
-            r#", "global": {"cluster": "rls", "domain": "d", "mode": "lease"},
-                "share": {"fleet": "fair"}"#,
-            r#", "cost": {"response": "header:x-usage", "reserve": 2, "true_up": true}"#,
-        ];
+        let fair = r#", "global": {"cluster": "rls", "domain": "d", "mode": "lease"},
+                "share": {"fleet": "fair"}"#;
+        assert_eq!(runtime(&one(fair)).shared, Some(0));
+        let general =
+            [r#", "cost": {"response": "header:x-usage", "reserve": 2, "true_up": true}"#];
         for rule in general {
             assert_eq!(runtime(&one(rule)).shared, None, "{rule}");
         }
