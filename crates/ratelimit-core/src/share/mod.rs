@@ -864,11 +864,13 @@ pub fn step(share: &Share, limit: u64, window_ms: u64, record: &mut Record, now_
     }
     let n = record.bands.len();
     for i in 0..n {
-        let above = asked
+        let above = asked.iter().take(i).copied().fold(0, u64::saturating_add);
+        let below = kept
             .iter()
-            .take(i)
-            .fold(0, |a: u64, &b| a.saturating_add(b));
-        let below = (kept.iter().take(n).skip(i + 1)).fold(0, |a: u64, &b| a.saturating_add(b));
+            .take(n)
+            .skip(i + 1)
+            .copied()
+            .fold(0, u64::saturating_add);
         let budget = band_budget(n, target, above, below, reserve(i));
         let Some(b) = record.bands.get_mut(i) else {
             continue;
