@@ -63,6 +63,8 @@ struct Calls {
     claims: u64,
     granted: u64,
     reports: u64,
+    /// Of the reports, those that rode on a claim (the claim's call, none of their own).
+    rode: u64,
     descriptors: u64,
     /// When claims were refused with nothing left, µs.
     ran_out: Vec<u64>,
@@ -70,7 +72,8 @@ struct Calls {
 
 impl Calls {
     /// Sends `message` at `now_us` and returns the service's answer, counting it when
-    /// `measured`.
+    /// `measured`: a report (its first descriptor a fleet-fair counter), a claim, or a claim a
+    /// report rides on (fair counters after the claim's descriptor).
     fn call(
         &mut self,
         service: &mut Service,
@@ -87,7 +90,14 @@ impl Calls {
                 self.descriptors += answer.statuses.len() as u64;
             } else {
                 self.claims += 1;
-                let hits = rls::decode_request(message).map_or(0, |r| r.hits);
+                let request = rls::decode_request(message).ok();
+                let hits = request.as_ref().map_or(0, |r| r.hits);
+                let riding = request.map_or(0, |r| r.descriptors.len().saturating_sub(1));
+                if riding > 0 {
+                    self.reports += 1;
+                    self.rode += 1;
+                    self.descriptors += riding as u64;
+                }
                 if answer.overall_code == Code::Ok {
                     self.granted += hits;
                 } else if answer
@@ -243,6 +253,7 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
     };
     let fair = FairFigures {
         reports: calls.reports,
+        piggybacked: calls.rode,
         descriptors: calls.descriptors,
         ..FairFigures::default()
     };

@@ -79,6 +79,11 @@ impl Ahead {
         true
     }
 
+    /// How many claims wait for the next tick.
+    pub fn waiting(&self) -> usize {
+        self.keys.len()
+    }
+
     /// The claims to send now, each with its `RateLimitRequest`; none left.
     pub fn drain(&mut self, rules: &[Rule], now_ms: u64) -> Vec<(Vec<u8>, Claim)> {
         self.keys

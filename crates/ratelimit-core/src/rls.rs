@@ -197,13 +197,22 @@ pub struct Each<'a> {
 pub fn encode_request_each(domain: &str, descriptors: &[Each<'_>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(domain.len() + 64 * descriptors.len() + 8);
     put_bytes(&mut out, 1, domain.as_bytes());
+    append_each(&mut out, descriptors);
+    out
+}
+
+/// Appends `descriptors`, each with its own `hits_addend`, to the encoded `RateLimitRequest`
+/// `out` (a message's fields may come in any order: they follow those already there). A
+/// request of [`encode_request`] with these after its own descriptor counts that one by the
+/// request's `hits_addend` and each of these by its own, at a service that reads them.
+pub fn append_each(out: &mut Vec<u8>, descriptors: &[Each<'_>]) {
+    out.reserve(64 * descriptors.len());
     let mut descriptor = Vec::with_capacity(64);
     for d in descriptors {
         descriptor.clear();
         put_descriptor(&mut descriptor, d.entries, Some(d.hits));
-        put_bytes(&mut out, 2, &descriptor);
+        put_bytes(out, 2, &descriptor);
     }
-    out
 }
 
 /// A protobuf field as read.
@@ -486,6 +495,31 @@ mod tests {
         assert_eq!(r.hits, 1, "the request's own hits_addend is left out");
         let one = decode_request(&encode_request("d", &[("k", b"a")], 2)).unwrap();
         assert_eq!((one.hits, one.descriptor_hits), (2, vec![None]));
+    }
+
+    #[test]
+    fn descriptors_appended_to_a_request_keep_their_own_hits_and_it_its_own() {
+        let mut bytes = encode_request("d", &[("k", b"claim")], 20);
+        append_each(
+            &mut bytes,
+            &[
+                Each {
+                    entries: &[("k", b"a")],
+                    hits: 5,
+                },
+                Each {
+                    entries: &[("k", b"b")],
+                    hits: 0,
+                },
+            ],
+        );
+        let r = decode_request(&bytes).unwrap();
+        assert_eq!(r.domain, "d");
+        let values: Vec<&[u8]> = r.descriptors.iter().map(|d| &d[0].1[..]).collect();
+        assert_eq!(values, [&b"claim"[..], b"a", b"b"]);
+        // The first counts by the request's hits_addend; the others by their own, 0 set.
+        assert_eq!(r.hits, 20);
+        assert_eq!(r.descriptor_hits, [None, Some(5), Some(0)]);
     }
 
     #[test]

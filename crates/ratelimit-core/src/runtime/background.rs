@@ -13,7 +13,7 @@
 use super::Runtime;
 use crate::global::{Answer, Claim, Target};
 use crate::metrics;
-use crate::rls::GrpcAnswer;
+use crate::rls::{self, GrpcAnswer};
 use crate::share::fair_record::Report;
 use crate::store::Store;
 use std::collections::HashMap;
@@ -34,6 +34,9 @@ enum Purpose {
     /// Reports a fleet-fair shared rule's window and reads the fleet's
     /// ([`super::fleet`]).
     Report(usize, Report),
+    /// Both at once: a claim ahead of need and the report of its rule, due at the same tick,
+    /// in one call (the claim's descriptor first).
+    Riding(Claim, Report),
 }
 
 /// A call the host is asked to start: one `ShouldRateLimit` to a rule's service.
@@ -157,14 +160,31 @@ impl Background {
                         Purpose::Flush(flush.target, flush.hits),
                     )
                 });
-                let claims = rt
+                // A report rides on a claim of its rule's lease going out at the same tick.
+                let mut reports: Vec<Option<(usize, Report)>> =
+                    rt.fair_reports(now_ms).into_iter().map(Some).collect();
+                let claims: Vec<_> = rt
                     .claims_ahead(now_ms)
                     .into_iter()
-                    .map(|(message, claim)| (claim.target.rule, message, Purpose::Claim(claim)));
-                let reports = rt
-                    .fair_reports(now_ms)
-                    .into_iter()
-                    .map(|(rule, message, report)| (rule, message, Purpose::Report(rule, report)));
+                    .map(|(mut message, claim)| {
+                        let rule = claim.target.rule;
+                        let riding = reports
+                            .iter_mut()
+                            .find(|r| r.as_ref().is_some_and(|(of, _)| *of == rule))
+                            .and_then(Option::take);
+                        match riding {
+                            Some((_, report)) => {
+                                rt.ride(&mut message, rule, &report);
+                                (rule, message, Purpose::Riding(claim, report))
+                            }
+                            None => (rule, message, Purpose::Claim(claim)),
+                        }
+                    })
+                    .collect();
+                let reports = reports.into_iter().flatten().map(|(rule, report)| {
+                    let message = rt.report_message(rule, &report);
+                    (rule, message, Purpose::Report(rule, report))
+                });
                 work.calls = flushes
                     .chain(claims)
                     .chain(reports)
@@ -275,7 +295,69 @@ fn settle<S: Store>(rt: &Runtime<S>, purpose: Purpose, answer: Answer, now_ms: u
         Purpose::Flush(target, hits) => rt.flushed(&target, hits, answer, now_ms),
         Purpose::Claim(claim) => rt.ahead_answered(&claim, answer, now_ms),
         Purpose::Report(rule, report) => rt.fair_answered(rule, &report, &answer),
+        Purpose::Riding(claim, report) => {
+            let rule = claim.target.rule;
+            let (for_claim, for_report) = match answer {
+                Ok(a) => {
+                    let (c, r) = split_ride(a, report.items.len());
+                    (Ok(c), r.map(Ok))
+                }
+                Err(e) => (Err(e.clone()), Some(Err(e))),
+            };
+            rt.ahead_answered(&claim, for_claim, now_ms);
+            match for_report {
+                Some(answer) => rt.fair_answered(rule, &report, &answer),
+                None => rt.fair_unreported(rule, &report),
+            }
+        }
     }
+}
+
+/// The answer to a claim a report of `items` counters rode on, split in two: the claim's
+/// (its own status and code, the service's headers) and the report's (`None`: the service
+/// counted none of it). With a status per descriptor, the claim's is the first: a report
+/// rode on a refused claim was counted if each of its counters says `OK` (a service that
+/// counts each descriptor by itself, as envoyproxy/ratelimit does), not if they carry the
+/// refusal (one that counts a call whole or not at all). Without (Limitador's server
+/// answers none), the call's code is the claim's, and a refused call counted nothing.
+fn split_ride(answer: rls::Response, items: usize) -> (rls::Response, Option<rls::Response>) {
+    let rls::Response {
+        overall_code,
+        mut statuses,
+        headers,
+    } = answer;
+    if statuses.len() != items.saturating_add(1) {
+        let counted = overall_code == rls::Code::Ok;
+        let report = counted.then(|| rls::Response {
+            overall_code,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+        });
+        let claim = rls::Response {
+            overall_code,
+            statuses,
+            headers,
+        };
+        return (claim, report);
+    }
+    let rest = statuses.split_off(1);
+    let code = statuses.first().map_or(overall_code, |s| s.code);
+    let all_ok = rest.iter().all(|s| s.code == rls::Code::Ok);
+    let report = (code == rls::Code::Ok || all_ok).then(|| rls::Response {
+        overall_code: if all_ok {
+            rls::Code::Ok
+        } else {
+            rls::Code::OverLimit
+        },
+        statuses: rest,
+        headers: Vec::new(),
+    });
+    let claim = rls::Response {
+        overall_code: code,
+        statuses,
+        headers,
+    };
+    (claim, report)
 }
 
 #[cfg(test)]

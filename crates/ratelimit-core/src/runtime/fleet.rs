@@ -18,8 +18,8 @@ use crate::share::fair_record::{Item, Report};
 use crate::store::Store;
 use std::sync::atomic::Ordering;
 
-/// A report to send: the rule, its message and what it asks.
-pub(crate) type Due = (usize, Vec<u8>, Report);
+/// A report to send: the rule and what it asks.
+pub(crate) type Due = (usize, Report);
 
 impl<S: Store> Runtime<S> {
     /// The reports due at `now_ms`: one per fleet-fair rule whose window turned since its last
@@ -27,7 +27,7 @@ impl<S: Store> Runtime<S> {
     pub(crate) fn fair_reports(&self, now_ms: u64) -> Vec<Due> {
         let mut due = Vec::new();
         for (i, (rule, c)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
-            let (Some(sh), Some(g)) = (rule.share.as_ref(), rule.global.as_ref()) else {
+            let Some(sh) = rule.share.as_ref().filter(|_| rule.global.is_some()) else {
                 continue;
             };
             if !sh.fleet_fair {
@@ -53,10 +53,47 @@ impl<S: Store> Runtime<S> {
             let Some(report) = report else {
                 continue;
             };
-            let message = report_message(&g.domain, &rule.name, &report);
-            due.push((i, message, report));
+            due.push((i, report));
         }
         due
+    }
+
+    /// The `RateLimitRequest` of `report`, rule `rule`'s, alone.
+    pub(crate) fn report_message(&self, rule: usize, report: &Report) -> Vec<u8> {
+        let Some((r, g)) = self
+            .config
+            .rules
+            .get(rule)
+            .and_then(|r| Some((r, r.global.as_ref()?)))
+        else {
+            return Vec::new();
+        };
+        let mut message = rls::encode_request_each(&g.domain, &[]);
+        append_report(&mut message, &r.name, report);
+        message
+    }
+
+    /// `report`'s counters, rule `rule`'s, appended to `claim`, the message of a claim of the
+    /// rule's lease (same domain): one call instead of two. The claim's block counts by the
+    /// request's `hits_addend`, each counter by its own ([`rls::append_each`]).
+    pub(crate) fn ride(&self, claim: &mut Vec<u8>, rule: usize, report: &Report) {
+        if let Some(r) = self.config.rules.get(rule) {
+            append_report(claim, &r.name, report);
+        }
+    }
+
+    /// The service did not count `report`, rule `rule`'s (it rode on a claim the service
+    /// refused whole): the window is to be reported again, at the next tick.
+    pub(crate) fn fair_unreported(&self, rule: usize, report: &Report) {
+        let (Some(c), Some(sh)) = (
+            self.compiled.get(rule),
+            self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
+        ) else {
+            return;
+        };
+        update_fair_record(&self.store, c.fair_record(), sh.params.bands, |r| {
+            ((), r.unreported(report.epoch))
+        });
     }
 
     /// The service's answer to `report`, rule `rule`'s: written into its fair record.
@@ -159,8 +196,8 @@ impl<S: Store> Runtime<S> {
     }
 }
 
-/// The `RateLimitRequest` of `report`, rule `rule`'s, in `domain`.
-fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
+/// `report`'s counters, rule `rule`'s, appended to the `RateLimitRequest` `message`.
+fn append_report(message: &mut Vec<u8>, rule: &str, report: &Report) {
     let texts: Vec<(&'static str, String, String)> = report
         .items
         .iter()
@@ -192,7 +229,7 @@ fn report_message(domain: &str, rule: &str, report: &Report) -> Vec<u8> {
             hits: to_wire(item, *hits),
         })
         .collect();
-    rls::encode_request_each(domain, &each)
+    rls::append_each(message, &each);
 }
 
 /// `n` in decimal.
@@ -243,6 +280,7 @@ fn from_wire(item: &Item, value: u64) -> u64 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {
+    use crate::engine::update_fair_record;
     use crate::error::ServiceError;
     use crate::key::Seed;
     use crate::rls::{self, Code, DescriptorStatus};
@@ -267,43 +305,54 @@ mod tests {
         statuses: bool,
         reports: u64,
         claims: u64,
+        /// Of the reports, those that rode on a claim (one call for both).
+        rides: u64,
     }
 
     impl Service {
+        /// Answers a call: a report (its first descriptor a fair counter), a claim of the
+        /// capacity, or a claim a report rides on (the claim's descriptor first, counted by
+        /// the call's `hits_addend`, each fair counter by its own whatever the claim's fate).
         fn answer(&mut self, message: &[u8], now: u64) -> rls::Response {
             let req = rls::decode_request(message).unwrap();
-            let fair = req
+            let fair = |d: &Vec<(String, Vec<u8>)>| d.first().map(|e| e.0.as_str()) == Some("fair");
+            let from = usize::from(!req.descriptors.first().is_some_and(fair));
+            let counted: Vec<DescriptorStatus> = req
                 .descriptors
-                .first()
-                .and_then(|d| d.first())
-                .map(|e| e.0.as_str())
-                == Some("fair");
-            if fair {
-                self.reports += 1;
-                let statuses = req
-                    .descriptors
-                    .iter()
-                    .zip(&req.descriptor_hits)
-                    .map(|(d, hits)| {
-                        let c = self.counters.entry(d.clone()).or_insert(0);
-                        *c += hits.unwrap_or(req.hits);
-                        DescriptorStatus {
-                            code: Code::Ok,
-                            requests_per_unit: Some(u32::MAX),
-                            unit_seconds: Some(3_600),
-                            limit_remaining: u32::MAX - u32::try_from(*c).unwrap(),
-                            reset_ms: Some(3_600_000),
-                        }
-                    })
-                    .collect();
+                .iter()
+                .zip(&req.descriptor_hits)
+                .skip(from)
+                .map(|(d, hits)| {
+                    assert!(fair(d), "{d:?}");
+                    let c = self.counters.entry(d.clone()).or_insert(0);
+                    *c += hits.unwrap_or(req.hits);
+                    DescriptorStatus {
+                        code: Code::Ok,
+                        requests_per_unit: Some(u32::MAX),
+                        unit_seconds: Some(3_600),
+                        limit_remaining: u32::MAX - u32::try_from(*c).unwrap(),
+                        reset_ms: Some(3_600_000),
+                    }
+                })
+                .collect();
+            self.reports += u64::from(!counted.is_empty());
+            if from == 0 {
                 return rls::Response {
                     overall_code: Code::Ok,
-                    statuses: if self.statuses { statuses } else { Vec::new() },
+                    statuses: if self.statuses { counted } else { Vec::new() },
                     headers: Vec::new(),
                 };
             }
             self.claims += 1;
-            crate::testkit::window_counter(&mut self.lease, req.hits, now, self.capacity)
+            let mut claim =
+                crate::testkit::window_counter(&mut self.lease, req.hits, now, self.capacity);
+            if !counted.is_empty() {
+                self.rides += 1;
+                if self.statuses {
+                    claim.statuses.extend(counted);
+                }
+            }
+            claim
         }
     }
 
@@ -322,9 +371,11 @@ mod tests {
         rates: Vec<f64>,
         /// The most admitted in one of the capacity's windows.
         most: u64,
-        /// The fair rule's reports, and the lease's claims, over the run.
+        /// The fair rule's reports, and the lease's claims, over the run; of the reports,
+        /// those that rode on a claim.
         reports: u64,
         claims: u64,
+        rides: u64,
         /// Requests admitted over the run.
         admitted: u64,
         /// Requests the provider refused (a provider of [`Case::provider`]), each second.
@@ -477,6 +528,7 @@ mod tests {
             statuses,
             reports: 0,
             claims: 0,
+            rides: 0,
         };
         let t0: u64 = 1_800_000_000_000;
         let mut next_at: Vec<f64> = (0..tenants.len()).map(|i| i as f64 * 2.3).collect();
@@ -609,6 +661,7 @@ mod tests {
             most,
             reports: service.reports,
             claims: service.claims,
+            rides: service.rides,
             admitted,
             provider_refused,
             per_s,
@@ -637,6 +690,154 @@ mod tests {
                     st.call_answer(rt, h, *id, a)
                 }
                 other => return other,
+            }
+        }
+    }
+
+    /// One Envoy of the fleet-fair rule of [`pinned_on`] with a tenant's requests every 5 ms
+    /// answered by `service` and its background ticked every 10 ms for one window, then, in
+    /// the next window, requests and no tick until a claim ahead of need waits for the tick
+    /// its window's report is due at: the runtime, its background, and the time.
+    fn a_claim_and_a_report_due(
+        service: &mut Service,
+    ) -> (Runtime<Arc<MemoryStore>>, Background, u64) {
+        let json = r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+            "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                       "max_block": 10},
+            "share": {"fleet": "fair"}}]}"#;
+        let config = crate::config::Config::parse(json.as_bytes()).unwrap();
+        let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
+        let mut bg = Background::new(&rt);
+        let t0: u64 = 1_800_000_000_000;
+        let mut id = 0;
+        let mut request = |rt: &Runtime<Arc<MemoryStore>>, now: u64, service: &mut Service| {
+            let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+            h.now = now;
+            let mut st = StreamState::default();
+            let next = st.request_headers(rt, &mut h);
+            let mut answer = |m: &[u8]| Ok(service.answer(m, now));
+            settle(rt, &mut st, &mut h, next, &mut answer, &mut id);
+        };
+        for ms in (0..1_000).step_by(5) {
+            request(&rt, t0 + ms, service);
+            if ms % 10 == 0 {
+                for call in bg.tick(&rt, t0 + ms, None).calls {
+                    let a = service.answer(&call.message, t0 + ms);
+                    bg.started(&rt, call, Some(1_000 + ms));
+                    bg.answered(&rt, 1_000 + ms, Ok(a), t0 + ms);
+                }
+            }
+        }
+        let mut now = t0 + 1_000;
+        while rt.ahead.lock().unwrap().waiting() == 0 {
+            request(&rt, now, service);
+            now += 1;
+            assert!(now < t0 + 1_100, "no claim ahead of need");
+        }
+        (rt, bg, now)
+    }
+
+    fn fleet_service() -> Service {
+        Service {
+            lease: (0, 0),
+            capacity: (100, 1_000),
+            counters: HashMap::new(),
+            statuses: true,
+            reports: 0,
+            claims: 0,
+            rides: 0,
+        }
+    }
+
+    /// A window's report due at the tick that sends a claim ahead of need rides on it: one
+    /// call, the claim's descriptor first (counted by the call's `hits_addend`), then the
+    /// fair counters (each by its own); the answer split, the grant held and the view read.
+    /// A claim refused whole (a service that counts a call whole or not at all) took its
+    /// report down with it: the report goes again, alone, at the next tick. Refused by
+    /// itself, the fair counters counted (`OK` each), the report stands.
+    #[test]
+    fn a_report_rides_on_a_claim_of_the_same_tick_and_goes_again_if_not_counted() {
+        let mut service = fleet_service();
+        let (rt, mut bg, now) = a_claim_and_a_report_due(&mut service);
+        let epoch = now / 1_000;
+        let calls = bg.tick(&rt, now, None).calls;
+        assert_eq!(calls.len(), 1, "one call for both");
+        let req = rls::decode_request(&calls[0].message).unwrap();
+        assert_eq!(req.descriptors[0], [("rule".to_string(), b"p".to_vec())]);
+        assert_eq!(req.descriptor_hits[0], None);
+        assert!(req.hits > 1, "the claim's block: {}", req.hits);
+        assert!(req.descriptors.len() > 2);
+        assert!(req.descriptors[1..].iter().all(|d| d[0].0 == "fair"));
+        assert!(req.descriptor_hits[1..].iter().all(Option::is_some));
+        let (claims, reports) = (service.claims, service.reports);
+        let answer = service.answer(&calls[0].message, now);
+        assert_eq!(
+            (service.claims, service.reports, service.rides),
+            (claims + 1, reports + 1, 1)
+        );
+        assert_eq!(answer.statuses.len(), req.descriptors.len());
+        let call = calls.into_iter().next().unwrap();
+        bg.started(&rt, call, Some(7));
+        bg.answered(&rt, 7, Ok(answer), now);
+        let c = &rt.compiled[0];
+        let record = |rt: &Runtime<Arc<MemoryStore>>| {
+            update_fair_record(&rt.store, c.fair_record(), 1, |r| (r.clone(), false)).unwrap()
+        };
+        assert_eq!(record(&rt).reported, epoch);
+        assert_eq!(record(&rt).view.epoch, Some(epoch - 2), "the view read");
+        assert!(
+            bg.tick(&rt, now + 10, None).calls.is_empty(),
+            "nothing more is due"
+        );
+
+        // Refused whole: every status carries the refusal; the report is due again.
+        for counted in [false, true] {
+            let mut service = fleet_service();
+            let (rt, mut bg, now) = a_claim_and_a_report_due(&mut service);
+            let call = bg.tick(&rt, now, None).calls.into_iter().next().unwrap();
+            let n = rls::decode_request(&call.message)
+                .unwrap()
+                .descriptors
+                .len();
+            let status = |code| DescriptorStatus {
+                code,
+                requests_per_unit: Some(100),
+                unit_seconds: Some(1),
+                limit_remaining: 0,
+                reset_ms: Some(5),
+            };
+            let mut statuses = vec![status(Code::OverLimit); n];
+            if counted {
+                for s in &mut statuses[1..] {
+                    *s = DescriptorStatus {
+                        code: Code::Ok,
+                        requests_per_unit: Some(u32::MAX),
+                        limit_remaining: u32::MAX - 1,
+                        ..*s
+                    };
+                }
+            }
+            let refused = rls::Response {
+                overall_code: Code::OverLimit,
+                statuses,
+                headers: Vec::new(),
+            };
+            bg.started(&rt, call, Some(8));
+            bg.answered(&rt, 8, Ok(refused), now);
+            let c = &rt.compiled[0];
+            let reported =
+                update_fair_record(&rt.store, c.fair_record(), 1, |r| (r.reported, false));
+            let next = bg.tick(&rt, now + 10, None).calls;
+            if counted {
+                assert_eq!(reported, Some(now / 1_000));
+                assert!(next.is_empty(), "counted: not again");
+            } else {
+                assert_eq!(reported, Some(now / 1_000 - 1), "due again");
+                assert_eq!(next.len(), 1);
+                let again = rls::decode_request(&next[0].message).unwrap();
+                assert!(again.descriptors.iter().all(|d| d[0].0 == "fair"), "alone");
+                assert_eq!(again.descriptors.len(), n - 1, "the same counters");
             }
         }
     }
@@ -729,7 +930,7 @@ mod tests {
             window: Window::Minute,
             ..Case::new("fair", true)
         });
-        let per_100 = |r: &Run| 100.0 * (r.claims + r.reports) as f64 / r.admitted as f64;
+        let per_100 = |r: &Run| 100.0 * (r.claims + r.reports - r.rides) as f64 / r.admitted as f64;
         let demands: Vec<f64> = TENANTS.iter().map(|t| t.3).collect();
         let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
         let ideal = water_fill(97.0, &demands, &weights);
@@ -1019,6 +1220,7 @@ mod tests {
                 statuses: true,
                 reports: 0,
                 claims: 0,
+                rides: 0,
             };
             let t0: u64 = 1_800_000_000_000;
             let mut id = 0;

@@ -399,7 +399,13 @@ impl FairRecord {
                 items.push((item, v));
             }
         }
-        self.wrote = [self.wrote[1], (last, sums)];
+        // Made again in the same epoch (the first one was not counted): the same window's
+        // sums, in place.
+        if self.wrote[1].0 == last {
+            self.wrote[1] = (last, sums);
+        } else {
+            self.wrote = [self.wrote[1], (last, sums)];
+        }
         for t in &self.tenants {
             items.push((
                 Item::Asked {
@@ -420,6 +426,16 @@ impl FairRecord {
             }
         }
         Some(Report { epoch, items })
+    }
+
+    /// The report made in `epoch` was not counted (the service refused the claim it rode on,
+    /// whole): it is due again. Returns whether the record changed.
+    pub fn unreported(&mut self, epoch: u64) -> bool {
+        let undo = self.reported == epoch && epoch > 0;
+        if undo {
+            self.reported = epoch - 1;
+        }
+        undo
     }
 
     /// The service's answer to `report`: each item's counter as it stands after the call
@@ -664,6 +680,29 @@ mod tests {
             min_share_pm: [0; MAX_BANDS],
             ramp_ms: 0,
         }
+    }
+
+    /// A report not counted is made again in its epoch: the same counters, and what this Envoy
+    /// wrote before that epoch's window still known (a believable read checks against it).
+    #[test]
+    fn a_report_not_counted_is_made_again_the_same() {
+        let mut r = FairRecord::new(1);
+        r.request((7, 1, 0), (8_500, 1_000), 1, (true, true))
+            .unwrap();
+        let eight = r.report(1, 9).unwrap();
+        r.request((7, 1, 0), (9_500, 1_000), 1, (true, true))
+            .unwrap();
+        let first = r.report(1, 10).unwrap();
+        let wrote = r.wrote;
+        assert_eq!((wrote[0].0, wrote[1].0), (8, 9));
+        assert!(r.report(1, 10).is_none(), "made once");
+        assert!(!r.unreported(9), "not the epoch made");
+        assert!(r.unreported(10));
+        assert_eq!(r.reported, 9);
+        let again = r.report(1, 10).unwrap();
+        assert_eq!(again, first);
+        assert_eq!(r.wrote, wrote);
+        assert_ne!(eight, first);
     }
 
     /// What `replicas` Envoys each add to the band's active weight for one tenant of weight 1
