@@ -356,8 +356,8 @@ mod tests {
     /// claims at least 13 times a second, beside a heavy tenant (a third of the requests
     /// refused) 2.2 calls per 100 requests at the least; 3.3-3.4 measured, the blocks also
     /// shrinking with what a proxy expects until the window ends. With blocks of at most a
-    /// tenth of the capacity (the configuration's default `max_block`), 1.8-2.2 (the figures
-    /// on BENCHMARKS.md's fleet model).
+    /// tenth of the capacity (the configuration's default `max_block`), the target: 0.77-1.89
+    /// (the figures on BENCHMARKS.md's fleet model).
     #[test]
     fn the_runtime_fair_across_the_fleet_meets_the_targets() {
         let all = vec![Balancer::Sticky, Balancer::Random, Balancer::Hot];
@@ -376,7 +376,7 @@ mod tests {
             }
         }
         // Blocks of at most a tenth of the capacity (the configuration's default `max_block`):
-        // on three proxies, the shares, and about 2 calls per 100 requests (1.8-2.2).
+        // on three proxies, the shares, and at most 2 calls per 100 requests.
         let tenth = FairSweep {
             cap: BlockCap::OfCapacity(10),
             proxies: vec![3],
@@ -385,7 +385,7 @@ mod tests {
         for (_, fair) in tenth.studies() {
             let f = run(&fair);
             meets_the_shares(&fair, &f);
-            assert!(calls_per_100(&f) <= 2.3, "{fair:?}: {}", calls_per_100(&f));
+            assert!(calls_per_100(&f) <= 2.0, "{fair:?}: {}", calls_per_100(&f));
         }
     }
 
