@@ -328,6 +328,20 @@ pub fn print_counters(proxies: &[super::Envoy], rules: &[&str]) {
             fleet(rule, "failed_closed"),
         );
     }
+    // Every call to the service (claims, and the fleet-fair reports alone), per request
+    // decided by the rules.
+    let calls: u64 = proxies
+        .iter()
+        .map(|p| p.stat("cluster.ratelimit.upstream_rq_total").unwrap_or(0))
+        .sum();
+    let requests: u64 = rules
+        .iter()
+        .map(|r| fleet(r, "allowed") + fleet(r, "limited"))
+        .sum();
+    eprintln!(
+        "figure: service calls {calls} for {requests} requests ({:.2} per 100)",
+        100.0 * calls as f64 / requests.max(1) as f64
+    );
     eprintln!(
         "refusals by rule, band and reason: {:?}",
         refusal_reasons(proxies)

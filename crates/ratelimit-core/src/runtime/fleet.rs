@@ -2,7 +2,9 @@
 //! the first tick of each of the capacity's windows, one Envoy's one call to the rule's rate
 //! limit service writes what its tenants asked in the window before and its part of the band
 //! sums, and reads the fleet's sums of the window before that; the answer becomes the rule's
-//! view of the fleet in its fair record ([`crate::share::fair_record`]).
+//! view of the fleet in its fair record ([`crate::share::fair_record`]). When a claim ahead of
+//! need of the rule's lease goes at the same tick, the report rides on it: one call, the
+//! claim's descriptor first ([`super::background`] splits the answer).
 //!
 //! The counters are descriptors of the rule's domain: `("fair", rule), ("asked", tenant),
 //! ("epoch", k)` and `("fair", rule), ("band", "b.s"), ("epoch", k)` (band `b`, sum `s`: 0
@@ -935,18 +937,20 @@ mod tests {
         let weights: Vec<f64> = TENANTS.iter().map(|t| f64::from(t.2)).collect();
         let ideal = water_fill(97.0, &demands, &weights);
         println!(
-            "a second: {:.1?}, {} claims, {} reports, {} admitted: {:.2} calls per 100",
+            "a second: {:.1?}, {} claims, {} reports ({} riding), {} admitted: {:.2} calls per 100",
             second.rates,
             second.claims,
             second.reports,
+            second.rides,
             second.admitted,
             per_100(&second)
         );
         println!(
-            "a minute: {:.1?}, {} claims, {} reports, {} admitted: {:.2} calls per 100; most in a minute {}",
+            "a minute: {:.1?}, {} claims, {} reports ({} riding), {} admitted: {:.2} calls per 100; most in a minute {}",
             minute.rates,
             minute.claims,
             minute.reports,
+            minute.rides,
             minute.admitted,
             per_100(&minute),
             minute.most

@@ -14,10 +14,10 @@
 //! has its own counter; the service's own unit for them must outlast two epochs: an hour, counters
 //! far above what is ever added).
 //!
-//! **What a replica writes and reads: one call an epoch.** At its first request in epoch `k`
-//! (riding on the lease's first claim of the epoch, which that request makes anyway since held
-//! quota lapses when the window turns, or alone when none is due), a replica sends, per descriptor
-//! (`hits_addend` set per descriptor):
+//! **What a replica writes and reads: one call an epoch at most.** At its first tick in epoch `k`
+//! (riding on a claim ahead of need of the lease that goes at the same tick, the claim's
+//! descriptor first, or alone when none does), a replica sends, per descriptor (`hits_addend`
+//! set per descriptor):
 //!
 //! - for each tenant it saw in epoch `k − 1`: `(rule, "asked", tenant, k − 1)` adding what the
 //!   tenant asked here in `k − 1` (requests or cost units, admitted or not);
@@ -28,10 +28,14 @@
 //!   demand of each tenant this replica serves, and each band's sums. A counter's value is
 //!   read as the configured limit less `limit_remaining`.
 //!
-//! That is one call per replica and epoch, whatever the number of tenants (its descriptors grow
-//! with the tenants it serves, each a counter the service updates); the lease's claims come on top.
-//! The calls per request therefore fall as each replica serves more requests a window: `fleet-sim
-//! --share --fair` measures them.
+//! That is one call per replica and epoch at most, whatever the number of tenants (its
+//! descriptors grow with the tenants it serves, each a counter the service updates), none when it
+//! rides on a claim; the lease's claims come on top. The calls per request therefore fall as each
+//! replica serves more requests a window: `fleet-sim --share --fair` measures them. A report that
+//! rode on a claim the service refused whole (a service that counts a call's descriptors all or
+//! none: every status then carries the refusal) was not counted, and goes again at the next
+//! tick; one whose counters each answer `OK` was counted (a service that counts each descriptor
+//! by itself).
 //!
 //! **The engines.** This needs a `hits_addend` per descriptor (the descriptor's own `hits_addend`,
 //! which overrides the request's) and a `limit_remaining` per descriptor in the answer.
