@@ -462,21 +462,21 @@ mod tests {
         assert!(!encode_request("d", &[], 1).ends_with(&[0x18, 1]));
     }
 
+    /// Two descriptors, `k=a` adding 5 and `k=b` only read.
+    const TWO: [Each<'static>; 2] = [
+        Each {
+            entries: &[("k", b"a")],
+            hits: 5,
+        },
+        Each {
+            entries: &[("k", b"b")],
+            hits: 0,
+        },
+    ];
+
     #[test]
     fn each_descriptor_carries_its_own_hits_addend() {
-        let bytes = encode_request_each(
-            "d",
-            &[
-                Each {
-                    entries: &[("k", b"a")],
-                    hits: 5,
-                },
-                Each {
-                    entries: &[("k", b"b")],
-                    hits: 0,
-                },
-            ],
-        );
+        let bytes = encode_request_each("d", &TWO);
         let entry = |v: u8| [&[0x0a, 6, 0x0a, 1][..], b"k", &[0x12, 1, v]].concat();
         // descriptor.hits_addend (3): a UInt64Value {value (1)}; 0 is an empty one, still set.
         let d1 = [entry(b'a'), vec![0x1a, 2, 0x08, 5]].concat();
@@ -500,19 +500,7 @@ mod tests {
     #[test]
     fn descriptors_appended_to_a_request_keep_their_own_hits_and_it_its_own() {
         let mut bytes = encode_request("d", &[("k", b"claim")], 20);
-        append_each(
-            &mut bytes,
-            &[
-                Each {
-                    entries: &[("k", b"a")],
-                    hits: 5,
-                },
-                Each {
-                    entries: &[("k", b"b")],
-                    hits: 0,
-                },
-            ],
-        );
+        append_each(&mut bytes, &TWO);
         let r = decode_request(&bytes).unwrap();
         assert_eq!(r.domain, "d");
         let values: Vec<&[u8]> = r.descriptors.iter().map(|d| &d[0].1[..]).collect();
