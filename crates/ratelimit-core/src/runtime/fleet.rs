@@ -62,22 +62,18 @@ impl<S: Store> Runtime<S> {
 
     /// The `RateLimitRequest` of `report`, rule `rule`'s, alone.
     pub(crate) fn report_message(&self, rule: usize, report: &Report) -> Vec<u8> {
-        let Some((r, g)) = self
-            .config
-            .rules
-            .get(rule)
-            .and_then(|r| Some((r, r.global.as_ref()?)))
-        else {
+        let Some(g) = self.global_of(rule) else {
             return Vec::new();
         };
         let mut message = rls::encode_request_each(&g.domain, &[]);
-        append_report(&mut message, &r.name, report);
+        self.ride(&mut message, rule, report);
         message
     }
 
     /// `report`'s counters, rule `rule`'s, appended to `claim`, the message of a claim of the
     /// rule's lease (same domain): one call instead of two. The claim's block counts by the
-    /// request's `hits_addend`, each counter by its own ([`rls::append_each`]).
+    /// request's `hits_addend`, each counter by its own ([`rls::append_each`]). Appended to a
+    /// request with no descriptor, the report alone ([`Runtime::report_message`]).
     pub(crate) fn ride(&self, claim: &mut Vec<u8>, rule: usize, report: &Report) {
         if let Some(r) = self.config.rules.get(rule) {
             append_report(claim, &r.name, report);
