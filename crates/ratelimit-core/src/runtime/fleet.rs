@@ -308,6 +308,20 @@ mod tests {
     }
 
     impl Service {
+        /// A service of `capacity` (units, window ms), answering the fair counters' statuses
+        /// if `statuses`; nothing counted yet.
+        fn new(capacity: (u64, u64), statuses: bool) -> Service {
+            Service {
+                lease: (0, 0),
+                capacity,
+                counters: HashMap::new(),
+                statuses,
+                reports: 0,
+                claims: 0,
+                rides: 0,
+            }
+        }
+
         /// Answers a call: a report (its first descriptor a fair counter), a claim of the
         /// capacity, or a claim a report rides on (the claim's descriptor first, counted by
         /// the call's `hits_addend`, each fair counter by its own whatever the claim's fate).
@@ -519,15 +533,7 @@ mod tests {
         let short_path = envoys.iter().all(|e| e.shared.is_some());
         let mut bgs: Vec<Background> = envoys.iter().map(Background::new).collect();
         let mut turn = 0usize;
-        let mut service = Service {
-            lease: (0, 0),
-            capacity: (limit, window_ms),
-            counters: HashMap::new(),
-            statuses,
-            reports: 0,
-            claims: 0,
-            rides: 0,
-        };
+        let mut service = Service::new((limit, window_ms), statuses);
         let t0: u64 = 1_800_000_000_000;
         let mut next_at: Vec<f64> = (0..tenants.len()).map(|i| i as f64 * 2.3).collect();
         let seconds = (run_ms / 1000) as usize;
@@ -736,18 +742,6 @@ mod tests {
         (rt, bg, now)
     }
 
-    fn fleet_service() -> Service {
-        Service {
-            lease: (0, 0),
-            capacity: (100, 1_000),
-            counters: HashMap::new(),
-            statuses: true,
-            reports: 0,
-            claims: 0,
-            rides: 0,
-        }
-    }
-
     /// A window's report due at the tick that sends a claim ahead of need rides on it: one
     /// call, the claim's descriptor first (counted by the call's `hits_addend`), then the
     /// fair counters (each by its own); the answer split, the grant held and the view read.
@@ -756,7 +750,7 @@ mod tests {
     /// itself, the fair counters counted (`OK` each), the report stands.
     #[test]
     fn a_report_rides_on_a_claim_of_the_same_tick_and_goes_again_if_not_counted() {
-        let mut service = fleet_service();
+        let mut service = Service::new((100, 1_000), true);
         let (rt, mut bg, now) = a_claim_and_a_report_due(&mut service);
         let epoch = now / 1_000;
         let calls = bg.tick(&rt, now, None).calls;
@@ -791,7 +785,7 @@ mod tests {
 
         // Refused whole: every status carries the refusal; the report is due again.
         for counted in [false, true] {
-            let mut service = fleet_service();
+            let mut service = Service::new((100, 1_000), true);
             let (rt, mut bg, now) = a_claim_and_a_report_due(&mut service);
             let call = bg.tick(&rt, now, None).calls.into_iter().next().unwrap();
             let n = rls::decode_request(&call.message)
@@ -1213,15 +1207,7 @@ mod tests {
             let config = crate::config::Config::parse(json.as_bytes()).unwrap();
             let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
             // A service whose window has nothing left.
-            let mut service = Service {
-                lease: (0, 0),
-                capacity: (0, 1_000),
-                counters: HashMap::new(),
-                statuses: true,
-                reports: 0,
-                claims: 0,
-                rides: 0,
-            };
+            let mut service = Service::new((0, 1_000), true);
             let t0: u64 = 1_800_000_000_000;
             let mut id = 0;
             for n in 0..5u64 {
