@@ -248,7 +248,7 @@ impl Leases {
             };
             State::granted(Some(&s), now_ms, grant, background)
         } else {
-            State::refused_claim(Some(&s), now_ms, a.end_ms, remaining, background)
+            State::refused_claim(Some(&s), now_ms, a.end_ms, remaining, (background, false))
         };
         let spent = !a.granted && a.remaining == 0;
         let granted = if a.granted { block } else { 0 };

@@ -295,13 +295,14 @@ impl State {
     }
 
     /// The service refused a claim: none left (`remaining` 0) until `until_ms`, or less than
-    /// the block (a claim of what remains is due).
+    /// the block (a claim of what remains is due). `last_ask`: the claim was a request's last
+    /// ask (after a refusal at the turn, asked again: `runtime::TURN_ASKS`).
     pub fn refused_claim(
         state: Option<&State>,
         now_ms: u64,
         until_ms: u64,
         remaining: u32,
-        background: bool,
+        (background, last_ask): (bool, bool),
     ) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
@@ -321,10 +322,11 @@ impl State {
             // this proxy last heard of (a grant's or a refusal's), a refusal lasts until that
             // window's end at most; within [`TURN_MS`] after it (that end is an estimate, early
             // by the claim's round trip) a refusal is not held against the key: the next
-            // request claims again.
+            // request claims again. Unless a request asked again and was refused each time, a
+            // round trip apart: the service's new window is spent, and the refusal stands.
             if now_ms < old.expires_ms {
                 s.expires_ms = old.expires_ms.min(until_ms);
-            } else if old.at_turn(now_ms) {
+            } else if old.at_turn(now_ms) && !last_ask {
                 s.refused = false;
             } else {
                 s.expires_ms = until_ms;
@@ -573,7 +575,7 @@ mod tests {
         let newer = State::granted(None, 1_000, grant(10, 0, 2_000), false);
         let late = State::granted(Some(&newer), 1_001, grant(10, 0, 999), false);
         assert_eq!((late.held, late.expires_ms), (10, 2_000));
-        let refused = State::refused_claim(Some(&newer), 1_001, 999, 0, false);
+        let refused = State::refused_claim(Some(&newer), 1_001, 999, 0, (false, false));
         assert_eq!((refused.held, refused.expires_ms), (10, 2_000));
         assert!(!refused.refused);
         // With nothing newer held, the late grant's block lapses at once.
@@ -615,13 +617,13 @@ mod tests {
 
     #[test]
     fn a_refusal_lasts_until_the_services_reset() {
-        let s = State::refused_claim(None, 1_000, 30_000, 0, true);
+        let s = State::refused_claim(None, 1_000, 30_000, 0, (true, false));
         assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Refused);
         let (v, _) = decide(Some(s), 2_000, 100, MINUTE, 1);
         assert_eq!((v.allowed, v.retry_after_ms), (false, 28_000));
         assert_eq!(State::peek(Some(&s), 30_000, 1, 64), Peek::Claim);
         // Some left: no refusal, a claim of what remains is due.
-        let s = State::refused_claim(None, 1_000, 30_000, 3, true);
+        let s = State::refused_claim(None, 1_000, 30_000, 3, (true, false));
         assert_eq!(State::peek(Some(&s), 2_000, 1, 64), Peek::Claim);
         // A refusal at the very end of the last grant's window, saying a whole window more
         // (the old counter full, the new window's length): refused until that window's end
@@ -630,19 +632,24 @@ mod tests {
             held: 0,
             ..State::granted(None, 9_000, grant(5, 5, 10_000), true)
         };
-        let s = State::refused_claim(Some(&used), 9_997, 10_950, 0, true);
+        let s = State::refused_claim(Some(&used), 9_997, 10_950, 0, (true, false));
         assert_eq!((s.refused, s.expires_ms), (true, 10_000));
         assert_eq!(State::peek(Some(&s), 9_999, 1, 64), Peek::Refused);
         assert_eq!(State::peek(Some(&s), 10_000, 1, 64), Peek::Claim);
         // Just after it (and after a refusal until it), refusals are not held against the key.
-        let s = State::refused_claim(Some(&used), 10_001, 10_950, 0, true);
+        let s = State::refused_claim(Some(&used), 10_001, 10_950, 0, (true, false));
         assert_eq!((s.refused, s.expires_ms), (false, 10_000));
         assert_eq!(State::peek(Some(&s), 10_002, 1, 64), Peek::Claim);
-        let refused = State::refused_claim(Some(&used), 9_990, 10_950, 0, true);
-        let s = State::refused_claim(Some(&refused), 10_003, 10_950, 0, true);
+        let refused = State::refused_claim(Some(&used), 9_990, 10_950, 0, (true, false));
+        let s = State::refused_claim(Some(&refused), 10_003, 10_950, 0, (true, false));
         assert_eq!(State::peek(Some(&s), 10_004, 1, 64), Peek::Claim);
+        // A request's last ask refused there: the service's new window is spent, the reset
+        // stands.
+        let s = State::refused_claim(Some(&used), 10_004, 10_950, 0, (false, true));
+        assert_eq!((s.refused, s.expires_ms), (true, 10_950));
+        assert_eq!(State::peek(Some(&s), 10_005, 1, 64), Peek::Refused);
         // Long after it, the service's reset stands.
-        let s = State::refused_claim(Some(&used), 10_000 + TURN_MS, 10_950, 0, true);
+        let s = State::refused_claim(Some(&used), 10_000 + TURN_MS, 10_950, 0, (true, false));
         assert_eq!(s.expires_ms, 10_950);
     }
 
@@ -769,7 +776,7 @@ mod tests {
                     admitted += 1;
                     State::granted(s, now, g, false)
                 } else {
-                    State::refused_claim(s, now, 60_000_000, remaining, false)
+                    State::refused_claim(s, now, 60_000_000, remaining, (false, false))
                 };
                 for w in waiting.iter_mut().skip(c.proxy * clients).take(clients) {
                     if *w {

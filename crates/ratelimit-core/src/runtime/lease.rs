@@ -426,10 +426,9 @@ impl<S: Store> Runtime<S> {
             if answer.overall_code != rls::Code::OverLimit {
                 continue;
             }
-            let turn = remaining < need && {
-                let asked = p.questions.iter().filter(|x| x.rule == q.rule).count();
-                asked <= TURN_ASKS && self.at_turn(claim.target, now_ms)
-            };
+            let asked = p.questions.iter().filter(|x| x.rule == q.rule).count();
+            let turn =
+                remaining < need && asked <= TURN_ASKS && self.at_turn(claim.target, now_ms);
             if remaining < need && !turn {
                 continue;
             }
@@ -459,7 +458,7 @@ impl<S: Store> Runtime<S> {
                 claim: Some(Claim {
                     block,
                     sent_ms: now_ms,
-                    last: !turn,
+                    last: !turn || asked == TURN_ASKS,
                     ..claim
                 }),
                 retried: false,
@@ -590,7 +589,7 @@ impl<S: Store> Runtime<S> {
                     now_ms,
                     expires_ms,
                     remaining_here,
-                    background,
+                    (background, claim.last),
                 );
                 (s, Some(s))
             }

@@ -407,12 +407,16 @@ fn a_claim_refused_at_the_windows_turn_is_made_again() {
     claims(&rt);
     assert!(request(&rt, 31_020, refusing(3)).1);
     assert_eq!(claims(&rt), 4);
-    // Refused every time: asked four times in all, then refused.
+    // Refused every time: asked four times in all, then refused; the service's new window
+    // is spent (each refusal a round trip apart), so the refusal stands: the next requests
+    // at the turn are refused here, without a call, until the service's reset.
     let rt = runtime(LEASE);
     granted_then(&rt);
     claims(&rt);
     assert!(!request(&rt, 31_020, refusing(u64::MAX)).1);
     assert_eq!(claims(&rt), 4);
+    assert_eq!(request(&rt, 31_030, refusing(u64::MAX)), (None, false));
+    assert_eq!(claims(&rt), 0);
     // Past the turn (the window it knew ended 200 ms ago): the refusal stands, one claim.
     let rt = runtime(LEASE);
     granted_then(&rt);
