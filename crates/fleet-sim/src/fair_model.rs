@@ -21,6 +21,8 @@ struct Replica {
     /// What it expects to admit a window (cost units × `LEVEL_ONE`), from its last report
     /// (`None`: it never reported).
     part: Option<u64>,
+    /// What the fleet is expected to admit a window under its view ([`fair::fleet_use`]).
+    fleet_use: u64,
     /// What it added to the band sums in its last two reports, and for which epochs.
     wrote: [(u64, BandCounts); 2],
 }
@@ -78,6 +80,7 @@ impl FairFleet {
                     view: View::new(share.bands),
                     tenants: HashMap::new(),
                     part: None,
+                    fleet_use: 0,
                     wrote: [(u64::MAX, BandCounts::default()); 2],
                 })
                 .collect(),
@@ -142,6 +145,7 @@ impl FairFleet {
             };
             if whole {
                 r.view = fair::view(&self.share, self.limit, self.target_pm, read, counts);
+                r.fleet_use = fair::fleet_use(&r.view, counts);
             }
         }
         let mut part = 0u64;
@@ -203,15 +207,26 @@ impl FairFleet {
     }
 
     /// The largest block proxy `q` claims now: the configured cap until it knows its part,
-    /// then its part's ([`fair::block_cap`], within the capacity).
-    pub fn block_cap(&self, q: usize, now_ms: u64) -> u64 {
+    /// then its part's ([`fair::block_cap`], within the capacity), larger while the window is
+    /// expected to leave quota unused ([`fair::spare`], of what the service last told it is
+    /// `left`, and when its claim went).
+    pub fn block_cap(&self, q: usize, now_ms: u64, left: Option<(fair::Left, u64)>) -> u64 {
         let part = self.replicas.get(q).and_then(|r| r.part);
+        let fleet_use = self.replicas.get(q).map_or(0, |r| r.fleet_use);
         let end = (self.epoch(now_ms) + 1) * self.window_ms;
         let cap = if part.is_none() {
             self.max_block
         } else {
             self.limit
         };
-        fair::block_cap(part, (now_ms, end, self.window_ms), cap)
+        let spare = match (part, left) {
+            (Some(part), Some(told)) => fair::spare(
+                told,
+                (self.limit, fleet_use, part),
+                (now_ms, self.window_ms),
+            ),
+            _ => 0,
+        };
+        fair::block_cap((part, spare), (now_ms, end, self.window_ms), cap)
     }
 }

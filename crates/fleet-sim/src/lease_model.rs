@@ -128,6 +128,17 @@ pub struct Leases {
 }
 
 impl Leases {
+    /// What the service last told proxy `q` of its window (what remained, and when it ends),
+    /// and when the claim it answered went.
+    pub fn told(&self, q: usize) -> Option<(ratelimit_core::share::fair::Left, u64)> {
+        let s = self.held.get(q)?;
+        let left = ratelimit_core::share::fair::Left {
+            units: u64::from(s.remaining),
+            end_ms: s.expires_ms,
+        };
+        (s.claim_ms != 0).then_some((left, s.claim_ms))
+    }
+
     /// The leases of a capacity of `capacity` a window claimed in blocks of at most
     /// `max_block`, for `proxies` proxies, measured from `from_ms`.
     pub fn new(capacity: u64, max_block: u64, proxies: usize, from_ms: u64) -> Leases {

@@ -738,7 +738,8 @@ pub fn run_with(study: &Study, weights: &[u16], rates: &[f64]) -> Figures {
                 ok
             });
         // Leased: admitted only if the proxy's lease covers it, else given back.
-        let cap = fair.as_ref().map(|f| f.block_cap(q, now_ms));
+        let left = leases.as_ref().and_then(|l| l.told(q));
+        let cap = fair.as_ref().map(|f| f.block_cap(q, now_ms, left));
         let admits = within
             && leases.as_mut().is_none_or(|l| {
                 let covered = l.cover_capped(q, &mut proxy.record, now_ms, cap);

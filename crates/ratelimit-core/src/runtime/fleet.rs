@@ -43,8 +43,7 @@ impl<S: Store> Runtime<S> {
                 if r.dither == 0 {
                     r.dither = self.fair_dither;
                 }
-                let known = (r.view.epoch, r.part, r.view.most_reserved());
-                ((r.report(bands, epoch), known), due)
+                ((r.report(bands, epoch), Known::of(r)), due)
             });
             let Some((report, known)) = made else {
                 continue;
@@ -128,7 +127,7 @@ impl<S: Store> Runtime<S> {
         let limit = self.limit_in_force(c, sh, now_ms).unwrap_or(limit);
         let read = update_fair_record(&self.store, c.fair_record(), sh.params.bands, |f| {
             f.answered(&sh.params, limit, report, &values);
-            ((f.view.epoch, f.part, f.view.most_reserved()), true)
+            (Known::of(f), true)
         });
         let Some(known) = read else {
             return;
@@ -152,11 +151,15 @@ impl<S: Store> Runtime<S> {
         })
     }
 
-    /// Takes what the fair record says (the epoch of its view, what this Envoy expects to
-    /// admit, the most any band keeps for others) into `c`'s copies; once the view is in
-    /// force, the part this proxy learned while it had none is dropped from the rule's record.
-    fn fair_known(&self, rule: usize, known: (Option<u64>, Option<u64>, u64), now_ms: u64) {
-        let (view, part, reserved) = known;
+    /// Takes what the fair record says into `c`'s copies; once the view is in force, the
+    /// part this proxy learned while it had none is dropped from the rule's record.
+    fn fair_known(&self, rule: usize, known: Known, now_ms: u64) {
+        let Known {
+            view,
+            part,
+            reserved,
+            fleet_use,
+        } = known;
         let (Some(c), Some(sh)) = (
             self.compiled.get(rule),
             self.config.rules.get(rule).and_then(|r| r.share.as_ref()),
@@ -169,6 +172,7 @@ impl<S: Store> Runtime<S> {
         c.fair_view
             .store(view.unwrap_or(u64::MAX), Ordering::Relaxed);
         c.fair_reserved.store(reserved, Ordering::Relaxed);
+        c.fair_use.store(fleet_use, Ordering::Relaxed);
         if !was_fresh && self.fair_view_fresh(c, now_ms) {
             // The fleet's view is in force: the part this proxy learned while it had none
             // (sharing locally, as a rule of `share.fleet: "local"`) no longer bounds it.
@@ -191,6 +195,29 @@ impl<S: Store> Runtime<S> {
         let window_ms = c.policy.limit_and_window().1.max(1);
         view != u64::MAX
             && (now_ms / window_ms).saturating_sub(view) <= crate::share::fair::MAX_STALE
+    }
+}
+
+/// What a runtime copies of its fair record ([`super::Compiled`]'s `fair_*` fields).
+struct Known {
+    /// The epoch of the record's view.
+    view: Option<u64>,
+    /// What this Envoy expects to admit a window.
+    part: Option<u64>,
+    /// The most any band keeps for others.
+    reserved: u64,
+    /// What the fleet is expected to admit a window.
+    fleet_use: u64,
+}
+
+impl Known {
+    fn of(r: &crate::share::fair_record::FairRecord) -> Known {
+        Known {
+            view: r.view.epoch,
+            part: r.part,
+            reserved: r.view.most_reserved(),
+            fleet_use: r.fleet_use,
+        }
     }
 }
 

@@ -341,7 +341,19 @@ impl<S: Store> Runtime<S> {
             // configured cap: not a claim per request for a window.
             let few = share::LEVEL_ONE.saturating_mul(share::fair::BLOCKS_PER_PART);
             let part = (part != u64::MAX && part >= few).then_some(part);
-            return share::fair::block_cap(part, (now_ms, end, window_ms), max_block);
+            // While the fleet's window is expected to leave quota unused, what lapses of a
+            // larger block is nobody's loss.
+            let fleet_use = c.fair_use.load(std::sync::atomic::Ordering::Relaxed);
+            let said_ms = c.fair_said_ms.load(std::sync::atomic::Ordering::Relaxed);
+            let spare = match (part, c.fair_left()) {
+                (Some(part), Some(left)) => share::fair::spare(
+                    (left, said_ms),
+                    (limit, fleet_use, part),
+                    (now_ms, window_ms),
+                ),
+                _ => 0,
+            };
+            return share::fair::block_cap((part, spare), (now_ms, end, window_ms), max_block);
         }
         let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
         share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
@@ -427,8 +439,7 @@ impl<S: Store> Runtime<S> {
                 continue;
             }
             let asked = p.questions.iter().filter(|x| x.rule == q.rule).count();
-            let turn =
-                remaining < need && asked <= TURN_ASKS && self.at_turn(claim.target, now_ms);
+            let turn = remaining < need && asked <= TURN_ASKS && self.at_turn(claim.target, now_ms);
             if remaining < need && !turn {
                 continue;
             }
@@ -565,8 +576,9 @@ impl<S: Store> Runtime<S> {
                 .first()
                 .map_or(u64::MAX, |_| u64::from(remaining_here));
             if let Some(c) = self.compiled.get(t.rule) {
-                c.fair_left
-                    .store(left, std::sync::atomic::Ordering::Relaxed);
+                use std::sync::atomic::Ordering::Relaxed;
+                c.fair_left.store(left, Relaxed);
+                c.fair_said_ms.store(claim.sent_ms, Relaxed);
             }
         }
         let updated = self.update_lease(t, now_ms, |state| {

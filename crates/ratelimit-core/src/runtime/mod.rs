@@ -81,10 +81,17 @@ pub(crate) struct Compiled {
     /// said, cost units (`u64::MAX`: not said): its last grants are kept for the tenants
     /// under their shares ([`crate::share::fair::keeping`]).
     pub fair_left: AtomicU64,
+    /// A fleet-fair shared rule: when the claim the same answer answered was sent, ms.
+    pub fair_said_ms: AtomicU64,
     /// A fleet-fair shared rule: the most any band of its fair record's view keeps for others
     /// a window ([`crate::share::fair::BandView::reserved`]): while what the fleet has left
     /// covers it, no request reads the record to ask whether its tenant must leave it.
     pub fair_reserved: AtomicU64,
+    /// A fleet-fair shared rule: what the fleet is expected to admit a window, as its fair
+    /// record's view says ([`crate::share::fair_record::FairRecord::fleet_use`]; 0: not known): blocks
+    /// stay large while the window is expected to leave quota unused
+    /// ([`crate::share::fair::spare`]).
+    pub fair_use: AtomicU64,
     /// A lone shared rule leased from its service ([`shared`]): whether its shares refused the
     /// last request decided here on the short path (the next one looks at the lease before the
     /// shares decide, and takes from it after, instead of taking at once and giving back).
@@ -274,7 +281,9 @@ impl<S: Store> Runtime<S> {
                     fair_view: AtomicU64::new(u64::MAX),
                     fair_end: AtomicU64::new(0),
                     fair_left: AtomicU64::new(u64::MAX),
+                    fair_said_ms: AtomicU64::new(0),
                     fair_reserved: AtomicU64::new(0),
+                    fair_use: AtomicU64::new(0),
                     share_refusing: std::sync::atomic::AtomicBool::new(false),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),

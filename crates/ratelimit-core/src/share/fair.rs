@@ -113,6 +113,10 @@ pub const BLOCKS_PER_PART: u64 = 2;
 /// part about 67 a second, so a floor of 2) none measurable, while its lapsed quota rose about
 /// 30 %: at 1/64 a part under 128 a window keeps blocks of one.
 pub const FLOOR_PARTS: u64 = 64;
+/// A replica's blocks may be larger than the halving toward the window's end allows while the
+/// fleet's window is expected to end with quota unused ([`spare`]): what the service says is
+/// left, less this many times what the fleet is expected to admit in the rest of the window.
+pub const SPARE_MARGIN: u64 = 2;
 /// The fixed point of a replica's fraction of a tenant's demand and of the weights in the band
 /// sums: millionths (a tenant spread over a thousand replicas has a thousandth on each).
 pub const ONE: u64 = 1_000_000;
@@ -288,6 +292,44 @@ pub fn view(share: &Share, limit: u64, target_pm: u64, epoch: u64, counts: &[Ban
         }
     }
     out
+}
+
+/// What the fleet is expected to admit a window under `view`, computed from the band sums
+/// `counts` of its epoch: what each band asked, up to its budget, cost units × [`LEVEL_ONE`].
+pub fn fleet_use(view: &View, counts: &[BandCounts]) -> u64 {
+    view.bands
+        .iter()
+        .zip(counts)
+        .map(|(b, c)| c.demand.saturating_mul(LEVEL_ONE).min(b.budget))
+        .fold(0, u64::saturating_add)
+}
+
+/// This replica's part of the quota the fleet's window is expected to leave unused at its end
+/// (none lapses at anyone's cost there), cost units × [`LEVEL_ONE`]. The service said at
+/// `said_ms` that `left` of the window's `capacity` (cost units) was left; from then until
+/// the window ends the fleet is expected to admit, [`SPARE_MARGIN`] times over, what it admits
+/// a window: the more of `fleet_use` (the view's) and of what it took of the window until
+/// then, at that pace (what its tenants it does not report take too). The rest goes unused,
+/// and this replica's part of it is its `part`'s of the fleet's. 0 when the window ended at
+/// `now_ms`.
+pub fn spare(
+    (left, said_ms): (Left, u64),
+    (capacity, fleet_use, part): (u64, u64, u64),
+    (now_ms, window_ms): (u64, u64),
+) -> u64 {
+    if now_ms >= left.end_ms {
+        return 0;
+    }
+    let window_ms = window_ms.max(1);
+    let rest = left.end_ms.saturating_sub(said_ms).min(window_ms);
+    let taken = capacity
+        .saturating_sub(left.units)
+        .saturating_mul(LEVEL_ONE);
+    let pace = mul_div(taken, window_ms, (window_ms - rest).max(1));
+    let expected = fleet_use.max(pace).max(1);
+    let needed = mul_div(expected.saturating_mul(SPARE_MARGIN), rest, window_ms);
+    let unused = left.units.saturating_mul(LEVEL_ONE).saturating_sub(needed);
+    mul_div(unused, part, expected)
 }
 
 /// What one replica keeps of one tenant for the fleet's shares: what it asked here in the last
@@ -557,10 +599,11 @@ pub fn expected(level: u64, weight: u16, local: &Local, epoch: u64) -> u64 {
 /// The largest block this replica claims of the lease, for what it expects to admit a window
 /// (`part`, cost units × [`LEVEL_ONE`], the sum of [`expected`] over its tenants): a
 /// [`BLOCKS_PER_PART`]th of it, and of what it expects to admit until the window ends at
-/// `window_end_ms` (held quota lapses then), at least a [`FLOOR_PARTS`]th of it (and 1) and at
-/// most `max_block`; `max_block` until it has reported once (`part` `None`).
+/// `window_end_ms` (held quota lapses then) unless its [`spare`] (`spare`) covers more, at
+/// least a [`FLOOR_PARTS`]th of it (and 1) and at most `max_block`; `max_block` until it has
+/// reported once (`part` `None`).
 pub fn block_cap(
-    part: Option<u64>,
+    (part, spare): (Option<u64>, u64),
     (now_ms, window_end_ms, window_ms): (u64, u64, u64),
     max_block: u64,
 ) -> u64 {
@@ -569,7 +612,7 @@ pub fn block_cap(
     };
     let left = window_end_ms.saturating_sub(now_ms).min(window_ms);
     let by_part = part / BLOCKS_PER_PART;
-    let by_time = mul_div(part, left, BLOCKS_PER_PART.saturating_mul(window_ms.max(1)));
+    let by_time = mul_div(part, left, BLOCKS_PER_PART.saturating_mul(window_ms.max(1))).max(spare);
     let max_block = max_block.max(1);
     let floor = (part / FLOOR_PARTS / LEVEL_ONE).clamp(1, max_block);
     (by_part.min(by_time) / LEVEL_ONE).clamp(floor, max_block)
@@ -988,40 +1031,111 @@ mod tests {
         assert!((0..100).all(|t| thin.take(None, 2_000_000 + t, 1_000, 1)));
         let part = 800 * LEVEL_ONE;
         assert_eq!(
-            block_cap(Some(part), (10_000, 11_000, 1_000), 1_000),
+            block_cap((Some(part), 0), (10_000, 11_000, 1_000), 1_000),
             800 / BLOCKS_PER_PART
         );
         assert_eq!(
-            block_cap(Some(part), (10_900, 11_000, 1_000), 1_000),
+            block_cap((Some(part), 0), (10_900, 11_000, 1_000), 1_000),
             80 / BLOCKS_PER_PART,
             "what is left to use"
         );
         assert_eq!(
-            block_cap(Some(part), (10_999, 11_000, 1_000), 1_000),
+            block_cap((Some(part), 0), (10_999, 11_000, 1_000), 1_000),
             800 / FLOOR_PARTS,
             "the floor"
         );
         let small = 100 * LEVEL_ONE;
-        assert_eq!(block_cap(Some(small), (10_999, 11_000, 1_000), 1_000), 1);
         assert_eq!(
-            block_cap(Some(part), (10_999, 11_000, 1_000), 5),
+            block_cap((Some(small), 0), (10_999, 11_000, 1_000), 1_000),
+            1
+        );
+        assert_eq!(
+            block_cap((Some(part), 0), (10_999, 11_000, 1_000), 5),
             5,
             "capped"
         );
         assert_eq!(
-            block_cap(Some(part), (10_000, 11_000, 1_000), 40),
+            block_cap((Some(part), 0), (10_000, 11_000, 1_000), 40),
             40,
             "the configured cap"
         );
         assert_eq!(
-            block_cap(None, (10_000, 11_000, 1_000), 40),
+            block_cap((None, 0), (10_000, 11_000, 1_000), 40),
             40,
             "never reported"
         );
         assert_eq!(
-            block_cap(Some(0), (10_000, 11_000, 1_000), 40),
+            block_cap((Some(0), 0), (10_000, 11_000, 1_000), 40),
             1,
             "expects nothing"
         );
+        // Quota the window will leave unused lets the blocks stay at half the part to its end.
+        assert_eq!(
+            block_cap(
+                (Some(part), 300 * LEVEL_ONE),
+                (10_900, 11_000, 1_000),
+                1_000
+            ),
+            300
+        );
+        assert_eq!(
+            block_cap(
+                (Some(part), 900 * LEVEL_ONE),
+                (10_999, 11_000, 1_000),
+                1_000
+            ),
+            800 / BLOCKS_PER_PART
+        );
+    }
+
+    /// A replica's spare is its part of what the window is expected to leave unused: what is
+    /// left less twice the fleet's expected use in the rest of the window.
+    #[test]
+    fn a_replica_spares_its_part_of_what_the_window_leaves_unused() {
+        let left = |units| Left {
+            units,
+            end_ms: 11_000,
+        };
+        // A capacity of 12,000; the fleet uses 4,000 a window, this replica 400 of it. Said at
+        // 10,500, half a window before the end, 10,000 left: 2,000 taken in half a window is
+        // the view's pace; 4,000 expected (twice 2,000) to the end, so 6,000 go unused, 600
+        // this replica's.
+        let uses = (12_000, 4_000 * LEVEL_ONE, 400 * LEVEL_ONE);
+        let now = (10_600, 1_000);
+        assert_eq!(spare((left(10_000), 10_500), uses, now), 600 * LEVEL_ONE);
+        // What was said earlier sets more aside: said at 10,200, 8/10 of a window's use twice
+        // (6,400); and 2,000 taken in 2/10 of a window is a pace of 10,000 a window: more
+        // than the view's, and nothing goes unused.
+        assert_eq!(spare((left(10_000), 10_200), uses, now), 0);
+        // A view that says less than the pace (the tenants not reported take quota too):
+        // 400 taken in 2/10 of a window is 2,000 a window, 3,200 set aside (twice 2,000 ×
+        // 8/10), and of the 8,400 unused this replica's 400 of 2,000 spare 1,680.
+        let at_pace = (12_000, 400 * LEVEL_ONE, 400 * LEVEL_ONE);
+        assert_eq!(
+            spare((left(11_600), 10_200), at_pace, now),
+            1_680 * LEVEL_ONE
+        );
+        // No view: the pace alone.
+        let no_view = (12_000, 0, 400 * LEVEL_ONE);
+        assert_eq!(spare((left(10_000), 10_500), no_view, now), 600 * LEVEL_ONE);
+        // Nothing left over, or the window ended: nothing.
+        assert_eq!(spare((left(4_000), 10_500), uses, now), 0);
+        assert_eq!(spare((left(10_000), 10_500), uses, (11_000, 1_000)), 0);
+        // The fleet's use from the band sums: each band's demand up to its budget.
+        let share = one_band();
+        let counts = [BandCounts {
+            demand: 300,
+            free: 0,
+            held_weight: 0,
+            active_weight: 3 * ONE,
+        }];
+        let v = view(&share, 1_000, 1000, 7, &counts);
+        assert_eq!(fleet_use(&v, &counts), 300 * LEVEL_ONE);
+        let over = [BandCounts {
+            demand: 3_000,
+            ..counts[0]
+        }];
+        let v = view(&share, 1_000, 1000, 7, &over);
+        assert_eq!(fleet_use(&v, &over), 1_000 * LEVEL_ONE);
     }
 }

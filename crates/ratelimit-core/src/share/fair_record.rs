@@ -17,7 +17,7 @@ use super::fair::{self, BandCounts, BandView, Local, View};
 use super::{Share, MAX_BANDS};
 
 /// The record's format version, its first byte.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// The weights of the band sums a report adds are whole multiples of this (thousandths of a
 /// unit of weight, [`fair::ONE`] being a unit): a service's counter holds at most 4,294,967,295
 /// (the protocol's `requests_per_unit`), 4,294 units of weight in millionths, 4.3 million in
@@ -30,7 +30,7 @@ const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
 const BAND_SUMS: usize = 4;
 const HEADER_LEN: usize =
-    2 + 8 + 8 + MAX_BANDS * 24 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 3 * 8 + 2;
+    2 + 8 + 8 + MAX_BANDS * 24 + 2 * (8 + MAX_BANDS * BAND_SUMS * 8) + 8 + 8 + 8 + 3 * 8 + 2;
 const TENANT_LEN: usize = 8 + 2 + 1 + 8 + KEPT * 4 + 8 + 8 + 8 + 8;
 
 /// One tenant this Envoy serves.
@@ -90,6 +90,10 @@ pub struct FairRecord {
     /// What this Envoy expects to admit a window, cost units × [`super::LEVEL_ONE`], as of its
     /// last answer (`None`: none yet).
     pub part: Option<u64>,
+    /// What the whole fleet is expected to admit a window as of the view, cost units ×
+    /// [`super::LEVEL_ONE`] ([`fair::View`]'s bands' use: what each asked, up to its budget;
+    /// 0: no view yet).
+    pub fleet_use: u64,
     /// The tenants it serves.
     pub tenants: Vec<Tracked>,
     /// This Envoy's own draw for rounding the weights it reports (the runtime's, set at the
@@ -110,6 +114,7 @@ impl FairRecord {
             view: View::new(bands),
             wrote: [(NONE, [BandCounts::default(); MAX_BANDS]); 2],
             part: None,
+            fleet_use: 0,
             tenants: Vec::new(),
             dither: 0,
             untracked: (0, [0; 2]),
@@ -153,6 +158,7 @@ impl FairRecord {
             }
         }
         put(self.part.unwrap_or(NONE));
+        put(self.fleet_use);
         put(self.dither);
         put(self.untracked.0);
         put(self.untracked.1[0]);
@@ -487,6 +493,7 @@ impl FairRecord {
         if complete && believed && newer {
             let counts = counts.get(..bands).unwrap_or(&[]);
             self.view = fair::view(share, limit, share.target_pm, read, counts);
+            self.fleet_use = fair::fleet_use(&self.view, counts);
         }
         let epoch = report.epoch;
         let untracked = self
@@ -650,6 +657,7 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     }
     let part = u64_()?;
     r.part = (part != NONE).then_some(part);
+    r.fleet_use = u64_()?;
     r.dither = u64_()?;
     r.untracked = (u64_()?, [u64_()?, u64_()?]);
     let (n, mut rest) = rest.split_first_chunk::<2>()?;
