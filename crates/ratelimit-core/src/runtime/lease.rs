@@ -342,16 +342,10 @@ impl<S: Store> Runtime<S> {
             let few = share::LEVEL_ONE.saturating_mul(share::fair::BLOCKS_PER_PART);
             let part = (part != u64::MAX && part >= few).then_some(part);
             // While the fleet's window is expected to leave quota unused, what lapses of a
-            // larger block is nobody's loss.
-            let fleet_use = c.fair_use.load(std::sync::atomic::Ordering::Relaxed);
-            let said_ms = c.fair_said_ms.load(std::sync::atomic::Ordering::Relaxed);
-            let spare = match (part, c.fair_left()) {
-                (Some(part), Some(left)) => share::fair::spare(
-                    (left, said_ms),
-                    (limit, fleet_use, part),
-                    (now_ms, window_ms),
-                ),
-                _ => 0,
+            // larger block is nobody's loss (worked out at the latest answer, for its window).
+            let spare = match now_ms < told {
+                true => c.fair_spare.load(std::sync::atomic::Ordering::Relaxed),
+                false => 0,
             };
             return share::fair::block_cap((part, spare), (now_ms, end, window_ms), max_block);
         }
@@ -578,7 +572,24 @@ impl<S: Store> Runtime<S> {
             if let Some(c) = self.compiled.get(t.rule) {
                 use std::sync::atomic::Ordering::Relaxed;
                 c.fair_left.store(left, Relaxed);
-                c.fair_said_ms.store(claim.sent_ms, Relaxed);
+                // This proxy's part of what the window is expected to leave unused, as of the
+                // claim's sending.
+                let part = c.fair_part.load(Relaxed);
+                let spare = match left != u64::MAX && part != u64::MAX {
+                    true => share::fair::spare(
+                        (
+                            share::fair::Left {
+                                units: left,
+                                end_ms: expires_ms,
+                            },
+                            claim.sent_ms,
+                        ),
+                        (policy.limit_and_window().0, c.fair_use.load(Relaxed), part),
+                        (now_ms, policy.limit_and_window().1),
+                    ),
+                    false => 0,
+                };
+                c.fair_spare.store(spare, Relaxed);
             }
         }
         let updated = self.update_lease(t, now_ms, |state| {

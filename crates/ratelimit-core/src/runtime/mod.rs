@@ -81,8 +81,10 @@ pub(crate) struct Compiled {
     /// said, cost units (`u64::MAX`: not said): its last grants are kept for the tenants
     /// under their shares ([`crate::share::fair::keeping`]).
     pub fair_left: AtomicU64,
-    /// A fleet-fair shared rule: when the claim the same answer answered was sent, ms.
-    pub fair_said_ms: AtomicU64,
+    /// A fleet-fair shared rule: this proxy's part of what the service's window is expected to
+    /// leave unused, as the same answer said ([`crate::share::fair::spare`]), cost units ×
+    /// [`crate::share::LEVEL_ONE`]: good until that window ends (`fair_end`).
+    pub fair_spare: AtomicU64,
     /// A fleet-fair shared rule: the most any band of its fair record's view keeps for others
     /// a window ([`crate::share::fair::BandView::reserved`]): while what the fleet has left
     /// covers it, no request reads the record to ask whether its tenant must leave it.
@@ -281,7 +283,7 @@ impl<S: Store> Runtime<S> {
                     fair_view: AtomicU64::new(u64::MAX),
                     fair_end: AtomicU64::new(0),
                     fair_left: AtomicU64::new(u64::MAX),
-                    fair_said_ms: AtomicU64::new(0),
+                    fair_spare: AtomicU64::new(0),
                     fair_reserved: AtomicU64::new(0),
                     fair_use: AtomicU64::new(0),
                     share_refusing: std::sync::atomic::AtomicBool::new(false),

@@ -236,7 +236,11 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     if c == 0 {
         return 0;
     }
-    u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX)
+    // A product that fits divides in one instruction; the 128-bit division is a call.
+    match a.checked_mul(b) {
+        Some(p) => p / c,
+        None => u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX),
+    }
 }
 
 /// The fleet's view from its band sums of epoch `epoch` (`counts`, one per band, highest
@@ -1086,6 +1090,15 @@ mod tests {
             ),
             800 / BLOCKS_PER_PART
         );
+    }
+
+    #[test]
+    fn mul_div_is_exact_whether_the_product_fits_or_not() {
+        assert_eq!(mul_div(6, 7, 4), 10);
+        assert_eq!(mul_div(u64::MAX, 6, 3), u64::MAX, "saturates");
+        assert_eq!(mul_div(u64::MAX / 2, 4, 8), u64::MAX / 4);
+        assert_eq!(mul_div(1 << 40, 1 << 40, 1 << 30), 1 << 50);
+        assert_eq!(mul_div(5, 5, 0), 0);
     }
 
     /// A replica's spare is its part of what the window is expected to leave unused: what is
