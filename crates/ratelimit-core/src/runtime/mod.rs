@@ -16,6 +16,7 @@ pub mod background;
 mod charge;
 pub mod explain;
 mod fleet;
+mod fleet_ids;
 mod lease;
 pub mod operator;
 pub mod operator_http;
@@ -94,6 +95,8 @@ pub(crate) struct Compiled {
     /// stay large while the window is expected to leave quota unused
     /// ([`crate::share::fair::spare`]).
     pub fair_use: AtomicU64,
+    /// A fleet-fair shared rule: its tenants' names by client key ([`fleet_ids`]).
+    pub fleet_ids: Option<Box<fleet_ids::FleetIds>>,
     /// A lone shared rule leased from its service ([`shared`]): whether its shares refused the
     /// last request decided here on the short path (the next one looks at the lease before the
     /// shares decide, and takes from it after, instead of taking at once and giving back).
@@ -110,6 +113,21 @@ pub(crate) struct Compiled {
 }
 
 impl Compiled {
+    /// A fleet-fair rule's tenant of client key `hash`: its name in the service's counters
+    /// ([`key::fleet_id`], remembered by [`fleet_ids`]); `None` for another rule, or a key part
+    /// missing. Not inlined: the request path of every other rule stays as it was.
+    #[inline(never)]
+    pub fn fleet_id(
+        &self,
+        rule: &crate::config::Rule,
+        hash: u64,
+        host: &mut impl key::Attributes,
+    ) -> Option<u64> {
+        self.fleet_ids.as_ref()?.get_or(hash, || {
+            key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host)
+        })
+    }
+
     /// A shared rule's record: its store slot ([`table::SlotKind::Share`]).
     pub fn share_record(&self) -> u64 {
         table::SlotKind::Share.slot(self.fingerprint % (1 << 31))
@@ -286,6 +304,11 @@ impl<S: Store> Runtime<S> {
                     fair_spare: AtomicU64::new(0),
                     fair_reserved: AtomicU64::new(0),
                     fair_use: AtomicU64::new(0),
+                    fleet_ids: rule
+                        .share
+                        .as_ref()
+                        .filter(|s| s.fleet_fair)
+                        .map(|_| Box::new(fleet_ids::FleetIds::new())),
                     share_refusing: std::sync::atomic::AtomicBool::new(false),
                     kind: crate::config::Kind::of(rule),
                     reads_body: rule.reads_body_fields(),

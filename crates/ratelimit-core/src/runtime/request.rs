@@ -629,7 +629,7 @@ impl<S: Store> Runtime<S> {
             // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
             let fleet = sh
                 .fleet_fair
-                .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
+                .then(|| compiled.fleet_id(rule, hash, host))
                 .flatten()
                 .map(|id| crate::engine::FleetAsk {
                     slot: compiled.fair_record(),

@@ -17,7 +17,6 @@ use super::request::{asker, Applied, Decision, Left, Pending, Skip, Verdicts};
 use super::{Compiled, Host, Runtime};
 use crate::config::{Config, GlobalMode};
 use crate::engine::{self, Check, Outcome, ShareCheck};
-use crate::key;
 use crate::limiter::Policy;
 use crate::metrics::Counter;
 use crate::store::Store;
@@ -81,7 +80,7 @@ impl<S: Store> Runtime<S> {
         // Fleet-fair: the tenant's name in the service's counters, from its key's parts.
         let fleet = sh
             .fleet_fair
-            .then(|| key::fleet_id(&rule.name, &rule.key, rule.shares_missing_key(), host))
+            .then(|| compiled.fleet_id(rule, a.hash, host))
             .flatten()
             .map(|id| engine::FleetAsk {
                 slot: compiled.fair_record(),
