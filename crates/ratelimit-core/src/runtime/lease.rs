@@ -575,17 +575,16 @@ impl<S: Store> Runtime<S> {
                 // This proxy's part of what the window is expected to leave unused, as of the
                 // claim's sending.
                 let part = c.fair_part.load(Relaxed);
+                let (capacity, window_ms) = policy.limit_and_window();
+                let told = share::fair::Left {
+                    units: left,
+                    end_ms: expires_ms,
+                };
                 let spare = match left != u64::MAX && part != u64::MAX {
                     true => share::fair::spare(
-                        (
-                            share::fair::Left {
-                                units: left,
-                                end_ms: expires_ms,
-                            },
-                            claim.sent_ms,
-                        ),
-                        (policy.limit_and_window().0, c.fair_use.load(Relaxed), part),
-                        (now_ms, policy.limit_and_window().1),
+                        (told, claim.sent_ms),
+                        (capacity, c.fair_use.load(Relaxed), part),
+                        (now_ms, window_ms),
                     ),
                     false => 0,
                 };
