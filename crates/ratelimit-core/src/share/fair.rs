@@ -313,9 +313,9 @@ pub fn fleet_use(view: &View, counts: &[BandCounts]) -> u64 {
 /// `said_ms` that `left` of the window's `capacity` (cost units) was left; from then until
 /// the window ends the fleet is expected to admit, [`SPARE_MARGIN`] times over, what it admits
 /// a window: the more of `fleet_use` (the view's) and of what it took of the window until
-/// then, at that pace (what its tenants it does not report take too). The rest goes unused,
-/// and this replica's part of it is its `part`'s of the fleet's. 0 when the window ended at
-/// `now_ms`.
+/// then, at that pace (which counts the tenants no replica reports too). The rest goes unused,
+/// and this replica's part of it is its `part`'s share of the fleet's use. 0 when the window
+/// ended at `now_ms`.
 pub fn spare(
     (left, said_ms): (Left, u64),
     (capacity, fleet_use, part): (u64, u64, u64),
