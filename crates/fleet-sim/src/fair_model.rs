@@ -33,7 +33,7 @@ pub struct FairFigures {
     /// Reports made (one call each: a proxy and an epoch).
     pub reports: u64,
     /// Reports that rode on a lease claim (no call of their own): made by the same request in
-    /// the model, sent with a claim ahead of need at the same tick by the runtime.
+    /// the model, sent with a claim ahead of need by the runtime.
     pub piggybacked: u64,
     /// Descriptors written and read, over all reports.
     pub descriptors: u64,

@@ -34,8 +34,8 @@ enum Purpose {
     /// Reports a fleet-fair shared rule's window and reads the fleet's
     /// ([`super::fleet`]).
     Report(usize, Report),
-    /// Both at once: a claim ahead of need and the report of its rule, due at the same tick,
-    /// in one call (the claim's descriptor first).
+    /// Both at once: a claim ahead of need and the report of its rule that waited for it, in
+    /// one call (the claim's descriptor first).
     Riding(Claim, Report),
 }
 
@@ -161,10 +161,13 @@ impl Background {
                     )
                 });
                 // A report rides on a claim of its rule's lease going out at the same tick.
-                let mut reports: Vec<Option<(usize, Report)>> =
-                    rt.fair_reports(now_ms).into_iter().map(Some).collect();
-                let claims: Vec<_> = rt
-                    .claims_ahead(now_ms)
+                let ahead = rt.claims_ahead(now_ms);
+                let mut reports: Vec<Option<(usize, Report)>> = rt
+                    .fair_reports(now_ms, &ahead)
+                    .into_iter()
+                    .map(Some)
+                    .collect();
+                let claims: Vec<_> = ahead
                     .into_iter()
                     .map(|(mut message, claim)| {
                         let rule = claim.target.rule;

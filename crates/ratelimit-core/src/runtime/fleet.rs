@@ -1,10 +1,12 @@
-//! A fleet-fair shared capacity's reports (`share.fleet: "fair"`, [`crate::share::fair`]): at
-//! the first tick of each of the capacity's windows, one Envoy's one call to the rule's rate
-//! limit service writes what its tenants asked in the window before and its part of the band
-//! sums, and reads the fleet's sums of the window before that; the answer becomes the rule's
-//! view of the fleet in its fair record ([`crate::share::fair_record`]). When a claim ahead of
-//! need of the rule's lease goes at the same tick, the report rides on it: one call, the
-//! claim's descriptor first ([`super::background`] splits the answer).
+//! A fleet-fair shared capacity's reports (`share.fleet: "fair"`, [`crate::share::fair`]): once
+//! in each of the capacity's windows, one Envoy's one call to the rule's rate limit service
+//! writes what its tenants asked in the window before and its part of the band sums, and reads
+//! the fleet's sums of the window before that; the answer becomes the rule's view of the fleet
+//! in its fair record ([`crate::share::fair_record`]). The report rides on a claim ahead of need
+//! of the rule's lease (one call, the claim's descriptor first: [`super::background`] splits the
+//! answer): the first that goes in the window's first half, its first second at most
+//! ([`REPORT_WAIT`]), or alone after it; at the window's first tick while the rule has no view
+//! that saw the fleet ask anything.
 //!
 //! The counters are descriptors of the rule's domain: `("fair", rule), ("asked", tenant),
 //! ("epoch", k)` and `("fair", rule), ("band", "b.s"), ("epoch", k)` (band `b`, sum `s`: 0
@@ -14,8 +16,10 @@
 
 use super::Runtime;
 use crate::engine::update_fair_record;
-use crate::global::Answer;
+use crate::global::{Answer, Claim};
+use crate::limiter::lease;
 use crate::rls::{self, Each};
+use crate::share::fair::Left;
 use crate::share::fair_record::{Item, Report};
 use crate::store::Store;
 use std::sync::atomic::Ordering;
@@ -23,10 +27,31 @@ use std::sync::atomic::Ordering;
 /// A report to send: the rule and what it asks.
 pub(crate) type Due = (usize, Report);
 
+/// A window's report waits for a claim ahead of need of its rule's lease to ride on (one call
+/// instead of two) until this fraction (1/2) of the window has passed, or [`REPORT_WAIT_MS`],
+/// whichever is sooner, then goes alone. The counters it writes are read a window later at the
+/// earliest ([`crate::share::fair::READ_LAG`]): still whole.
+pub(crate) const REPORT_WAIT: u64 = 2;
+/// The longest a report waits for a claim to ride on, ms: the view its answer brings is not
+/// held back longer (a minute's window makes one report a minute: little to save).
+pub(crate) const REPORT_WAIT_MS: u64 = 1_000;
+
+/// Whether a report may ride on a claim of `block` of its rule's lease at `now_ms`, given what
+/// the service's latest answer here said the fleet has left (`left`): while the window it spoke
+/// of runs and less than [`lease::NEAR_SHARE`] blocks are left, the claim may be refused, and a
+/// service that counts a call's descriptors all or none (or, envoyproxy/ratelimit, none of the
+/// others while one is over its limit, answering them `OK` all the same) would lose the
+/// report's counters. Once that window ended, or before any answer, a new one has begun.
+fn rides(left: Option<Left>, block: u64, now_ms: u64) -> bool {
+    left.is_none_or(|l| now_ms >= l.end_ms || l.units >= block.saturating_mul(lease::NEAR_SHARE))
+}
+
 impl<S: Store> Runtime<S> {
     /// The reports due at `now_ms`: one per fleet-fair rule whose window turned since its last
-    /// report on this Envoy (the fair record says, whichever worker made it).
-    pub(crate) fn fair_reports(&self, now_ms: u64) -> Vec<Due> {
+    /// report on this Envoy (the fair record says, whichever worker made it), and that either
+    /// rides on one of `claims` (the claims ahead of need going at this tick, [`rides`]) or
+    /// waited for one long enough ([`REPORT_WAIT`]).
+    pub(crate) fn fair_reports(&self, now_ms: u64, claims: &[(Vec<u8>, Claim)]) -> Vec<Due> {
         let mut due = Vec::new();
         for (i, (rule, c)) in self.config.rules.iter().zip(&self.compiled).enumerate() {
             let Some(sh) = rule.share.as_ref().filter(|_| rule.global.is_some()) else {
@@ -38,12 +63,30 @@ impl<S: Store> Runtime<S> {
             let window_ms = c.policy.limit_and_window().1.max(1);
             let epoch = now_ms / window_ms;
             let bands = sh.params.bands;
+            let block = claims
+                .iter()
+                .find(|(_, claim)| claim.target.rule == i)
+                .map(|(_, claim)| claim.block);
+            // Without a view in force that saw the fleet ask anything, at once: its answer may
+            // bring the first.
+            // A report the service did not count goes again at once.
+            let again = c.fair_again.swap(false, Ordering::Relaxed);
+            let ready = again
+                || block.is_some_and(|block| rides(c.fair_left(), block, now_ms))
+                || now_ms % window_ms >= (window_ms / REPORT_WAIT).min(REPORT_WAIT_MS)
+                || !self.fair_view_fresh(c, now_ms)
+                || c.fair_use.load(Ordering::Relaxed) == 0;
             let made = update_fair_record(&self.store, c.fair_record(), bands, |r| {
-                let due = r.reported < epoch;
+                // Without a report of the window before, at once: what a tenant asked in this
+                // window so far is not what it asks in one (this Envoy's part would be too
+                // small, and with it the blocks).
+                let go = ready || r.reported.saturating_add(1) < epoch;
+                let due = go && r.reported < epoch;
                 if r.dither == 0 {
                     r.dither = self.fair_dither;
                 }
-                ((r.report(bands, epoch), Known::of(r)), due)
+                let report = if go { r.report(bands, epoch) } else { None };
+                ((report, Known::of(r)), due)
             });
             let Some((report, known)) = made else {
                 continue;
@@ -91,6 +134,7 @@ impl<S: Store> Runtime<S> {
         update_fair_record(&self.store, c.fair_record(), sh.params.bands, |r| {
             ((), r.unreported(report.epoch))
         });
+        c.fair_again.store(true, Ordering::Relaxed);
     }
 
     /// The service's answer to `report`, rule `rule`'s: written into its fair record.
@@ -767,6 +811,98 @@ mod tests {
             assert!(now < t0 + 1_100, "no claim ahead of need");
         }
         (rt, bg, now)
+    }
+
+    /// A report rides on a claim while the service's window it last heard of has at least
+    /// four such blocks left, or ended (a new one has begun), or before any answer: not on a
+    /// claim the service may refuse.
+    #[test]
+    fn a_report_rides_only_on_a_claim_likely_granted() {
+        use super::{rides, Left};
+        let left = |units| {
+            Some(Left {
+                units,
+                end_ms: 1_000,
+            })
+        };
+        assert!(rides(None, 10, 500));
+        assert!(rides(left(40), 10, 500));
+        assert!(!rides(left(39), 10, 500));
+        assert!(!rides(left(0), 1, 999));
+        assert!(rides(left(0), 10, 1_000), "that window ended");
+    }
+
+    /// Once a view is in force, a window's report waits for a claim ahead of need to ride on
+    /// (one call for both) rather than going alone at the window's first tick: an Envoy
+    /// serving a tenant every 5 ms (blocks of at most 10: a claim ahead every 50 ms or so)
+    /// makes one call a window fewer. Without claims (no requests in the window) it goes
+    /// alone once half the window has passed, and the view it brings is read as before.
+    #[test]
+    fn a_report_waits_for_a_claim_to_ride_on_until_half_the_window() {
+        let json = r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {"requests_per_unit": 100, "unit": "second"},
+            "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                       "max_block": 10},
+            "share": {"fleet": "fair"}}]}"#;
+        let config = crate::config::Config::parse(json.as_bytes()).unwrap();
+        let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
+        let mut bg = Background::new(&rt);
+        let mut service = Service::new((100, 1_000), true);
+        let t0: u64 = 1_800_000_000_000;
+        let mut id = 0;
+        // Each window: its reports alone and riding, and when the first was made (ms into it).
+        let mut windows: Vec<(u64, u64, Option<u64>)> = vec![(0, 0, None); 8];
+        for ms in 0..8_000u64 {
+            let now = t0 + ms;
+            // Requests every 5 ms but in window 6.
+            if ms % 5 == 0 && ms / 1_000 != 6 {
+                let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+                h.now = now;
+                let mut st = StreamState::default();
+                let next = st.request_headers(&rt, &mut h);
+                let mut answer = |m: &[u8]| Ok(service.answer(m, now));
+                settle(&rt, &mut st, &mut h, next, &mut answer, &mut id);
+            }
+            if ms % 10 != 0 {
+                continue;
+            }
+            for call in bg.tick(&rt, now, None).calls {
+                let (reports, rides) = (service.reports, service.rides);
+                let a = service.answer(&call.message, now);
+                let w = &mut windows[(ms / 1_000) as usize];
+                // A report riding on a claim counts as a report and a ride.
+                if service.rides > rides {
+                    w.1 += 1;
+                } else if service.reports > reports {
+                    w.0 += 1;
+                }
+                if service.reports > reports && w.2.is_none() {
+                    w.2 = Some(ms % 1_000);
+                }
+                id += 1;
+                bg.started(&rt, call, Some(id));
+                bg.answered(&rt, id, Ok(a), now);
+            }
+        }
+        println!("(alone, riding, made at) each window: {windows:?}");
+        let c = &rt.compiled[0];
+        assert!(rt.fair_view_fresh(c, t0 + 8_000), "the view is in force");
+        // Windows 0 to 2 report at their first tick (no view yet that saw anything).
+        for w in &windows[..3] {
+            assert_eq!(w.2, Some(0), "{windows:?}");
+        }
+        // From window 3, one report a window riding on a claim, in the window's first half.
+        for w in &windows[3..6] {
+            assert_eq!((w.0, w.1), (0, 1), "{windows:?}");
+            assert!(w.2.unwrap() < 500, "{windows:?}");
+        }
+        // No requests in window 6, so no claim: alone, at half the window.
+        assert_eq!(
+            (windows[6].0, windows[6].1, windows[6].2),
+            (1, 0, Some(500))
+        );
+        let view = update_fair_record(&rt.store, c.fair_record(), 1, |r| (r.view.epoch, false));
+        assert_eq!(view, Some(Some(t0 / 1_000 + 7 - 2)), "window 7's read");
     }
 
     /// A window's report due at the tick that sends a claim ahead of need rides on it: one

@@ -95,6 +95,9 @@ pub(crate) struct Compiled {
     /// stay large while the window is expected to leave quota unused
     /// ([`crate::share::fair::spare`]).
     pub fair_use: AtomicU64,
+    /// A fleet-fair shared rule: its last report rode on a claim the service refused whole,
+    /// and goes again at the next tick, alone, without waiting for another claim to ride on.
+    pub fair_again: std::sync::atomic::AtomicBool,
     /// A fleet-fair shared rule: its tenants' names by client key ([`fleet_ids`]).
     pub fleet_ids: Option<Box<fleet_ids::FleetIds>>,
     /// A lone shared rule leased from its service ([`shared`]): whether its shares refused the
@@ -304,6 +307,7 @@ impl<S: Store> Runtime<S> {
                     fair_spare: AtomicU64::new(0),
                     fair_reserved: AtomicU64::new(0),
                     fair_use: AtomicU64::new(0),
+                    fair_again: std::sync::atomic::AtomicBool::new(false),
                     fleet_ids: rule
                         .share
                         .as_ref()

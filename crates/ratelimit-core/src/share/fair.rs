@@ -14,9 +14,9 @@
 //! has its own counter; the service's own unit for them must outlast two epochs: an hour, counters
 //! far above what is ever added).
 //!
-//! **What a replica writes and reads: one call an epoch at most.** At its first tick in epoch `k`
-//! (riding on a claim ahead of need of the lease that goes at the same tick, the claim's
-//! descriptor first, or alone when none does), a replica sends, per descriptor (`hits_addend`
+//! **What a replica writes and reads: one call an epoch at most.** Once in epoch `k` (riding on the
+//! first claim ahead of need of the lease that goes in the epoch's first half, its first
+//! second at most, the claim's descriptor first, or alone after it), a replica sends, per descriptor (`hits_addend`
 //! set per descriptor):
 //!
 //! - for each tenant it saw in epoch `k − 1`: `(rule, "asked", tenant, k − 1)` adding what the

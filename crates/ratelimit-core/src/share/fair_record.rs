@@ -341,7 +341,7 @@ impl FairRecord {
         }
     }
 
-    /// The report due at the first tick of epoch `epoch` (`None`: one was made in it already,
+    /// The report due in epoch `epoch` (`None`: one was made in it already,
     /// or no tenant asked lately): what the tenants asked here in the epoch before and this
     /// Envoy's part of the band sums of that epoch, written; the same counters of the epoch
     /// before that, read. Marks the epoch reported.
