@@ -391,8 +391,10 @@ mod tests {
 
     /// A thousand tenants over 100 proxies beside a heavy one, spread at random: the demand
     /// is half the capacity, so each window ends with quota unused, and the blocks stay large
-    /// to its end instead of halving (`share::fair::spare`): at most 2.8 calls per 100
-    /// requests (3.37 without), every tenant served.
+    /// to its end instead of halving (`share::fair::spare`), and each window's report rides
+    /// on a claim ahead of need (`runtime::fleet`'s `REPORT_WAIT`): at most 2.3 calls per 100
+    /// requests (2.07 with both, 2.55 with the report alone at the window's first tick, 3.37
+    /// with neither), every tenant served.
     #[test]
     fn a_window_that_leaves_quota_unused_keeps_the_blocks_large() {
         let s = FairSweep {
@@ -407,7 +409,7 @@ mod tests {
             assert!(f.lights_served() >= 1.0, "{}", f.worst_light());
             assert!((0.5..0.52).contains(&f.used()), "{}", f.used());
             let calls = calls_per_100(&f);
-            assert!(calls <= 2.8, "{calls} calls per 100 requests");
+            assert!(calls <= 2.3, "{calls} calls per 100 requests");
         }
     }
 
