@@ -393,7 +393,7 @@ mod tests {
     /// is half the capacity, so each window ends with quota unused, and the blocks stay large
     /// to its end instead of halving (`share::fair::spare`), and each window's report rides
     /// on a claim ahead of need (`runtime::fleet`'s `REPORT_WAIT`): at most 2.3 calls per 100
-    /// requests (2.07 with both, 2.55 with the report alone at the window's first tick, 3.37
+    /// requests (2.07 with both, 2.56 with the report alone at the window's first tick, 3.37
     /// with neither), every tenant served.
     #[test]
     fn a_window_that_leaves_quota_unused_keeps_the_blocks_large() {
