@@ -193,18 +193,35 @@ impl<S: Store> Runtime<S> {
             return None;
         };
         let target = Target::of(applied.rule, check);
-        let cap = self.block_cap(applied, limit, max_block, now_ms);
+        // The block cap is worked out only where it decides: every cap is at most `max_block`,
+        // and neither what the bands keep nor a lease running low can hold under a larger one
+        // where they do not under it.
+        let most = max_block.max(1);
+        let cap = std::cell::Cell::new(None);
+        let cap_of = || {
+            let c = cap
+                .get()
+                .unwrap_or_else(|| self.block_cap(applied, limit, max_block, now_ms));
+            cap.set(Some(c));
+            c
+        };
         let shares = std::slice::from_ref(share);
-        if share.1.fleet.is_some()
-            && self
-                .fair_keeping(shares, applied.rule, (check.cost, cap), now_ms)
+        let keeps = |block| {
+            self.fair_keeping(shares, applied.rule, (check.cost, block), now_ms)
                 .is_some()
-        {
+        };
+        if share.1.fleet.is_some() && keeps(most) && keeps(cap_of()) {
             return None;
         }
         let looked = self.update_lease(target, now_ms, |state| {
-            let Peek::Covered { low } = lease::State::peek(state, now_ms, check.cost, cap) else {
-                return (None, None);
+            let peek = |cap| lease::State::peek(state, now_ms, check.cost, cap);
+            let low = match peek(most) {
+                Peek::Covered { low: false } => false,
+                Peek::Covered { low: true } => match peek(cap_of()) {
+                    Peek::Covered { low } => low,
+                    _ => return (None, None),
+                },
+                _ => return (None, None),
             };
             let s = state.copied().unwrap_or_default().at(now_ms);
             if take && !low && !s.refused {
@@ -216,7 +233,7 @@ impl<S: Store> Runtime<S> {
             if !low {
                 return (Some((false, s.expires_ms, None)), None);
             }
-            let (next, block) = s.start_claim(now_ms, (cap, check.cost), true);
+            let (next, block) = s.start_claim(now_ms, (cap_of(), check.cost), true);
             (Some((false, s.expires_ms, Some(block))), Some(next))
         });
         let (took, expires_ms, ahead) = looked.flatten()?;

@@ -203,8 +203,13 @@ impl View {
 
     /// Whether the view is recent enough to use in epoch `now_epoch`.
     pub fn fresh(&self, now_epoch: u64) -> bool {
-        self.epoch
-            .is_some_and(|e| now_epoch.saturating_sub(e) <= MAX_STALE)
+        View::fresh_epoch(self.epoch, now_epoch)
+    }
+
+    /// Whether a view of epoch `epoch` (`None`: never read) is recent enough to use in epoch
+    /// `now_epoch`.
+    pub fn fresh_epoch(epoch: Option<u64>, now_epoch: u64) -> bool {
+        epoch.is_some_and(|e| now_epoch.saturating_sub(e) <= MAX_STALE)
     }
 
     /// Band `band`'s level in epoch `now_epoch`: [`NO_LEVEL`] when the view is stale.

@@ -272,15 +272,14 @@ impl FairRecord {
         cost: u64,
         how: (bool, bool),
     ) -> Option<Result<(), u64>> {
-        let (_, view, _) = decode_head(bytes, bands)?;
+        let window_ms = window_ms.max(1);
+        let level = head_level(bytes, bands, band, now_ms / window_ms)?;
         let n = usize::from(u16::from_le_bytes(
             *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
         ));
         if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
             return None;
         }
-        let window_ms = window_ms.max(1);
-        let level = view.level(band, now_ms / window_ms);
         let slot = bytes
             .get_mut(HEADER_LEN..)?
             .chunks_exact_mut(TENANT_LEN)
@@ -634,6 +633,30 @@ fn decode_head(bytes: &[u8], bands: usize) -> Option<(u64, View, &[u8])> {
     Some((reported, view, rest))
 }
 
+/// Band `band`'s level in epoch `now_epoch` as the view of the encoded record `bytes` (of
+/// `bands` bands) says ([`View::level`]), read where it lies instead of decoding the view
+/// whole (each request of the rule reads it); `None` when `bytes` is not such a record.
+fn head_level(bytes: &[u8], bands: usize, band: u8, now_epoch: u64) -> Option<u64> {
+    let (&version, rest) = bytes.split_first()?;
+    let (&stored_bands, rest) = rest.split_first()?;
+    let bands = bands.clamp(1, MAX_BANDS);
+    if version != VERSION || usize::from(stored_bands) != bands {
+        return None;
+    }
+    let u64_at = |at: usize| {
+        let b = rest.get(at..)?.first_chunk::<8>()?;
+        Some(u64::from_le_bytes(*b))
+    };
+    // After `reported`: the view's epoch, then each band's level, budget and reserved.
+    let epoch = u64_at(8)?;
+    let fresh = View::fresh_epoch((epoch != NONE).then_some(epoch), now_epoch);
+    let b = usize::from(band);
+    if !fresh || b >= bands {
+        return Some(super::NO_LEVEL);
+    }
+    u64_at(16 + b * 24)
+}
+
 fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
     let (reported, view, mut rest) = decode_head(bytes, bands)?;
     let mut u64_ = || -> Option<u64> {
@@ -687,6 +710,44 @@ mod tests {
             bands: 1,
             min_share_pm: [0; MAX_BANDS],
             ramp_ms: 0,
+        }
+    }
+
+    /// The level a request reads where it lies in the encoded record is the one the decoded
+    /// view says: each band, fresh and stale, a band past the rule's, no view yet; and a
+    /// record of another format or number of bands is none.
+    #[test]
+    fn a_bands_level_read_in_place_is_the_views() {
+        for bands in [1usize, 3, MAX_BANDS] {
+            let mut r = FairRecord::new(bands);
+            let mut bytes = Vec::new();
+            r.encode_into(&mut bytes);
+            assert_eq!(head_level(&bytes, bands, 0, 100), Some(NO_LEVEL), "no view");
+            r.view.epoch = Some(100);
+            for (i, b) in r.view.bands.iter_mut().enumerate() {
+                b.level = 1_000 + i as u64;
+                b.budget = 7;
+                b.reserved = 9;
+            }
+            bytes.clear();
+            r.encode_into(&mut bytes);
+            let (_, view, _) = decode_head(&bytes, bands).unwrap();
+            for band in 0..=MAX_BANDS as u8 {
+                for now in [100, 102, 100 + fair::MAX_STALE, 101 + fair::MAX_STALE] {
+                    assert_eq!(
+                        head_level(&bytes, bands, band, now),
+                        Some(view.level(band, now)),
+                        "{bands} bands, band {band}, epoch {now}"
+                    );
+                }
+            }
+            assert_eq!(head_level(&bytes, bands, 0, 100), Some(1_000));
+            if bands < MAX_BANDS {
+                assert_eq!(head_level(&bytes, bands + 1, 0, 100), None);
+                assert!(decode_head(&bytes, bands + 1).is_none());
+            }
+            bytes[0] ^= 0xff;
+            assert_eq!(head_level(&bytes, bands, 0, 100), None);
         }
     }
 
