@@ -211,10 +211,14 @@ impl<S: Store> Runtime<S> {
             return;
         };
         let was_fresh = self.fair_view_fresh(c, now_ms);
-        c.fair_part
-            .store(part.unwrap_or(u64::MAX), Ordering::Relaxed);
-        c.fair_view
-            .store(view.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let part = part.unwrap_or(u64::MAX);
+        let view = view.unwrap_or(u64::MAX);
+        let was_part = c.fair_part.swap(part, Ordering::Relaxed);
+        let was_view = c.fair_view.swap(view, Ordering::Relaxed);
+        if (was_part, was_view) != (part, view) {
+            // The blocks follow them: the cap kept is to be worked out again.
+            c.fair_cap_until.store(0, Ordering::Relaxed);
+        }
         c.fair_reserved.store(reserved, Ordering::Relaxed);
         c.fair_use.store(fleet_use, Ordering::Relaxed);
         if !was_fresh && self.fair_view_fresh(c, now_ms) {

@@ -22,6 +22,10 @@ use std::sync::PoisonError;
 /// this many times ([`Runtime::reclaim`]).
 pub const TURN_ASKS: usize = 3;
 
+/// A fleet-fair rule's block cap, once worked out, is kept for this fraction (1/64) of its
+/// window ([`Runtime::block_cap`]).
+const CAP_SLICES: u64 = 64;
+
 impl<S: Store> Runtime<S> {
     /// Before a request is decided: each lease check whose key holds too little here becomes
     /// a claim the request waits for, and a sync rule's check (one whose reservation waited
@@ -341,10 +345,16 @@ impl<S: Store> Runtime<S> {
     /// `max_block` its policy's): a shared capacity's blocks follow this proxy's part of it,
     /// a fleet-fair one's what it expects to admit ([`share::fair::block_cap`]).
     fn block_cap(&self, applied: &Applied, limit: u64, max_block: u64, now_ms: u64) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
         let Some(c) = self.compiled.get(applied.rule).filter(|_| applied.capacity) else {
             return max_block;
         };
-        if self.fleet_fair(applied.rule) && self.fair_view_fresh(c, now_ms) {
+        let fleet_fair = self.fleet_fair(applied.rule);
+        // A fleet-fair rule's cap, as worked out lately: good until `fair_cap_until`.
+        if fleet_fair && now_ms < c.fair_cap_until.load(Relaxed) {
+            return c.fair_cap.load(Relaxed);
+        }
+        if fleet_fair && self.fair_view_fresh(c, now_ms) {
             let part = c.fair_part.load(std::sync::atomic::Ordering::Relaxed);
             let window_ms = c.policy.limit_and_window().1.max(1);
             // The service's window, as its latest answer here said; else the rule's own.
@@ -364,7 +374,19 @@ impl<S: Store> Runtime<S> {
                 true => c.fair_spare.load(std::sync::atomic::Ordering::Relaxed),
                 false => 0,
             };
-            return share::fair::block_cap((part, spare), (now_ms, end, window_ms), max_block);
+            let cap = share::fair::block_cap((part, spare), (now_ms, end, window_ms), max_block);
+            // Kept for a 64th of the window (it shrinks by a 128th of the part meanwhile),
+            // never past the rule's window nor past the service's window the spare is of.
+            let slice = (window_ms / CAP_SLICES).max(1);
+            let mut until = (now_ms / slice + 1)
+                .saturating_mul(slice)
+                .min((now_ms / window_ms + 1).saturating_mul(window_ms));
+            if now_ms < told {
+                until = until.min(told);
+            }
+            c.fair_cap.store(cap, Relaxed);
+            c.fair_cap_until.store(until, Relaxed);
+            return cap;
         }
         let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
         share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
@@ -606,6 +628,7 @@ impl<S: Store> Runtime<S> {
                     false => 0,
                 };
                 c.fair_spare.store(spare, Relaxed);
+                c.fair_cap_until.store(0, Relaxed);
             }
         }
         let updated = self.update_lease(t, now_ms, |state| {
@@ -666,6 +689,8 @@ impl<S: Store> Runtime<S> {
         };
         if sh.fleet_fair {
             c.fair_end.store(at.0, std::sync::atomic::Ordering::Relaxed);
+            c.fair_cap_until
+                .store(0, std::sync::atomic::Ordering::Relaxed);
             if self.fair_view_fresh(c, at.1) {
                 return; // each tenant's share is the fleet's: no part of this proxy's to learn
             }

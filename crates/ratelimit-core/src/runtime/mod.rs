@@ -95,6 +95,11 @@ pub(crate) struct Compiled {
     /// stay large while the window is expected to leave quota unused
     /// ([`crate::share::fair::spare`]).
     pub fair_use: AtomicU64,
+    /// A fleet-fair shared rule: the largest block its lease claims, as worked out lately
+    /// (`fair_cap_until`: until when it holds, ms; 0: to be worked out again, as after an
+    /// answer that changes it).
+    pub fair_cap: AtomicU64,
+    pub fair_cap_until: AtomicU64,
     /// A fleet-fair shared rule: its last report rode on a claim the service refused whole,
     /// and goes again at the next tick, alone, without waiting for another claim to ride on.
     pub fair_again: std::sync::atomic::AtomicBool,
@@ -308,6 +313,8 @@ impl<S: Store> Runtime<S> {
                     fair_reserved: AtomicU64::new(0),
                     fair_use: AtomicU64::new(0),
                     fair_again: std::sync::atomic::AtomicBool::new(false),
+                    fair_cap: AtomicU64::new(0),
+                    fair_cap_until: AtomicU64::new(0),
                     fleet_ids: rule
                         .share
                         .as_ref()
