@@ -67,13 +67,13 @@ impl<S: Store> Runtime<S> {
                 .iter()
                 .find(|(_, claim)| claim.target.rule == i)
                 .map(|(_, claim)| claim.block);
-            // Without a view in force that saw the fleet ask anything, at once: its answer may
-            // bring the first.
             // A report the service did not count goes again at once.
             let again = c.fair_again.swap(false, Ordering::Relaxed);
             let ready = again
                 || block.is_some_and(|block| rides(c.fair_left(), block, now_ms))
                 || now_ms % window_ms >= (window_ms / REPORT_WAIT).min(REPORT_WAIT_MS)
+                // Without a view in force that saw the fleet ask anything, at once: its
+                // answer may bring the first.
                 || !self.fair_view_fresh(c, now_ms)
                 || c.fair_use.load(Ordering::Relaxed) == 0;
             let made = update_fair_record(&self.store, c.fair_record(), bands, |r| {

@@ -694,3 +694,43 @@ fn a_configuration_update_keeps_what_is_held() {
         assert!(matches!(st.request_headers(&new, &mut h), Next::Continue));
     }
 }
+
+/// A fleet-fair rule's block cap is kept for a 64th of its window (15 ms of a second's):
+/// worked out again once that has passed, and at once after an answer that changes what it
+/// follows (the service's window end), not before.
+#[test]
+fn a_fleet_fair_rules_block_cap_is_kept_for_a_64th_of_the_window_or_until_an_answer() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rt = runtime(
+        r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
+            "rate_limit": {"requests_per_unit": 100000, "unit": "second"},
+            "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
+                       "max_block": 100000},
+            "share": {"fleet": "fair"}}]}"#,
+    );
+    let c = &rt.compiled[0];
+    let t0: u64 = 1_800_000_000_000;
+    // A view in force; this Envoy expects to admit 6,400 a window.
+    c.fair_view.store(t0 / 1_000 - 2, Relaxed);
+    let part = |requests: u64| requests * crate::share::LEVEL_ONE;
+    c.fair_part.store(part(6_400), Relaxed);
+    let applied = super::Applied {
+        rule: 0,
+        hash: c.capacity_key.unwrap(),
+        descriptor: None,
+        priced: crate::config::Priced::Default,
+        capacity: true,
+    };
+    let cap = |now| rt.block_cap(&applied, 100_000, 100_000, now);
+    // Half the part, and half of what it expects to admit to the window's end.
+    assert_eq!(cap(t0), 3_200);
+    // The part doubles without an answer to say so: kept until 15 ms have passed.
+    c.fair_part.store(part(12_800), Relaxed);
+    assert_eq!(cap(t0 + 14), 3_200, "kept");
+    assert_eq!(cap(t0 + 15), 12_800 * 985 / 2_000, "worked out again");
+    // An answer of the service: worked out again at once.
+    c.fair_part.store(part(25_600), Relaxed);
+    assert_eq!(cap(t0 + 20), 12_800 * 985 / 2_000, "kept");
+    rt.capacity_answered(0, (100, 50_000, false), (t0 + 1_000, t0 + 21));
+    assert_eq!(cap(t0 + 21), 25_600 * 979 / 2_000, "after the answer");
+}
