@@ -462,13 +462,19 @@ impl Store for ProcessStore {
             Ok(shard) => lock(shard),
             Err(e) => return Some(Err(e)),
         };
-        let present = shard.contains_key(&slot);
-        let (value, cas) = shard.entry(slot).or_default();
-        let (result, written) = f(value, present);
+        // One lookup: a value held is changed where it lies; a new one is inserted only if
+        // written.
+        if let Some((value, cas)) = shard.get_mut(&slot) {
+            let (result, written) = f(value, true);
+            if written {
+                *cas = next_cas(*cas);
+            }
+            return Some(Ok(result));
+        }
+        let mut value = Vec::new();
+        let (result, written) = f(&mut value, false);
         if written {
-            *cas = next_cas(*cas);
-        } else if !present {
-            shard.remove(&slot);
+            shard.insert(slot, (value, next_cas(0)));
         }
         Some(Ok(result))
     }
