@@ -416,28 +416,38 @@ fn settle(
     }
 }
 
-/// One Envoy of the fleet-fair rule of [`pinned_on`] with a tenant's requests every 5 ms
-/// answered by `service` and its background ticked every 10 ms for one window, then, in
-/// the next window, requests and no tick until a claim ahead of need waits for the tick
-/// its window's report is due at: the runtime, its background, and the time.
-fn a_claim_and_a_report_due(service: &mut Service) -> (Runtime<Arc<MemoryStore>>, Background, u64) {
+/// One Envoy of a fleet-fair rule of 100 a second leased in blocks of at most 10.
+fn one_envoy() -> Runtime<Arc<MemoryStore>> {
     let json = r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
             "rate_limit": {"requests_per_unit": 100, "unit": "second"},
             "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
                        "max_block": 10},
             "share": {"fleet": "fair"}}]}"#;
     let config = crate::config::Config::parse(json.as_bytes()).unwrap();
-    let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
+    Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()))
+}
+
+/// A request of tenant `a` at `now`, its calls answered by `service` (`id`: the last call's).
+fn tenants_request(rt: &Runtime<Arc<MemoryStore>>, now: u64, service: &mut Service, id: &mut u64) {
+    let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
+    h.now = now;
+    let mut st = StreamState::default();
+    let next = st.request_headers(rt, &mut h);
+    let mut answer = |m: &[u8]| Ok(service.answer(m, now));
+    settle(rt, &mut st, &mut h, next, &mut answer, id);
+}
+
+/// One Envoy of the fleet-fair rule of [`pinned_on`] with a tenant's requests every 5 ms
+/// answered by `service` and its background ticked every 10 ms for one window, then, in
+/// the next window, requests and no tick until a claim ahead of need waits for the tick
+/// its window's report is due at: the runtime, its background, and the time.
+fn a_claim_and_a_report_due(service: &mut Service) -> (Runtime<Arc<MemoryStore>>, Background, u64) {
+    let rt = one_envoy();
     let mut bg = Background::new(&rt);
     let t0: u64 = 1_800_000_000_000;
     let mut id = 0;
     let mut request = |rt: &Runtime<Arc<MemoryStore>>, now: u64, service: &mut Service| {
-        let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
-        h.now = now;
-        let mut st = StreamState::default();
-        let next = st.request_headers(rt, &mut h);
-        let mut answer = |m: &[u8]| Ok(service.answer(m, now));
-        settle(rt, &mut st, &mut h, next, &mut answer, &mut id);
+        tenants_request(rt, now, service, &mut id);
     };
     for ms in (0..1_000).step_by(5) {
         request(&rt, t0 + ms, service);
@@ -484,13 +494,7 @@ fn a_report_rides_only_on_a_claim_likely_granted() {
 /// alone once half the window has passed, and the view it brings is read as before.
 #[test]
 fn a_report_waits_for_a_claim_to_ride_on_until_half_the_window() {
-    let json = r#"{"rules": [{"name": "p", "key": ["header:x-tenant"],
-            "rate_limit": {"requests_per_unit": 100, "unit": "second"},
-            "global": {"cluster": "rls", "domain": "edge", "mode": "lease", "flush_ms": 10,
-                       "max_block": 10},
-            "share": {"fleet": "fair"}}]}"#;
-    let config = crate::config::Config::parse(json.as_bytes()).unwrap();
-    let rt = Runtime::new(config, Seed([1, 7]), Arc::new(MemoryStore::new()));
+    let rt = one_envoy();
     let mut bg = Background::new(&rt);
     let mut service = Service::new((100, 1_000), true);
     let t0: u64 = 1_800_000_000_000;
@@ -501,12 +505,7 @@ fn a_report_waits_for_a_claim_to_ride_on_until_half_the_window() {
         let now = t0 + ms;
         // Requests every 5 ms but in window 6.
         if ms % 5 == 0 && ms / 1_000 != 6 {
-            let mut h = FakeHost::new("10.0.0.1", "/").header("x-tenant", "a");
-            h.now = now;
-            let mut st = StreamState::default();
-            let next = st.request_headers(&rt, &mut h);
-            let mut answer = |m: &[u8]| Ok(service.answer(m, now));
-            settle(&rt, &mut st, &mut h, next, &mut answer, &mut id);
+            tenants_request(&rt, now, &mut service, &mut id);
         }
         if ms % 10 != 0 {
             continue;
