@@ -355,10 +355,10 @@ impl<S: Store> Runtime<S> {
             return c.fair_cap.load(Relaxed);
         }
         if fleet_fair && self.fair_view_fresh(c, now_ms) {
-            let part = c.fair_part.load(std::sync::atomic::Ordering::Relaxed);
+            let part = c.fair_part.load(Relaxed);
             let window_ms = c.policy.limit_and_window().1.max(1);
             // The service's window, as its latest answer here said; else the rule's own.
-            let told = c.fair_end.load(std::sync::atomic::Ordering::Relaxed);
+            let told = c.fair_end.load(Relaxed);
             let end = if told > now_ms && told - now_ms <= window_ms {
                 told
             } else {
@@ -371,7 +371,7 @@ impl<S: Store> Runtime<S> {
             // While the fleet's window is expected to leave quota unused, what lapses of a
             // larger block is nobody's loss (worked out at the latest answer, for its window).
             let spare = match now_ms < told {
-                true => c.fair_spare.load(std::sync::atomic::Ordering::Relaxed),
+                true => c.fair_spare.load(Relaxed),
                 false => 0,
             };
             let cap = share::fair::block_cap((part, spare), (now_ms, end, window_ms), max_block);
@@ -388,7 +388,7 @@ impl<S: Store> Runtime<S> {
             c.fair_cap_until.store(until, Relaxed);
             return cap;
         }
-        let part = c.part_pm.load(std::sync::atomic::Ordering::Relaxed);
+        let part = c.part_pm.load(Relaxed);
         share::lease_block_cap(u16::try_from(part).unwrap_or(1000), limit, max_block)
     }
 
