@@ -603,9 +603,20 @@ fn fair_give_back(store: &impl Store, check: &Check, sc: &ShareCheck) {
     let Some(f) = &sc.fleet else {
         return;
     };
+    use share::fair_record::FairRecord;
     let (_, window_ms) = check.policy.limit_and_window();
-    update_fair_record(store, f.slot, sc.share.bands, |r| {
+    let bands = sc.share.bands;
+    update_fair_bytes(store, f.slot, |value, present| {
+        // The tenant's entry changed in place; else the whole record.
+        let in_place = present
+            .then(|| FairRecord::give_back_in_place(value, bands, f.id, check.cost, window_ms))
+            .flatten();
+        if let Some(written) = in_place {
+            return ((), written);
+        }
+        let mut r = FairRecord::decode_or_new(present.then_some(&value[..]), bands);
         r.give_back(f.id, check.cost, window_ms);
+        r.encode_into(value);
         ((), true)
     });
 }

@@ -5,10 +5,14 @@
 //!
 //! A tenant is known by [`Tracked::id`], a hash of its key that every Envoy computes alike
 //! ([`crate::key::fleet_id`]): the service counts it under that name, never the key itself.
-//! At most [`MAX_TENANTS`] tenants are kept per Envoy and rule; a new one takes the place of one
-//! that has asked nothing for [`super::fair`]'s kept epochs, and while every place is taken by
-//! an active tenant it is not tracked (admitted under the rule's local shares and the lease,
-//! as a lone Envoy's are).
+//! At most [`MAX_TENANTS`] tenants are kept per Envoy and rule, in the order of their ids (a
+//! request finds its tenant's entry by halving, reads and writes that entry alone). A new one
+//! takes the place of one that has asked nothing for [`super::fair`]'s kept epochs; while every
+//! place is taken by an active tenant, that of the highest id if the new one's is lower, so
+//! that every Envoy seeing more active tenants than it keeps keeps the same ones (those of the
+//! lowest ids), and a tenant spread over the fleet is kept on all its Envoys or on none. A
+//! tenant not kept is not tracked (admitted under the rule's local shares and the lease, as a
+//! lone Envoy's are).
 //!
 //! Fixed-width little-endian; a record that does not decode (another version, cut short) is
 //! read as empty.
@@ -24,7 +28,7 @@ pub const VERSION: u8 = 4;
 /// thousandths.
 pub const WEIGHT_UNIT: u64 = fair::ONE / 1000;
 /// The most tenants one Envoy keeps of one rule.
-pub const MAX_TENANTS: usize = 64;
+pub const MAX_TENANTS: usize = 256;
 /// The epochs of the asks a [`Local`] keeps.
 const KEPT: usize = 4;
 const NONE: u64 = u64::MAX;
@@ -165,32 +169,48 @@ impl FairRecord {
         put(self.untracked.1[1]);
         let n = self.tenants.len().min(MAX_TENANTS) as u16;
         out.extend_from_slice(&n.to_le_bytes());
-        for t in self.tenants.iter().take(MAX_TENANTS) {
+        let mut sorted = std::borrow::Cow::Borrowed(&self.tenants[..]);
+        if !sorted.is_sorted_by_key(|t| t.id) {
+            sorted.to_mut().sort_unstable_by_key(|t| t.id);
+        }
+        for t in sorted.iter().take(MAX_TENANTS) {
             out.extend_from_slice(&tracked_bytes(t));
         }
     }
 
     /// The tenant `id`'s place, taking one for it if it has none: a free one, else one whose
-    /// tenant is no longer active in epoch `epoch` (`None`: every place is an active tenant's).
+    /// tenant is no longer active in epoch `epoch`, else the highest id's if `id` is lower
+    /// (`None`: every place is an active tenant's of a lower id).
     fn place(&mut self, id: u64, epoch: u64) -> Option<usize> {
-        if let Some(i) = self.tenants.iter().position(|t| t.id == id) {
-            return Some(i);
-        }
+        let at = match self.tenants.binary_search_by_key(&id, |t| t.id) {
+            Ok(i) => return Some(i),
+            Err(at) => at,
+        };
         let fresh = Tracked {
             id,
             weight: 1,
             band: 0,
             local: Local::default(),
         };
-        if self.tenants.len() < MAX_TENANTS {
-            self.tenants.push(fresh);
-            return Some(self.tenants.len() - 1);
+        // The tenants stay in the order of their ids (a request finds its tenant's entry in
+        // the encoded record by halving).
+        if self.tenants.len() >= MAX_TENANTS {
+            // An idle tenant's place; else, while every place is an active tenant's, the
+            // place of the one of the highest id, if it is above this one's: every Envoy that
+            // sees more tenants than it keeps keeps those of the lowest ids, so that a tenant
+            // spread over the fleet is kept on all its Envoys or on none.
+            let gone = match self.tenants.iter().position(|t| !t.local.active(epoch)) {
+                Some(i) => i,
+                None if at < self.tenants.len() => self.tenants.len() - 1,
+                None => return None,
+            };
+            self.tenants.remove(gone);
+            let at = if gone < at { at - 1 } else { at };
+            self.tenants.insert(at, fresh);
+            return Some(at);
         }
-        let i = self.tenants.iter().position(|t| !t.local.active(epoch))?;
-        if let Some(t) = self.tenants.get_mut(i) {
-            *t = fresh;
-        }
-        Some(i)
+        self.tenants.insert(at, fresh);
+        Some(at)
     }
 
     /// A request of `cost` at `now_ms` (windows of `window_ms`) from tenant `id` of `weight` in
@@ -208,7 +228,15 @@ impl FairRecord {
         let window_ms = window_ms.max(1);
         let epoch = now_ms / window_ms;
         let level = self.view.level(band, epoch);
-        let Some(i) = self.place(id, epoch) else {
+        // A place only for a request that asks: a tenant kept is active in the epoch it was
+        // placed in (a waiting request's turn, its ask counted when it came, does not place
+        // its tenant).
+        let place = if asks {
+            self.place(id, epoch)
+        } else {
+            self.tenants.binary_search_by_key(&id, |t| t.id).ok()
+        };
+        let Some(i) = place else {
             if asks {
                 self.untracked_ask(epoch, cost);
             }
@@ -280,10 +308,15 @@ impl FairRecord {
         if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
             return None;
         }
+        let Some(i) = find(bytes.get(HEADER_LEN..)?, n, id) else {
+            let full = n == MAX_TENANTS;
+            return full
+                .then(|| untracked_in_place(bytes, (id, now_ms / window_ms), cost, how.0))
+                .flatten();
+        };
         let slot = bytes
-            .get_mut(HEADER_LEN..)?
-            .chunks_exact_mut(TENANT_LEN)
-            .find(|raw| raw.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) == Some(id))?;
+            .get_mut(HEADER_LEN + i * TENANT_LEN..)?
+            .get_mut(..TENANT_LEN)?;
         let mut t = decode_tracked(slot)?;
         let r = serve(
             &mut t,
@@ -330,6 +363,38 @@ impl FairRecord {
             }
         }
         Some((b, here, held))
+    }
+
+    /// [`FairRecord::give_back`] on the encoded record `bytes` (of `bands` bands), in place:
+    /// only that tenant's entry is read and written. `Some(true)`: given back; `Some(false)`:
+    /// nothing to give back (a full record does not keep the tenant); `None` when `bytes` is
+    /// not such a record, or may keep the tenant out of the order of ids (one of an earlier
+    /// version): [`FairRecord::give_back`] on the whole record then.
+    pub fn give_back_in_place(
+        bytes: &mut [u8],
+        bands: usize,
+        id: u64,
+        cost: u64,
+        window_ms: u64,
+    ) -> Option<bool> {
+        of_this_version(bytes, bands)?;
+        let n = usize::from(u16::from_le_bytes(
+            *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
+        ));
+        if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
+            return None;
+        }
+        let Some(i) = find(bytes.get(HEADER_LEN..)?, n, id) else {
+            // An earlier version kept at most 64, in no order.
+            return (n == MAX_TENANTS).then_some(false);
+        };
+        let slot = bytes
+            .get_mut(HEADER_LEN + i * TENANT_LEN..)?
+            .get_mut(..TENANT_LEN)?;
+        let mut t = decode_tracked(slot)?;
+        t.local.give_back(cost, window_ms);
+        slot.copy_from_slice(&tracked_bytes(&t));
+        Some(true)
     }
 
     /// Gives back to tenant `id`'s allowance a request of `cost` it covered (another check
@@ -537,6 +602,57 @@ fn serve(
     Err((short / per_ms).clamp(1, window_ms))
 }
 
+/// Where tenant `id`'s entry is among the `n` entries of `entries` (in the order of their ids),
+/// found by halving; `None`: not there (or the entries are out of order: a record of an
+/// earlier version, which [`decode`] puts in order).
+fn find(entries: &[u8], n: usize, id: u64) -> Option<usize> {
+    let id_at = |i: usize| {
+        entries
+            .get(i * TENANT_LEN..)
+            .and_then(|e| e.first_chunk::<8>())
+            .map(|b| u64::from_le_bytes(*b))
+    };
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match id_at(mid)?.cmp(&id) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Some(mid),
+        }
+    }
+    None
+}
+
+/// A request in `epoch` from tenant `id`, which the encoded record `bytes` (every place taken)
+/// does not keep, when no place can be its: every place was an active tenant's already in this
+/// epoch (its untracked asks are of this epoch: [`FairRecord::place`] found no place in it,
+/// and no tenant stops being active within an epoch) and `id` is above every kept one's. Its
+/// ask counted where [`FairRecord::request`] counts it, in place; `None` otherwise
+/// ([`FairRecord::request`] on the whole record).
+fn untracked_in_place(
+    bytes: &mut [u8],
+    (id, epoch): (u64, u64),
+    cost: u64,
+    asks: bool,
+) -> Option<Result<(), u64>> {
+    // The untracked figures end the header, before the tenants' count: the epoch, then its
+    // figure.
+    let at = HEADER_LEN - 2 - 3 * 8;
+    let since = u64::from_le_bytes(*bytes.get(at..)?.first_chunk::<8>()?);
+    let last = bytes.len().checked_sub(TENANT_LEN)?;
+    let highest = u64::from_le_bytes(*bytes.get(last..)?.first_chunk::<8>()?);
+    if since != epoch || epoch == 0 || id < highest {
+        return None;
+    }
+    if asks {
+        let figure = bytes.get_mut(at + 8..)?.first_chunk_mut::<8>()?;
+        let n = u64::from_le_bytes(*figure).saturating_add(cost);
+        *figure = n.to_le_bytes();
+    }
+    Some(Ok(()))
+}
+
 /// A tenant's entry, as the record keeps it.
 fn tracked_bytes(t: &Tracked) -> [u8; TENANT_LEN] {
     let mut out = [0u8; TENANT_LEN];
@@ -633,6 +749,13 @@ fn decode_head(bytes: &[u8], bands: usize) -> Option<(u64, View, &[u8])> {
     Some((reported, view, rest))
 }
 
+/// `Some` when `bytes` begin as a record of this version and of `bands` bands does.
+fn of_this_version(bytes: &[u8], bands: usize) -> Option<()> {
+    let (&version, rest) = bytes.split_first()?;
+    let &stored_bands = rest.first()?;
+    (version == VERSION && usize::from(stored_bands) == bands.clamp(1, MAX_BANDS)).then_some(())
+}
+
 /// Band `band`'s level in epoch `now_epoch` as the view of the encoded record `bytes` (of
 /// `bands` bands) says ([`View::level`]), read where it lies instead of decoding the view
 /// whole (each request of the rule reads it); `None` when `bytes` is not such a record.
@@ -692,6 +815,10 @@ fn decode(bytes: &[u8], bands: usize) -> Option<FairRecord> {
         let (raw, more) = rest.split_at_checked(TENANT_LEN)?;
         rest = more;
         r.tenants.push(decode_tracked(raw)?);
+    }
+    // Written by a version that kept them in the order they came.
+    if !r.tenants.is_sorted_by_key(|t| t.id) {
+        r.tenants.sort_unstable_by_key(|t| t.id);
     }
     Some(r)
 }
@@ -878,6 +1005,8 @@ mod tests {
         let mut bytes = Vec::new();
         r.encode_into(&mut bytes);
         assert_eq!(bytes.len(), HEADER_LEN + 3 * TENANT_LEN);
+        // The sizes docs/src/explanation/shared-capacity.md states.
+        assert_eq!((HEADER_LEN, TENANT_LEN), (436, 67));
         assert_eq!(FairRecord::decode_or_new(Some(&bytes), 2), r);
         // Cut short, another version, or nothing: a new record.
         let fresh = FairRecord::new(2);
@@ -952,6 +1081,161 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_full_records_requests_in_place_are_the_whole_records_requests() {
+        // Every place taken by tenants that came in no order of their ids, then tenants beyond
+        // them, some of higher ids (not kept) and some of lower ones (each takes the place of
+        // the highest kept), over three epochs: each request done on the whole record and,
+        // where it can be, in place on its bytes (else on the whole record, as
+        // `engine::fair_ask` does) leaves the same bytes and the same verdicts. In place: every
+        // request of a kept tenant, and of one not kept and of an id above every kept one once
+        // one was counted so in the epoch.
+        let mut r = FairRecord::new(1);
+        r.view.epoch = Some(8);
+        r.view.bands[0].level = 3 * LEVEL_ONE;
+        let mut rng = crate::testkit::Rng(7);
+        let ids: Vec<u64> = (0..MAX_TENANTS)
+            .map(|_| 1_000 + (rng.next() >> 2))
+            .collect();
+        for &id in &ids {
+            r.request((id, 1, 0), (9_000, 1_000), 1, (true, true))
+                .unwrap();
+        }
+        assert_eq!(r.tenants.len(), MAX_TENANTS);
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        let (mut kept_in_place, mut other_in_place, mut placed) = (0, 0, 0);
+        let mut counted_in = 0;
+        for k in 0..3_000u64 {
+            let now = 9_000 + k;
+            let id = match k % 8 {
+                0 | 1 => u64::MAX - rng.below(50),
+                2 => rng.below(40),
+                _ => ids[rng.below(MAX_TENANTS as u64) as usize],
+            };
+            let who = (id, 1 + (k % 2) as u16, 0);
+            let how = (k % 7 != 0, k % 3 != 1);
+            let kept = r.tenants.iter().any(|t| t.id == id);
+            let highest = r.tenants.last().map_or(0, |t| t.id);
+            let whole = r.request(who, (now, 1_000), 1, how);
+            match FairRecord::request_in_place(&mut bytes, 1, who, (now, 1_000), 1, how) {
+                Some(v) => {
+                    assert_eq!(v, whole, "request {k}");
+                    if kept {
+                        kept_in_place += 1;
+                    } else {
+                        // Not kept, and no place for it.
+                        assert!(id > highest && counted_in == now / 1_000, "request {k}");
+                        assert!(r.tenants.iter().all(|t| t.id != id), "request {k}");
+                        other_in_place += 1;
+                    }
+                }
+                None => {
+                    assert!(!kept, "a kept tenant's request {k} not in place");
+                    if r.tenants.iter().any(|t| t.id == id) {
+                        placed += 1;
+                    } else if how.0 {
+                        counted_in = now / 1_000;
+                    }
+                    r.encode_into(&mut bytes);
+                }
+            }
+            let mut again = Vec::new();
+            r.encode_into(&mut again);
+            assert_eq!(bytes, again, "request {k}");
+        }
+        // 1,941 and 1,004 of 3,000 (the rest: 40 placed, 15 each the first not kept in its
+        // epoch).
+        assert!(kept_in_place > 1_900, "{kept_in_place}");
+        assert!(other_in_place > 900, "{other_in_place}");
+        // Each of the 40 low ids took a place once, and kept it (none went idle).
+        assert_eq!(placed, 40);
+        assert_eq!(r.tenants.iter().filter(|t| t.id < 40).count(), 40);
+        assert_eq!(r.tenants.len(), MAX_TENANTS);
+    }
+
+    #[test]
+    fn a_give_back_in_place_is_the_whole_records() {
+        // A full record under a level: a kept tenant's request given back in place leaves the
+        // bytes the whole record's give-back leaves; one it does not keep changes nothing; in
+        // a record with places free, a tenant not found may be one an earlier version kept out
+        // of order: the whole record decides.
+        let mut r = FairRecord::new(1);
+        r.view.epoch = Some(8);
+        r.view.bands[0].level = 2 * LEVEL_ONE;
+        for id in 0..MAX_TENANTS as u64 {
+            for k in 0..3 {
+                let _ = r.request((id * 7, 1, 0), (9_000 + k, 1_000), 1, (true, true));
+            }
+        }
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        for id in [0u64, 7 * 100, 7 * (MAX_TENANTS as u64 - 1)] {
+            r.give_back(id, 1, 1_000);
+            let prev = bytes.clone();
+            let done = FairRecord::give_back_in_place(&mut bytes, 1, id, 1, 1_000);
+            assert_eq!(done, Some(true), "tenant {id}");
+            assert_ne!(bytes, prev, "tenant {id}: its credit back");
+            let mut again = Vec::new();
+            r.encode_into(&mut again);
+            assert_eq!(bytes, again, "tenant {id}");
+        }
+        let before = bytes.clone();
+        assert_eq!(
+            FairRecord::give_back_in_place(&mut bytes, 1, 5, 1, 1_000),
+            Some(false)
+        );
+        assert_eq!(bytes, before);
+        assert_eq!(
+            FairRecord::give_back_in_place(&mut bytes, 2, 7, 1, 1_000),
+            None,
+            "bands"
+        );
+        let mut few = FairRecord::new(1);
+        let _ = few.request((3, 1, 0), (9_000, 1_000), 1, (true, true));
+        let mut bytes = Vec::new();
+        few.encode_into(&mut bytes);
+        assert_eq!(
+            FairRecord::give_back_in_place(&mut bytes, 1, 4, 1, 1_000),
+            None
+        );
+        assert_eq!(
+            FairRecord::give_back_in_place(&mut bytes, 1, 3, 1, 1_000),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_record_of_tenants_in_no_order_is_read_in_order() {
+        // A record of the version before, whose tenants are in the order they came: read, it is
+        // in the order of their ids, and written so, every tenant is found in place.
+        let mut r = FairRecord::new(1);
+        for id in [30u64, 10, 20] {
+            r.request((id, 1, 0), (9_000, 1_000), 1, (true, true))
+                .unwrap();
+        }
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        // The first and the last entries swapped: 30, 20, 10.
+        let mut unsorted = bytes.clone();
+        let entries = &mut unsorted[HEADER_LEN..];
+        entries[..TENANT_LEN].copy_from_slice(&bytes[HEADER_LEN + 2 * TENANT_LEN..]);
+        entries[2 * TENANT_LEN..].copy_from_slice(&bytes[HEADER_LEN..HEADER_LEN + TENANT_LEN]);
+        assert_ne!(unsorted, bytes);
+        let read = FairRecord::decode_or_new(Some(&unsorted), 1);
+        let ids: Vec<u64> = read.tenants.iter().map(|t| t.id).collect();
+        assert_eq!(ids, [10, 20, 30]);
+        let mut written = Vec::new();
+        read.encode_into(&mut written);
+        assert_eq!(written, bytes);
+        for id in [10, 20, 30] {
+            let who = (id, 1, 0);
+            let got =
+                FairRecord::request_in_place(&mut written, 1, who, (9_100, 1_000), 1, (true, true));
+            assert_eq!(got, Some(Ok(())), "tenant {id}");
+        }
     }
 
     #[test]
