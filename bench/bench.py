@@ -399,7 +399,7 @@ def paired(runs, a, b):
 
 
 def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, post=None,
-                 objects=None, read_stats=None):
+                 objects=None, read_stats=None, tenants=None):
     """Envoy's instructions per request for each (name, filters) spec, counted by callgrind:
     each Envoy runs under valgrind, is warmed up with as many requests, then counts the
     instructions of all its threads while one client sends `requests` requests one after the
@@ -412,14 +412,19 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
     request is, instead of a GET. `objects`: parts of the paths of shared objects (the native
     module's) whose own instructions per request are counted too (then returns them as
     `calls` are, under `object NAME`). `stats`: names of the filter's counters read at the end,
-    per request sent (returned as `calls` are, under `stat NAME`). `read_stats`: those names."""
+    per request sent (returned as `calls` are, under `stat NAME`). `read_stats`: those names.
+    `tenants`: variants (by name) whose requests name a tenant in `x-tenant`, each the next of
+    that many in turn."""
     import concurrent.futures
     import http.client
 
-    def send(port, n):
+    def send(port, n, name=None):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        for _ in range(n):
-            if post is None:
+        many = (tenants or {}).get(name)
+        for i in range(n):
+            if many:
+                c.request("GET", "/", headers={"x-tenant": f"t{i % many}"})
+            elif post is None:
                 c.request("GET", "/")
             else:
                 c.request("POST", "/v1/chat/completions", body=post[1], headers=post[0])
@@ -436,11 +441,11 @@ def instructions(envoy_bin, specs, workdir, requests=2000, count_calls=None, pos
                    *os.environ.get("CALLGRIND_ARGS", "").split()]
         e = Envoy(envoy_bin, f"cg-{name}", filters, workdir, extra, wrapper=wrapper, route=route)
         try:
-            send(e.port, requests)
+            send(e.port, requests, name)
             control = lambda *a: subprocess.run(["callgrind_control", *a, str(e.proc.pid)],
                                                 capture_output=True, check=True)
             control("-i", "on")
-            send(e.port, requests)
+            send(e.port, requests, name)
             control("-i", "off")
             control("-d")
             dump = Path(f"{out}.{e.proc.pid}.1")
@@ -1060,7 +1065,7 @@ def share(args, work):
                                  for n, c in calls.items()}})
     median = lambda key, n: statistics.median(r[key][n] for r in rounds)
     names = [sp[0] for sp in specs] + [sp[0] for sp in wait_specs(args)] + [
-        n for n in rounds[0]["instructions"] if n.endswith(("-leased", "-fair"))]
+        n for n in rounds[0]["instructions"] if n.endswith(("-leased", "-fair", "-fair-many"))]
     r = {"run": run_info(" ".join(["bench/bench.py"] + sys.argv[1:])),
          "instructions": {n: median("instructions", n) for n in names},
          "module": {n: median("module", n) for n in names if n.startswith("native")},
@@ -1112,12 +1117,17 @@ def lease_instructions(args, work):
             specs.append((f"{b}-leased", ours([dict(base, share={})], build=b), None, extra))
             specs.append((f"{b}-fair", ours([dict(base, share={"fleet": "fair"})], build=b),
                           None, extra))
+            # The same rule, its requests from FAIR_TENANTS tenants in turn: every one kept in
+            # the rule's fair record (what a request reads and writes there grows with them).
+            many = dict(base, key=["header:x-tenant"], share={"fleet": "fair"})
+            specs.append((f"{b}-fair-many", ours([many], build=b), None, extra))
         if args.only:
             specs = [sp for sp in specs if sp[0] in args.only.split(",")]
         if not specs:
             return {}, {}
         return instructions(args.envoy, specs, work, requests=args.requests, objects=[MODULE],
-                            read_stats=["lease_claims", "ratelimit.upstream_rq_total"])
+                            read_stats=["lease_claims", "ratelimit.upstream_rq_total"],
+                            tenants={f"{b}-fair-many": FAIR_TENANTS for b in ("native", "wasm")})
     finally:
         stop(procs)
 
@@ -1192,6 +1202,15 @@ def share_report(r):
                          f"{per100('fair', 'lease_claims'):.2f} | "
                          f"{per100('leased', 'ratelimit.upstream_rq_total'):.2f}, "
                          f"{per100('fair', 'ratelimit.upstream_rq_total'):.2f} |")
+        many = [(b, ins[f"{b}-fair"], ins[f"{b}-fair-many"]) for b in ("native", "wasm")
+                if f"{b}-fair" in ins and f"{b}-fair-many" in ins]
+        if many:
+            lines += ["", f"| build | fair across the fleet, one tenant | {FAIR_TENANTS} tenants in turn | more | module: one tenant | module: {FAIR_TENANTS} tenants |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            for b, one, all_ in many:
+                m = lambda v: (f"{mod[f'{b}-{v}']:,.0f}" if f"{b}-{v}" in mod else "–")
+                lines.append(f"| {b} | {one:,.0f} | {all_:,.0f} | {all_ - one:+,.0f} | "
+                             f"{m('fair')} | {m('fair-many')} |")
     if all(f"native-{v}" in mod for v in ("plain", "leased", "fair")):
         over = lambda d, v: d[f"native-{v}"] - d["native-plain"]
         lines += ["", f"Native, over a plain local rule: a leased shared rule "
@@ -1204,6 +1223,9 @@ def share_report(r):
 # What a leased shared rule may cost the native module over a plain local rule, instructions a
 # request (`share_report` says where it stands).
 LEASED_TARGET = 2000
+# Tenants the `-fair-many` variants send from, each in turn: as many as an Envoy keeps of a rule
+# (`share::fair_record::MAX_TENANTS`).
+FAIR_TENANTS = 256
 
 
 def bodies_report(r):
