@@ -126,6 +126,45 @@ impl Store for SharedData {
         Ok(result)
     }
 
+    /// The value read (or remembered from the hook's last read) is the one `f` changes: no copy
+    /// of it within the VM.
+    fn update_value<T>(
+        &self,
+        slot: u64,
+        attempts: u32,
+        mut f: impl FnMut(&mut Vec<u8>, bool) -> (T, bool),
+    ) -> Result<T, StoreError> {
+        for _ in 0..attempts {
+            let last = self.last.borrow_mut().take();
+            let (value, cas) = match last {
+                Some(last) if last.slot == slot => (last.value, last.cas),
+                _ => self.with_key(slot, abi::get_shared).map_err(|s| {
+                    StoreError::Unavailable(StoreFault::Host {
+                        call: "get_shared_data",
+                        status: s.0,
+                    })
+                })?,
+            };
+            let present = value.is_some();
+            let mut value = value.unwrap_or_default();
+            let (result, write) = f(&mut value, present);
+            if !write {
+                // Unchanged: still the value read, with its CAS.
+                if self.caching.get() {
+                    let value = present.then_some(value);
+                    *self.last.borrow_mut() = Some(LastRead { slot, value, cas });
+                }
+                return Ok(result);
+            }
+            match self.write(slot, &value, cas.unwrap_or(CREATE_CAS)) {
+                Ok(()) => return Ok(result),
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Conflict)
+    }
+
     fn write(&self, slot: u64, value: &[u8], cas: u32) -> Result<(), StoreError> {
         self.last.borrow_mut().take();
         match self.with_key(slot, |key| abi::set_shared(key, value, cas)) {

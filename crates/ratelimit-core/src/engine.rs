@@ -652,14 +652,7 @@ fn update_fair_bytes<T>(
     if let Some(held) = store.locked_value(slot, &mut f) {
         return held.ok();
     }
-    let mut value = Vec::new();
-    store
-        .replace(slot, MAX_ATTEMPTS, &mut value, |bytes, value| {
-            value.clear();
-            value.extend_from_slice(bytes.unwrap_or_default());
-            f(value, bytes.is_some())
-        })
-        .ok()
+    store.update_value(slot, MAX_ATTEMPTS, f).ok()
 }
 
 /// The tenant's part of a decision the record already holds, applied to its entry as it is now

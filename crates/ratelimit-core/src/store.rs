@@ -92,6 +92,25 @@ pub trait Store {
         Err(StoreError::Conflict)
     }
 
+    /// [`Store::replace`] of a value `f` changes where it lies: `f` gets the value (empty if
+    /// the slot was never written) and whether it was written, and returns its result and
+    /// whether it changed the value (it must not change it otherwise). The default copies what
+    /// [`Store::read`] lends into a buffer of its own; a store that reads into a buffer it owns
+    /// (Envoy's shared data) hands `f` that one, a copy fewer.
+    fn update_value<T>(
+        &self,
+        slot: u64,
+        attempts: u32,
+        mut f: impl FnMut(&mut Vec<u8>, bool) -> (T, bool),
+    ) -> Result<T, StoreError> {
+        let mut value = Vec::new();
+        self.replace(slot, attempts, &mut value, |bytes, value| {
+            value.clear();
+            value.extend_from_slice(bytes.unwrap_or_default());
+            f(value, bytes.is_some())
+        })
+    }
+
     /// Runs `f` on the bucket in store slot `slot` (a [`SlotKind::Bucket`]) while
     /// this store holds it for the caller alone, if it can: `f` gets the bucket's bytes and
     /// whether the slot was ever written (if not, the bytes are all zero), and returns its
@@ -193,6 +212,15 @@ impl<T: Store> Store for std::sync::Arc<T> {
         f: impl FnOnce(&mut Vec<u8>, bool) -> (R, bool),
     ) -> Option<Result<R, StoreError>> {
         (**self).locked_value(slot, f)
+    }
+
+    fn update_value<R>(
+        &self,
+        slot: u64,
+        attempts: u32,
+        f: impl FnMut(&mut Vec<u8>, bool) -> (R, bool),
+    ) -> Result<R, StoreError> {
+        (**self).update_value(slot, attempts, f)
     }
 
     fn locked_many<R>(&self, slots: &[u64], f: impl FnOnce(&mut Held<'_>) -> R) -> Option<R> {
