@@ -1,0 +1,123 @@
+//! Many tenants fair across the fleet (`share.fleet: "fair"`), in the build under test: three
+//! Envoys, one rule of 200 requests a second in front of the stand-in provider, backlogged
+//! tenants pinned PER_ENVOY to each Envoy (100 by default: more than the 64 an Envoy kept of a
+//! rule before 2026-12-05, fewer than the 256 it keeps), each asking ASKS a second (2 by
+//! default, three times the capacity in all); those of the third Envoy of weight 2.
+//!
+//! The checks, on the provider's side from the warm-up to the end of SHARE_SECONDS (40 by
+//! default): no provider 429s; the capacity used; the tenants of weight 1 and of weight 2 each
+//! within ±5 % of their water-filling shares in all (per tenant a share may be too few
+//! requests to judge one tenant alone); Jain's index of the tenants' rates per unit of weight.
+//!
+//! Ignored: it fails, and is kept to reproduce what it found (2026-12-05, native, quiet, one
+//! run each, `PER_ENVOY=… ASKS=… python3 crates/envoy-tests/repeat.py --runs 1 --builds native
+//! share_fair_many` after removing the `ignore`): three tenants an Envoy at 60 a second (a
+//! share of 16 a second each) pass, 97.0 % used, each weight's tenants at their water-filling
+//! shares exactly, 105 of 7,802 granted lapsed; six an Envoy at 30 a second (shares of 8.1
+//! and 16.2) use 80.7 %, 1,042 of 7,800 lapsed; ten an Envoy at 20 a second (shares of 4.85
+//! and 9.7) use 84.1 %, 1,025 of 7,836 granted lapsed (held by an Envoy when the window
+//! turned), 11,641 refusals by the tenants' allowances; a hundred an Envoy at 2 a second
+//! (shares of 0.49 and 0.97) use 60.9 % (the build of 3516376, keeping 64 tenants, 62.3 %),
+//! 75.5 service calls per 100 requests. The fleet model holds a thousand tenants pinned 100 to
+//! each of ten proxies at 95 % of their shares (fleet-sim's
+//! `a_thousand_tenants_pinned_are_all_kept_and_spread_the_same_ones_everywhere`), with shares
+//! of about 20 requests a second; the Envoys here lose what their tenants' allowances do not
+//! take of what they claimed, as soon as an Envoy serves more than a few backlogged tenants.
+
+mod common;
+
+use common::fair::{config, limits, To, USED};
+use common::provider::Provider;
+use common::share::{drive_to, jain, tenant, Outcome, RATE, WARMUP_S};
+use common::{bootstrap_with, free_port, redis, rls_cluster, rls_server_each, Envoy, Listener};
+use ratelimit_core::testkit::fair::water_fill;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+const PROXIES: usize = 3;
+const PER_ENVOY: usize = 100;
+/// What each tenant asks, requests a second: 600 a second in all, three times the capacity.
+const ASKS: f64 = 2.0;
+/// How far each weight's tenants may be from their water-filling shares in all.
+const WITHIN: f64 = 0.05;
+/// Jain's index of the tenants' rates per unit of weight, at least: each tenant's rate is a
+/// count of about 15 requests over the measure, so one request either side is ±7 %.
+const JAIN: f64 = 0.97;
+
+#[test]
+#[ignore = "fails: ten or more backlogged tenants an Envoy leave quota unused (see the file's opening)"]
+fn hundreds_of_tenants_pinned_to_envoys_get_the_fleets_shares() {
+    let run_s = common::env_number("SHARE_SECONDS", 40);
+    let (redis_port, rls_port) = (free_port(), free_port());
+    let _redis = redis(redis_port);
+    // One call at a time: the engine's own race would grant past the limit.
+    let _rls = rls_server_each(rls_port, redis_port, &limits(&["f1"]), true);
+    let provider = Arc::new(Provider::start(RATE));
+    let listener = Listener::to(provider.addr);
+    let yaml = format!(
+        "{}{}",
+        bootstrap_with(&config(&["f1"], false, "allow"), &listener),
+        rls_cluster(rls_port, "1s")
+    );
+    let proxies: Vec<Envoy> = (0..PROXIES).map(|_| Envoy::start_yaml(&yaml)).collect();
+    let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+
+    let weight_of = |envoy: usize| if envoy == PROXIES - 1 { 2.0 } else { 1.0 };
+    let per_envoy = common::env_number("PER_ENVOY", PER_ENVOY as u64) as usize;
+    let asks = common::env_number("ASKS", ASKS as u64) as f64;
+    let placed: Vec<(usize, f64)> = (0..PROXIES * per_envoy)
+        .map(|i| (i / per_envoy, weight_of(i / per_envoy)))
+        .collect();
+    let tenants: Vec<_> = placed
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, w))| {
+            let weight = if w > 1.0 { "2" } else { "1" };
+            tenant("/f1/x", &format!("t{i:03}"), asks, &[("x-weight", weight)])
+        })
+        .collect();
+    let driven = drive_to(
+        |n| To::Pinned(placed[n].0).addrs(&addrs),
+        &provider,
+        &tenants,
+        run_s,
+        WARMUP_S,
+    );
+    let out = Outcome::new(&provider, &tenants, driven, RATE);
+    common::share::print_counters(&proxies, &["f1"]);
+    let got = out.admitted("f1");
+    let total: f64 = got.values().sum();
+    eprintln!("f1: {} tenants admitted, {total:.1}/s in all", got.len());
+
+    assert_eq!(provider.refused(), 0, "the provider refused requests");
+    assert!(
+        total >= USED * RATE,
+        "{:.1} % of the capacity used",
+        100.0 * total / RATE
+    );
+    let rates: Vec<f64> = tenants
+        .iter()
+        .map(|t| got.get(&t.name).copied().unwrap_or(0.0))
+        .collect();
+    let weights: Vec<f64> = placed.iter().map(|&(_, w)| w).collect();
+    let ideal = water_fill(0.97 * RATE, &vec![asks; rates.len()], &weights);
+    for w in [1.0, 2.0] {
+        let of = |xs: &[f64]| -> f64 {
+            xs.iter()
+                .zip(&weights)
+                .filter(|(_, &x)| x == w)
+                .map(|(r, _)| r)
+                .sum()
+        };
+        let (got_w, ideal_w) = (of(&rates), of(&ideal));
+        eprintln!("weight {w}: {got_w:.1}/s in all, water-filling {ideal_w:.1}/s");
+        assert!(
+            (got_w - ideal_w).abs() <= WITHIN * ideal_w,
+            "weight {w}: {got_w:.1}/s, water-filling {ideal_w:.1}/s"
+        );
+    }
+    let per_weight: Vec<f64> = rates.iter().zip(&weights).map(|(r, w)| r / w).collect();
+    let index = jain(&per_weight);
+    eprintln!("Jain's index per unit of weight {index:.4}");
+    assert!(index >= JAIN, "Jain's index per unit of weight {index:.4}");
+}
