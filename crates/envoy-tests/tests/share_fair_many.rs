@@ -24,7 +24,13 @@
 //! (3, 6, 10 an Envoy, weights by Envoy, 200 a second: 95.8 to 97.0 % used) and a thousand
 //! tenants pinned 100 to each of ten proxies at 95 % of their shares (fleet-sim's
 //! `a_thousand_tenants_pinned_are_all_kept_and_spread_the_same_ones_everywhere`): the Envoys
-//! here let what they claimed lapse, more so with more tenants an Envoy and with two workers.
+//! here let what they claimed lapse, more so with more tenants an Envoy (not for want of what
+//! `share::fair::keeping` keeps: without it, ten an Envoy used 68.3 %). Where it goes: in one
+//! more run of ten an Envoy (57.5 % used, 2,933 lapsed), the tenants of weight 1 (the first two
+//! Envoys) got 82.6 a second for their water-filling 97.0, those of weight 2 (the third) 32.4
+//! for 97.0: the Envoy whose part is the largest is refused by the service (`reason=capacity`:
+//! 6,561 to 7,435 refusals a run with ten an Envoy, 894 with three) while the others let
+//! their grants lapse.
 
 mod common;
 
@@ -95,17 +101,13 @@ fn hundreds_of_tenants_pinned_to_envoys_get_the_fleets_shares() {
     eprintln!("f1: {} tenants admitted, {total:.1}/s in all", got.len());
 
     assert_eq!(provider.refused(), 0, "the provider refused requests");
-    assert!(
-        total >= USED * RATE,
-        "{:.1} % of the capacity used",
-        100.0 * total / RATE
-    );
     let rates: Vec<f64> = tenants
         .iter()
         .map(|t| got.get(&t.name).copied().unwrap_or(0.0))
         .collect();
     let weights: Vec<f64> = placed.iter().map(|&(_, w)| w).collect();
     let ideal = water_fill(0.97 * RATE, &vec![asks; rates.len()], &weights);
+    let mut wrong = Vec::new();
     for w in [1.0, 2.0] {
         let of = |xs: &[f64]| -> f64 {
             xs.iter()
@@ -116,13 +118,20 @@ fn hundreds_of_tenants_pinned_to_envoys_get_the_fleets_shares() {
         };
         let (got_w, ideal_w) = (of(&rates), of(&ideal));
         eprintln!("weight {w}: {got_w:.1}/s in all, water-filling {ideal_w:.1}/s");
-        assert!(
-            (got_w - ideal_w).abs() <= WITHIN * ideal_w,
-            "weight {w}: {got_w:.1}/s, water-filling {ideal_w:.1}/s"
-        );
+        if (got_w - ideal_w).abs() > WITHIN * ideal_w {
+            wrong.push(format!(
+                "weight {w}: {got_w:.1}/s, water-filling {ideal_w:.1}/s"
+            ));
+        }
     }
     let per_weight: Vec<f64> = rates.iter().zip(&weights).map(|(r, w)| r / w).collect();
     let index = jain(&per_weight);
     eprintln!("Jain's index per unit of weight {index:.4}");
     assert!(index >= JAIN, "Jain's index per unit of weight {index:.4}");
+    assert!(wrong.is_empty(), "{wrong:?}");
+    assert!(
+        total >= USED * RATE,
+        "{:.1} % of the capacity used",
+        100.0 * total / RATE
+    );
 }
