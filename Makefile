@@ -190,9 +190,9 @@ build-native-panic:
 # versions.rs runs each native build in the Envoys it was and was not built for.
 ENVOY_TESTS := envoy algorithms calendar failure reload flood quota elastic global examples docs prometheus \
 	replay tokens plans operator operator_route explain sdk tutorials hostile held soak share share_learn \
-	share_wait share_fleet share_fair share_fair_six share_fair_learn share_fair_faults share_fair_waits share_tokens services
+	share_wait share_fleet share_fair share_fair_six share_fair_many share_fair_learn share_fair_faults share_fair_waits share_tokens services
 WASM_ONLY_TESTS := deploy envoy_gateway llm_upstream upgrade versions
-HEAVY_TESTS := soak share share_wait share_fleet share_fair share_fair_six share_fair_learn share_fair_faults share_fair_waits share_learn held flood
+HEAVY_TESTS := soak share share_wait share_fleet share_fair share_fair_six share_fair_many share_fair_learn share_fair_faults share_fair_waits share_learn held flood
 suite_job = '$(if $(filter $(2),$(HEAVY_TESTS)),heavy: )FILTER=$(1) --test $(2)'
 INTEGRATION_JOBS := $(foreach t,$(ENVOY_TESTS) $(WASM_ONLY_TESTS),$(call suite_job,wasm,$(t))) \
 	$(foreach t,$(ENVOY_TESTS),$(call suite_job,native,$(t)))

@@ -41,6 +41,7 @@ ESTIMATES = {
     "wasm-global": (115, 134), "wasm-share_fleet": (67, 104), "wasm-soak": (65, 122),
     "wasm-share_fair": (45, 70), "native-share_fair": (43, 55),
     "wasm-share_fair_six": (45, 70), "native-share_fair_six": (43, 55),
+    "wasm-share_fair_many": (45, 75), "native-share_fair_many": (43, 60),
     "wasm-share_fair_learn": (45, 60), "native-share_fair_learn": (43, 45),
     "wasm-share_fair_faults": (75, 70), "native-share_fair_faults": (68, 55),
     "wasm-share_fair_waits": (45, 70), "native-share_fair_waits": (42, 55),

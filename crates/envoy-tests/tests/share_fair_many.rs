@@ -1,42 +1,27 @@
-//! Many tenants fair across the fleet (`share.fleet: "fair"`), in the build under test: three
-//! Envoys, one rule of 200 requests a second in front of the stand-in provider, backlogged
-//! tenants pinned PER_ENVOY to each Envoy (100 by default: more than the 64 an Envoy kept of a
-//! rule before 2026-12-05, fewer than the 256 it keeps), each asking ASKS a second (2 by
-//! default, three times the capacity in all); those of the third Envoy of weight 2.
+//! Several backlogged tenants an Envoy, fair across the fleet (`share.fleet: "fair"`), in the
+//! build under test: three Envoys, one rule of 200 requests a second in front of the stand-in
+//! provider, tenants pinned PER_ENVOY to each Envoy (10 by default), each asking ASKS a second
+//! (20 by default: three times the capacity in all); those of the third Envoy of weight 2.
 //!
 //! The checks, on the provider's side from the warm-up to the end of SHARE_SECONDS (40 by
-//! default): no provider 429s; the capacity used; the tenants of weight 1 and of weight 2 each
-//! within ±5 % of their water-filling shares in all (per tenant a share may be too few
-//! requests to judge one tenant alone); Jain's index of the tenants' rates per unit of weight.
+//! default): no provider 429s; the tenants of weight 1 and of weight 2 each within ±5 % of
+//! their water-filling shares in all; Jain's index of the tenants' rates per unit of weight;
+//! the capacity used.
 //!
-//! Ignored: it fails, and is kept to reproduce what it found (2026-12-05, the native build of
-//! 8b2694c, quiet, one run each unless said, `PER_ENVOY=… ASKS=… WORKERS=…` in the environment
-//! of the test binary run with `--ignored`, as `repeat.py` runs it): three tenants an Envoy at
-//! 60 a second (a share of 16 a second each) pass, 97.0 % used, each weight's tenants at their
-//! water-filling shares exactly, 122 of 7,827 granted lapsed (held by an Envoy when the window
-//! turned); six an Envoy at 30 a second (shares of 8.1 and 16.2), three runs: 88.3 %, 84.7 %
-//! and one that passed (95.3 %), 354 to 891 lapsed (the build of 3516376, three runs: 90.2 to
-//! 93.8 %; the wasm build of 8b2694c, one run: 94.0 %; with one worker an Envoy instead of two,
-//! an older native build: 95.5 %, 389 lapsed against 1,042 with two); ten an Envoy at 20 a
-//! second (shares of 4.85 and 9.7): 78.8 %, 1,217 of 7,800 lapsed; a hundred an Envoy at 2 a
-//! second (shares of 0.49 and 0.97): 55.0 %, 3,413 lapsed, 49 service calls per 100 requests
-//! (the build of 3516376, keeping 64 tenants: 62.3 %). The fleet model holds the same tenants
-//! (3, 6, 10 an Envoy, weights by Envoy, 200 a second: 95.8 to 97.0 % used) and a thousand
-//! tenants pinned 100 to each of ten proxies at 95 % of their shares (fleet-sim's
-//! `a_thousand_tenants_pinned_are_all_kept_and_spread_the_same_ones_everywhere`): the Envoys
-//! here let what they claimed lapse, more so with more tenants an Envoy (not for want of what
-//! `share::fair::keeping` keeps: without it, ten an Envoy used 68.3 %). Where it goes: in one
-//! more run of ten an Envoy (57.5 % used, 2,933 lapsed), the tenants of weight 1 (the first two
-//! Envoys) got 82.6 a second for their water-filling 97.0, those of weight 2 (the third) 32.4
-//! for 97.0: the Envoy whose part is the largest is refused by the service (`reason=capacity`:
-//! 6,561 to 7,435 refusals a run with ten an Envoy, 894 with three) while the others let
-//! their grants lapse. Each Envoy's counters in another run of ten an Envoy (70.9 % used;
-//! weight 1 87.4 a second, weight 2 54.3): the first two admitted 1,783 and 1,849 requests,
-//! were granted 2,585 and 3,076 and let 742 and 1,142 lapse; the third admitted 2,225, was
-//! granted 2,229 and let 4 lapse: the two Envoys of tenants of weight 1 claimed more than their
-//! tenants' allowances took. Which Envoys fall short varies from run to run: in a third run
-//! (83.0 % used) weight 1 got 74.0 a second and weight 2 92.2, and every Envoy let some lapse
-//! (313, 518, 430).
+//! What it found (2026-12-05): with more than a few tenants an Envoy the fleet left the account
+//! partly unused, about an eighth and up to two fifths of what the service granted lapsing in
+//! the Envoys (native, ten an Envoy: 57.5 to 83.0 % used, 1,217 to 2,933 of 7,800 lapsed;
+//! three an Envoy 97.0 %). Every request that had to claim while another request's claim was
+//! on its way claimed a block, each twice the one before: the requests of one round trip at a
+//! window's start claimed much of the window, more the more tenants (and the slower the
+//! service, whose reports grow with the tenants). The fleet model showed it once its answers
+//! came late (fleet-sim's `requests_during_a_claims_round_trip_claim_their_own_cost`). Since
+//! such a request claims its own cost (`limiter::lease::State::asking`): ten an Envoy, 97.1 %
+//! used (native) and 97.3 % (wasm), 132 and 159 lapsed, each weight at its share within 0.3 %.
+//!
+//! Not yet: shares of about a request a window or less (a hundred tenants an Envoy at 2 a
+//! second, `PER_ENVOY=100 ASKS=2`: 71.0 % used, weight 2 at half its share, 67 service calls
+//! per 100 requests).
 
 mod common;
 
@@ -49,18 +34,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 const PROXIES: usize = 3;
-const PER_ENVOY: usize = 100;
+const PER_ENVOY: usize = 10;
 /// What each tenant asks, requests a second: 600 a second in all, three times the capacity.
-const ASKS: f64 = 2.0;
+const ASKS: f64 = 20.0;
 /// How far each weight's tenants may be from their water-filling shares in all.
 const WITHIN: f64 = 0.05;
-/// Jain's index of the tenants' rates per unit of weight, at least: each tenant's rate is a
-/// count of about 15 requests over the measure, so one request either side is ±7 %.
-const JAIN: f64 = 0.97;
+/// Jain's index of the tenants' rates per unit of weight, at least (1.0000 in the runs above).
+const JAIN: f64 = 0.99;
 
 #[test]
-#[ignore = "fails: several backlogged tenants an Envoy leave quota unused (see the file's opening)"]
-fn hundreds_of_tenants_pinned_to_envoys_get_the_fleets_shares() {
+fn several_tenants_pinned_to_each_envoy_get_the_fleets_shares() {
     let run_s = common::env_number("SHARE_SECONDS", 40);
     let (redis_port, rls_port) = (free_port(), free_port());
     let _redis = redis(redis_port);

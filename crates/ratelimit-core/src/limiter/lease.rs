@@ -48,6 +48,11 @@ pub const FIRST_SHIFT: u8 = 2;
 const MAX_SHIFT: u8 = 40;
 /// The bound of what a key holds, either way (stored in 5 bytes).
 const HELD_BOUND: i64 = (1 << 39) - 1;
+/// The claim time's bits as stored (the 48th is [`State::asking`]).
+const CLAIM_MS_MASK: u64 = (1 << 47) - 1;
+/// A request's claim unanswered this long no longer counts as in flight (its answer is an
+/// error long before: a rule's `timeout_ms` is at most a second).
+pub const ASKING_STALE_MS: u64 = 1_000;
 
 /// What one proxy holds of a key's quota: 22 bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +65,9 @@ pub struct State {
     pub claim_ms: u64,
     /// A claim ahead of need is in flight (started at `claim_ms`).
     pub claiming: bool,
+    /// A request's claim is in flight (started at `claim_ms`): a request that must claim
+    /// meanwhile claims only its own cost.
+    pub asking: bool,
     /// The service has no quota left until `expires_ms`: no claim before then.
     pub refused: bool,
     /// The next block is `2^shift`, capped.
@@ -114,7 +122,10 @@ impl State {
         let held = self.held.clamp(-HELD_BOUND, HELD_BOUND);
         put_le(&mut out, &mut at, held as u64 & 0xff_ffff_ffff, 5);
         put_le(&mut out, &mut at, self.expires_ms, 6);
-        put_le(&mut out, &mut at, self.claim_ms, 6);
+        // The claim time's top bit (ms past 2^47, the year 6429) is the request's claim in
+        // flight.
+        let claim = self.claim_ms & CLAIM_MS_MASK | u64::from(self.asking) << 47;
+        put_le(&mut out, &mut at, claim, 6);
         let flags = u64::from(self.shift.min(MAX_SHIFT))
             | u64::from(self.claiming) << 6
             | u64::from(self.refused) << 7;
@@ -130,15 +141,16 @@ impl State {
         // Sign-extend the 40-bit two's complement.
         let held = ((raw << 24) as i64) >> 24;
         let expires_ms = get_le(&mut r, 6)?;
-        let claim_ms = get_le(&mut r, 6)?;
+        let claim = get_le(&mut r, 6)?;
         let flags = get_le(&mut r, 1)?;
         let remaining = u32::try_from(get_le(&mut r, 4)?).ok()?;
         r.end()?;
         Some(State {
             held,
             expires_ms,
-            claim_ms,
+            claim_ms: claim & CLAIM_MS_MASK,
             claiming: flags & 0x40 != 0,
+            asking: claim >> 47 != 0,
             refused: flags & 0x80 != 0,
             shift: (flags & 0x3f) as u8,
             remaining,
@@ -238,6 +250,14 @@ impl State {
     /// Returns the new state and the block to claim.
     pub fn start_claim(self, now_ms: u64, (cap, unit): (u64, u64), ahead: bool) -> (State, u64) {
         let mut s = self;
+        if !ahead && s.asking && now_ms < s.claim_ms.saturating_add(ASKING_STALE_MS) {
+            // Another request's claim is on its way, its block for the requests after it: this
+            // one asks for itself alone, and the blocks do not grow for it. Else every request
+            // that came during a round trip claimed a block, each twice the one before (within
+            // [`FAST_MS`]): with answers 20 ms away, three replicas claimed a window's whole
+            // quota in its first 100 ms and let a fifth of it lapse.
+            return (s, unit.clamp(1, cap.max(1)));
+        }
         let since = now_ms.saturating_sub(s.claim_ms);
         if s.claim_ms == 0 {
             s.shift = FIRST_SHIFT;
@@ -247,6 +267,7 @@ impl State {
             s.shift = s.shift.saturating_sub(1);
         }
         s.claiming |= ahead;
+        s.asking |= !ahead;
         s.claim_ms = now_ms;
         (s, s.claim_block(cap, unit, now_ms))
     }
@@ -257,6 +278,9 @@ impl State {
     pub fn granted(state: Option<&State>, now_ms: u64, grant: Grant, background: bool) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
+        // A request's claim answered (whichever it was): the next request that must claim
+        // claims a block.
+        s.asking = false;
         if grant.expires_ms <= now_ms {
             // The grant's window turned before its answer came (a reset of 0, or shorter than
             // the round trip): its block lapses at once, and what is held of a newer window
@@ -306,6 +330,7 @@ impl State {
     ) -> State {
         let old = state.copied().unwrap_or_default();
         let mut s = old.at(now_ms);
+        s.asking = false;
         if remaining == 0 && until_ms <= now_ms {
             // The refused window turned before the answer came: nothing is refused now, and
             // what is held of a newer window stays as it is.
@@ -350,10 +375,11 @@ impl State {
         }
     }
 
-    /// A claim ahead of need came to nothing (no answer): another may start.
+    /// A claim came to nothing (no answer): another may start.
     pub fn claim_failed(self) -> State {
         State {
             claiming: false,
+            asking: false,
             ..self
         }
     }
@@ -514,17 +540,55 @@ mod tests {
             expires_ms: 1_790_000_000_123,
             claim_ms: 1_790_000_000_001,
             claiming: true,
+            asking: true,
             refused: true,
             shift: 17,
             remaining: 4_000_000_000,
         };
         assert_eq!(State::decode(&s.encode()), Some(s));
+        let quiet = State { asking: false, ..s };
+        assert_eq!(State::decode(&quiet.encode()), Some(quiet));
         let big = State {
             held: 1 << 45,
             ..State::default()
         };
         assert_eq!(State::decode(&big.encode()).unwrap().held, HELD_BOUND);
         assert_eq!(State::decode(&[0; 21]), None);
+    }
+
+    #[test]
+    fn a_request_claiming_while_another_requests_claim_is_on_its_way_claims_its_own_cost() {
+        // The first request's claim: a block (growing, within a second of the last claim).
+        let (s, first) = State {
+            shift: 3,
+            claim_ms: 900,
+            ..State::default()
+        }
+        .start_claim(1_200, (64, 1), false);
+        assert_eq!((first, s.asking, s.shift), (16, true, 4));
+        // Two more requests before its answer: their own cost each, the blocks not grown.
+        let (s, second) = s.start_claim(1_201, (64, 3), false);
+        let (s, third) = s.start_claim(1_202, (64, 1), false);
+        assert_eq!((second, third, s.shift, s.claim_ms), (3, 1, 4, 1_200));
+        // Answered: the next claims a block again, growing.
+        let s = State::granted(Some(&s), 1_210, grant(16, 1, 2_000), false);
+        assert!(!s.asking);
+        let s = State {
+            held: 0,
+            remaining: 0,
+            ..s
+        };
+        assert_eq!(s.start_claim(1_220, (64, 1), false).1, 32);
+        // A claim ahead of need is not held back by a request's claim on its way.
+        let (s, _) = State::default().start_claim(5_000, (64, 1), false);
+        assert_eq!(s.start_claim(5_001, (64, 1), true).1, 8);
+        // A request's claim unanswered for a second no longer counts; a refusal or a claim
+        // that came to nothing answers it too.
+        let (s, _) = State::default().start_claim(7_000, (64, 1), false);
+        assert_eq!(s.start_claim(7_999, (64, 1), false).1, 1);
+        assert!(s.start_claim(8_000, (64, 1), false).1 > 1);
+        assert!(!s.claim_failed().asking);
+        assert!(!State::refused_claim(Some(&s), 7_010, 8_000, 0, (false, false)).asking);
     }
 
     #[test]
@@ -664,6 +728,7 @@ mod tests {
                 State {
                     claim_ms: 10_000,
                     shift: 2,
+                    asking: true,
                     ..s
                 },
                 2
