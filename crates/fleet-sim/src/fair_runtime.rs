@@ -371,31 +371,36 @@ mod tests {
     use super::*;
     use crate::share::{Balancer, BlockCap, Mix, Split};
 
-    /// Three proxies, 200 a second, 3, 6 and 10 backlogged tenants pinned to each (weight 2 on
-    /// the third proxy), asking three times the capacity in all, blocks of at most a tenth of
-    /// it: the capacity used (95.8 to 97.0 %) and Jain's index 1.0000. Real Envoys, with the
-    /// same tenants, let more of what they claimed lapse from six tenants an Envoy on
-    /// (envoy-tests' `share_fair_many.rs`, ignored: 78.8 % used with ten).
+    /// Three proxies sharing 200 a second, `per` backlogged tenants pinned to each (weight 2
+    /// on the third proxy), asking three times the capacity in all, blocks of at most a tenth
+    /// of it, each call answered `latency_us` after it is sent.
+    fn three_proxies(per: usize, latency_us: u64) -> Figures {
+        let n = 3 * per;
+        let study = Study {
+            proxies: 3,
+            tenants: n,
+            balancer: Balancer::Sticky,
+            mix: Mix::Backlogged,
+            capacity: 200,
+            duration_ms: 40_000,
+            warmup_ms: 10_000,
+            seed: 1,
+            split: Split::Runtime(BlockCap::OfCapacity(10)),
+        };
+        let placer = Placer::new(&study, n);
+        let mut rng = Rng(1);
+        let homes: Vec<usize> = (0..n).map(|i| placer.proxy(i, &mut rng)).collect();
+        let weights: Vec<u16> = homes.iter().map(|&h| if h == 2 { 2 } else { 1 }).collect();
+        run_answered_after(&study, &weights, &vec![600.0 / n as f64; n], latency_us)
+    }
+
+    /// 3, 6 and 10 tenants a proxy ([`three_proxies`]), answered at once: the capacity used
+    /// (95.8 to 97.0 %) and Jain's index 1.0000, as envoy-tests' `share_fair_many.rs` holds in
+    /// real Envoys.
     #[test]
     fn several_backlogged_tenants_a_proxy_use_the_capacity() {
         for per in [3usize, 6, 10] {
-            let n = 3 * per;
-            let study = Study {
-                proxies: 3,
-                tenants: n,
-                balancer: Balancer::Sticky,
-                mix: Mix::Backlogged,
-                capacity: 200,
-                duration_ms: 40_000,
-                warmup_ms: 10_000,
-                seed: 1,
-                split: Split::Runtime(BlockCap::OfCapacity(10)),
-            };
-            let placer = Placer::new(&study, n);
-            let mut rng = Rng(1);
-            let homes: Vec<usize> = (0..n).map(|i| placer.proxy(i, &mut rng)).collect();
-            let weights: Vec<u16> = homes.iter().map(|&h| if h == 2 { 2 } else { 1 }).collect();
-            let f = run_with(&study, &weights, &vec![600.0 / n as f64; n]);
+            let f = three_proxies(per, 0);
             assert!(f.used() >= 0.95, "{per} a proxy: used {}", f.used());
             assert!(f.jain() >= 0.99, "{per} a proxy: Jain {}", f.jain());
         }
@@ -410,23 +415,7 @@ mod tests {
     #[test]
     fn requests_during_a_claims_round_trip_claim_their_own_cost() {
         for per in [3usize, 10] {
-            let n = 3 * per;
-            let study = Study {
-                proxies: 3,
-                tenants: n,
-                balancer: Balancer::Sticky,
-                mix: Mix::Backlogged,
-                capacity: 200,
-                duration_ms: 40_000,
-                warmup_ms: 10_000,
-                seed: 1,
-                split: Split::Runtime(BlockCap::OfCapacity(10)),
-            };
-            let placer = Placer::new(&study, n);
-            let mut rng = Rng(1);
-            let homes: Vec<usize> = (0..n).map(|i| placer.proxy(i, &mut rng)).collect();
-            let weights: Vec<u16> = homes.iter().map(|&h| if h == 2 { 2 } else { 1 }).collect();
-            let f = run_answered_after(&study, &weights, &vec![600.0 / n as f64; n], 20_000);
+            let f = three_proxies(per, 20_000);
             assert!(f.used() >= 0.95, "{per} a proxy: used {}", f.used());
             assert!(f.jain() >= 0.99, "{per} a proxy: Jain {}", f.jain());
         }
