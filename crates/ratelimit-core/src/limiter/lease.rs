@@ -249,13 +249,33 @@ impl State {
     /// follows how soon the last one was claimed. A key's first block is [`FIRST_SHIFT`]'s.
     /// Returns the new state and the block to claim.
     pub fn start_claim(self, now_ms: u64, (cap, unit): (u64, u64), ahead: bool) -> (State, u64) {
+        self.claim(now_ms, (cap, unit), (ahead, false))
+    }
+
+    /// [`State::start_claim`] by a request; `held_back`: while another request's claim is on
+    /// its way, its block for the requests after it, this one asks for its own cost alone and
+    /// the blocks do not grow for it. Held back, a fleet-fair rule's Envoy claims no more than
+    /// its part: else every request that came during a round trip claimed a block, each twice
+    /// the one before (within [`FAST_MS`]), and with answers 20 ms away three replicas claimed
+    /// a window's whole quota in its first 100 ms and let a fifth of it lapse. Not held back,
+    /// a key at full speed claims a few blocks a round trip (half the calls).
+    pub fn start_request_claim(
+        self,
+        now_ms: u64,
+        (cap, unit): (u64, u64),
+        held_back: bool,
+    ) -> (State, u64) {
+        self.claim(now_ms, (cap, unit), (false, held_back))
+    }
+
+    fn claim(
+        self,
+        now_ms: u64,
+        (cap, unit): (u64, u64),
+        (ahead, held_back): (bool, bool),
+    ) -> (State, u64) {
         let mut s = self;
-        if !ahead && s.asking && now_ms < s.claim_ms.saturating_add(ASKING_STALE_MS) {
-            // Another request's claim is on its way, its block for the requests after it: this
-            // one asks for itself alone, and the blocks do not grow for it. Else every request
-            // that came during a round trip claimed a block, each twice the one before (within
-            // [`FAST_MS`]): with answers 20 ms away, three replicas claimed a window's whole
-            // quota in its first 100 ms and let a fifth of it lapse.
+        if held_back && !ahead && s.asking && now_ms < s.claim_ms.saturating_add(ASKING_STALE_MS) {
             return (s, unit.clamp(1, cap.max(1)));
         }
         let since = now_ms.saturating_sub(s.claim_ms);
@@ -557,19 +577,22 @@ mod tests {
     }
 
     #[test]
-    fn a_request_claiming_while_another_requests_claim_is_on_its_way_claims_its_own_cost() {
+    fn a_request_held_back_while_another_requests_claim_is_on_its_way_claims_its_own_cost() {
         // The first request's claim: a block (growing, within a second of the last claim).
         let (s, first) = State {
             shift: 3,
             claim_ms: 900,
             ..State::default()
         }
-        .start_claim(1_200, (64, 1), false);
+        .start_request_claim(1_200, (64, 1), true);
         assert_eq!((first, s.asking, s.shift), (16, true, 4));
         // Two more requests before its answer: their own cost each, the blocks not grown.
-        let (s, second) = s.start_claim(1_201, (64, 3), false);
-        let (s, third) = s.start_claim(1_202, (64, 1), false);
-        assert_eq!((second, third, s.shift, s.claim_ms), (3, 1, 4, 1_200));
+        let (t, second) = s.start_request_claim(1_201, (64, 3), true);
+        let (t, third) = t.start_request_claim(1_202, (64, 1), true);
+        assert_eq!((second, third, t.shift, t.claim_ms), (3, 1, 4, 1_200));
+        // Not held back (a rule not fair across the fleet): a block, twice the last.
+        assert_eq!(s.start_request_claim(1_201, (64, 1), false).1, 32);
+        let s = t;
         // Answered: the next claims a block again, growing.
         let s = State::granted(Some(&s), 1_210, grant(16, 1, 2_000), false);
         assert!(!s.asking);
@@ -578,15 +601,15 @@ mod tests {
             remaining: 0,
             ..s
         };
-        assert_eq!(s.start_claim(1_220, (64, 1), false).1, 32);
+        assert_eq!(s.start_request_claim(1_220, (64, 1), true).1, 32);
         // A claim ahead of need is not held back by a request's claim on its way.
         let (s, _) = State::default().start_claim(5_000, (64, 1), false);
         assert_eq!(s.start_claim(5_001, (64, 1), true).1, 8);
         // A request's claim unanswered for a second no longer counts; a refusal or a claim
         // that came to nothing answers it too.
         let (s, _) = State::default().start_claim(7_000, (64, 1), false);
-        assert_eq!(s.start_claim(7_999, (64, 1), false).1, 1);
-        assert!(s.start_claim(8_000, (64, 1), false).1 > 1);
+        assert_eq!(s.start_request_claim(7_999, (64, 1), true).1, 1);
+        assert!(s.start_request_claim(8_000, (64, 1), true).1 > 1);
         assert!(!s.claim_failed().asking);
         assert!(!State::refused_claim(Some(&s), 7_010, 8_000, 0, (false, false)).asking);
     }
