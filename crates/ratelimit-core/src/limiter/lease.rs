@@ -258,7 +258,8 @@ impl State {
     /// its part: else every request that came during a round trip claimed a block, each twice
     /// the one before (within [`FAST_MS`]), and with answers 20 ms away three replicas claimed
     /// a window's whole quota in its first 100 ms and let a fifth of it lapse. Not held back,
-    /// a key at full speed claims a few blocks a round trip (half the calls).
+    /// a key at full speed claims a few blocks a round trip, in fewer calls (envoy-tests'
+    /// global.rs lease test: 11 claims per 100 admitted, 14 to 15 held back).
     pub fn start_request_claim(
         self,
         now_ms: u64,

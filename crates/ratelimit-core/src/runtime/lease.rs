@@ -135,9 +135,7 @@ impl<S: Store> Runtime<S> {
     ) -> Option<u64> {
         let kept = keeping.map_or(0, |k| k.kept);
         let need = cost.saturating_add(kept);
-        // A fleet-fair rule's Envoy claims no more than its part: a request's claim on its way
-        // holds the others back ([`lease::State::start_request_claim`]).
-        let held_back = self.fleet_fair(applied.rule);
+        let rule = applied.rule;
         let peeked = self.update_lease(target, now_ms, |state| {
             match lease::State::peek(state, now_ms, need, cap) {
                 Peek::Covered { low: true } => {
@@ -158,6 +156,9 @@ impl<S: Store> Runtime<S> {
                             short
                         }
                     };
+                    // A fleet-fair rule's Envoy claims no more than its part: a request's
+                    // claim on its way holds the others back.
+                    let held_back = self.fleet_fair(rule);
                     let (next, block) = s.start_request_claim(now_ms, (cap, short), held_back);
                     ((Peek::Claim, block.max(short)), Some(next))
                 }
