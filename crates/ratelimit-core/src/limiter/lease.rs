@@ -50,8 +50,9 @@ const MAX_SHIFT: u8 = 40;
 const HELD_BOUND: i64 = (1 << 39) - 1;
 /// The claim time's bits as stored (the 48th is [`State::asking`]).
 const CLAIM_MS_MASK: u64 = (1 << 47) - 1;
-/// A request's claim unanswered this long no longer counts as in flight (its answer is an
-/// error long before: a rule's `timeout_ms` is at most a second).
+/// A request's claim unanswered this long no longer counts as in flight: the requests after it
+/// claim blocks again (its answer, or its error, comes within the rule's `timeout_ms`, 20 ms
+/// by default; a rule may allow up to a minute).
 pub const ASKING_STALE_MS: u64 = 1_000;
 
 /// What one proxy holds of a key's quota: 22 bytes.
@@ -276,7 +277,8 @@ impl State {
         (ahead, held_back): (bool, bool),
     ) -> (State, u64) {
         let mut s = self;
-        if held_back && !ahead && s.asking && now_ms < s.claim_ms.saturating_add(ASKING_STALE_MS) {
+        // Only a request is held back (`start_request_claim`), never a claim ahead of need.
+        if held_back && s.asking && now_ms < s.claim_ms.saturating_add(ASKING_STALE_MS) {
             return (s, unit.clamp(1, cap.max(1)));
         }
         let since = now_ms.saturating_sub(s.claim_ms);
