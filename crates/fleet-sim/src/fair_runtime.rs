@@ -138,6 +138,39 @@ struct Flight {
     measured: bool,
 }
 
+/// Carries request `f` on from `next` at `at_us`: each call sent to `service` (counted in
+/// `calls`) and answered at once when `latency_us` is 0; else the first call's answer kept in
+/// `f` for later. Whether the request was admitted; `None`: it waits for an answer.
+fn carry(
+    f: &mut Flight,
+    mut next: Next,
+    rt: &Runtime<MemoryStore>,
+    (calls, service): (&mut Calls, &mut Service),
+    (at_us, latency_us): (u64, u64),
+) -> Option<bool> {
+    loop {
+        next = match next {
+            Next::Call { message, .. } => {
+                let (id, answer) = calls.call(service, &message, at_us, f.measured);
+                match f.st.started(rt, &mut f.host, Ok(id)) {
+                    Next::Wait if latency_us == 0 => {
+                        f.st.call_answer(rt, &mut f.host, id, Ok(answer))
+                    }
+                    Next::Wait => {
+                        f.id = id;
+                        f.answer = answer;
+                        return None;
+                    }
+                    other => other,
+                }
+            }
+            Next::Continue => return Some(true),
+            // No `max_wait_ms`: nothing is held; a refusal or anything else admits nothing.
+            _ => return Some(false),
+        };
+    }
+}
+
 /// [`run_with`], each call's answer reaching its proxy `latency_us` after it was sent (the
 /// service deciding when it is sent); 0: at once, as [`run_with`] runs.
 pub fn run_answered_after(
@@ -225,105 +258,70 @@ pub fn run_answered_after(
             }
             continue;
         }
-        if kind == 2 {
+        // A request: one that comes now, or one whose call's answer comes now.
+        let (mut f, next) = if kind == 2 {
             let Some(mut f) = flights.get_mut(idx as usize).and_then(Option::take) else {
                 continue;
             };
-            let Some(x) = proxies.get_mut(f.proxy) else {
+            let Some(x) = proxies.get(f.proxy) else {
                 continue;
             };
             f.host.now = now_ms;
-            let next =
-                f.st.call_answer(&x.rt, &mut f.host, f.id, Ok(f.answer.clone()));
-            // Carried on as the request began: its calls answered later again.
-            let mut next = next;
-            let admits = loop {
-                next = match next {
-                    Next::Call { message, .. } => {
-                        let (id, answer) = calls.call(&mut service, &message, at_us, f.measured);
-                        match f.st.started(&x.rt, &mut f.host, Ok(id)) {
-                            Next::Wait => {
-                                f.id = id;
-                                f.answer = answer;
-                                break None;
-                            }
-                            other => other,
-                        }
-                    }
-                    Next::Continue => break Some(true),
-                    _ => break Some(false),
-                };
+            let answer = std::mem::take(&mut f.answer);
+            let next = f.st.call_answer(&x.rt, &mut f.host, f.id, Ok(answer));
+            (f, next)
+        } else {
+            let i = idx as usize;
+            let (Some(&rate), Some(name), Some(weight)) =
+                (rates.get(i), names.get(i), weight_texts.get(i))
+            else {
+                continue;
             };
-            match admits {
-                None => {
-                    flights.push(Some(f));
-                    let slot = (flights.len() - 1) as u32;
-                    heap.push(Reverse((at_us + latency_us, 2, slot)));
-                }
-                Some(admits) => {
-                    if admits {
-                        admissions.push(at_us);
-                    }
-                    counts.count((f.tenant, f.proxy), f.came_us, f.measured, admits);
-                }
+            heap.push(Reverse((at_us + exponential_us(&mut rng, rate), 1, idx)));
+            let q = placer.proxy(i, &mut rng);
+            let Some(x) = proxies.get(q) else {
+                continue;
+            };
+            let mut host = FakeHost::new("10.0.0.1", "/")
+                .header("x-tenant", name)
+                .header("x-weight", weight);
+            host.now = now_ms;
+            let mut st = StreamState::default();
+            let next = st.request_headers(&x.rt, &mut host);
+            let f = Flight {
+                st,
+                host,
+                tenant: i,
+                proxy: q,
+                id: 0,
+                answer: rls::Response::default(),
+                came_us: at_us,
+                measured,
+            };
+            (f, next)
+        };
+        let Some(x) = proxies.get(f.proxy) else {
+            continue;
+        };
+        match carry(
+            &mut f,
+            next,
+            &x.rt,
+            (&mut calls, &mut service),
+            (at_us, latency_us),
+        ) {
+            None => {
+                flights.push(Some(f));
+                let slot = (flights.len() - 1) as u32;
+                heap.push(Reverse((at_us + latency_us, 2, slot)));
             }
-            continue;
-        }
-        let i = idx as usize;
-        let (Some(&rate), Some(name), Some(weight)) =
-            (rates.get(i), names.get(i), weight_texts.get(i))
-        else {
-            continue;
-        };
-        heap.push(Reverse((at_us + exponential_us(&mut rng, rate), 1, idx)));
-        let q = placer.proxy(i, &mut rng);
-        let Some(x) = proxies.get_mut(q) else {
-            continue;
-        };
-        let mut host = FakeHost::new("10.0.0.1", "/")
-            .header("x-tenant", name)
-            .header("x-weight", weight);
-        host.now = now_ms;
-        let mut st = StreamState::default();
-        let mut next = st.request_headers(&x.rt, &mut host);
-        let admits = loop {
-            next = match next {
-                Next::Call { message, .. } => {
-                    let (id, answer) = calls.call(&mut service, &message, at_us, measured);
-                    match st.started(&x.rt, &mut host, Ok(id)) {
-                        Next::Wait if latency_us == 0 => {
-                            st.call_answer(&x.rt, &mut host, id, Ok(answer))
-                        }
-                        Next::Wait => {
-                            flights.push(Some(Flight {
-                                st,
-                                host,
-                                tenant: i,
-                                proxy: q,
-                                id,
-                                answer,
-                                came_us: at_us,
-                                measured,
-                            }));
-                            let slot = (flights.len() - 1) as u32;
-                            heap.push(Reverse((at_us + latency_us, 2, slot)));
-                            break None;
-                        }
-                        other => other,
-                    }
+            Some(admits) => {
+                if admits {
+                    admissions.push(at_us);
                 }
-                Next::Continue => break Some(true),
-                // No `max_wait_ms`: nothing is held; a refusal or anything else admits nothing.
-                _ => break Some(false),
-            };
-        };
-        let Some(admits) = admits else {
-            continue;
-        };
-        if admits {
-            admissions.push(at_us);
+                counts.count((f.tenant, f.proxy), f.came_us, f.measured, admits);
+            }
         }
-        counts.count((i, q), at_us, measured, admits);
     }
 
     // The capacity's windows, as the service started them (at their first hit).
