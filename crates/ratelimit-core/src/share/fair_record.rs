@@ -302,32 +302,15 @@ impl FairRecord {
     ) -> Option<Result<(), u64>> {
         let window_ms = window_ms.max(1);
         let level = head_level(bytes, bands, band, now_ms / window_ms)?;
-        let n = usize::from(u16::from_le_bytes(
-            *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
-        ));
-        if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
-            return None;
-        }
-        let Some(i) = find(bytes.get(HEADER_LEN..)?, n, id) else {
-            let full = n == MAX_TENANTS;
-            return full
+        let served = in_entry(bytes, id, |t| {
+            serve(t, level, (weight, band), (now_ms, window_ms), cost, how)
+        })?;
+        match served {
+            Ok(r) => Some(r),
+            Err(n) => (n == MAX_TENANTS)
                 .then(|| untracked_in_place(bytes, (id, now_ms / window_ms), cost, how.0))
-                .flatten();
-        };
-        let slot = bytes
-            .get_mut(HEADER_LEN + i * TENANT_LEN..)?
-            .get_mut(..TENANT_LEN)?;
-        let mut t = decode_tracked(slot)?;
-        let r = serve(
-            &mut t,
-            level,
-            (weight, band),
-            (now_ms, window_ms),
-            cost,
-            how,
-        );
-        slot.copy_from_slice(&tracked_bytes(&t));
-        Some(r)
+                .flatten(),
+        }
     }
 
     /// What the encoded record `bytes` (of `bands` bands) says of a request at `now_ms`
@@ -378,23 +361,11 @@ impl FairRecord {
         window_ms: u64,
     ) -> Option<bool> {
         of_this_version(bytes, bands)?;
-        let n = usize::from(u16::from_le_bytes(
-            *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
-        ));
-        if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
-            return None;
-        }
-        let Some(i) = find(bytes.get(HEADER_LEN..)?, n, id) else {
+        match in_entry(bytes, id, |t| t.local.give_back(cost, window_ms))? {
+            Ok(()) => Some(true),
             // An earlier version kept at most 64, in no order.
-            return (n == MAX_TENANTS).then_some(false);
-        };
-        let slot = bytes
-            .get_mut(HEADER_LEN + i * TENANT_LEN..)?
-            .get_mut(..TENANT_LEN)?;
-        let mut t = decode_tracked(slot)?;
-        t.local.give_back(cost, window_ms);
-        slot.copy_from_slice(&tracked_bytes(&t));
-        Some(true)
+            Err(n) => (n == MAX_TENANTS).then_some(false),
+        }
     }
 
     /// Gives back to tenant `id`'s allowance a request of `cost` it covered (another check
@@ -600,6 +571,32 @@ fn serve(
     let need = i128::from(cost.saturating_mul(super::LEVEL_ONE)) * i128::from(window_ms) / 2;
     let short = u64::try_from(need - i128::from(t.local.credit)).unwrap_or(0);
     Err((short / per_ms).clamp(1, window_ms))
+}
+
+/// Tenant `id`'s entry in the encoded record `bytes`, changed where it lies by `f`: `Ok` with
+/// `f`'s result; `Err(n)`: the record keeps `n` tenants, not this one; `None` when `bytes` do
+/// not end in a record's tenants.
+fn in_entry<R>(
+    bytes: &mut [u8],
+    id: u64,
+    f: impl FnOnce(&mut Tracked) -> R,
+) -> Option<Result<R, usize>> {
+    let n = usize::from(u16::from_le_bytes(
+        *bytes.get(HEADER_LEN - 2..)?.first_chunk::<2>()?,
+    ));
+    if n > MAX_TENANTS || bytes.len() != HEADER_LEN + n * TENANT_LEN {
+        return None;
+    }
+    let Some(i) = find(bytes.get(HEADER_LEN..)?, n, id) else {
+        return Some(Err(n));
+    };
+    let slot = bytes
+        .get_mut(HEADER_LEN + i * TENANT_LEN..)?
+        .get_mut(..TENANT_LEN)?;
+    let mut t = decode_tracked(slot)?;
+    let r = f(&mut t);
+    slot.copy_from_slice(&tracked_bytes(&t));
+    Some(Ok(r))
 }
 
 /// Where tenant `id`'s entry is among the `n` entries of `entries` (in the order of their ids),
